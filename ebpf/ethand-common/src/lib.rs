@@ -1,0 +1,435 @@
+//! The kernel/user contract of ethand: every type stored in a BPF map or sent through the
+//! ring buffer, and the constants both sides agree on.
+//!
+//! Invariants: every struct is `#[repr(C)]`, has no implicit padding (explicit `_pad` fields,
+//! fields ordered by size) and contains only integers, so that `aya::Pod` is sound and the
+//! layout is identical in the BPF object and in userspace. `tests::sizes` pins the sizes.
+#![no_std]
+
+/// Number of log2 buckets in every latency histogram. Bucket `i` counts values `v` (ns) with
+/// `floor(log2(v)) == i` (bucket 0 also holds 0 and 1 ns); the last bucket holds everything
+/// above 2^31 ns (~2.1 s).
+pub const HIST_BUCKETS: usize = 32;
+
+/// Syscall numbers at or above this are not accounted (x86_64 has ~470).
+pub const MAX_SYSCALL_NR: u32 = 1024;
+
+/// `CpuCtx::sys_nr` / `ThreadStats::sys_nr` value meaning "no syscall in flight".
+pub const NO_SYSCALL: u32 = u32::MAX;
+
+/// Flags in [`ThreadStats::flags`].
+pub mod thread_flags {
+    /// The thread ran `do_exit`; userspace reclaims the entry after reading it.
+    pub const EXITED: u32 = 1;
+    /// The last switch-out was voluntary (the thread blocked).
+    pub const BLOCKED: u32 = 2;
+}
+
+/// Syscall classes that get a latency histogram. Class 0 gets none.
+pub mod syscall_class {
+    pub const NONE: u8 = 0;
+    pub const READ_WRITE: u8 = 1;
+    pub const FUTEX: u8 = 2;
+    pub const POLL: u8 = 3;
+    pub const SLEEP: u8 = 4;
+    pub const IO_URING: u8 = 5;
+    pub const OPEN_CLOSE_SYNC: u8 = 6;
+    pub const NET: u8 = 7;
+    /// Number of classes including NONE.
+    pub const COUNT: usize = 8;
+    pub const NAMES: [&str; COUNT] =
+        ["none", "read_write", "futex", "poll", "sleep", "io_uring", "open_close_sync", "net"];
+}
+
+/// Block operation kinds in [`BlkKey::op`].
+pub mod blk_op {
+    pub const READ: u32 = 0;
+    pub const WRITE: u32 = 1;
+    pub const FLUSH: u32 = 2;
+    pub const DISCARD: u32 = 3;
+    pub const OTHER: u32 = 4;
+    pub const NAMES: [&str; 5] = ["read", "write", "flush", "discard", "other"];
+}
+
+/// Kinds of [`LifecycleEvent`].
+pub mod lifecycle_kind {
+    pub const FORK: u32 = 1;
+    pub const EXEC: u32 = 2;
+    pub const EXIT: u32 = 3;
+}
+
+/// Indexes into the `COUNTERS` per-CPU array: events ethand could not account. Exported as
+/// `ethand_bpf_dropped_events_total{reason}`; never silent.
+pub mod counter {
+    /// THREADS was full: a thread's scheduler accounting was lost.
+    pub const THREADS_FULL: u32 = 0;
+    /// SYSCALLS was full.
+    pub const SYSCALLS_FULL: u32 = 1;
+    /// SYSCALL_HIST was full.
+    pub const SYSCALL_HIST_FULL: u32 = 2;
+    /// BLK_INFLIGHT was full (request not timed).
+    pub const BLK_INFLIGHT_FULL: u32 = 3;
+    /// BLK_STATS was full.
+    pub const BLK_STATS_FULL: u32 = 4;
+    /// NET_STATS was full.
+    pub const NET_STATS_FULL: u32 = 5;
+    /// The lifecycle ring buffer was full.
+    pub const LIFECYCLE_RINGBUF_FULL: u32 = 6;
+    /// A syscall exit whose entry was not seen (started before attach): not an error.
+    pub const SYSCALL_EXIT_UNMATCHED: u32 = 7;
+    /// Block completions whose issue was not seen.
+    pub const BLK_COMPLETE_UNMATCHED: u32 = 8;
+    pub const COUNT: u32 = 9;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "threads_full",
+        "syscalls_full",
+        "syscall_hist_full",
+        "blk_inflight_full",
+        "blk_stats_full",
+        "net_stats_full",
+        "lifecycle_ringbuf_full",
+        "syscall_exit_unmatched",
+        "blk_complete_unmatched",
+    ];
+    /// Which of the above mean lost data (the rest are informational).
+    pub const IS_LOSS: [bool; COUNT as usize] = [true, true, true, true, true, true, true, false, false];
+}
+
+/// Per-thread scheduler state and counters. Key: tid (u32). Written only from the CPU the
+/// thread runs on (switch in/out) and by its waker (`wakeup_ns`), so no atomics are needed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    pub tgid: u32,
+    pub flags: u32,
+    /// Start time (CLOCK_MONOTONIC ns) of the thread group leader: with tgid, the process
+    /// identity that survives pid reuse.
+    pub proc_start_ns: u64,
+    /// When the thread last went on CPU / off CPU / was woken (0: not since last switch-out).
+    pub switch_in_ns: u64,
+    pub switch_out_ns: u64,
+    pub wakeup_ns: u64,
+    pub oncpu_ns: u64,
+    /// Off-CPU time of slices that began with the thread blocking (sleep + later run-queue wait).
+    pub offcpu_blocked_ns: u64,
+    /// Off-CPU time of slices that began with a preemption (all of it run-queue wait).
+    pub offcpu_preempted_ns: u64,
+    /// Runnable but not running: wakeup-to-run plus preempted-to-run.
+    pub runq_wait_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    /// A syscall in flight when the thread was switched out (carried across CPUs).
+    pub sys_start_ns: u64,
+    pub sys_nr: u32,
+    pub _pad0: u32,
+    /// log2 histogram of run-queue waits (u32 buckets: userspace takes wrapping deltas).
+    pub runq_wait_hist: [u32; HIST_BUCKETS],
+}
+
+/// The thread currently running on a CPU, cached at switch-in so that syscall handlers need
+/// no hash lookup. One entry per CPU (per-CPU array of size 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCtx {
+    pub tid: u32,
+    pub tgid: u32,
+    pub proc_start_ns: u64,
+    pub sys_start_ns: u64,
+    pub sys_nr: u32,
+    pub _pad0: u32,
+}
+
+/// Process identity: tgid plus the leader's start time (pid reuse never merges two processes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcKey {
+    pub tgid: u32,
+    pub _pad0: u32,
+    pub proc_start_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SyscallKey {
+    pub tgid: u32,
+    pub nr: u32,
+    pub proc_start_ns: u64,
+}
+
+/// Per process and syscall number. Updated with atomic adds (threads of one process run on
+/// several CPUs at once).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallStats {
+    pub count: u64,
+    /// Returns in [-4095, -1].
+    pub errors: u64,
+    pub time_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SyscallHistKey {
+    pub tgid: u32,
+    pub class: u32,
+    pub proc_start_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hist {
+    pub buckets: [u64; HIST_BUCKETS],
+}
+
+impl Default for Hist {
+    fn default() -> Self {
+        Self { buckets: [0; HIST_BUCKETS] }
+    }
+}
+
+/// An in-flight block request, keyed by (dev, sector).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BlkReqKey {
+    pub dev: u32,
+    pub _pad0: u32,
+    pub sector: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlkReqState {
+    pub tgid: u32,
+    pub _pad0: u32,
+    pub proc_start_ns: u64,
+    /// When the submitter created the request (block_io_start / block_rq_insert).
+    pub start_ns: u64,
+    /// When the driver was handed the request (block_rq_issue).
+    pub issue_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BlkKey {
+    /// Kernel dev_t as the block tracepoints report it (MAJOR << 20 | MINOR).
+    pub dev: u32,
+    pub tgid: u32,
+    pub proc_start_ns: u64,
+    pub op: u32,
+    pub _pad0: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlkStats {
+    pub ops: u64,
+    pub bytes: u64,
+    pub queue_ns: u64,
+    pub service_ns: u64,
+    pub queue_hist: [u64; HIST_BUCKETS],
+    pub service_hist: [u64; HIST_BUCKETS],
+}
+
+impl Default for BlkStats {
+    fn default() -> Self {
+        Self {
+            ops: 0,
+            bytes: 0,
+            queue_ns: 0,
+            service_ns: 0,
+            queue_hist: [0; HIST_BUCKETS],
+            service_hist: [0; HIST_BUCKETS],
+        }
+    }
+}
+
+/// Per process network counters. Key: [`ProcKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    pub tcp_tx_bytes: u64,
+    pub tcp_rx_bytes: u64,
+    pub udp_tx_bytes: u64,
+    pub udp_rx_bytes: u64,
+    pub tcp_retransmits: u64,
+    /// connect() that reached ESTABLISHED.
+    pub tcp_active_opens: u64,
+    /// Owned TCP sockets that reached CLOSE from an open state.
+    pub tcp_closes: u64,
+    pub tcp_resets_sent: u64,
+    pub tcp_resets_received: u64,
+}
+
+/// Sent through the LIFECYCLE ring buffer on process fork, exec and exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LifecycleEvent {
+    pub kind: u32,
+    /// For FORK: the child's pid; otherwise the process.
+    pub tgid: u32,
+    /// For FORK: the parent's tgid.
+    pub ppid: u32,
+    pub _pad0: u32,
+    pub ts_ns: u64,
+    pub proc_start_ns: u64,
+    pub comm: [u8; 16],
+}
+
+/// Offsets inside kernel structs, read from BTF by userspace and handed to the programs as
+/// read-only globals (aya has no CO-RE for Rust programs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_group_leader: u32,
+    pub task_start_time: u32,
+    pub task_real_parent: u32,
+    pub task_comm: u32,
+    /// `struct pt_regs` offset of the syscall number (orig_ax on x86_64).
+    pub pt_regs_syscall_nr: u32,
+    /// Syscall number that is not a syscall: the uretprobe return trampoline (335 on x86_64).
+    pub skip_syscall_nr: u32,
+}
+
+/// Field offsets of the classic tracepoints used as fallbacks, read from
+/// `/sys/kernel/tracing/events/<group>/<event>/format` at start-up. u32::MAX: field absent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TracepointOffsets {
+    pub sched_switch_prev_pid: u32,
+    pub sched_switch_prev_state: u32,
+    pub sched_switch_next_pid: u32,
+    pub sched_wakeup_pid: u32,
+    pub sys_enter_id: u32,
+    pub sys_exit_id: u32,
+    pub sys_exit_ret: u32,
+    pub blk_start_dev: u32,
+    pub blk_start_sector: u32,
+    pub blk_issue_dev: u32,
+    pub blk_issue_sector: u32,
+    pub blk_complete_dev: u32,
+    pub blk_complete_sector: u32,
+    pub blk_complete_nr_sector: u32,
+    pub blk_complete_rwbs: u32,
+    pub sock_len_sk: u32,
+    pub sock_len_family: u32,
+    pub sock_len_protocol: u32,
+    pub sock_len_ret: u32,
+    pub set_state_sk: u32,
+    pub set_state_oldstate: u32,
+    pub set_state_newstate: u32,
+    pub set_state_protocol: u32,
+    pub tcp_retransmit_skaddr: u32,
+    pub tcp_send_reset_skaddr: u32,
+    pub tcp_receive_reset_skaddr: u32,
+    pub exec_pid: u32,
+    pub _pad0: u32,
+}
+
+impl TracepointOffsets {
+    pub const ABSENT: u32 = u32::MAX;
+}
+
+impl Default for TracepointOffsets {
+    fn default() -> Self {
+        let a = Self::ABSENT;
+        Self {
+            sched_switch_prev_pid: a,
+            sched_switch_prev_state: a,
+            sched_switch_next_pid: a,
+            sched_wakeup_pid: a,
+            sys_enter_id: a,
+            sys_exit_id: a,
+            sys_exit_ret: a,
+            blk_start_dev: a,
+            blk_start_sector: a,
+            blk_issue_dev: a,
+            blk_issue_sector: a,
+            blk_complete_dev: a,
+            blk_complete_sector: a,
+            blk_complete_nr_sector: a,
+            blk_complete_rwbs: a,
+            sock_len_sk: a,
+            sock_len_family: a,
+            sock_len_protocol: a,
+            sock_len_ret: a,
+            set_state_sk: a,
+            set_state_oldstate: a,
+            set_state_newstate: a,
+            set_state_protocol: a,
+            tcp_retransmit_skaddr: a,
+            tcp_send_reset_skaddr: a,
+            tcp_receive_reset_skaddr: a,
+            exec_pid: a,
+            _pad0: 0,
+        }
+    }
+}
+
+/// log2 bucket of a nanosecond value (see [`HIST_BUCKETS`]). Branch-free enough for BPF.
+#[inline(always)]
+pub fn log2_bucket(v: u64) -> usize {
+    if v < 2 {
+        return 0;
+    }
+    let b = 63 - v.leading_zeros() as usize;
+    if b >= HIST_BUCKETS { HIST_BUCKETS - 1 } else { b }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all types are repr(C), integer-only and padding-free (see tests::sizes).
+    unsafe impl aya::Pod for ThreadStats {}
+    unsafe impl aya::Pod for CpuCtx {}
+    unsafe impl aya::Pod for ProcKey {}
+    unsafe impl aya::Pod for SyscallKey {}
+    unsafe impl aya::Pod for SyscallStats {}
+    unsafe impl aya::Pod for SyscallHistKey {}
+    unsafe impl aya::Pod for Hist {}
+    unsafe impl aya::Pod for BlkReqKey {}
+    unsafe impl aya::Pod for BlkReqState {}
+    unsafe impl aya::Pod for BlkKey {}
+    unsafe impl aya::Pod for BlkStats {}
+    unsafe impl aya::Pod for NetStats {}
+    unsafe impl aya::Pod for LifecycleEvent {}
+    unsafe impl aya::Pod for KernelOffsets {}
+    unsafe impl aya::Pod for TracepointOffsets {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    /// Sizes are the sum of field sizes: no hidden padding may creep in.
+    #[test]
+    fn sizes() {
+        assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 11 + 8 + 4 * HIST_BUCKETS);
+        assert_eq!(size_of::<CpuCtx>(), 32);
+        assert_eq!(size_of::<ProcKey>(), 16);
+        assert_eq!(size_of::<SyscallKey>(), 16);
+        assert_eq!(size_of::<SyscallStats>(), 24);
+        assert_eq!(size_of::<SyscallHistKey>(), 16);
+        assert_eq!(size_of::<Hist>(), 8 * HIST_BUCKETS);
+        assert_eq!(size_of::<BlkReqKey>(), 16);
+        assert_eq!(size_of::<BlkReqState>(), 32);
+        assert_eq!(size_of::<BlkKey>(), 24);
+        assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
+        assert_eq!(size_of::<NetStats>(), 72);
+        assert_eq!(size_of::<LifecycleEvent>(), 48);
+        assert_eq!(size_of::<KernelOffsets>(), 32);
+        assert_eq!(size_of::<TracepointOffsets>(), 28 * 4);
+    }
+
+    #[test]
+    fn buckets() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 0);
+        assert_eq!(log2_bucket(2), 1);
+        assert_eq!(log2_bucket(3), 1);
+        assert_eq!(log2_bucket(1024), 10);
+        assert_eq!(log2_bucket(u64::MAX), HIST_BUCKETS - 1);
+    }
+}

@@ -1,0 +1,20 @@
+//! ethand's kernel-side programs. Everything aggregates in maps; nothing goes to userspace per
+//! event except the rare process lifecycle events. One module per subsystem.
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+mod block;
+mod lifecycle;
+mod maps;
+mod net;
+mod sched;
+mod syscalls;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Unreachable: the verifier rejects programs that could get here.
+    loop {}
+}

@@ -1,0 +1,192 @@
+//! Maps, read-only globals and the small helpers every program shares.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use ethand_common::{
+    BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, NO_SYSCALL, NetStats,
+    ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats, TracepointOffsets,
+    counter, MAX_SYSCALL_NR,
+};
+
+/// Kernel struct offsets (from BTF); set by the loader.
+#[unsafe(no_mangle)]
+pub static KOFF: KernelOffsets = KernelOffsets {
+    task_pid: 0,
+    task_tgid: 0,
+    task_group_leader: 0,
+    task_start_time: 0,
+    task_real_parent: 0,
+    task_comm: 0,
+    pt_regs_syscall_nr: 0,
+    skip_syscall_nr: u32::MAX,
+};
+
+/// Classic tracepoint field offsets (from tracefs format files); set by the loader.
+#[unsafe(no_mangle)]
+pub static TPOFF: TracepointOffsets = TracepointOffsets {
+    sched_switch_prev_pid: u32::MAX,
+    sched_switch_prev_state: u32::MAX,
+    sched_switch_next_pid: u32::MAX,
+    sched_wakeup_pid: u32::MAX,
+    sys_enter_id: u32::MAX,
+    sys_exit_id: u32::MAX,
+    sys_exit_ret: u32::MAX,
+    blk_start_dev: u32::MAX,
+    blk_start_sector: u32::MAX,
+    blk_issue_dev: u32::MAX,
+    blk_issue_sector: u32::MAX,
+    blk_complete_dev: u32::MAX,
+    blk_complete_sector: u32::MAX,
+    blk_complete_nr_sector: u32::MAX,
+    blk_complete_rwbs: u32::MAX,
+    sock_len_sk: u32::MAX,
+    sock_len_family: u32::MAX,
+    sock_len_protocol: u32::MAX,
+    sock_len_ret: u32::MAX,
+    set_state_sk: u32::MAX,
+    set_state_oldstate: u32::MAX,
+    set_state_newstate: u32::MAX,
+    set_state_protocol: u32::MAX,
+    tcp_retransmit_skaddr: u32::MAX,
+    tcp_send_reset_skaddr: u32::MAX,
+    tcp_receive_reset_skaddr: u32::MAX,
+    exec_pid: u32::MAX,
+    _pad0: 0,
+};
+
+/// Reads one field of KOFF. Volatile: the value is patched at load time and must not be
+/// constant-folded; one field at a time keeps the BPF stack small.
+#[macro_export]
+macro_rules! koff {
+    ($f:ident) => {{
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(&raw const $crate::maps::KOFF.$f) };
+        v
+    }};
+}
+
+/// Reads one field of TPOFF (see `koff!`).
+#[macro_export]
+macro_rules! tpoff {
+    ($f:ident) => {{
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(&raw const $crate::maps::TPOFF.$f) };
+        v as usize
+    }};
+}
+
+/// Zeroed values to insert from: map values too big for the 512-byte BPF stack.
+pub static ZERO_BLK_STATS: BlkStats = BlkStats {
+    ops: 0,
+    bytes: 0,
+    queue_ns: 0,
+    service_ns: 0,
+    queue_hist: [0; ethand_common::HIST_BUCKETS],
+    service_hist: [0; ethand_common::HIST_BUCKETS],
+};
+pub static ZERO_HIST: Hist = Hist { buckets: [0; ethand_common::HIST_BUCKETS] };
+
+#[map]
+pub static CPU_CTX: PerCpuArray<CpuCtx> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(32768, 0);
+#[map]
+pub static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(65536, 0);
+/// Syscall number -> histogram class (ethand_common::syscall_class); filled by the loader.
+#[map]
+pub static SYSCALL_CLASS: Array<u32> = Array::with_max_entries(MAX_SYSCALL_NR, 0);
+#[map]
+pub static SYSCALL_HIST: HashMap<SyscallHistKey, Hist> = HashMap::with_max_entries(16384, 0);
+#[map]
+pub static BLK_INFLIGHT: HashMap<BlkReqKey, BlkReqState> = HashMap::with_max_entries(8192, 0);
+#[map]
+pub static BLK_STATS: HashMap<BlkKey, BlkStats> = HashMap::with_max_entries(4096, 0);
+#[map]
+pub static NET_STATS: HashMap<ProcKey, NetStats> = HashMap::with_max_entries(16384, 0);
+/// TCP socket -> owning process, so that softirq-context events (retransmits) find their owner.
+#[map]
+pub static SOCK_OWNER: LruHashMap<u64, ProcKey> = LruHashMap::with_max_entries(65536, 0);
+#[map]
+pub static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+/// Drop and mismatch counters, indexed by ethand_common::counter.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Thread id stored in CPU_CTX when the running thread is not known yet.
+pub const UNKNOWN_TID: u32 = u32::MAX;
+
+#[inline(always)]
+pub fn bump(idx: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(idx) {
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn atomic_add(p: *mut u64, v: u64) {
+    // The BPF target has no atomic CAS, so core's AtomicU64::fetch_add is unavailable; the
+    // intrinsic lowers to BPF's atomic add.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v)
+    };
+}
+
+/// Start time of the thread group leader of `task`: the process half of [`ProcKey`].
+#[inline(always)]
+pub fn proc_start_of(task: *const u8) -> u64 {
+    unsafe {
+        let leader: *const u8 =
+            match bpf_probe_read_kernel(task.add(koff!(task_group_leader) as usize) as *const *const u8) {
+                Ok(p) => p,
+                Err(_) => return 0,
+            };
+        bpf_probe_read_kernel(leader.add(koff!(task_start_time) as usize) as *const u64).unwrap_or(0)
+    }
+}
+
+#[inline(always)]
+pub fn read_u32(base: *const u8, off: u32) -> u32 {
+    unsafe { bpf_probe_read_kernel(base.add(off as usize) as *const u32).unwrap_or(0) }
+}
+
+/// The per-CPU context of the current thread; refreshed when it does not describe `current`
+/// (threads that have not been switched in since ethand attached).
+#[inline(always)]
+pub fn current_ctx() -> Option<&'static mut CpuCtx> {
+    let ctx = unsafe { &mut *CPU_CTX.get_ptr_mut(0)? };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    if ctx.tid != tid {
+        ctx.tid = tid;
+        ctx.tgid = (pid_tgid >> 32) as u32;
+        ctx.proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
+        ctx.sys_nr = NO_SYSCALL;
+        ctx.sys_start_ns = 0;
+    }
+    Some(ctx)
+}
+
+#[inline(always)]
+pub fn proc_key(ctx: &CpuCtx) -> ProcKey {
+    ProcKey { tgid: ctx.tgid, _pad0: 0, proc_start_ns: ctx.proc_start_ns }
+}
+
+/// Looks `key` up, inserting `init` first when absent. `full` is the counter bumped when the
+/// map is full.
+#[inline(always)]
+pub fn get_or_insert<K, V>(map: &HashMap<K, V>, key: &K, init: &V, full: u32) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    // BPF_NOEXIST: a racing insert from another CPU wins and we use its entry.
+    let _ = map.insert(key, init, 1);
+    match map.get_ptr_mut(key) {
+        Some(p) => Some(p),
+        None => {
+            bump(full);
+            None
+        }
+    }
+}

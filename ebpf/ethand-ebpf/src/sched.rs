@@ -1,0 +1,168 @@
+//! Scheduler accounting per thread: on-CPU, off-CPU (blocked / preempted), switches and
+//! run-queue wait. `tp_btf` programs are preferred (near-free on this kernel); the classic
+//! tracepoint programs are the fallback, reading fields at offsets from tracefs.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use ethand_common::{NO_SYSCALL, ThreadStats, counter, log2_bucket, thread_flags, HIST_BUCKETS};
+
+use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, bump, proc_start_of, read_u32};
+use crate::{koff, tpoff};
+
+/// TASK_REPORT_MAX: the classic tracepoint's prev_state for a preempted task.
+const TASK_REPORT_MAX: u32 = 0x100;
+
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
+    let preempt: u64 = ctx.arg(0);
+    let next: *const u8 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    let next_tid = read_u32(next, koff!(task_pid));
+    // Voluntary: the task blocked (non-running state) and was not preempted.
+    on_switch(next_tid, preempt == 0 && (prev_state as u32) != 0);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
+    let next_tid: i32 = unsafe { ctx.read_at(tpoff!(sched_switch_next_pid)) }.unwrap_or(0);
+    let state: i64 = unsafe { ctx.read_at(tpoff!(sched_switch_prev_state)) }.unwrap_or(0);
+    let state = state as u32;
+    on_switch(next_tid as u32, state != 0 && state & TASK_REPORT_MAX == 0);
+    0
+}
+
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    on_wakeup(read_u32(p, koff!(task_pid)));
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup")]
+pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
+    let pid: i32 = unsafe { ctx.read_at(tpoff!(sched_wakeup_pid)) }.unwrap_or(0);
+    on_wakeup(pid as u32);
+    0
+}
+
+/// A new task becomes runnable for the first time: start its thread entry so that its first
+/// run-queue wait is measured.
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    let tid = read_u32(p, koff!(task_pid));
+    let now = unsafe { bpf_ktime_get_ns() };
+    let t = ThreadStats {
+        tgid: read_u32(p, koff!(task_tgid)),
+        flags: thread_flags::BLOCKED,
+        proc_start_ns: proc_start_of(p),
+        switch_out_ns: now,
+        wakeup_ns: now,
+        sys_nr: NO_SYSCALL,
+        ..ThreadStats::default()
+    };
+    if THREADS.insert(&tid, &t, 0).is_err() {
+        bump(counter::THREADS_FULL);
+    }
+    0
+}
+
+#[inline(always)]
+fn on_wakeup(tid: u32) {
+    if let Some(t) = THREADS.get_ptr_mut(&tid) {
+        let t = unsafe { &mut *t };
+        if t.switch_in_ns == 0 {
+            t.wakeup_ns = unsafe { bpf_ktime_get_ns() };
+        }
+    }
+}
+
+/// The core of the switch accounting. `prev` is always `current`.
+#[inline(always)]
+fn on_switch(next_tid: u32, voluntary: bool) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(cpu) = CPU_CTX.get_ptr_mut(0) else { return };
+    let cpu = unsafe { &mut *cpu };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let prev_tid = pid_tgid as u32;
+
+    if prev_tid != 0 {
+        let t = match THREADS.get_ptr_mut(&prev_tid) {
+            Some(t) => Some(t),
+            None => {
+                let init = ThreadStats {
+                    tgid: (pid_tgid >> 32) as u32,
+                    proc_start_ns: if cpu.tid == prev_tid {
+                        cpu.proc_start_ns
+                    } else {
+                        proc_start_of(unsafe { bpf_get_current_task() } as *const u8)
+                    },
+                    sys_nr: NO_SYSCALL,
+                    ..ThreadStats::default()
+                };
+                let _ = THREADS.insert(&prev_tid, &init, 1);
+                let t = THREADS.get_ptr_mut(&prev_tid);
+                if t.is_none() {
+                    bump(counter::THREADS_FULL);
+                }
+                t
+            }
+        };
+        if let Some(t) = t {
+            let t = unsafe { &mut *t };
+            if t.switch_in_ns != 0 && now > t.switch_in_ns {
+                t.oncpu_ns += now - t.switch_in_ns;
+            }
+            t.switch_in_ns = 0;
+            t.switch_out_ns = now;
+            t.wakeup_ns = 0;
+            if voluntary {
+                t.flags |= thread_flags::BLOCKED;
+                t.voluntary_switches += 1;
+            } else {
+                t.flags &= !thread_flags::BLOCKED;
+                t.involuntary_switches += 1;
+            }
+            // Carry an in-flight syscall with the thread (it may resume on another CPU).
+            if cpu.tid == prev_tid {
+                t.sys_nr = cpu.sys_nr;
+                t.sys_start_ns = cpu.sys_start_ns;
+            } else {
+                t.sys_nr = NO_SYSCALL;
+            }
+        }
+    }
+
+    cpu.tid = UNKNOWN_TID;
+    if next_tid == 0 {
+        return;
+    }
+    let Some(t) = THREADS.get_ptr_mut(&next_tid) else { return };
+    let t = unsafe { &mut *t };
+    if t.switch_out_ns != 0 && now > t.switch_out_ns {
+        let off = now - t.switch_out_ns;
+        let wait = if t.flags & thread_flags::BLOCKED != 0 {
+            t.offcpu_blocked_ns += off;
+            if t.wakeup_ns != 0 && now >= t.wakeup_ns { Some(now - t.wakeup_ns) } else { None }
+        } else {
+            t.offcpu_preempted_ns += off;
+            Some(off)
+        };
+        if let Some(wait) = wait {
+            t.runq_wait_ns += wait;
+            let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
+            unsafe { *t.runq_wait_hist.get_unchecked_mut(b) = t.runq_wait_hist.get_unchecked(b).wrapping_add(1) };
+        }
+    }
+    t.switch_in_ns = now;
+    t.wakeup_ns = 0;
+    cpu.tid = next_tid;
+    cpu.tgid = t.tgid;
+    cpu.proc_start_ns = t.proc_start_ns;
+    cpu.sys_nr = t.sys_nr;
+    cpu.sys_start_ns = t.sys_start_ns;
+    t.sys_nr = NO_SYSCALL;
+}

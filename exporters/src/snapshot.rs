@@ -1,0 +1,259 @@
+//! The snapshot model: what the daemon knows about the node at one instant. The daemon builds
+//! it once per interval; the Prometheus exporter, the local API (`ethand snapshot`,
+//! `ethand status`) and the JSON report all read it and nothing else.
+//!
+//! All counters are cumulative since ethand first saw the process (Prometheus counters);
+//! `window` fields hold the change over the recent past. Durations are nanoseconds, sizes bytes.
+//! Schema changes bump [`SCHEMA_VERSION`]; docs/snapshot-schema.md documents every field.
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA_VERSION: u32 = 1;
+/// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0).
+pub const HIST_BUCKETS: usize = 32;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeSnapshot {
+    pub schema_version: u32,
+    pub hostname: String,
+    /// Wall clock of the collection, ms since the Unix epoch.
+    pub taken_at_unix_ms: u64,
+    pub interval_ms: u64,
+    pub processes: Vec<ProcessSnapshot>,
+    pub ethand: SelfStatus,
+}
+
+/// One process (thread group). Identity is (pid, start_time_ns): pid reuse never merges two.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessSnapshot {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Start of the process on the kernel's CLOCK_MONOTONIC (ns).
+    pub start_time_ns: u64,
+    /// Start of the process as /proc shows it: seconds since the Unix epoch (0: unknown).
+    pub start_time_unix_s: u64,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    /// cgroup v2 path ("/" when at the root, "" when unknown).
+    pub cgroup: String,
+    pub uid: u32,
+    /// False once the process has exited; it stays for the configured grace period.
+    pub alive: bool,
+    pub sched: SchedStats,
+    pub threads: Vec<ThreadSnapshot>,
+    pub syscalls: SyscallStats,
+    pub block: Vec<BlockStats>,
+    pub net: NetStats,
+    /// Change of the main totals over `window.duration_ms` (from the history ring).
+    pub window: Option<WindowStats>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SchedStats {
+    pub oncpu_ns: u64,
+    /// Off-CPU after blocking (sleep plus the run-queue wait after wakeup).
+    pub offcpu_blocked_ns: u64,
+    /// Off-CPU after being preempted (all of it is run-queue wait).
+    pub offcpu_preempted_ns: u64,
+    /// Runnable but waiting for a CPU.
+    pub runq_wait_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    /// log2 histogram of run-queue waits (HIST_BUCKETS counts).
+    pub runq_wait_hist: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadSnapshot {
+    pub tid: u32,
+    pub comm: String,
+    pub alive: bool,
+    pub sched: SchedStats,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SyscallStats {
+    pub count: u64,
+    pub errors: u64,
+    pub time_ns: u64,
+    /// Per syscall number, sorted by time_ns descending.
+    pub by_nr: Vec<SyscallRow>,
+    /// Latency histograms of the blocking classes.
+    pub latency: Vec<SyscallClassHist>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SyscallRow {
+    pub nr: u32,
+    pub name: String,
+    pub count: u64,
+    pub errors: u64,
+    pub time_ns: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SyscallClassHist {
+    /// read_write, futex, poll, sleep, io_uring, open_close_sync, net.
+    pub class: String,
+    pub count: u64,
+    pub buckets: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BlockStats {
+    /// "major:minor".
+    pub device: String,
+    /// Kernel name of the device ("vda") where known, else the major:minor.
+    pub device_name: String,
+    /// read, write, flush, discard, other.
+    pub op: String,
+    pub ops: u64,
+    pub bytes: u64,
+    pub queue_ns: u64,
+    pub service_ns: u64,
+    pub queue_hist: Vec<u64>,
+    pub service_hist: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NetStats {
+    pub tcp_tx_bytes: u64,
+    pub tcp_rx_bytes: u64,
+    pub udp_tx_bytes: u64,
+    pub udp_rx_bytes: u64,
+    pub tcp_retransmits: u64,
+    pub tcp_active_opens: u64,
+    pub tcp_closes: u64,
+    pub tcp_resets_sent: u64,
+    pub tcp_resets_received: u64,
+}
+
+/// Change over the recent past, for "what is it doing now".
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WindowStats {
+    pub duration_ms: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_blocked_ns: u64,
+    pub offcpu_preempted_ns: u64,
+    pub runq_wait_ns: u64,
+    pub syscalls: u64,
+    pub syscall_time_ns: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub net_tx_bytes: u64,
+    pub net_rx_bytes: u64,
+}
+
+/// What ethand measures and what it costs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SelfStatus {
+    pub version: String,
+    pub pid: u32,
+    pub started_at_unix_ms: u64,
+    pub probes: Vec<ProbeStatus>,
+    pub maps: Vec<MapFill>,
+    pub programs: Vec<ProgramCost>,
+    /// Events that could not be accounted (map full, ring buffer full) or informational
+    /// mismatches (see `loss`).
+    pub dropped: Vec<DropCounter>,
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    /// Process entries the model dropped because it was at `max_processes`.
+    pub processes_overflow: u64,
+    pub tracked_processes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProbeStatus {
+    /// Stable name, e.g. "sched_switch".
+    pub name: String,
+    /// What it is attached to, e.g. "tp_btf/sched_switch" or "tracepoint/sched/sched_switch".
+    pub attach_point: String,
+    pub state: ProbeState,
+    /// Why it is not attached (empty when attached).
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeState {
+    Attached,
+    /// The kernel lacks the hook (no such tracepoint, no BTF...).
+    #[default]
+    Unsupported,
+    /// Turned off in the config.
+    Disabled,
+    /// The hook exists but attaching failed (permissions, verifier).
+    Failed,
+}
+
+impl ProbeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Attached => "attached",
+            Self::Unsupported => "unsupported",
+            Self::Disabled => "disabled",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MapFill {
+    pub name: String,
+    pub entries: u64,
+    pub capacity: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgramCost {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DropCounter {
+    pub reason: String,
+    pub count: u64,
+    /// True when the count means lost data; false for informational mismatches.
+    pub loss: bool,
+}
+
+/// log2 bucket upper bounds in seconds for a Prometheus histogram: bucket i's upper bound
+/// is 2^(i+1) ns.
+pub fn bucket_upper_bounds_seconds() -> Vec<f64> {
+    (0..HIST_BUCKETS).map(|i| (1u64 << (i + 1)) as f64 / 1e9).collect()
+}
+
+/// `ethand snapshot --pid PID --json`: one process and its descendants.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TreeSnapshot {
+    pub schema_version: u32,
+    /// "daemon": from the running daemon (counters since it first saw each process);
+    /// "standalone": ethand attached its own probes for `measured_ms` (counters over that time).
+    pub source: String,
+    pub root_pid: u32,
+    pub taken_at_unix_ms: u64,
+    pub measured_ms: u64,
+    /// The root first, then its descendants (breadth-first).
+    pub processes: Vec<ProcessSnapshot>,
+    /// Sums over all processes of the tree.
+    pub total: TreeTotals,
+    pub probes: Vec<ProbeStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TreeTotals {
+    pub processes: u64,
+    pub threads: u64,
+    pub sched: SchedStats,
+    pub syscalls: u64,
+    pub syscall_errors: u64,
+    pub syscall_time_ns: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub block_read_ops: u64,
+    pub block_write_ops: u64,
+    pub net: NetStats,
+}
