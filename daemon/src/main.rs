@@ -1,1 +1,210 @@
-fn main(){}
+//! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
+mod api;
+mod collector;
+mod config;
+mod daemon;
+mod kernel;
+mod loader;
+mod model;
+mod procinfo;
+mod render;
+mod syscalls_table;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use config::Config;
+use ethand_exporters::snapshot::TreeSnapshot;
+
+/// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration, 3 not found.
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_NOT_FOUND: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(name = "ethand", version, about = "Always-on eBPF observability for GPU/NPU compute nodes")]
+struct Cli {
+    /// Configuration file (TOML); merged over the embedded defaults.
+    #[arg(long, global = true, env = "ETHAND_CONFIG")]
+    config: Option<PathBuf>,
+    /// Local API socket (overrides daemon.socket).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon in the foreground: attach probes, serve /metrics and the local API.
+    Run {
+        /// Address for /metrics (overrides prometheus.listen).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// What is attached, what is not and why; map fill; ethand's own cost.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One process and its descendants: CPU, scheduler, syscalls, disk and network.
+    Snapshot {
+        #[arg(long)]
+        pid: u32,
+        /// Print the complete snapshot as JSON (schema: docs/snapshot-schema.md).
+        #[arg(long)]
+        json: bool,
+        /// Window for the "recent" figures when a daemon runs (seconds).
+        #[arg(long, default_value_t = 10)]
+        window: u64,
+        /// Without a daemon: how long to measure with ethand's own probes (seconds).
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+    },
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the effective configuration (defaults merged with --config).
+    Show,
+    /// Print the embedded default configuration, with its documentation.
+    Default,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut cfg = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ethand: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let Some(s) = &cli.socket {
+        cfg.daemon.socket = s.clone();
+    }
+    if let Command::Run { listen: Some(l) } = &cli.command {
+        let overlay = format!("[prometheus]\nlisten = {:?}\n", l);
+        match Config::from_overlay(&overlay, "--listen") {
+            Ok(_) => cfg.prometheus.listen = l.clone(),
+            Err(_) => {
+                eprintln!("ethand: error: --listen {l:?} is not an address like 127.0.0.1:9477");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.daemon.log.clone());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ethand: error: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let result = rt.block_on(dispatch(cli.command, cfg));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("ethand: error: {}", one_line(&e));
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ").replace('\n', " ")
+}
+
+async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
+    match cmd {
+        Command::Run { .. } => {
+            daemon::run(cfg).await?;
+            Ok(0)
+        }
+        Command::Config { command: ConfigCommand::Show } => {
+            print!("{}", cfg.to_toml());
+            Ok(0)
+        }
+        Command::Config { command: ConfigCommand::Default } => {
+            print!("{}", config::DEFAULT_TOML);
+            Ok(0)
+        }
+        Command::Status { json } => {
+            let resp = api::call(&cfg.daemon.socket, &api::Request::Status)
+                .await
+                .with_context(|| format!("no ethand daemon answers at {}", cfg.daemon.socket.display()))?;
+            match resp {
+                api::Response::Ok(v) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&v)?);
+                    } else {
+                        let s: ethand_exporters::snapshot::SelfStatus = serde_json::from_value(v)?;
+                        print!("{}", render::status(&s));
+                    }
+                    Ok(0)
+                }
+                api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
+            }
+        }
+        Command::Snapshot { pid, json, window, duration } => snapshot(cfg, pid, json, window, duration).await,
+    }
+}
+
+async fn snapshot(cfg: Config, pid: u32, json: bool, window: u64, duration: u64) -> anyhow::Result<u8> {
+    let tree: TreeSnapshot = match api::call(&cfg.daemon.socket, &api::Request::Snapshot { pid, window_s: window }).await {
+        Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
+        Ok(api::Response::NotFound(m)) => {
+            eprintln!("ethand: {m}");
+            return Ok(EXIT_NOT_FOUND);
+        }
+        Ok(api::Response::Error(m)) => anyhow::bail!(m),
+        Err(_) => {
+            // No daemon: measure ourselves.
+            if !procinfo::exists(pid) {
+                eprintln!("ethand: no process with pid {pid}");
+                return Ok(EXIT_NOT_FOUND);
+            }
+            eprintln!(
+                "ethand: no daemon at {}; attaching probes for {duration}s (standalone measurement)",
+                cfg.daemon.socket.display()
+            );
+            match standalone(&cfg, pid, Duration::from_secs(duration)).await? {
+                Some(t) => t,
+                None => {
+                    eprintln!("ethand: process {pid} was not seen during the measurement");
+                    return Ok(EXIT_NOT_FOUND);
+                }
+            }
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&tree)?);
+    } else {
+        print!("{}", render::snapshot(&tree));
+    }
+    Ok(0)
+}
+
+async fn standalone(cfg: &Config, pid: u32, duration: Duration) -> anyhow::Result<Option<TreeSnapshot>> {
+    let mut engine = daemon::Engine::start(cfg)?;
+    let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
+    let t0 = std::time::Instant::now();
+    engine.collect();
+    while t0.elapsed() < duration {
+        tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
+        engine.collect();
+    }
+    let probes = engine.loaded.probes.clone();
+    let ms = t0.elapsed().as_millis() as u64;
+    Ok(engine.shared.tree(pid, ms + 1000, "standalone", ms, probes))
+}

@@ -1,0 +1,771 @@
+//! Prometheus text exposition (format 0.0.4) of a [`NodeSnapshot`].
+//!
+//! Cardinality is bounded: only the processes [`PrometheusOptions`] selects get per-process
+//! series (labels `pid`, `comm`); every other process is summed into per-cgroup series. Per
+//! process, syscalls beyond the [`TOP_SYSCALLS`] with the most time are summed into
+//! `syscall="other"`. The kernel's log2 histograms become classic Prometheus histograms.
+//!
+//! Every family is declared once in `FAMILIES`: [`render`] registers families by that
+//! declaration and [`metric_catalog`] lists it, so documentation and output cannot drift.
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::snapshot::{
+    self, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot, SelfStatus, SyscallRow,
+};
+
+/// `Content-Type` of what [`render`] returns.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
+pub const TOP_SYSCALLS: usize = 8;
+
+/// Which processes get per-process series; the rest are summed per cgroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrometheusOptions {
+    /// The processes with the most CPU time in the snapshot window (cumulative CPU time when a
+    /// process has no window). Processes without CPU time are never picked for this.
+    pub top_n: usize,
+    pub pids: Vec<u32>,
+    /// Exact process names (comm).
+    pub comms: Vec<String>,
+    /// Substrings of the cgroup path; empty patterns are ignored.
+    pub cgroups: Vec<String>,
+}
+
+/// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
+pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
+    let mut registry = Registry::default();
+    let (selected, others) = select(&snap.processes, opts);
+    register_processes(&mut registry, &selected);
+    register_cgroups(&mut registry, &others);
+    register_block_latency(&mut registry, &snap.processes);
+    register_self(&mut registry, &snap.ethand);
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, &registry).expect("encoding into a String cannot fail");
+    out
+}
+
+/// Every family [`render`] can emit: (name as exposed, type, help text).
+pub fn metric_catalog() -> Vec<(&'static str, &'static str, &'static str)> {
+    FAMILIES
+        .iter()
+        .map(|d| (d.name, d.kind.as_str(), d.help))
+        .collect()
+}
+
+#[derive(Debug)]
+struct Desc {
+    /// As exposed: counters include `_total`.
+    name: &'static str,
+    kind: MetricType,
+    help: &'static str,
+}
+
+const fn counter(name: &'static str, help: &'static str) -> Desc {
+    Desc {
+        name,
+        kind: MetricType::Counter,
+        help,
+    }
+}
+const fn gauge(name: &'static str, help: &'static str) -> Desc {
+    Desc {
+        name,
+        kind: MetricType::Gauge,
+        help,
+    }
+}
+const fn histogram(name: &'static str, help: &'static str) -> Desc {
+    Desc {
+        name,
+        kind: MetricType::Histogram,
+        help,
+    }
+}
+
+const PROCESS_CPU: Desc = counter(
+    "ethand_process_cpu_seconds_total",
+    "Time the process's threads ran on a CPU (sched_switch).",
+);
+const PROCESS_OFFCPU: Desc = counter(
+    "ethand_process_offcpu_seconds_total",
+    "Time the process's threads were off CPU, by how they left it: blocked (sleep or I/O, plus \
+     the run-queue wait after wakeup) or preempted (sched_switch, sched_wakeup).",
+);
+const PROCESS_RUNQ_WAIT: Desc = histogram(
+    "ethand_process_runq_wait_seconds",
+    "Waits of the process's threads for a CPU while runnable, one observation per wait \
+     (sched_wakeup and sched_switch).",
+);
+const PROCESS_SWITCHES: Desc = counter(
+    "ethand_process_context_switches_total",
+    "Context switches of the process's threads: voluntary (blocked) or involuntary (preempted) \
+     (sched_switch).",
+);
+const PROCESS_SYSCALLS: Desc = counter(
+    "ethand_process_syscalls_total",
+    "System calls made by the process, for the 8 syscalls with the most time and the rest as \
+     syscall=\"other\" (raw_syscalls sys_enter, sys_exit).",
+);
+const PROCESS_SYSCALL_ERRORS: Desc = counter(
+    "ethand_process_syscall_errors_total",
+    "System calls of the process that returned an error, for the 8 syscalls with the most time \
+     and the rest as syscall=\"other\" (raw_syscalls sys_exit).",
+);
+const PROCESS_SYSCALL_TIME: Desc = counter(
+    "ethand_process_syscall_seconds_total",
+    "Time the process spent in system calls, for the 8 syscalls with the most time and the rest \
+     as syscall=\"other\" (raw_syscalls sys_enter, sys_exit).",
+);
+const PROCESS_SYSCALL_LATENCY: Desc = histogram(
+    "ethand_process_syscall_latency_seconds",
+    "Latency of the process's blocking system calls by class (read_write, futex, poll, sleep, \
+     io_uring, open_close_sync, net); the sum is estimated from bucket midpoints, calls over \
+     2.1 s count as 2.1 s (raw_syscalls sys_enter, sys_exit).",
+);
+const PROCESS_BLOCK_BYTES: Desc = counter(
+    "ethand_process_block_io_bytes_total",
+    "Bytes of the block I/O requests the process submitted, by device and op, counted at \
+     completion (block_io_start, block_rq_complete).",
+);
+const PROCESS_BLOCK_OPS: Desc = counter(
+    "ethand_process_block_io_operations_total",
+    "Block I/O requests the process submitted, by device and op, counted at completion \
+     (block_io_start, block_rq_complete).",
+);
+const PROCESS_NET_BYTES: Desc = counter(
+    "ethand_process_network_bytes_total",
+    "Bytes the process's TCP and UDP sockets sent (transmit) or received (receive) \
+     (sock_send_length, sock_recv_length).",
+);
+const PROCESS_TCP_RETRANSMITS: Desc = counter(
+    "ethand_process_tcp_retransmits_total",
+    "TCP segments retransmitted on the process's sockets (tcp_retransmit_skb).",
+);
+const PROCESS_TCP_OPENED: Desc = counter(
+    "ethand_process_tcp_connections_opened_total",
+    "TCP connections the process opened with connect() that reached ESTABLISHED \
+     (inet_sock_set_state).",
+);
+const PROCESS_TCP_CLOSED: Desc = counter(
+    "ethand_process_tcp_connections_closed_total",
+    "TCP connections of the process that closed after being open (inet_sock_set_state).",
+);
+const PROCESS_TCP_RESETS: Desc = counter(
+    "ethand_process_tcp_resets_total",
+    "TCP resets the process's sockets sent or received (tcp_send_reset, tcp_receive_reset).",
+);
+const PROCESS_THREADS: Desc = gauge(
+    "ethand_process_threads",
+    "Live threads of the process (sched_process_fork, sched_process_exit).",
+);
+
+const CGROUP_CPU: Desc = counter(
+    "ethand_cgroup_cpu_seconds_total",
+    "CPU time of the cgroup's processes that have no per-process series (sched_switch).",
+);
+const CGROUP_OFFCPU: Desc = counter(
+    "ethand_cgroup_offcpu_seconds_total",
+    "Off-CPU time, blocked or preempted, of the cgroup's processes that have no per-process \
+     series (sched_switch, sched_wakeup).",
+);
+const CGROUP_RUNQ_WAIT: Desc = counter(
+    "ethand_cgroup_runq_wait_seconds_total",
+    "Time the cgroup's processes that have no per-process series waited runnable for a CPU \
+     (sched_wakeup, sched_switch).",
+);
+const CGROUP_SYSCALLS: Desc = counter(
+    "ethand_cgroup_syscalls_total",
+    "System calls of the cgroup's processes that have no per-process series (raw_syscalls \
+     sys_enter, sys_exit).",
+);
+const CGROUP_SYSCALL_TIME: Desc = counter(
+    "ethand_cgroup_syscall_seconds_total",
+    "Time in system calls of the cgroup's processes that have no per-process series \
+     (raw_syscalls sys_enter, sys_exit).",
+);
+const CGROUP_BLOCK_BYTES: Desc = counter(
+    "ethand_cgroup_block_io_bytes_total",
+    "Block I/O bytes, by op, of the cgroup's processes that have no per-process series \
+     (block_io_start, block_rq_complete).",
+);
+const CGROUP_NET_BYTES: Desc = counter(
+    "ethand_cgroup_network_bytes_total",
+    "TCP and UDP bytes sent or received by the cgroup's processes that have no per-process \
+     series (sock_send_length, sock_recv_length).",
+);
+const CGROUP_PROCESSES: Desc = gauge(
+    "ethand_cgroup_processes",
+    "Processes summed into the cgroup's ethand_cgroup_* series, exited ones within the grace \
+     period included (sched_process_exec, sched_process_exit).",
+);
+
+const BLOCK_QUEUE: Desc = histogram(
+    "ethand_block_io_queue_seconds",
+    "Time block I/O requests waited between submission and dispatch to the device, by device \
+     and op, all processes (block_io_start to block_rq_issue).",
+);
+const BLOCK_SERVICE: Desc = histogram(
+    "ethand_block_io_service_seconds",
+    "Time the device took to complete block I/O requests, by device and op, all processes \
+     (block_rq_issue to block_rq_complete).",
+);
+
+const BUILD_INFO: Desc = gauge("ethand_build_info", "ethand's version, value always 1.");
+const PROBE_STATE: Desc = gauge(
+    "ethand_probe_state",
+    "1 for each probe's current state (attached, unsupported, disabled, failed), 0 for the \
+     others; `ethand status` says why a probe is not attached.",
+);
+const PROGRAM_RUNS: Desc = counter(
+    "ethand_bpf_program_runs_total",
+    "Runs of each of ethand's BPF programs (kernel BPF run statistics).",
+);
+const PROGRAM_TIME: Desc = counter(
+    "ethand_bpf_program_run_seconds_total",
+    "Time spent running each of ethand's BPF programs (kernel BPF run statistics).",
+);
+const MAP_ENTRIES: Desc = gauge(
+    "ethand_bpf_map_entries",
+    "Entries in each of ethand's BPF maps.",
+);
+const MAP_CAPACITY: Desc = gauge(
+    "ethand_bpf_map_capacity_entries",
+    "Maximum entries of each of ethand's BPF maps.",
+);
+const DROPPED: Desc = counter(
+    "ethand_bpf_dropped_events_total",
+    "Events ethand could not account, by reason (map full, ring buffer full); loss=\"false\" \
+     marks informational mismatches that lose no data.",
+);
+const SELF_CPU: Desc = counter(
+    "ethand_self_cpu_seconds_total",
+    "CPU time used by the ethand daemon, user and system.",
+);
+const SELF_RSS: Desc = gauge(
+    "ethand_self_resident_memory_bytes",
+    "Resident memory of the ethand daemon.",
+);
+const TRACKED: Desc = gauge(
+    "ethand_tracked_processes",
+    "Processes in ethand's model, exited ones within the grace period included.",
+);
+const OVERFLOW: Desc = counter(
+    "ethand_processes_overflow_total",
+    "Processes ethand did not track because its model held max_processes already.",
+);
+
+const FAMILIES: &[Desc] = &[
+    PROCESS_CPU,
+    PROCESS_OFFCPU,
+    PROCESS_RUNQ_WAIT,
+    PROCESS_SWITCHES,
+    PROCESS_SYSCALLS,
+    PROCESS_SYSCALL_ERRORS,
+    PROCESS_SYSCALL_TIME,
+    PROCESS_SYSCALL_LATENCY,
+    PROCESS_BLOCK_BYTES,
+    PROCESS_BLOCK_OPS,
+    PROCESS_NET_BYTES,
+    PROCESS_TCP_RETRANSMITS,
+    PROCESS_TCP_OPENED,
+    PROCESS_TCP_CLOSED,
+    PROCESS_TCP_RESETS,
+    PROCESS_THREADS,
+    CGROUP_CPU,
+    CGROUP_OFFCPU,
+    CGROUP_RUNQ_WAIT,
+    CGROUP_SYSCALLS,
+    CGROUP_SYSCALL_TIME,
+    CGROUP_BLOCK_BYTES,
+    CGROUP_NET_BYTES,
+    CGROUP_PROCESSES,
+    BLOCK_QUEUE,
+    BLOCK_SERVICE,
+    BUILD_INFO,
+    PROBE_STATE,
+    PROGRAM_RUNS,
+    PROGRAM_TIME,
+    MAP_ENTRIES,
+    MAP_CAPACITY,
+    DROPPED,
+    SELF_CPU,
+    SELF_RSS,
+    TRACKED,
+    OVERFLOW,
+];
+
+/// Splits processes into those with per-process series and the rest.
+fn select<'a>(
+    procs: &'a [ProcessSnapshot],
+    opts: &PrometheusOptions,
+) -> (Vec<&'a ProcessSnapshot>, Vec<&'a ProcessSnapshot>) {
+    let recent_cpu =
+        |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
+    let mut ranked: Vec<usize> = (0..procs.len())
+        .filter(|&i| recent_cpu(&procs[i]) > 0)
+        .collect();
+    // Ties go to the lower pid so that the selection is stable between scrapes.
+    ranked.sort_by_key(|&i| (Reverse(recent_cpu(&procs[i])), procs[i].pid));
+    let mut picked = vec![false; procs.len()];
+    for &i in ranked.iter().take(opts.top_n) {
+        picked[i] = true;
+    }
+    let named = |p: &ProcessSnapshot| {
+        opts.pids.contains(&p.pid)
+            || opts.comms.contains(&p.comm)
+            || opts
+                .cgroups
+                .iter()
+                .any(|c| !c.is_empty() && p.cgroup.contains(c.as_str()))
+    };
+    let (selected, others): (Vec<_>, Vec<_>) = procs
+        .iter()
+        .zip(picked)
+        .partition(|&(p, top)| top || named(p));
+    (
+        selected.into_iter().map(|(p, _)| p).collect(),
+        others.into_iter().map(|(p, _)| p).collect(),
+    )
+}
+
+fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
+    let mut cpu = Family::<Nanos>::new(&PROCESS_CPU);
+    let mut offcpu = Family::<Nanos>::new(&PROCESS_OFFCPU);
+    let mut runq = Family::<Hist>::new(&PROCESS_RUNQ_WAIT);
+    let mut switches = Family::<u64>::new(&PROCESS_SWITCHES);
+    let mut syscalls = Family::<u64>::new(&PROCESS_SYSCALLS);
+    let mut syscall_errors = Family::<u64>::new(&PROCESS_SYSCALL_ERRORS);
+    let mut syscall_time = Family::<Nanos>::new(&PROCESS_SYSCALL_TIME);
+    let mut syscall_latency = Family::<Hist>::new(&PROCESS_SYSCALL_LATENCY);
+    let mut block_bytes = Family::<u64>::new(&PROCESS_BLOCK_BYTES);
+    let mut block_ops = Family::<u64>::new(&PROCESS_BLOCK_OPS);
+    let mut net_bytes = Family::<u64>::new(&PROCESS_NET_BYTES);
+    let mut retransmits = Family::<u64>::new(&PROCESS_TCP_RETRANSMITS);
+    let mut opened = Family::<u64>::new(&PROCESS_TCP_OPENED);
+    let mut closed = Family::<u64>::new(&PROCESS_TCP_CLOSED);
+    let mut resets = Family::<u64>::new(&PROCESS_TCP_RESETS);
+    let mut threads = Family::<u64>::new(&PROCESS_THREADS);
+
+    for p in procs {
+        let pid = p.pid.to_string();
+        let id = |extra: &[(&'static str, &str)]| {
+            labels(&[("pid", pid.as_str()), ("comm", p.comm.as_str())], extra)
+        };
+        let s = &p.sched;
+        cpu.add(id(&[]), Nanos(s.oncpu_ns));
+        offcpu.add(id(&[("reason", "blocked")]), Nanos(s.offcpu_blocked_ns));
+        offcpu.add(id(&[("reason", "preempted")]), Nanos(s.offcpu_preempted_ns));
+        runq.add(id(&[]), Hist::new(&s.runq_wait_hist, s.runq_wait_ns));
+        switches.add(id(&[("kind", "voluntary")]), s.voluntary_switches);
+        switches.add(id(&[("kind", "involuntary")]), s.involuntary_switches);
+
+        for sc in top_syscalls(p) {
+            let l = id(&[("syscall", sc.name.as_str())]);
+            syscalls.add(l.clone(), sc.count);
+            syscall_errors.add(l.clone(), sc.errors);
+            syscall_time.add(l, Nanos(sc.time_ns));
+        }
+        for h in &p.syscalls.latency {
+            syscall_latency.add(
+                id(&[("class", h.class.as_str())]),
+                Hist::estimated(&h.buckets),
+            );
+        }
+
+        for b in &p.block {
+            let l = id(&[("device", device_label(b)), ("op", b.op.as_str())]);
+            block_bytes.add(l.clone(), b.bytes);
+            block_ops.add(l, b.ops);
+        }
+        for (protocol, direction, bytes) in net_bytes_by_direction(p) {
+            net_bytes.add(
+                id(&[("protocol", protocol), ("direction", direction)]),
+                bytes,
+            );
+        }
+        let n = &p.net;
+        retransmits.add(id(&[]), n.tcp_retransmits);
+        opened.add(id(&[]), n.tcp_active_opens);
+        closed.add(id(&[]), n.tcp_closes);
+        resets.add(id(&[("direction", "sent")]), n.tcp_resets_sent);
+        resets.add(id(&[("direction", "received")]), n.tcp_resets_received);
+        threads.add(id(&[]), p.threads.iter().filter(|t| t.alive).count() as u64);
+    }
+
+    cpu.register(registry);
+    offcpu.register(registry);
+    runq.register(registry);
+    switches.register(registry);
+    syscalls.register(registry);
+    syscall_errors.register(registry);
+    syscall_time.register(registry);
+    syscall_latency.register(registry);
+    block_bytes.register(registry);
+    block_ops.register(registry);
+    net_bytes.register(registry);
+    retransmits.register(registry);
+    opened.register(registry);
+    closed.register(registry);
+    resets.register(registry);
+    threads.register(registry);
+}
+
+fn register_cgroups(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
+    let mut cpu = Family::<Nanos>::new(&CGROUP_CPU);
+    let mut offcpu = Family::<Nanos>::new(&CGROUP_OFFCPU);
+    let mut runq = Family::<Nanos>::new(&CGROUP_RUNQ_WAIT);
+    let mut syscalls = Family::<u64>::new(&CGROUP_SYSCALLS);
+    let mut syscall_time = Family::<Nanos>::new(&CGROUP_SYSCALL_TIME);
+    let mut block_bytes = Family::<u64>::new(&CGROUP_BLOCK_BYTES);
+    let mut net_bytes = Family::<u64>::new(&CGROUP_NET_BYTES);
+    let mut processes = Family::<u64>::new(&CGROUP_PROCESSES);
+
+    for p in procs {
+        let cgroup = if p.cgroup.is_empty() {
+            "unknown"
+        } else {
+            p.cgroup.as_str()
+        };
+        let id = |extra: &[(&'static str, &str)]| labels(&[("cgroup", cgroup)], extra);
+        let s = &p.sched;
+        cpu.add(id(&[]), Nanos(s.oncpu_ns));
+        offcpu.add(id(&[("reason", "blocked")]), Nanos(s.offcpu_blocked_ns));
+        offcpu.add(id(&[("reason", "preempted")]), Nanos(s.offcpu_preempted_ns));
+        runq.add(id(&[]), Nanos(s.runq_wait_ns));
+        syscalls.add(id(&[]), p.syscalls.count);
+        syscall_time.add(id(&[]), Nanos(p.syscalls.time_ns));
+        for b in &p.block {
+            block_bytes.add(id(&[("op", b.op.as_str())]), b.bytes);
+        }
+        for (protocol, direction, bytes) in net_bytes_by_direction(p) {
+            net_bytes.add(
+                id(&[("protocol", protocol), ("direction", direction)]),
+                bytes,
+            );
+        }
+        processes.add(id(&[]), 1);
+    }
+
+    cpu.register(registry);
+    offcpu.register(registry);
+    runq.register(registry);
+    syscalls.register(registry);
+    syscall_time.register(registry);
+    block_bytes.register(registry);
+    net_bytes.register(registry);
+    processes.register(registry);
+}
+
+fn register_block_latency(registry: &mut Registry, procs: &[ProcessSnapshot]) {
+    let mut queue = Family::<Hist>::new(&BLOCK_QUEUE);
+    let mut service = Family::<Hist>::new(&BLOCK_SERVICE);
+    for b in procs.iter().flat_map(|p| &p.block) {
+        let l = labels(&[("device", device_label(b)), ("op", b.op.as_str())], &[]);
+        queue.add(l.clone(), Hist::new(&b.queue_hist, b.queue_ns));
+        service.add(l, Hist::new(&b.service_hist, b.service_ns));
+    }
+    queue.register(registry);
+    service.register(registry);
+}
+
+fn register_self(registry: &mut Registry, me: &SelfStatus) {
+    let mut build = Family::<u64>::new(&BUILD_INFO);
+    build.add(labels(&[("version", me.version.as_str())], &[]), 1);
+
+    let mut probes = Family::<u64>::new(&PROBE_STATE);
+    for p in &me.probes {
+        for state in [
+            ProbeState::Attached,
+            ProbeState::Unsupported,
+            ProbeState::Disabled,
+            ProbeState::Failed,
+        ] {
+            let l = labels(
+                &[("probe", p.name.as_str()), ("state", state.as_str())],
+                &[],
+            );
+            probes.add(l, u64::from(p.state == state));
+        }
+    }
+
+    let mut runs = Family::<u64>::new(&PROGRAM_RUNS);
+    let mut run_time = Family::<Nanos>::new(&PROGRAM_TIME);
+    for p in &me.programs {
+        runs.add(labels(&[("program", p.name.as_str())], &[]), p.run_count);
+        run_time.add(
+            labels(&[("program", p.name.as_str())], &[]),
+            Nanos(p.run_time_ns),
+        );
+    }
+
+    let mut entries = Family::<u64>::new(&MAP_ENTRIES);
+    let mut capacity = Family::<u64>::new(&MAP_CAPACITY);
+    for m in &me.maps {
+        entries.add(labels(&[("map", m.name.as_str())], &[]), m.entries);
+        capacity.add(labels(&[("map", m.name.as_str())], &[]), m.capacity);
+    }
+
+    let mut dropped = Family::<u64>::new(&DROPPED);
+    for d in &me.dropped {
+        let loss = if d.loss { "true" } else { "false" };
+        dropped.add(
+            labels(&[("reason", d.reason.as_str()), ("loss", loss)], &[]),
+            d.count,
+        );
+    }
+
+    let mut cpu = Family::<f64>::new(&SELF_CPU);
+    cpu.add(Labels::new(), me.cpu_seconds);
+    let mut rss = Family::<u64>::new(&SELF_RSS);
+    rss.add(Labels::new(), me.rss_bytes);
+    let mut tracked = Family::<u64>::new(&TRACKED);
+    tracked.add(Labels::new(), me.tracked_processes);
+    let mut overflow = Family::<u64>::new(&OVERFLOW);
+    overflow.add(Labels::new(), me.processes_overflow);
+
+    build.register(registry);
+    probes.register(registry);
+    runs.register(registry);
+    run_time.register(registry);
+    entries.register(registry);
+    capacity.register(registry);
+    dropped.register(registry);
+    cpu.register(registry);
+    rss.register(registry);
+    tracked.register(registry);
+    overflow.register(registry);
+}
+
+/// The counters behind one `syscall` label value.
+struct SyscallSeries {
+    name: String,
+    count: u64,
+    errors: u64,
+    time_ns: u64,
+}
+
+/// The [`TOP_SYSCALLS`] with the most time, then "other": what the process's totals leave
+/// beyond them, or the remaining rows' sum should the totals fall short of the rows.
+fn top_syscalls(p: &ProcessSnapshot) -> Vec<SyscallSeries> {
+    let s = &p.syscalls;
+    let mut rows: Vec<_> = s.by_nr.iter().collect();
+    rows.sort_by_key(|r| (Reverse(r.time_ns), r.nr));
+    let (top, rest) = rows.split_at(rows.len().min(TOP_SYSCALLS));
+    let mut out: Vec<_> = top
+        .iter()
+        .map(|r| SyscallSeries {
+            name: if r.name.is_empty() {
+                format!("nr_{}", r.nr)
+            } else {
+                r.name.clone()
+            },
+            count: r.count,
+            errors: r.errors,
+            time_ns: r.time_ns,
+        })
+        .collect();
+    let left = |total: u64, field: fn(&SyscallRow) -> u64| {
+        let top: u64 = top.iter().map(|r| field(r)).sum();
+        let rest: u64 = rest.iter().map(|r| field(r)).sum();
+        total.saturating_sub(top).max(rest)
+    };
+    let other = SyscallSeries {
+        name: "other".to_owned(),
+        count: left(s.count, |r| r.count),
+        errors: left(s.errors, |r| r.errors),
+        time_ns: left(s.time_ns, |r| r.time_ns),
+    };
+    if !rest.is_empty() || other.count > 0 || other.errors > 0 || other.time_ns > 0 {
+        out.push(other);
+    }
+    out
+}
+
+fn net_bytes_by_direction(p: &ProcessSnapshot) -> [(&'static str, &'static str, u64); 4] {
+    let n = &p.net;
+    [
+        ("tcp", "transmit", n.tcp_tx_bytes),
+        ("tcp", "receive", n.tcp_rx_bytes),
+        ("udp", "transmit", n.udp_tx_bytes),
+        ("udp", "receive", n.udp_rx_bytes),
+    ]
+}
+
+fn device_label(b: &snapshot::BlockStats) -> &str {
+    if b.device_name.is_empty() {
+        &b.device
+    } else {
+        &b.device_name
+    }
+}
+
+/// Label pairs in exposition order.
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(base: &[(&'static str, &str)], extra: &[(&'static str, &str)]) -> Labels {
+    base.iter()
+        .chain(extra)
+        .map(|&(k, v)| (k, v.to_owned()))
+        .collect()
+}
+
+/// One family computed from the snapshot. A label set added twice is summed (pid reuse within
+/// the exit grace period, two devices with one name) so no series is ever duplicated; the
+/// BTreeMap keeps the output order stable between scrapes.
+#[derive(Debug)]
+struct Family<V> {
+    desc: &'static Desc,
+    series: BTreeMap<Labels, V>,
+}
+
+impl<V: Value> Family<V> {
+    fn new(desc: &'static Desc) -> Self {
+        Self {
+            desc,
+            series: BTreeMap::new(),
+        }
+    }
+
+    fn add(&mut self, labels: Labels, value: V) {
+        self.series.entry(labels).or_default().merge(&value);
+    }
+
+    fn register(self, registry: &mut Registry) {
+        // The client appends `_total` to counters and a full stop to help texts.
+        let name = self
+            .desc
+            .name
+            .strip_suffix("_total")
+            .unwrap_or(self.desc.name);
+        let help = self.desc.help.strip_suffix('.').unwrap_or(self.desc.help);
+        registry.register(name, help, self);
+    }
+}
+
+impl<V: Value> EncodeMetric for Family<V> {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        for (labels, value) in &self.series {
+            value.encode(self.desc.kind, encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.desc.kind
+    }
+
+    fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+}
+
+trait Value: Default + fmt::Debug + Send + Sync + 'static {
+    fn merge(&mut self, other: &Self);
+    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result;
+}
+
+fn encode_number<N>(kind: MetricType, mut encoder: MetricEncoder, v: N) -> fmt::Result
+where
+    N: prometheus_client::encoding::EncodeCounterValue
+        + prometheus_client::encoding::EncodeGaugeValue,
+{
+    match kind {
+        MetricType::Counter => encoder.encode_counter::<NoLabelSet, _, f64>(&v, None),
+        _ => encoder.encode_gauge(&v),
+    }
+}
+
+impl Value for u64 {
+    fn merge(&mut self, other: &Self) {
+        *self = self.saturating_add(*other);
+    }
+    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
+        encode_number(kind, encoder, *self)
+    }
+}
+
+impl Value for f64 {
+    fn merge(&mut self, other: &Self) {
+        *self += other;
+    }
+    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
+        encode_number(kind, encoder, *self)
+    }
+}
+
+/// Nanoseconds, summed as integers and exposed as seconds, so sums carry no rounding error.
+#[derive(Clone, Copy, Debug, Default)]
+struct Nanos(u64);
+
+impl Value for Nanos {
+    fn merge(&mut self, other: &Self) {
+        self.0 = self.0.saturating_add(other.0);
+    }
+    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
+        encode_number(kind, encoder, self.0 as f64 / 1e9)
+    }
+}
+
+/// A log2 histogram as the kernel keeps it: per-bucket (not cumulative) counts.
+#[derive(Clone, Debug, Default)]
+struct Hist {
+    buckets: [u64; HIST_BUCKETS],
+    sum_ns: u64,
+}
+
+/// Bucket bounds for the exposition. The kernel's last bucket also holds everything above
+/// 2^31 ns (ethand_common::log2_bucket), so its bound is +Inf, not 2^32 ns.
+static LE_SECONDS: LazyLock<Vec<f64>> = LazyLock::new(|| {
+    let mut le = snapshot::bucket_upper_bounds_seconds();
+    le[HIST_BUCKETS - 1] = f64::INFINITY;
+    le
+});
+
+impl Hist {
+    fn new(counts: &[u64], sum_ns: u64) -> Self {
+        let mut buckets = [0u64; HIST_BUCKETS];
+        for (i, &n) in counts.iter().enumerate() {
+            let b = &mut buckets[i.min(HIST_BUCKETS - 1)];
+            *b = b.saturating_add(n);
+        }
+        Self { buckets, sum_ns }
+    }
+
+    /// For histograms without a recorded total: each observation counts as its bucket's
+    /// geometric midpoint, 2^(i+0.5) ns, or the lower bound 2^31 ns in the open last bucket.
+    fn estimated(counts: &[u64]) -> Self {
+        let mut h = Self::new(counts, 0);
+        h.sum_ns = h.buckets.iter().enumerate().fold(0u64, |sum, (i, &n)| {
+            let each = if i == HIST_BUCKETS - 1 {
+                1u64 << i
+            } else {
+                2f64.powf(i as f64 + 0.5) as u64
+            };
+            sum.saturating_add(n.saturating_mul(each))
+        });
+        h
+    }
+}
+
+impl Value for Hist {
+    fn merge(&mut self, other: &Self) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets) {
+            *a = a.saturating_add(b);
+        }
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+    }
+    fn encode(&self, _kind: MetricType, mut encoder: MetricEncoder) -> fmt::Result {
+        // The encoder accumulates the per-bucket counts into cumulative `le` buckets.
+        let buckets: Vec<(f64, u64)> = LE_SECONDS.iter().copied().zip(self.buckets).collect();
+        let count = self.buckets.iter().fold(0u64, |c, &n| c.saturating_add(n));
+        encoder.encode_histogram::<NoLabelSet>(self.sum_ns as f64 / 1e9, count, &buckets, None)
+    }
+}

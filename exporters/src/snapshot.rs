@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 pub const SCHEMA_VERSION: u32 = 1;
-/// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0).
+/// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0; the
+/// last one also holds everything above, see `ethand_common::log2_bucket`).
 pub const HIST_BUCKETS: usize = 32;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -221,9 +222,11 @@ pub struct DropCounter {
 }
 
 /// log2 bucket upper bounds in seconds for a Prometheus histogram: bucket i's upper bound
-/// is 2^(i+1) ns.
+/// is 2^(i+1) ns. The last bucket is open-ended: expose it as +Inf, not as the 2^32 ns here.
 pub fn bucket_upper_bounds_seconds() -> Vec<f64> {
-    (0..HIST_BUCKETS).map(|i| (1u64 << (i + 1)) as f64 / 1e9).collect()
+    (0..HIST_BUCKETS)
+        .map(|i| (1u64 << (i + 1)) as f64 / 1e9)
+        .collect()
 }
 
 /// `ethand snapshot --pid PID --json`: one process and its descendants.

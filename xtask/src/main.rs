@@ -1,1 +1,33 @@
-fn main(){}
+//! `cargo xtask`: the one entry for chores (alias in `.cargo/config.toml`).
+//!
+//! - `bench`: what ethand costs the workloads it watches, against no tracing and against
+//!   bpftrace doing the same accounting; writes `docs/performance.md`.
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "ethand's chores", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure ethand's overhead per event (syscall, context switch, IO op, TCP send) against
+    /// no tracing and bpftrace; print the table and write it to docs/performance.md.
+    Bench(bench::BenchArgs),
+    /// Run one benchmark workload and print its result line (the bench runs these as child
+    /// processes).
+    #[command(hide = true)]
+    Workload(bench::workloads::WorkloadArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Bench(args) => bench::run(args),
+        Command::Workload(args) => bench::workloads::run(args),
+    }
+}

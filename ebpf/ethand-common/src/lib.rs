@@ -324,7 +324,8 @@ pub struct TracepointOffsets {
     pub tcp_send_reset_skaddr: u32,
     pub tcp_receive_reset_skaddr: u32,
     pub exec_pid: u32,
-    pub _pad0: u32,
+    /// sched_process_exit's group_dead (u8); ABSENT on kernels without it.
+    pub exit_group_dead: u32,
 }
 
 impl TracepointOffsets {
@@ -362,7 +363,7 @@ impl Default for TracepointOffsets {
             tcp_send_reset_skaddr: a,
             tcp_receive_reset_skaddr: a,
             exec_pid: a,
-            _pad0: 0,
+            exit_group_dead: a,
         }
     }
 }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use ethand_common::{LifecycleEvent, counter, lifecycle_kind, thread_flags};
 
-use crate::koff;
+use crate::{koff, tpoff};
 use crate::maps::{LIFECYCLE, THREADS, bump, current_ctx, proc_start_of, read_u32};
 
 #[inline(always)]
@@ -50,14 +50,20 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
     if let Some(t) = THREADS.get_ptr_mut(&tid) {
         unsafe { (*t).flags |= thread_flags::EXITED };
     }
-    if tid == tgid {
+    let off = tpoff!(exit_group_dead);
+    let group_dead = if off != u32::MAX as usize {
+        unsafe { ctx.read_at::<u8>(off) }.unwrap_or(0) != 0
+    } else {
+        tid == tgid
+    };
+    if group_dead {
         if let Some(c) = current_ctx() {
             emit(lifecycle_kind::EXIT, tgid, 0, c.proc_start_ns);
         }

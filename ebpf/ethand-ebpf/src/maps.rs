@@ -53,7 +53,7 @@ pub static TPOFF: TracepointOffsets = TracepointOffsets {
     tcp_send_reset_skaddr: u32::MAX,
     tcp_receive_reset_skaddr: u32::MAX,
     exec_pid: u32::MAX,
-    _pad0: 0,
+    exit_group_dead: u32::MAX,
 };
 
 /// Reads one field of KOFF. Volatile: the value is patched at load time and must not be

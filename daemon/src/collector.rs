@@ -1,0 +1,178 @@
+//! Reads the kernel maps into a [`RawRead`], drains lifecycle events, deletes what the model
+//! reclaimed, and measures ethand's own cost. The only code that touches BPF maps.
+use std::{collections::HashMap, os::fd::OwnedFd};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+};
+use ethand_common::{
+    BlkKey, BlkStats, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats,
+    ThreadStats, counter, lifecycle_kind,
+};
+use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
+use tracing::warn;
+
+use crate::{config::Config, model::{Model, RawRead, Reclaim}, syscalls_table};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("BPF map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("BPF map {name}: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+}
+
+pub struct Collector {
+    threads: BpfHashMap<MapData, u32, ThreadStats>,
+    syscalls: BpfHashMap<MapData, SyscallKey, SyscallStats>,
+    syscall_hist: BpfHashMap<MapData, SyscallHistKey, Hist>,
+    blk_stats: BpfHashMap<MapData, BlkKey, BlkStats>,
+    net_stats: BpfHashMap<MapData, ProcKey, NetStats>,
+    counters: PerCpuArray<MapData, u64>,
+    lifecycle: RingBuf<MapData>,
+    capacity: HashMap<&'static str, u64>,
+    pub fills: Vec<MapFill>,
+    /// Keeps the kernel's BPF run-time statistics on while ethand runs.
+    _stats: Option<OwnedFd>,
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CollectError> {
+    let m = ebpf.take_map(name).ok_or(CollectError::MissingMap(name))?;
+    T::try_from(m).map_err(|source| CollectError::Map { name, source })
+}
+
+impl Collector {
+    pub fn new(ebpf: &mut Ebpf, cfg: &Config) -> Result<Self, CollectError> {
+        // Syscall number -> latency class, for the in-kernel histograms.
+        let mut classes: Array<MapData, u32> = take(ebpf, "SYSCALL_CLASS")?;
+        for (nr, class) in syscalls_table::classes() {
+            if let Err(e) = classes.set(nr, &u32::from(class), 0) {
+                warn!(nr, error = %e, "cannot set syscall class");
+            }
+        }
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!(error = %e, "BPF run-time statistics unavailable: per-program cost will read 0");
+                None
+            }
+        };
+        let m = &cfg.maps;
+        Ok(Self {
+            threads: take(ebpf, "THREADS")?,
+            syscalls: take(ebpf, "SYSCALLS")?,
+            syscall_hist: take(ebpf, "SYSCALL_HIST")?,
+            blk_stats: take(ebpf, "BLK_STATS")?,
+            net_stats: take(ebpf, "NET_STATS")?,
+            counters: take(ebpf, "COUNTERS")?,
+            lifecycle: take(ebpf, "LIFECYCLE")?,
+            capacity: HashMap::from([
+                ("threads", u64::from(m.threads)),
+                ("syscalls", u64::from(m.syscalls)),
+                ("syscall_hist", u64::from(m.syscall_hist)),
+                ("blk_stats", u64::from(m.blk_stats)),
+                ("net_stats", u64::from(m.net_stats)),
+            ]),
+            fills: Vec::new(),
+            _stats: stats,
+        })
+    }
+
+    /// Applies pending lifecycle events to the model.
+    pub fn drain_lifecycle(&mut self, model: &mut Model) {
+        while let Some(item) = self.lifecycle.next() {
+            if item.len() < size_of::<LifecycleEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a LifecycleEvent (repr(C), integer-only) here.
+            let e: LifecycleEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let key = ProcKey { tgid: e.tgid, _pad0: 0, proc_start_ns: e.proc_start_ns };
+            match e.kind {
+                lifecycle_kind::EXEC => model.on_exec(key),
+                lifecycle_kind::EXIT => model.on_exit(key),
+                // New processes need no action: they appear with their first counters.
+                _ => {}
+            }
+        }
+    }
+
+    pub fn read(&mut self) -> RawRead {
+        let mut raw = RawRead::default();
+        raw.threads = self.threads.iter().filter_map(Result::ok).collect();
+        raw.syscalls = self.syscalls.iter().filter_map(Result::ok).collect();
+        raw.syscall_hist = self.syscall_hist.iter().filter_map(Result::ok).map(|(k, h)| (k, h.buckets)).collect();
+        raw.blk = self.blk_stats.iter().filter_map(Result::ok).collect();
+        raw.net = self.net_stats.iter().filter_map(Result::ok).collect();
+        let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
+            name: name.into(),
+            entries: n as u64,
+            capacity: cap[name],
+        };
+        self.fills = vec![
+            fill("threads", raw.threads.len(), &self.capacity),
+            fill("syscalls", raw.syscalls.len(), &self.capacity),
+            fill("syscall_hist", raw.syscall_hist.len(), &self.capacity),
+            fill("blk_stats", raw.blk.len(), &self.capacity),
+            fill("net_stats", raw.net.len(), &self.capacity),
+        ];
+        raw
+    }
+
+    /// Deletes reclaimed entries from the kernel maps.
+    pub fn reclaim(&mut self, r: &Reclaim) {
+        for (tid, key) in &r.threads {
+            // Only if the tid still belongs to the process we reclaim for.
+            if let Ok(t) = self.threads.get(tid, 0) {
+                if t.tgid == key.tgid && t.proc_start_ns == key.proc_start_ns {
+                    let _ = self.threads.remove(tid);
+                }
+            }
+        }
+        if r.procs.is_empty() {
+            return;
+        }
+        let gone = |tgid: u32, start: u64| r.procs.iter().any(|p| p.tgid == tgid && p.proc_start_ns == start);
+        let keys: Vec<SyscallKey> = self.syscalls.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        for k in keys {
+            let _ = self.syscalls.remove(&k);
+        }
+        let keys: Vec<SyscallHistKey> =
+            self.syscall_hist.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        for k in keys {
+            let _ = self.syscall_hist.remove(&k);
+        }
+        let keys: Vec<BlkKey> = self.blk_stats.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        for k in keys {
+            let _ = self.blk_stats.remove(&k);
+        }
+        for k in &r.procs {
+            let _ = self.net_stats.remove(k);
+        }
+    }
+
+    pub fn drops(&self) -> Vec<DropCounter> {
+        (0..counter::COUNT)
+            .map(|i| DropCounter {
+                reason: counter::NAMES[i as usize].into(),
+                count: self.counters.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0),
+                loss: counter::IS_LOSS[i as usize],
+            })
+            .collect()
+    }
+}
+
+/// Run count and time of each attached program (kernel BPF stats).
+pub fn program_costs(ebpf: &Ebpf, program_probe: &std::collections::BTreeMap<String, String>) -> Vec<ProgramCost> {
+    ebpf.programs()
+        .filter(|(name, _)| program_probe.contains_key(*name))
+        .filter_map(|(name, p)| {
+            let info = p.info().ok()?;
+            Some(ProgramCost {
+                name: name.to_string(),
+                run_count: info.run_count(),
+                run_time_ns: info.run_time().as_nanos() as u64,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,207 @@
+//! Configuration: TOML, every default embedded (default.toml) and documented there. A file
+//! given with `--config` is merged over the defaults; unknown keys and bad values are errors
+//! that name the key and its line.
+use std::{collections::BTreeMap, net::SocketAddr, path::{Path, PathBuf}};
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub daemon: DaemonConfig,
+    pub prometheus: PrometheusConfig,
+    pub probes: ProbesConfig,
+    pub maps: MapsConfig,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    pub interval_ms: u64,
+    pub socket: PathBuf,
+    pub history_seconds: u64,
+    pub exit_grace_seconds: u64,
+    pub max_processes: usize,
+    pub log: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusConfig {
+    pub enabled: bool,
+    pub listen: String,
+    pub top_n: usize,
+    pub pids: Vec<u32>,
+    pub comms: Vec<String>,
+    pub cgroups: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProbesConfig {
+    pub sched: bool,
+    pub syscalls: bool,
+    pub block: bool,
+    pub net: bool,
+    pub lifecycle: bool,
+    pub prefer_btf: bool,
+    /// Probe name -> "group/event".
+    pub tracepoints: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MapsConfig {
+    pub threads: u32,
+    pub syscalls: u32,
+    pub syscall_hist: u32,
+    pub blk_inflight: u32,
+    pub blk_stats: u32,
+    pub net_stats: u32,
+    pub sock_owner: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}:{line}: {message}")]
+    Invalid { path: String, line: usize, message: String },
+}
+
+impl Config {
+    pub fn defaults() -> Self {
+        toml::from_str(DEFAULT_TOML).expect("embedded default.toml is valid")
+    }
+
+    /// Defaults, overlaid with the file at `path` if given.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let Some(path) = path else { return Ok(Self::defaults()) };
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Self::from_overlay(&text, &path.display().to_string())
+    }
+
+    pub fn from_overlay(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let invalid = |line: usize, message: String| ConfigError::Invalid { path: origin.into(), line, message };
+        let user: toml::Table = text.parse::<toml::Table>().map_err(|e| {
+            invalid(line_of(text, e.span().map(|s| s.start)), e.message().to_string())
+        })?;
+        let mut merged: toml::Table = DEFAULT_TOML.parse().expect("embedded default.toml is valid");
+        merge(&mut merged, user);
+        let merged_text = toml::to_string(&merged).expect("a table serializes");
+        let cfg: Config = toml::from_str(&merged_text).map_err(|e| {
+            // Report against the user's file: find the offending key there.
+            let msg = e.message().to_string();
+            let key = msg
+                .split('`')
+                .nth(1)
+                .map(str::to_string)
+                .or_else(|| e.span().map(|s| key_at(&merged_text, s.start)));
+            let line = key.as_deref().and_then(|k| find_key_line(text, k)).unwrap_or(0);
+            invalid(line, msg)
+        })?;
+        cfg.validate().map_err(|(key, msg)| invalid(find_key_line(text, key).unwrap_or(0), msg))?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.daemon.interval_ms < 50 || self.daemon.interval_ms > 3_600_000 {
+            return Err(("interval_ms", format!("daemon.interval_ms = {} is out of range [50, 3600000]", self.daemon.interval_ms)));
+        }
+        if self.prometheus.listen.parse::<SocketAddr>().is_err() {
+            return Err(("listen", format!("prometheus.listen = {:?} is not an address like 127.0.0.1:9477", self.prometheus.listen)));
+        }
+        for (name, tp) in &self.probes.tracepoints {
+            if tp.split('/').count() != 2 || tp.starts_with('/') || tp.ends_with('/') {
+                return Err(("tracepoints", format!("probes.tracepoints.{name} = {tp:?} is not \"group/event\"")));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.prometheus.listen.parse().expect("validated")
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+fn line_of(text: &str, offset: Option<usize>) -> usize {
+    offset.map(|o| text[..o.min(text.len())].matches('\n').count() + 1).unwrap_or(0)
+}
+
+fn key_at(text: &str, offset: usize) -> String {
+    let line_start = text[..offset.min(text.len())].rfind('\n').map(|i| i + 1).unwrap_or(0);
+    text[line_start..].split('=').next().unwrap_or("").trim().to_string()
+}
+
+/// Line (1-based) in `text` where `key` is assigned.
+fn find_key_line(text: &str, key: &str) -> Option<usize> {
+    text.lines().position(|l| {
+        let l = l.trim_start();
+        l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
+    })
+    .map(|i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let c = Config::defaults();
+        assert_eq!(c.daemon.interval_ms, 1000);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.listen_addr().ip().to_string(), "127.0.0.1");
+    }
+
+    #[test]
+    fn overlay_changes_only_given_keys() {
+        let c = Config::from_overlay("[daemon]\ninterval_ms = 250\n", "t").unwrap();
+        assert_eq!(c.daemon.interval_ms, 250);
+        assert_eq!(c.prometheus.top_n, Config::defaults().prometheus.top_n);
+    }
+
+    #[test]
+    fn unknown_key_names_itself_and_line() {
+        let e = Config::from_overlay("[daemon]\n\ninterval_mss = 5\n", "f.toml").unwrap_err().to_string();
+        assert!(e.contains("interval_mss"), "{e}");
+        assert!(e.starts_with("f.toml:3:"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_key_and_line() {
+        let e = Config::from_overlay("[prometheus]\ntop_n = \"ten\"\n", "f.toml").unwrap_err().to_string();
+        assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn bad_listen_address() {
+        let e = Config::from_overlay("[prometheus]\nlisten = \"localhost:notaport\"\n", "f.toml").unwrap_err().to_string();
+        assert!(e.contains("prometheus.listen"), "{e}");
+        assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn syntax_error_has_line() {
+        let e = Config::from_overlay("[daemon]\ninterval_ms = = 3\n", "f.toml").unwrap_err().to_string();
+        assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+}

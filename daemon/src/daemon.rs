@@ -1,0 +1,248 @@
+//! `ethand run`: the collection loop, the shared snapshot, and the two servers that read it
+//! (the local API and Prometheus' /metrics).
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use ethand_exporters::{
+    prometheus::{PrometheusOptions, render},
+    snapshot::{self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals},
+};
+use tracing::{info, warn};
+
+use crate::{
+    api::{self, Request, Response},
+    collector::{Collector, program_costs},
+    config::Config,
+    loader::{self, Loaded},
+    model::{self, Model},
+    procinfo,
+};
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// State shared between the collection loop and the servers.
+pub struct Shared {
+    pub model: Mutex<Model>,
+    pub node: RwLock<Arc<NodeSnapshot>>,
+    pub devnames: HashMap<u32, String>,
+}
+
+impl Shared {
+    pub fn answer(&self, req: Request) -> Response {
+        match req {
+            Request::Status => {
+                let node = self.node.read().expect("lock").clone();
+                Response::Ok(serde_json::to_value(&node.ethand).expect("serializable"))
+            }
+            Request::Node => {
+                let node = self.node.read().expect("lock").clone();
+                Response::Ok(serde_json::to_value(&*node).expect("serializable"))
+            }
+            Request::Snapshot { pid, window_s } => {
+                let probes = self.node.read().expect("lock").ethand.probes.clone();
+                match self.tree(pid, window_s.max(1) * 1000, "daemon", 0, probes) {
+                    Some(t) => Response::Ok(serde_json::to_value(&t).expect("serializable")),
+                    None => Response::NotFound(format!(
+                        "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
+                    )),
+                }
+            }
+        }
+    }
+
+    pub fn tree(&self, pid: u32, window_ms: u64, source: &str, measured_ms: u64, probes: Vec<snap::ProbeStatus>) -> Option<TreeSnapshot> {
+        let model = self.model.lock().expect("lock");
+        let all: Vec<snap::ProcessSnapshot> =
+            model.procs.values().map(|p| model.process_snapshot(p, window_ms, &self.devnames)).collect();
+        drop(model);
+        let order = model::tree_order(&all, pid);
+        if order.is_empty() {
+            return None;
+        }
+        let processes: Vec<snap::ProcessSnapshot> = order.into_iter().map(|i| all[i].clone()).collect();
+        Some(TreeSnapshot {
+            schema_version: snap::SCHEMA_VERSION,
+            source: source.into(),
+            root_pid: pid,
+            taken_at_unix_ms: unix_ms(),
+            measured_ms,
+            total: totals(&processes),
+            processes,
+            probes,
+        })
+    }
+}
+
+fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
+    let mut t = TreeTotals { sched: snap::SchedStats { runq_wait_hist: vec![0; snap::HIST_BUCKETS], ..Default::default() }, ..Default::default() };
+    for p in ps {
+        t.processes += 1;
+        t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
+        let s = &mut t.sched;
+        s.oncpu_ns += p.sched.oncpu_ns;
+        s.offcpu_blocked_ns += p.sched.offcpu_blocked_ns;
+        s.offcpu_preempted_ns += p.sched.offcpu_preempted_ns;
+        s.runq_wait_ns += p.sched.runq_wait_ns;
+        s.voluntary_switches += p.sched.voluntary_switches;
+        s.involuntary_switches += p.sched.involuntary_switches;
+        for (a, b) in s.runq_wait_hist.iter_mut().zip(&p.sched.runq_wait_hist) {
+            *a += b;
+        }
+        t.syscalls += p.syscalls.count;
+        t.syscall_errors += p.syscalls.errors;
+        t.syscall_time_ns += p.syscalls.time_ns;
+        for b in &p.block {
+            match b.op.as_str() {
+                "read" => {
+                    t.block_read_bytes += b.bytes;
+                    t.block_read_ops += b.ops;
+                }
+                "write" => {
+                    t.block_write_bytes += b.bytes;
+                    t.block_write_ops += b.ops;
+                }
+                _ => {}
+            }
+        }
+        let (n, pn) = (&mut t.net, &p.net);
+        n.tcp_tx_bytes += pn.tcp_tx_bytes;
+        n.tcp_rx_bytes += pn.tcp_rx_bytes;
+        n.udp_tx_bytes += pn.udp_tx_bytes;
+        n.udp_rx_bytes += pn.udp_rx_bytes;
+        n.tcp_retransmits += pn.tcp_retransmits;
+        n.tcp_active_opens += pn.tcp_active_opens;
+        n.tcp_closes += pn.tcp_closes;
+        n.tcp_resets_sent += pn.tcp_resets_sent;
+        n.tcp_resets_received += pn.tcp_resets_received;
+    }
+    t
+}
+
+/// The probes, maps and model, loaded and ready to collect.
+pub struct Engine {
+    pub loaded: Loaded,
+    pub collector: Collector,
+    pub shared: Arc<Shared>,
+    pub started_at_unix_ms: u64,
+    pub cfg: Config,
+}
+
+impl Engine {
+    pub fn start(cfg: &Config) -> anyhow::Result<Self> {
+        let mut loaded = loader::load(cfg)?;
+        let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
+        let d = &cfg.daemon;
+        let model = Model::new(d.interval_ms, d.history_seconds, d.exit_grace_seconds, d.max_processes);
+        let shared = Arc::new(Shared {
+            model: Mutex::new(model),
+            node: RwLock::new(Arc::new(NodeSnapshot::default())),
+            devnames: model::block_device_names(),
+        });
+        Ok(Self { loaded, collector, shared, started_at_unix_ms: unix_ms(), cfg: cfg.clone() })
+    }
+
+    /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.
+    pub fn collect(&mut self) {
+        let now = unix_ms();
+        let node = {
+            let mut model = self.shared.model.lock().expect("lock");
+            self.collector.drain_lifecycle(&mut model);
+            let raw = self.collector.read();
+            let reclaim = model.ingest(raw, now);
+            self.collector.reclaim(&reclaim);
+            let window_ms = 10_000;
+            let processes = model.procs.values().map(|p| model.process_snapshot(p, window_ms, &self.shared.devnames)).collect();
+            let (cpu_seconds, rss_bytes) = procinfo::self_usage();
+            NodeSnapshot {
+                schema_version: snap::SCHEMA_VERSION,
+                hostname: hostname(),
+                taken_at_unix_ms: now,
+                interval_ms: self.cfg.daemon.interval_ms,
+                processes,
+                ethand: SelfStatus {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    pid: std::process::id(),
+                    started_at_unix_ms: self.started_at_unix_ms,
+                    probes: self.loaded.probes.clone(),
+                    maps: self.collector.fills.clone(),
+                    programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
+                    dropped: self.collector.drops(),
+                    cpu_seconds,
+                    rss_bytes,
+                    processes_overflow: model.overflow,
+                    tracked_processes: model.procs.len() as u64,
+                },
+            }
+        };
+        *self.shared.node.write().expect("lock") = Arc::new(node);
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    // Bind the listeners first: a bad address is a config error, reported before BPF work.
+    let metrics = if cfg.prometheus.enabled {
+        let addr = cfg.listen_addr();
+        Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?)
+    } else {
+        None
+    };
+    let mut engine = Engine::start(&cfg)?;
+    let api_listener = api::bind(&cfg.daemon.socket).with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
+    engine.collect();
+    let shared = engine.shared.clone();
+    tokio::spawn(api::serve(api_listener, shared.clone()));
+    if let Some(listener) = metrics {
+        let opts = PrometheusOptions {
+            top_n: cfg.prometheus.top_n,
+            pids: cfg.prometheus.pids.clone(),
+            comms: cfg.prometheus.comms.clone(),
+            cgroups: cfg.prometheus.cgroups.clone(),
+        };
+        let shared = shared.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let node = shared.node.read().expect("lock").clone();
+                let body = render(&node, &opts);
+                async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body) }
+            }),
+        );
+        info!(addr = %listener.local_addr()?, "serving /metrics");
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "metrics server stopped");
+            }
+        });
+    }
+    let attached = engine.loaded.probes.iter().filter(|p| p.state == snap::ProbeState::Attached).count();
+    info!(attached, total = engine.loaded.probes.len(), socket = %cfg.daemon.socket.display(), "ready");
+
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.daemon.interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                // Map reads are blocking syscalls, but short; block_in_place keeps the servers responsive.
+                tokio::task::block_in_place(|| engine.collect());
+            }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    info!("shutting down");
+    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    // Dropping the engine detaches every program and frees the maps.
+    drop(engine);
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! What the running kernel looks like: struct offsets from BTF, tracepoint field offsets
+//! from tracefs format files. Both are parsed here and handed to the BPF programs as globals.
+use std::{collections::HashMap, fs, path::Path};
+
+use btf_rs::{Btf, Type};
+use ethand_common::KernelOffsets;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("kernel BTF not readable at {path}: {source}")]
+    Btf { path: String, source: btf_rs::Error },
+    #[error("BTF has no struct {0}")]
+    NoStruct(String),
+    #[error("BTF struct {strukt} has no member {member}")]
+    NoMember { strukt: String, member: String },
+    #[error("tracepoint {0} not found (no {1})")]
+    NoTracepoint(String, String),
+    #[error("tracepoint format {path}: {reason}")]
+    Format { path: String, reason: String },
+}
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Byte offset of `member` in struct `strukt`, looking through anonymous structs/unions.
+fn member_offset(btf: &Btf, strukt: &str, member: &str) -> Result<u32, KernelError> {
+    let types = btf.resolve_types_by_name(strukt).map_err(|_| KernelError::NoStruct(strukt.into()))?;
+    let st = types
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| KernelError::NoStruct(strukt.into()))?;
+    find_member(btf, &st.members, member, 0).ok_or_else(|| KernelError::NoMember {
+        strukt: strukt.into(),
+        member: member.into(),
+    })
+}
+
+fn find_member(btf: &Btf, members: &[btf_rs::Member], name: &str, base_bits: u32) -> Option<u32> {
+    for m in members {
+        let mname = btf.resolve_name(m).unwrap_or_default();
+        if mname == name {
+            return Some((base_bits + m.bit_offset()) / 8);
+        }
+        if mname.is_empty() {
+            // Anonymous struct/union: search inside.
+            let inner = match btf.resolve_chained_type(m).ok()? {
+                Type::Struct(s) | Type::Union(s) => s,
+                _ => continue,
+            };
+            if let Some(off) = find_member(btf, &inner.members, name, base_bits + m.bit_offset()) {
+                return Some(off);
+            }
+        }
+    }
+    None
+}
+
+/// Reads the offsets the programs need from the kernel's BTF.
+pub fn kernel_offsets(btf_path: &Path) -> Result<KernelOffsets, KernelError> {
+    let btf = Btf::from_file(btf_path)
+        .map_err(|source| KernelError::Btf { path: btf_path.display().to_string(), source })?;
+    Ok(KernelOffsets {
+        task_pid: member_offset(&btf, "task_struct", "pid")?,
+        task_tgid: member_offset(&btf, "task_struct", "tgid")?,
+        task_group_leader: member_offset(&btf, "task_struct", "group_leader")?,
+        task_start_time: member_offset(&btf, "task_struct", "start_time")?,
+        task_real_parent: member_offset(&btf, "task_struct", "real_parent")?,
+        task_comm: member_offset(&btf, "task_struct", "comm")?,
+        pt_regs_syscall_nr: member_offset(&btf, "pt_regs", "orig_ax")?,
+        // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
+        skip_syscall_nr: 335,
+    })
+}
+
+/// One field of a tracepoint's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// Parses a tracefs `format` file into field name -> (offset, size).
+///
+/// Lines look like `\tfield:unsigned int prev_state;\toffset:24;\tsize:4;\tsigned:0;`;
+/// array fields (`char rwbs[8]`) are keyed by their name without the brackets.
+pub fn parse_format(text: &str) -> Result<HashMap<String, Field>, String> {
+    let mut fields = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let mut decl = None;
+        let mut offset = None;
+        let mut size = None;
+        for part in rest.split(';') {
+            let part = part.trim();
+            if let Some(v) = part.strip_prefix("offset:") {
+                offset = Some(v.parse::<u32>().map_err(|e| format!("bad offset in {line:?}: {e}"))?);
+            } else if let Some(v) = part.strip_prefix("size:") {
+                size = Some(v.parse::<u32>().map_err(|e| format!("bad size in {line:?}: {e}"))?);
+            } else if decl.is_none() && !part.is_empty() && !part.contains(':') {
+                decl = Some(part);
+            }
+        }
+        let decl = decl.ok_or_else(|| format!("no declaration in {line:?}"))?;
+        let name = decl
+            .split_whitespace()
+            .last()
+            .map(|n| n.split('[').next().unwrap_or(n).trim_start_matches('*'))
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| format!("no field name in {line:?}"))?;
+        let (Some(offset), Some(size)) = (offset, size) else {
+            return Err(format!("missing offset/size in {line:?}"));
+        };
+        fields.insert(name.to_string(), Field { offset, size });
+    }
+    if fields.is_empty() {
+        return Err("no fields".into());
+    }
+    Ok(fields)
+}
+
+/// The tracefs mount point (mounted by ethand when missing).
+pub fn tracefs_root() -> &'static str {
+    if Path::new("/sys/kernel/tracing/events").exists() {
+        "/sys/kernel/tracing"
+    } else {
+        "/sys/kernel/debug/tracing"
+    }
+}
+
+/// Mounts tracefs at /sys/kernel/tracing if nothing is there.
+pub fn ensure_tracefs() -> std::io::Result<()> {
+    if Path::new("/sys/kernel/tracing/events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new("/sys/kernel/tracing").unwrap();
+    let fstype = std::ffi::CString::new("tracefs").unwrap();
+    // SAFETY: valid NUL-terminated strings, no data argument.
+    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Fields of tracepoint "group/event".
+pub fn tracepoint_fields(group_event: &str) -> Result<HashMap<String, Field>, KernelError> {
+    let path = format!("{}/events/{group_event}/format", tracefs_root());
+    let text = fs::read_to_string(&path)
+        .map_err(|_| KernelError::NoTracepoint(group_event.into(), path.clone()))?;
+    parse_format(&text).map_err(|reason| KernelError::Format { path, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHED_SWITCH: &str = "name: sched_switch
+ID: 316
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
+\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
+\tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
+
+print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
+";
+
+    #[test]
+    fn parses_sched_switch() {
+        let f = parse_format(SCHED_SWITCH).unwrap();
+        assert_eq!(f["prev_pid"], Field { offset: 24, size: 4 });
+        assert_eq!(f["prev_state"], Field { offset: 32, size: 8 });
+        assert_eq!(f["next_pid"], Field { offset: 56, size: 4 });
+        assert_eq!(f["prev_comm"], Field { offset: 8, size: 16 });
+        assert_eq!(f["common_pid"], Field { offset: 4, size: 4 });
+    }
+
+    #[test]
+    fn parses_pointer_and_dynamic_fields() {
+        let text = "format:\n\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:16;\tsize:4;\tsigned:0;\n";
+        let f = parse_format(text).unwrap();
+        assert_eq!(f["skaddr"], Field { offset: 8, size: 8 });
+        assert_eq!(f["cmd"], Field { offset: 16, size: 4 });
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!(parse_format("").is_err());
+        assert!(parse_format("field:int x;\toffset:abc;\tsize:4;").is_err());
+        assert!(parse_format("field:int x;\tsize:4;").is_err());
+    }
+
+    #[test]
+    fn reads_this_kernels_btf() {
+        // Every kernel ethand supports has BTF; CI runs on one.
+        if !Path::new(VMLINUX_BTF).exists() {
+            panic!("{VMLINUX_BTF} missing: ethand needs a kernel with BTF");
+        }
+        let o = kernel_offsets(Path::new(VMLINUX_BTF)).unwrap();
+        assert_ne!(o.task_pid, 0);
+        assert_eq!(o.task_tgid, o.task_pid + 4, "pid and tgid are adjacent in task_struct");
+        assert_eq!(o.pt_regs_syscall_nr, 15 * 8, "x86_64 pt_regs.orig_ax");
+    }
+}

@@ -1,0 +1,293 @@
+//! Loads the embedded BPF object and attaches its programs probe by probe. A probe that the
+//! kernel cannot give us is reported (unsupported / failed, with the reason) and the rest
+//! carry on: nothing here is fatal except being unable to create the maps at all.
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    programs::{BtfTracePoint, ProgramError, TracePoint},
+};
+use ethand_common::{KernelOffsets, TracepointOffsets};
+use ethand_exporters::snapshot::{ProbeState, ProbeStatus};
+use tracing::{info, warn};
+
+use crate::{config::Config, kernel};
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ethand"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading BPF maps and programs failed: {source}{hint}")]
+    Load { source: aya::EbpfError, hint: &'static str },
+    #[error("kernel structure offsets: {0}")]
+    Kernel(#[from] kernel::KernelError),
+}
+
+/// Probe families and their probes: (family, probe name, BTF program + BTF tracepoint,
+/// classic program). A probe uses the BTF program when allowed and available, else the
+/// classic tracepoint named by `probes.tracepoints.<probe name>`.
+struct ProbeSpec {
+    family: &'static str,
+    name: &'static str,
+    btf: Option<(&'static str, &'static str)>,
+    classic: Option<&'static str>,
+}
+
+const PROBES: &[ProbeSpec] = &[
+    ProbeSpec { family: "sched", name: "sched_switch", btf: Some(("sched_switch_btf", "sched_switch")), classic: Some("sched_switch_tp") },
+    ProbeSpec { family: "sched", name: "sched_wakeup", btf: Some(("sched_wakeup_btf", "sched_wakeup")), classic: Some("sched_wakeup_tp") },
+    ProbeSpec { family: "sched", name: "sched_wakeup_new", btf: Some(("sched_wakeup_new_btf", "sched_wakeup_new")), classic: None },
+    ProbeSpec { family: "syscalls", name: "sys_enter", btf: Some(("sys_enter_btf", "sys_enter")), classic: Some("sys_enter_tp") },
+    ProbeSpec { family: "syscalls", name: "sys_exit", btf: Some(("sys_exit_btf", "sys_exit")), classic: Some("sys_exit_tp") },
+    ProbeSpec { family: "block", name: "block_start", btf: None, classic: Some("block_start") },
+    ProbeSpec { family: "block", name: "block_issue", btf: None, classic: Some("block_issue") },
+    ProbeSpec { family: "block", name: "block_complete", btf: None, classic: Some("block_complete") },
+    ProbeSpec { family: "net", name: "sock_send_length", btf: None, classic: Some("sock_send_length") },
+    ProbeSpec { family: "net", name: "sock_recv_length", btf: None, classic: Some("sock_recv_length") },
+    ProbeSpec { family: "net", name: "inet_sock_set_state", btf: None, classic: Some("inet_sock_set_state") },
+    ProbeSpec { family: "net", name: "tcp_retransmit_skb", btf: None, classic: Some("tcp_retransmit_skb") },
+    ProbeSpec { family: "net", name: "tcp_send_reset", btf: None, classic: Some("tcp_send_reset") },
+    ProbeSpec { family: "net", name: "tcp_receive_reset", btf: None, classic: Some("tcp_receive_reset") },
+    ProbeSpec { family: "lifecycle", name: "sched_process_fork", btf: Some(("sched_process_fork", "sched_process_fork")), classic: None },
+    ProbeSpec { family: "lifecycle", name: "sched_process_exec", btf: None, classic: Some("sched_process_exec") },
+    ProbeSpec { family: "lifecycle", name: "sched_process_exit", btf: None, classic: Some("sched_process_exit") },
+];
+
+/// The loaded object plus what became of each probe.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub probes: Vec<ProbeStatus>,
+    /// BPF program name -> probe name, for the cost table.
+    pub program_probe: BTreeMap<String, String>,
+}
+
+fn family_enabled(cfg: &Config, family: &str) -> bool {
+    let p = &cfg.probes;
+    match family {
+        "sched" => p.sched,
+        "syscalls" => p.syscalls,
+        "block" => p.block,
+        "net" => p.net,
+        "lifecycle" => p.lifecycle,
+        _ => false,
+    }
+}
+
+/// Fills the classic tracepoint offsets from tracefs. A tracepoint that is missing leaves
+/// its fields ABSENT; its probe will be reported unsupported at attach time.
+fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
+    let mut o = TracepointOffsets::default();
+    let tps = &cfg.probes.tracepoints;
+    let get = |probe: &str| tps.get(probe).and_then(|tp| kernel::tracepoint_fields(tp).ok());
+    let off = |f: &std::collections::HashMap<String, kernel::Field>, name: &str| {
+        f.get(name).map(|x| x.offset).unwrap_or(TracepointOffsets::ABSENT)
+    };
+    if let Some(f) = get("sched_switch") {
+        o.sched_switch_prev_pid = off(&f, "prev_pid");
+        o.sched_switch_prev_state = off(&f, "prev_state");
+        o.sched_switch_next_pid = off(&f, "next_pid");
+    }
+    if let Some(f) = get("sched_wakeup") {
+        o.sched_wakeup_pid = off(&f, "pid");
+    }
+    if let Some(f) = get("sys_enter") {
+        o.sys_enter_id = off(&f, "id");
+    }
+    if let Some(f) = get("sys_exit") {
+        o.sys_exit_id = off(&f, "id");
+        o.sys_exit_ret = off(&f, "ret");
+    }
+    if let Some(f) = get("block_start") {
+        o.blk_start_dev = off(&f, "dev");
+        o.blk_start_sector = off(&f, "sector");
+    }
+    if let Some(f) = get("block_issue") {
+        o.blk_issue_dev = off(&f, "dev");
+        o.blk_issue_sector = off(&f, "sector");
+    }
+    if let Some(f) = get("block_complete") {
+        o.blk_complete_dev = off(&f, "dev");
+        o.blk_complete_sector = off(&f, "sector");
+        o.blk_complete_nr_sector = off(&f, "nr_sector");
+        o.blk_complete_rwbs = off(&f, "rwbs");
+    }
+    // send and recv share the record layout (sock_msg_length class).
+    if let Some(f) = get("sock_send_length").or_else(|| get("sock_recv_length")) {
+        o.sock_len_sk = off(&f, "sk");
+        o.sock_len_family = off(&f, "family");
+        o.sock_len_protocol = off(&f, "protocol");
+        o.sock_len_ret = off(&f, "ret");
+    }
+    if let Some(f) = get("inet_sock_set_state") {
+        o.set_state_sk = off(&f, "skaddr");
+        o.set_state_oldstate = off(&f, "oldstate");
+        o.set_state_newstate = off(&f, "newstate");
+        o.set_state_protocol = off(&f, "protocol");
+    }
+    if let Some(f) = get("tcp_retransmit_skb") {
+        o.tcp_retransmit_skaddr = off(&f, "skaddr");
+    }
+    if let Some(f) = get("tcp_send_reset") {
+        o.tcp_send_reset_skaddr = off(&f, "skaddr");
+    }
+    if let Some(f) = get("tcp_receive_reset") {
+        o.tcp_receive_reset_skaddr = off(&f, "skaddr");
+    }
+    if let Some(f) = get("sched_process_exec") {
+        o.exec_pid = off(&f, "pid");
+    }
+    if let Some(f) = get("sched_process_exit") {
+        o.exit_group_dead = off(&f, "group_dead");
+    }
+    o
+}
+
+pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
+    if let Err(e) = kernel::ensure_tracefs() {
+        warn!(error = %e, "tracefs is not mounted and could not be mounted: classic tracepoints will be unsupported");
+    }
+    let koff: KernelOffsets = kernel::kernel_offsets(Path::new(kernel::VMLINUX_BTF))?;
+    let tpoff = tracepoint_offsets(cfg);
+    let m = &cfg.maps;
+    let ebpf = EbpfLoader::new()
+        .override_global("KOFF", &koff, true)
+        .override_global("TPOFF", &tpoff, true)
+        .map_max_entries("THREADS", m.threads)
+        .map_max_entries("SYSCALLS", m.syscalls)
+        .map_max_entries("SYSCALL_HIST", m.syscall_hist)
+        .map_max_entries("BLK_INFLIGHT", m.blk_inflight)
+        .map_max_entries("BLK_STATS", m.blk_stats)
+        .map_max_entries("NET_STATS", m.net_stats)
+        .map_max_entries("SOCK_OWNER", m.sock_owner)
+        .load(BPF_OBJECT)
+        .map_err(|source| LoadError::Load { hint: permission_hint(&source), source })?;
+    let mut loaded = Loaded { ebpf, probes: Vec::new(), program_probe: BTreeMap::new() };
+    let btf = match Btf::from_sys_fs() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            warn!(error = %e, "no kernel BTF: BTF tracepoints unavailable, using classic tracepoints");
+            None
+        }
+    };
+    for spec in PROBES {
+        let status = attach_probe(&mut loaded, cfg, spec, btf.as_ref());
+        match status.state {
+            ProbeState::Attached => info!(probe = spec.name, at = %status.attach_point, "attached"),
+            ProbeState::Disabled => {}
+            _ => warn!(probe = spec.name, state = status.state.as_str(), detail = %status.detail, "probe not attached"),
+        }
+        loaded.probes.push(status);
+    }
+    Ok(loaded)
+}
+
+fn permission_hint(e: &aya::EbpfError) -> &'static str {
+    let s = format!("{e:?}");
+    if s.contains("EPERM") || s.contains("Operation not permitted") || s.contains("PermissionDenied") {
+        " (missing capability CAP_BPF: run as root or grant CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH)"
+    } else {
+        ""
+    }
+}
+
+fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf>) -> ProbeStatus {
+    let mut status = ProbeStatus { name: spec.name.into(), ..Default::default() };
+    if !family_enabled(cfg, spec.family) {
+        status.state = ProbeState::Disabled;
+        status.detail = format!("probes.{} = false", spec.family);
+        return status;
+    }
+    let mut reasons = Vec::new();
+    if let (Some((prog, tp)), true, Some(btf)) = (spec.btf, cfg.probes.prefer_btf || spec.classic.is_none(), btf) {
+        match attach_btf(&mut l.ebpf, prog, tp, btf) {
+            Ok(()) => {
+                status.state = ProbeState::Attached;
+                status.attach_point = format!("tp_btf/{tp}");
+                l.program_probe.insert(prog.into(), spec.name.into());
+                return status;
+            }
+            Err(e) => reasons.push(format!("tp_btf/{tp}: {}", error_chain(&e))),
+        }
+    } else if spec.btf.is_some() && spec.classic.is_some() && !cfg.probes.prefer_btf {
+        // Forced onto the classic path: say so in the status.
+    } else if spec.btf.is_some() && btf.is_none() {
+        reasons.push("no kernel BTF".into());
+    }
+    let Some(prog) = spec.classic else {
+        status.state = ProbeState::Unsupported;
+        status.detail = reasons.join("; ");
+        return status;
+    };
+    let Some(tp) = cfg.probes.tracepoints.get(spec.name) else {
+        status.state = ProbeState::Unsupported;
+        status.detail = format!("no probes.tracepoints.{} configured", spec.name);
+        return status;
+    };
+    let (group, event) = tp.split_once('/').expect("validated as group/event");
+    status.attach_point = format!("tracepoint/{tp}");
+    if kernel::tracepoint_fields(tp).is_err() {
+        status.state = ProbeState::Unsupported;
+        reasons.push(format!("tracepoint {tp} does not exist on this kernel"));
+        status.detail = reasons.join("; ");
+        return status;
+    }
+    match attach_classic(&mut l.ebpf, prog, group, event) {
+        Ok(()) => {
+            status.state = ProbeState::Attached;
+            status.detail = reasons.join("; ");
+            l.program_probe.insert(prog.into(), spec.name.into());
+            // The classic wakeup program also serves sched_wakeup_new.
+            if spec.name == "sched_wakeup" {
+                if let Err(e) = attach_classic(&mut l.ebpf, prog, "sched", "sched_wakeup_new") {
+                    warn!(error = %error_chain(&e), "sched_wakeup_new classic attach failed");
+                }
+            }
+        }
+        Err(e) => {
+            status.state = ProbeState::Failed;
+            reasons.push(format!("tracepoint/{tp}: {}", error_chain(&e)));
+            status.detail = reasons.join("; ");
+        }
+    }
+    status
+}
+
+fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {
+    let p: &mut BtfTracePoint = ebpf
+        .program_mut(prog)
+        .ok_or(ProgramError::NotLoaded)?
+        .try_into()?;
+    p.load(tp, btf)?;
+    p.attach()?;
+    Ok(())
+}
+
+fn attach_classic(ebpf: &mut Ebpf, prog: &str, group: &str, event: &str) -> Result<(), ProgramError> {
+    let p: &mut TracePoint = ebpf.program_mut(prog).ok_or(ProgramError::NotLoaded)?.try_into()?;
+    if p.fd().is_err() {
+        p.load()?;
+    }
+    p.attach(group, event)?;
+    Ok(())
+}
+
+/// An error with its sources, one line (aya keeps the verifier log in the source chain).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    // Verifier logs are long: keep the first line and the last few.
+    if s.len() > 600 {
+        let head: String = s.chars().take(300).collect();
+        let tail: String = s.chars().rev().take(280).collect::<Vec<_>>().into_iter().rev().collect();
+        s = format!("{head} ... {tail}");
+    }
+    s
+}

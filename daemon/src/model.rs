@@ -1,0 +1,636 @@
+//! The daemon's state: one entry per process (keyed by pid + start time), fed with the raw
+//! kernel map contents every interval. Kernel counters are cumulative per thread / process;
+//! this module turns them into process totals that survive thread exits and map reclaiming,
+//! and keeps a short history ring for "what happened in the last N seconds".
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use ethand_common::{
+    BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey,
+    SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
+};
+use ethand_exporters::snapshot as snap;
+
+use crate::{procinfo, syscalls_table};
+
+/// Everything read from the kernel maps in one pass.
+#[derive(Default)]
+pub struct RawRead {
+    pub threads: Vec<(u32, ThreadStats)>,
+    pub syscalls: Vec<(SyscallKey, RawSys)>,
+    pub syscall_hist: Vec<(SyscallHistKey, [u64; HIST_BUCKETS])>,
+    pub blk: Vec<(BlkKey, RawBlk)>,
+    pub net: Vec<(ProcKey, RawNet)>,
+}
+
+/// Scheduler totals of a thread or of a process's dead threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedAcc {
+    pub oncpu_ns: u64,
+    pub offcpu_blocked_ns: u64,
+    pub offcpu_preempted_ns: u64,
+    pub runq_wait_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub runq_wait_hist: [u64; HIST_BUCKETS],
+}
+
+impl SchedAcc {
+    fn add(&mut self, o: &SchedAcc) {
+        self.oncpu_ns += o.oncpu_ns;
+        self.offcpu_blocked_ns += o.offcpu_blocked_ns;
+        self.offcpu_preempted_ns += o.offcpu_preempted_ns;
+        self.runq_wait_ns += o.runq_wait_ns;
+        self.voluntary_switches += o.voluntary_switches;
+        self.involuntary_switches += o.involuntary_switches;
+        for (a, b) in self.runq_wait_hist.iter_mut().zip(o.runq_wait_hist) {
+            *a += b;
+        }
+    }
+
+    fn to_snapshot(&self) -> snap::SchedStats {
+        snap::SchedStats {
+            oncpu_ns: self.oncpu_ns,
+            offcpu_blocked_ns: self.offcpu_blocked_ns,
+            offcpu_preempted_ns: self.offcpu_preempted_ns,
+            runq_wait_ns: self.runq_wait_ns,
+            voluntary_switches: self.voluntary_switches,
+            involuntary_switches: self.involuntary_switches,
+            runq_wait_hist: self.runq_wait_hist.to_vec(),
+        }
+    }
+}
+
+/// One kernel thread entry as seen over time. The kernel entry can be deleted and recreated
+/// (ethand reclaims exited threads; a thread's last switch-out may recreate it), and its
+/// histogram buckets are u32 that wrap: both are absorbed here.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadAcc {
+    /// Totals of earlier incarnations of this entry.
+    base: SchedAcc,
+    /// The last raw entry.
+    last: ThreadStats,
+    /// Histogram accumulated from wrapping deltas of `last.runq_wait_hist`.
+    hist: [u64; HIST_BUCKETS],
+    pub exited: bool,
+    /// Consecutive reads that found the entry marked exited.
+    exited_reads: u32,
+}
+
+impl ThreadAcc {
+    /// Feeds the latest raw entry.
+    pub fn update(&mut self, raw: &ThreadStats) {
+        let l = &self.last;
+        let restarted = raw.oncpu_ns < l.oncpu_ns
+            || raw.voluntary_switches < l.voluntary_switches
+            || raw.involuntary_switches < l.involuntary_switches
+            || raw.offcpu_blocked_ns < l.offcpu_blocked_ns
+            || raw.offcpu_preempted_ns < l.offcpu_preempted_ns
+            || raw.runq_wait_ns < l.runq_wait_ns;
+        if restarted {
+            let prev = self.current();
+            self.base = prev;
+            self.hist = [0; HIST_BUCKETS];
+            self.last = ThreadStats { runq_wait_hist: [0; HIST_BUCKETS], ..ThreadStats::default() };
+        }
+        for i in 0..HIST_BUCKETS {
+            self.hist[i] += u64::from(raw.runq_wait_hist[i].wrapping_sub(self.last.runq_wait_hist[i]));
+        }
+        self.last = *raw;
+        self.exited = raw.flags & thread_flags::EXITED != 0;
+        self.exited_reads = if self.exited { self.exited_reads + 1 } else { 0 };
+    }
+
+    /// Totals of this thread: earlier incarnations plus the current entry.
+    pub fn current(&self) -> SchedAcc {
+        let mut t = SchedAcc {
+            oncpu_ns: self.last.oncpu_ns,
+            offcpu_blocked_ns: self.last.offcpu_blocked_ns,
+            offcpu_preempted_ns: self.last.offcpu_preempted_ns,
+            runq_wait_ns: self.last.runq_wait_ns,
+            voluntary_switches: self.last.voluntary_switches,
+            involuntary_switches: self.last.involuntary_switches,
+            runq_wait_hist: self.hist,
+        };
+        t.add(&self.base);
+        t
+    }
+}
+
+pub struct Proc {
+    pub key: ProcKey,
+    pub meta: Option<procinfo::ProcMeta>,
+    pub comm_fallback: String,
+    pub alive: bool,
+    /// Collection round at which the process was found exited.
+    pub exited_round: Option<u64>,
+    pub threads: BTreeMap<u32, ThreadAcc>,
+    pub thread_comms: HashMap<u32, String>,
+    pub dead: SchedAcc,
+    pub syscalls: BTreeMap<u32, RawSys>,
+    pub syscall_hist: BTreeMap<u32, [u64; HIST_BUCKETS]>,
+    pub blk: BTreeMap<(u32, u32), RawBlk>,
+    pub net: RawNet,
+    /// Metadata must be (re)read: first sight or exec.
+    pub meta_stale: bool,
+}
+
+impl Proc {
+    fn new(key: ProcKey) -> Self {
+        Self {
+            key,
+            meta: None,
+            comm_fallback: String::new(),
+            alive: true,
+            exited_round: None,
+            threads: BTreeMap::new(),
+            thread_comms: HashMap::new(),
+            dead: SchedAcc::default(),
+            syscalls: BTreeMap::new(),
+            syscall_hist: BTreeMap::new(),
+            blk: BTreeMap::new(),
+            net: RawNet::default(),
+            meta_stale: true,
+        }
+    }
+
+    pub fn sched(&self) -> SchedAcc {
+        let mut t = self.dead;
+        for th in self.threads.values() {
+            t.add(&th.current());
+        }
+        t
+    }
+
+    /// The compact totals kept in the history ring (order of snap::WindowStats).
+    fn totals(&self) -> [u64; 10] {
+        let s = self.sched();
+        let (mut sc, mut st) = (0, 0);
+        for v in self.syscalls.values() {
+            sc += v.count;
+            st += v.time_ns;
+        }
+        let (mut br, mut bw) = (0, 0);
+        for ((_, op), v) in &self.blk {
+            match *op {
+                blk_op::READ => br += v.bytes,
+                blk_op::WRITE => bw += v.bytes,
+                _ => {}
+            }
+        }
+        let n = &self.net;
+        [
+            s.oncpu_ns,
+            s.offcpu_blocked_ns,
+            s.offcpu_preempted_ns,
+            s.runq_wait_ns,
+            sc,
+            st,
+            br,
+            bw,
+            n.tcp_tx_bytes + n.udp_tx_bytes,
+            n.tcp_rx_bytes + n.udp_rx_bytes,
+        ]
+    }
+}
+
+/// What the collector must delete from the kernel maps after an ingest.
+#[derive(Default, Debug)]
+pub struct Reclaim {
+    /// Thread entries to delete, with the process they must still belong to (a tid can be
+    /// reused by another process by the time the collector deletes).
+    pub threads: Vec<(u32, ProcKey)>,
+    pub procs: Vec<ProcKey>,
+}
+
+pub struct Model {
+    pub procs: HashMap<ProcKey, Proc>,
+    history: VecDeque<(u64, HashMap<ProcKey, [u64; 10]>)>,
+    history_len: usize,
+    pub round: u64,
+    pub interval_ms: u64,
+    grace_rounds: u64,
+    max_processes: usize,
+    pub overflow: u64,
+    /// CLOCK_BOOTTIME - CLOCK_MONOTONIC, to match kernel start times with /proc's.
+    boot_minus_mono_ns: u64,
+    clk_tck: u64,
+    btime_unix_s: u64,
+}
+
+impl Model {
+    pub fn new(interval_ms: u64, history_seconds: u64, exit_grace_seconds: u64, max_processes: usize) -> Self {
+        let (mono, boot) = procinfo::clocks_ns();
+        let btime = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok()))
+            .unwrap_or(0);
+        Self {
+            procs: HashMap::new(),
+            history: VecDeque::new(),
+            history_len: ((history_seconds * 1000) / interval_ms.max(1)).max(2) as usize,
+            round: 0,
+            interval_ms,
+            grace_rounds: ((exit_grace_seconds * 1000) / interval_ms.max(1)).max(1),
+            max_processes,
+            overflow: 0,
+            boot_minus_mono_ns: boot.saturating_sub(mono),
+            clk_tck: procinfo::clock_ticks(),
+            btime_unix_s: btime,
+        }
+    }
+
+    fn proc_mut(&mut self, key: ProcKey) -> Option<&mut Proc> {
+        if !self.procs.contains_key(&key) {
+            if self.procs.len() >= self.max_processes {
+                self.overflow += 1;
+                return None;
+            }
+            self.procs.insert(key, Proc::new(key));
+        }
+        self.procs.get_mut(&key)
+    }
+
+    /// A process exec'd: its name and command line changed.
+    pub fn on_exec(&mut self, key: ProcKey) {
+        if let Some(p) = self.proc_mut(key) {
+            p.meta_stale = true;
+        }
+    }
+
+    /// A process exited (all its threads).
+    pub fn on_exit(&mut self, key: ProcKey) {
+        let round = self.round;
+        if let Some(p) = self.procs.get_mut(&key) {
+            p.alive = false;
+            p.exited_round.get_or_insert(round);
+        }
+    }
+
+    /// Feeds one read of the kernel maps; returns what to delete from them.
+    pub fn ingest(&mut self, raw: RawRead, now_unix_ms: u64) -> Reclaim {
+        self.round += 1;
+        let mut reclaim = Reclaim::default();
+        for (tid, t) in &raw.threads {
+            let key = ProcKey { tgid: t.tgid, _pad0: 0, proc_start_ns: t.proc_start_ns };
+            let Some(p) = self.proc_mut(key) else { continue };
+            let acc = p.threads.entry(*tid).or_default();
+            acc.update(t);
+            // Deleted once seen exited twice: by then its final switch-out has been counted.
+            if acc.exited_reads >= 2 {
+                let done = p.threads.remove(tid).expect("present");
+                p.dead.add(&done.current());
+                reclaim.threads.push((*tid, key));
+            }
+        }
+        for (k, v) in raw.syscalls {
+            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+                p.syscalls.insert(k.nr, v);
+            }
+        }
+        for (k, v) in raw.syscall_hist {
+            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+                p.syscall_hist.insert(k.class, v);
+            }
+        }
+        for (k, v) in raw.blk {
+            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+                p.blk.insert((k.dev, k.op), v);
+            }
+        }
+        for (k, v) in raw.net {
+            if let Some(p) = self.proc_mut(k) {
+                p.net = v;
+            }
+        }
+        self.refresh_meta();
+        // Processes that are gone: exited long enough ago, or vanished without an exit event.
+        let check_liveness = self.round % 10 == 0;
+        let round = self.round;
+        if check_liveness {
+            let gone: Vec<ProcKey> =
+                self.procs.values().filter(|p| p.alive && !self.is_same_process_alive(p)).map(|p| p.key).collect();
+            for k in gone {
+                let p = self.procs.get_mut(&k).expect("present");
+                p.alive = false;
+                p.exited_round = Some(round);
+            }
+        }
+        let grace = self.grace_rounds;
+        let expired: Vec<ProcKey> = self
+            .procs
+            .values()
+            .filter(|p| p.exited_round.is_some_and(|r| round.saturating_sub(r) >= grace))
+            .map(|p| p.key)
+            .collect();
+        for k in expired {
+            if let Some(p) = self.procs.remove(&k) {
+                reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
+                reclaim.procs.push(k);
+            }
+        }
+        let point: HashMap<ProcKey, [u64; 10]> = self.procs.iter().map(|(k, p)| (*k, p.totals())).collect();
+        self.history.push_back((now_unix_ms, point));
+        while self.history.len() > self.history_len {
+            self.history.pop_front();
+        }
+        reclaim
+    }
+
+    fn is_same_process_alive(&self, p: &Proc) -> bool {
+        match procinfo::read(p.key.tgid) {
+            Some(m) => self.start_matches(p.key.proc_start_ns, m.start_ticks),
+            None => false,
+        }
+    }
+
+    /// Whether /proc's start time (ticks after boot) is the kernel start time we keyed on.
+    fn start_matches(&self, proc_start_ns: u64, start_ticks: u64) -> bool {
+        if proc_start_ns == 0 {
+            return true;
+        }
+        let expected = (proc_start_ns + self.boot_minus_mono_ns) as u128 * self.clk_tck as u128 / 1_000_000_000;
+        (expected as i128 - start_ticks as i128).abs() <= 2
+    }
+
+    fn refresh_meta(&mut self) {
+        let stale: Vec<ProcKey> = self.procs.values().filter(|p| p.meta_stale && p.alive).map(|p| p.key).collect();
+        for k in stale {
+            let meta = procinfo::read(k.tgid).filter(|m| self.start_matches(k.proc_start_ns, m.start_ticks));
+            let p = self.procs.get_mut(&k).expect("present");
+            p.meta_stale = false;
+            match meta {
+                Some(m) => p.meta = Some(m),
+                None if p.meta.is_none() => p.alive = procinfo::exists(k.tgid) && p.key.proc_start_ns == 0,
+                None => {}
+            }
+        }
+        for p in self.procs.values_mut() {
+            if !p.alive {
+                continue;
+            }
+            for tid in p.threads.keys() {
+                if !p.thread_comms.contains_key(tid) {
+                    if let Some(c) = procinfo::thread_comm(p.key.tgid, *tid) {
+                        p.thread_comms.insert(*tid, c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Change of the totals of `key` over the last `window_ms` (None without history).
+    fn window(&self, key: &ProcKey, window_ms: u64) -> Option<snap::WindowStats> {
+        let (now_ms, latest) = self.history.back()?;
+        let cur = latest.get(key)?;
+        let (then_ms, old) = self
+            .history
+            .iter()
+            .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
+            .map(|(t, m)| (*t, m.get(key).copied().unwrap_or([0; 10])))?;
+        let d: Vec<u64> = cur.iter().zip(old).map(|(a, b)| a.saturating_sub(b)).collect();
+        Some(snap::WindowStats {
+            duration_ms: now_ms - then_ms,
+            oncpu_ns: d[0],
+            offcpu_blocked_ns: d[1],
+            offcpu_preempted_ns: d[2],
+            runq_wait_ns: d[3],
+            syscalls: d[4],
+            syscall_time_ns: d[5],
+            block_read_bytes: d[6],
+            block_write_bytes: d[7],
+            net_tx_bytes: d[8],
+            net_rx_bytes: d[9],
+        })
+    }
+
+    pub fn process_snapshot(&self, p: &Proc, window_ms: u64, devnames: &HashMap<u32, String>) -> snap::ProcessSnapshot {
+        let meta = p.meta.clone().unwrap_or_default();
+        let comm = if meta.comm.is_empty() { p.comm_fallback.clone() } else { meta.comm.clone() };
+        let mut by_nr: Vec<snap::SyscallRow> = p
+            .syscalls
+            .iter()
+            .map(|(nr, s)| snap::SyscallRow {
+                nr: *nr,
+                name: syscalls_table::name(*nr),
+                count: s.count,
+                errors: s.errors,
+                time_ns: s.time_ns,
+            })
+            .collect();
+        by_nr.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(a.nr.cmp(&b.nr)));
+        let syscalls = snap::SyscallStats {
+            count: by_nr.iter().map(|r| r.count).sum(),
+            errors: by_nr.iter().map(|r| r.errors).sum(),
+            time_ns: by_nr.iter().map(|r| r.time_ns).sum(),
+            by_nr,
+            latency: p
+                .syscall_hist
+                .iter()
+                .map(|(c, h)| snap::SyscallClassHist {
+                    class: syscall_class::NAMES.get(*c as usize).unwrap_or(&"unknown").to_string(),
+                    count: h.iter().sum(),
+                    buckets: h.to_vec(),
+                })
+                .collect(),
+        };
+        let block = p
+            .blk
+            .iter()
+            .map(|((dev, op), b)| {
+                let device = dev_string(*dev);
+                snap::BlockStats {
+                    device_name: devnames.get(dev).cloned().unwrap_or_else(|| device.clone()),
+                    device,
+                    op: blk_op::NAMES.get(*op as usize).unwrap_or(&"other").to_string(),
+                    ops: b.ops,
+                    bytes: b.bytes,
+                    queue_ns: b.queue_ns,
+                    service_ns: b.service_ns,
+                    queue_hist: b.queue_hist.to_vec(),
+                    service_hist: b.service_hist.to_vec(),
+                }
+            })
+            .collect();
+        let n = &p.net;
+        snap::ProcessSnapshot {
+            pid: p.key.tgid,
+            ppid: meta.ppid,
+            start_time_ns: p.key.proc_start_ns,
+            start_time_unix_s: if meta.start_ticks > 0 { self.btime_unix_s + meta.start_ticks / self.clk_tck } else { 0 },
+            comm,
+            cmdline: meta.cmdline,
+            exe: meta.exe,
+            cgroup: meta.cgroup,
+            uid: meta.uid,
+            alive: p.alive,
+            sched: p.sched().to_snapshot(),
+            threads: p
+                .threads
+                .iter()
+                .map(|(tid, t)| snap::ThreadSnapshot {
+                    tid: *tid,
+                    comm: p.thread_comms.get(tid).cloned().unwrap_or_default(),
+                    alive: !t.exited,
+                    sched: t.current().to_snapshot(),
+                })
+                .collect(),
+            syscalls,
+            block,
+            net: snap::NetStats {
+                tcp_tx_bytes: n.tcp_tx_bytes,
+                tcp_rx_bytes: n.tcp_rx_bytes,
+                udp_tx_bytes: n.udp_tx_bytes,
+                udp_rx_bytes: n.udp_rx_bytes,
+                tcp_retransmits: n.tcp_retransmits,
+                tcp_active_opens: n.tcp_active_opens,
+                tcp_closes: n.tcp_closes,
+                tcp_resets_sent: n.tcp_resets_sent,
+                tcp_resets_received: n.tcp_resets_received,
+            },
+            window: self.window(&p.key, window_ms),
+        }
+    }
+}
+
+/// dev_t as the block tracepoints report it (MAJOR << 20 | MINOR) -> "major:minor".
+pub fn dev_string(dev: u32) -> String {
+    format!("{}:{}", dev >> 20, dev & ((1 << 20) - 1))
+}
+
+/// Block device names from /sys/class/block/*/dev, keyed by the tracepoint dev_t encoding.
+pub fn block_device_names() -> HashMap<u32, String> {
+    let mut m = HashMap::new();
+    let Ok(rd) = std::fs::read_dir("/sys/class/block") else { return m };
+    for e in rd.flatten() {
+        let Ok(t) = std::fs::read_to_string(e.path().join("dev")) else { continue };
+        let Some((maj, min)) = t.trim().split_once(':') else { continue };
+        let (Ok(maj), Ok(min)) = (maj.parse::<u32>(), min.parse::<u32>()) else { continue };
+        m.insert(maj << 20 | min, e.file_name().to_string_lossy().into_owned());
+    }
+    m
+}
+
+/// The tree rooted at `root`: root first, then descendants breadth-first (by ppid).
+pub fn tree_order(procs: &[snap::ProcessSnapshot], root: u32) -> Vec<usize> {
+    let Some(r) = procs.iter().position(|p| p.pid == root && p.alive).or_else(|| procs.iter().position(|p| p.pid == root)) else {
+        return Vec::new();
+    };
+    let mut out = vec![r];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = &procs[out[i]];
+        for (j, p) in procs.iter().enumerate() {
+            // A child started after its parent (guards against pid reuse of the parent).
+            if p.ppid == parent.pid && j != out[i] && !out.contains(&j) && p.start_time_ns >= parent.start_time_ns {
+                out.push(j);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn th(oncpu: u64, vol: u64, h0: u32) -> ThreadStats {
+        let mut t = ThreadStats { tgid: 10, proc_start_ns: 5, oncpu_ns: oncpu, voluntary_switches: vol, ..Default::default() };
+        t.runq_wait_hist[3] = h0;
+        t
+    }
+
+    #[test]
+    fn thread_counters_accumulate() {
+        let mut a = ThreadAcc::default();
+        a.update(&th(100, 1, 1));
+        a.update(&th(250, 3, 4));
+        let c = a.current();
+        assert_eq!(c.oncpu_ns, 250);
+        assert_eq!(c.voluntary_switches, 3);
+        assert_eq!(c.runq_wait_hist[3], 4);
+    }
+
+    #[test]
+    fn histogram_bucket_wrap() {
+        let mut a = ThreadAcc::default();
+        a.update(&th(100, 1, u32::MAX - 1));
+        // The u32 bucket wrapped: 3 more events.
+        a.update(&th(200, 2, 1));
+        assert_eq!(a.current().runq_wait_hist[3], u64::from(u32::MAX - 1) + 3);
+    }
+
+    #[test]
+    fn recreated_entry_keeps_earlier_totals() {
+        let mut a = ThreadAcc::default();
+        a.update(&th(1000, 10, 5));
+        // ethand deleted the entry; the thread's last switch-out recreated it from zero.
+        a.update(&th(0, 1, 0));
+        let c = a.current();
+        assert_eq!(c.oncpu_ns, 1000);
+        assert_eq!(c.voluntary_switches, 11);
+        assert_eq!(c.runq_wait_hist[3], 5);
+    }
+
+    #[test]
+    fn pid_reuse_never_merges() {
+        let mut m = Model::new(1000, 60, 30, 100);
+        let mut raw = RawRead::default();
+        let mut a = th(500, 1, 0);
+        a.proc_start_ns = 111;
+        let mut b = th(700, 2, 0);
+        b.proc_start_ns = 222; // same tgid 10, later start: a different process
+        raw.threads = vec![(10, a), (11, b)];
+        raw.syscalls = vec![
+            (SyscallKey { tgid: 10, nr: 39, proc_start_ns: 111 }, RawSys { count: 3, errors: 0, time_ns: 30 }),
+            (SyscallKey { tgid: 10, nr: 39, proc_start_ns: 222 }, RawSys { count: 4, errors: 1, time_ns: 40 }),
+        ];
+        m.ingest(raw, 0);
+        assert_eq!(m.procs.len(), 2);
+        let pa = &m.procs[&ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 111 }];
+        let pb = &m.procs[&ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 222 }];
+        assert_eq!(pa.sched().oncpu_ns, 500);
+        assert_eq!(pb.sched().oncpu_ns, 700);
+        assert_eq!(pa.syscalls[&39].count, 3);
+        assert_eq!(pb.syscalls[&39].count, 4);
+    }
+
+    #[test]
+    fn exited_thread_folds_into_process_and_is_reclaimed() {
+        let mut m = Model::new(1000, 60, 30, 100);
+        let key = ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 5 };
+        let mut t = th(900, 4, 2);
+        m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 0);
+        t.flags = thread_flags::EXITED;
+        t.oncpu_ns = 950;
+        let r1 = m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 1000);
+        assert!(r1.threads.is_empty(), "kept one more round for the final switch-out");
+        let r2 = m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 2000);
+        assert_eq!(r2.threads, vec![(12, key)]);
+        let p = &m.procs[&key];
+        assert!(p.threads.is_empty());
+        assert_eq!(p.sched().oncpu_ns, 950);
+        assert_eq!(p.sched().runq_wait_hist[3], 2);
+    }
+
+    #[test]
+    fn max_processes_overflow_is_counted() {
+        let mut m = Model::new(1000, 60, 30, 1);
+        let raw = RawRead {
+            net: vec![
+                (ProcKey { tgid: 1, _pad0: 0, proc_start_ns: 1 }, RawNet::default()),
+                (ProcKey { tgid: 2, _pad0: 0, proc_start_ns: 2 }, RawNet::default()),
+            ],
+            ..Default::default()
+        };
+        m.ingest(raw, 0);
+        assert_eq!(m.procs.len(), 1);
+        assert_eq!(m.overflow, 1);
+    }
+
+    #[test]
+    fn dev_encoding() {
+        assert_eq!(dev_string(254 << 20), "254:0");
+        assert_eq!(dev_string((8 << 20) | 17), "8:17");
+    }
+}

@@ -1,0 +1,128 @@
+//! Process metadata from /proc. Read once when ethand first sees a process and again after
+//! it execs; never on a per-event path.
+use std::fs;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcMeta {
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    pub cgroup: String,
+    pub uid: u32,
+    /// Start time in clock ticks after boot (field 22 of /proc/PID/stat).
+    pub start_ticks: u64,
+}
+
+/// Parses /proc/PID/stat: "pid (comm) state ppid ...". comm may contain spaces and ')'.
+pub fn parse_stat(text: &str) -> Option<(String, u32, u64)> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] = state (field 3), rest[1] = ppid (4), rest[19] = starttime (22).
+    let ppid = rest.get(1)?.parse().ok()?;
+    let start = rest.get(19)?.parse().ok()?;
+    Some((comm, ppid, start))
+}
+
+/// The cgroup v2 path from /proc/PID/cgroup (the "0::" line).
+pub fn parse_cgroup(text: &str) -> String {
+    text.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("").to_string()
+}
+
+pub fn parse_uid(status: &str) -> u32 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+pub fn read(pid: u32) -> Option<ProcMeta> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let (comm, ppid, start_ticks) = parse_stat(&String::from_utf8_lossy(&stat))?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+        })
+        .unwrap_or_default();
+    let exe = fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|t| parse_cgroup(&t)).unwrap_or_default();
+    let uid = fs::read_to_string(format!("/proc/{pid}/status")).map(|t| parse_uid(&t)).unwrap_or(u32::MAX);
+    Some(ProcMeta { ppid, comm, cmdline, exe, cgroup, uid, start_ticks })
+}
+
+pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
+}
+
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
+/// CLOCK_MONOTONIC and CLOCK_BOOTTIME now, in ns.
+pub fn clocks_ns() -> (u64, u64) {
+    let get = |id| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid pointer to a timespec.
+        unsafe { libc::clock_gettime(id, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    (get(libc::CLOCK_MONOTONIC), get(libc::CLOCK_BOOTTIME))
+}
+
+/// ethand's own CPU seconds and RSS bytes.
+pub fn self_usage() -> (f64, u64) {
+    let cpu = fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|t| {
+            let close = t.rfind(')')?;
+            let f: Vec<&str> = t[close + 1..].split_whitespace().collect();
+            let utime: u64 = f.get(11)?.parse().ok()?;
+            let stime: u64 = f.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / clock_ticks() as f64)
+        })
+        .unwrap_or(0.0);
+    let rss = fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * 4096)
+        .unwrap_or(0);
+    (cpu, rss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_hostile_comm() {
+        let t = "1234 (a) b (c)) S 77 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
+        let (comm, ppid, start) = parse_stat(t).unwrap();
+        assert_eq!(comm, "a) b (c)");
+        assert_eq!(ppid, 77);
+        assert_eq!(start, 98765);
+    }
+
+    #[test]
+    fn cgroup_v2_line() {
+        let t = "12:pids:/user.slice\n0::/kubepods.slice/cri-containerd-abc.scope\n";
+        assert_eq!(parse_cgroup(t), "/kubepods.slice/cri-containerd-abc.scope");
+        assert_eq!(parse_cgroup("3:cpu:/\n"), "");
+    }
+
+    #[test]
+    fn reads_self() {
+        let m = read(std::process::id()).unwrap();
+        assert!(!m.comm.is_empty());
+        assert!(m.start_ticks > 0);
+    }
+}

@@ -1,0 +1,665 @@
+//! The Prometheus exposition of a synthetic snapshot: exact values, process selection, cgroup
+//! sums, histogram shape, and `promtool check metrics` on the whole output.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use ethand_exporters::prometheus::{PrometheusOptions, metric_catalog, render};
+use ethand_exporters::snapshot::*;
+
+const WEIRD_COMM: &str = "we\"ird\\na\nme";
+
+fn process(
+    pid: u32,
+    comm: &str,
+    cgroup: &str,
+    oncpu_ns: u64,
+    window_oncpu_ns: Option<u64>,
+) -> ProcessSnapshot {
+    ProcessSnapshot {
+        pid,
+        comm: comm.to_owned(),
+        cgroup: cgroup.to_owned(),
+        alive: true,
+        sched: SchedStats {
+            oncpu_ns,
+            ..Default::default()
+        },
+        window: window_oncpu_ns.map(|oncpu_ns| WindowStats {
+            oncpu_ns,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn hist(entries: &[(usize, u64)]) -> Vec<u64> {
+    let mut h = vec![0; HIST_BUCKETS];
+    for &(i, n) in entries {
+        h[i] = n;
+    }
+    h
+}
+
+fn block(
+    op: &str,
+    ops: u64,
+    bytes: u64,
+    queue: &[(usize, u64)],
+    service: &[(usize, u64)],
+) -> BlockStats {
+    BlockStats {
+        device: "253:0".to_owned(),
+        device_name: "vda".to_owned(),
+        op: op.to_owned(),
+        ops,
+        bytes,
+        queue_ns: 1_000 * ops,
+        service_ns: 50_000 * ops,
+        queue_hist: hist(queue),
+        service_hist: hist(service),
+    }
+}
+
+fn snapshot() -> NodeSnapshot {
+    let mut web = process(
+        100,
+        "web",
+        "/system.slice/web.service",
+        1_500_000_000,
+        Some(5_000_000_000),
+    );
+    web.sched.offcpu_blocked_ns = 2_000_000_000;
+    web.sched.offcpu_preempted_ns = 250_000_000;
+    web.sched.runq_wait_ns = 3_000;
+    web.sched.runq_wait_hist = hist(&[(0, 2), (5, 3), (31, 1)]);
+    web.sched.voluntary_switches = 10;
+    web.sched.involuntary_switches = 4;
+    web.threads = (0..4)
+        .map(|i| ThreadSnapshot {
+            tid: 100 + i,
+            comm: "web".to_owned(),
+            alive: i != 3,
+            ..Default::default()
+        })
+        .collect();
+    // Ten syscalls, time 10_000 ns for s0 down to 1_000 ns for s9.
+    web.syscalls.by_nr = (0..10u64)
+        .map(|i| SyscallRow {
+            nr: i as u32,
+            name: format!("s{i}"),
+            count: 100 + i,
+            errors: i,
+            time_ns: 10_000 - 1_000 * i,
+        })
+        .collect();
+    web.syscalls.count = web.syscalls.by_nr.iter().map(|r| r.count).sum::<u64>() + 5;
+    web.syscalls.errors = web.syscalls.by_nr.iter().map(|r| r.errors).sum();
+    web.syscalls.time_ns = web.syscalls.by_nr.iter().map(|r| r.time_ns).sum();
+    web.syscalls.latency = vec![SyscallClassHist {
+        class: "futex".to_owned(),
+        count: 4,
+        buckets: hist(&[(10, 4)]),
+    }];
+    web.block = vec![block("read", 3, 12_288, &[(9, 3)], &[(15, 2), (16, 1)])];
+    web.net = NetStats {
+        tcp_tx_bytes: 1_000,
+        tcp_rx_bytes: 2_000,
+        udp_tx_bytes: 30,
+        udp_rx_bytes: 40,
+        tcp_retransmits: 2,
+        tcp_active_opens: 5,
+        tcp_closes: 4,
+        tcp_resets_sent: 1,
+        tcp_resets_received: 3,
+    };
+
+    let mut weird = process(200, WEIRD_COMM, "/user.slice", 100, Some(0));
+    weird.block = vec![block("write", 2, 8_192, &[(9, 2)], &[(15, 2)])];
+    let mut shell = process(300, "sh", "/user.slice", 1_000_000_000, Some(1_000_000_000));
+    shell.sched.offcpu_blocked_ns = 500_000_000;
+    shell.syscalls.count = 7;
+    shell.block = vec![block("write", 1, 4_096, &[(9, 1)], &[(14, 1)])];
+    shell.net.tcp_tx_bytes = 10;
+    let mut sleeper = process(301, "sleep", "/user.slice", 2_000_000_000, None);
+    sleeper.syscalls.count = 3;
+    sleeper.block = vec![block("write", 1, 512, &[(8, 1)], &[(14, 1)])];
+    sleeper.net.tcp_tx_bytes = 5;
+    let kworker = process(400, "kworker", "", 250_000_000, Some(1));
+    let db = process(500, "db", "/system.slice/db.service", 700_000_000, Some(0));
+    // An exited process whose pid was reused within the exit grace period.
+    let db_exited = ProcessSnapshot {
+        alive: false,
+        ..process(500, "db", "/system.slice/db.service", 50_000_000, None)
+    };
+    let app = process(600, "app", "/kubepods/podabc/ctr", 1, Some(1));
+
+    NodeSnapshot {
+        schema_version: SCHEMA_VERSION,
+        hostname: "node1".to_owned(),
+        processes: vec![web, weird, shell, sleeper, kworker, db, db_exited, app],
+        ethand: SelfStatus {
+            version: "0.1.0".to_owned(),
+            probes: vec![
+                ProbeStatus {
+                    name: "sched_switch".to_owned(),
+                    attach_point: "tp_btf/sched_switch".to_owned(),
+                    state: ProbeState::Attached,
+                    detail: String::new(),
+                },
+                ProbeStatus {
+                    name: "tcp_send_reset".to_owned(),
+                    attach_point: "tracepoint/tcp/tcp_send_reset".to_owned(),
+                    state: ProbeState::Unsupported,
+                    detail: "no such tracepoint".to_owned(),
+                },
+            ],
+            maps: vec![MapFill {
+                name: "threads".to_owned(),
+                entries: 120,
+                capacity: 32_768,
+            }],
+            programs: vec![ProgramCost {
+                name: "sched_switch".to_owned(),
+                run_count: 9,
+                run_time_ns: 4_500,
+            }],
+            dropped: vec![
+                DropCounter {
+                    reason: "threads_full".to_owned(),
+                    count: 2,
+                    loss: true,
+                },
+                DropCounter {
+                    reason: "exit_before_seen".to_owned(),
+                    count: 6,
+                    loss: false,
+                },
+            ],
+            cpu_seconds: 1.25,
+            rss_bytes: 40 << 20,
+            processes_overflow: 0,
+            tracked_processes: 8,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn options() -> PrometheusOptions {
+    PrometheusOptions {
+        top_n: 1,
+        pids: vec![200],
+        comms: vec!["db".to_owned()],
+        cgroups: vec!["podabc".to_owned()],
+    }
+}
+
+/// Every sample line as series -> value.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (series, value) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            let value = value
+                .parse()
+                .unwrap_or_else(|e| panic!("bad value in {l:?}: {e}"));
+            (series.to_owned(), value)
+        })
+        .collect()
+}
+
+fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    *samples
+        .get(series)
+        .unwrap_or_else(|| panic!("no series {series}"))
+}
+
+fn pids_of(samples: &HashMap<String, f64>, family: &str) -> BTreeSet<String> {
+    samples
+        .keys()
+        .filter_map(|s| s.strip_prefix(family)?.strip_prefix("{pid=\""))
+        .map(|s| s.split('"').next().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn exact_values() {
+    let s = samples(&render(&snapshot(), &options()));
+    let p = r#"pid="100",comm="web""#;
+    assert_eq!(
+        value(&s, &format!("ethand_process_cpu_seconds_total{{{p}}}")),
+        1.5
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_offcpu_seconds_total{{{p},reason="blocked"}}"#)
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_offcpu_seconds_total{{{p},reason="preempted"}}"#)
+        ),
+        0.25
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_context_switches_total{{{p},kind="involuntary"}}"#)
+        ),
+        4.0
+    );
+    assert_eq!(value(&s, &format!("ethand_process_threads{{{p}}}")), 3.0);
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_block_io_bytes_total{{{p},device="vda",op="read"}}"#)
+        ),
+        12_288.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_block_io_operations_total{{{p},device="vda",op="read"}}"#)
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(
+                r#"ethand_process_network_bytes_total{{{p},protocol="udp",direction="receive"}}"#
+            )
+        ),
+        40.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!("ethand_process_tcp_connections_opened_total{{{p}}}")
+        ),
+        5.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_process_tcp_resets_total{{{p},direction="received"}}"#)
+        ),
+        3.0
+    );
+    // pid reuse: the exited and the new process share a series, summed.
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_process_cpu_seconds_total{pid="500",comm="db"}"#
+        ),
+        0.75
+    );
+
+    assert_eq!(value(&s, r#"ethand_build_info{version="0.1.0"}"#), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_probe_state{probe="sched_switch",state="attached"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_probe_state{probe="sched_switch",state="failed"}"#
+        ),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_probe_state{probe="tcp_send_reset",state="unsupported"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_bpf_program_run_seconds_total{program="sched_switch"}"#
+        ),
+        4.5e-6
+    );
+    assert_eq!(
+        value(&s, r#"ethand_bpf_map_capacity_entries{map="threads"}"#),
+        32_768.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_bpf_dropped_events_total{reason="threads_full",loss="true"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_bpf_dropped_events_total{reason="exit_before_seen",loss="false"}"#
+        ),
+        6.0
+    );
+    assert_eq!(value(&s, "ethand_self_cpu_seconds_total"), 1.25);
+    assert_eq!(
+        value(&s, "ethand_self_resident_memory_bytes"),
+        (40 << 20) as f64
+    );
+    assert_eq!(value(&s, "ethand_tracked_processes"), 8.0);
+    assert_eq!(value(&s, "ethand_processes_overflow_total"), 0.0);
+}
+
+#[test]
+fn label_values_are_escaped() {
+    let text = render(&snapshot(), &options());
+    let line = r#"ethand_process_cpu_seconds_total{pid="200",comm="we\"ird\\na\nme"} 1e-7"#;
+    assert!(
+        text.lines().any(|l| l == line),
+        "no line {line} in:\n{text}"
+    );
+}
+
+#[test]
+fn selection_top_n_and_explicit() {
+    let snap = snapshot();
+    let s = samples(&render(&snap, &options()));
+    // 100: top 1 by window CPU; 200: by pid; 500: by comm; 600: by cgroup substring.
+    let expected: BTreeSet<String> = ["100", "200", "500", "600"].map(String::from).into();
+    assert_eq!(pids_of(&s, "ethand_process_cpu_seconds_total"), expected);
+
+    // Top 2: 301 has no window, so its cumulative 2 s outranks 300's 1 s window.
+    let top2 = PrometheusOptions {
+        top_n: 2,
+        ..Default::default()
+    };
+    let s = samples(&render(&snap, &top2));
+    let expected: BTreeSet<String> = ["100", "301"].map(String::from).into();
+    assert_eq!(pids_of(&s, "ethand_process_cpu_seconds_total"), expected);
+
+    // Processes without CPU time are not "top" even when there is room.
+    let all = PrometheusOptions {
+        top_n: 100,
+        ..Default::default()
+    };
+    let s = samples(&render(&snap, &all));
+    let expected: BTreeSet<String> = ["100", "300", "301", "400", "500", "600"]
+        .map(String::from)
+        .into();
+    assert_eq!(pids_of(&s, "ethand_process_cpu_seconds_total"), expected);
+
+    // No options: nothing per process, everything per cgroup.
+    let text = render(&snap, &PrometheusOptions::default());
+    assert!(!text.contains("ethand_process_"), "{text}");
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"ethand_cgroup_processes{cgroup="/user.slice"}"#),
+        3.0
+    );
+}
+
+#[test]
+fn cgroup_sums_of_unselected_processes() {
+    let s = samples(&render(&snapshot(), &options()));
+    // 300 and 301; 200 is in /user.slice too but has its own series.
+    let c = r#"cgroup="/user.slice""#;
+    assert_eq!(
+        value(&s, &format!("ethand_cgroup_cpu_seconds_total{{{c}}}")),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_cgroup_offcpu_seconds_total{{{c},reason="blocked"}}"#)
+        ),
+        0.5
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_cgroup_syscalls_total{{{c}}}")),
+        10.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_cgroup_block_io_bytes_total{{{c},op="write"}}"#)
+        ),
+        4_608.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(
+                r#"ethand_cgroup_network_bytes_total{{{c},protocol="tcp",direction="transmit"}}"#
+            )
+        ),
+        15.0
+    );
+    assert_eq!(value(&s, &format!("ethand_cgroup_processes{{{c}}}")), 2.0);
+    // An unknown cgroup ("") is labelled "unknown".
+    assert_eq!(
+        value(&s, r#"ethand_cgroup_cpu_seconds_total{cgroup="unknown"}"#),
+        0.25
+    );
+    assert!(
+        !s.keys()
+            .any(|k| k.starts_with("ethand_cgroup_") && k.contains("system.slice"))
+    );
+}
+
+#[test]
+fn syscalls_top_8_and_other() {
+    let s = samples(&render(&snapshot(), &options()));
+    let p = r#"pid="100",comm="web""#;
+    for i in 0..8 {
+        let l = format!(r#"{{{p},syscall="s{i}"}}"#);
+        assert_eq!(
+            value(&s, &format!("ethand_process_syscalls_total{l}")),
+            (100 + i) as f64
+        );
+        assert_eq!(
+            value(&s, &format!("ethand_process_syscall_seconds_total{l}")),
+            (10_000 - 1_000 * i) as f64 / 1e9
+        );
+    }
+    assert!(!s.contains_key(&format!(
+        r#"ethand_process_syscalls_total{{{p},syscall="s8"}}"#
+    )));
+    // s8 and s9 plus the 5 calls no row accounts for.
+    let other = format!(r#"{{{p},syscall="other"}}"#);
+    assert_eq!(
+        value(&s, &format!("ethand_process_syscalls_total{other}")),
+        (108 + 109 + 5) as f64
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_process_syscall_errors_total{other}")),
+        17.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_process_syscall_seconds_total{other}")),
+        3e-6
+    );
+}
+
+#[test]
+fn histograms() {
+    let text = render(&snapshot(), &options());
+    let s = samples(&text);
+    let p = r#"pid="100",comm="web""#;
+    let runq = |le: &str| {
+        value(
+            &s,
+            &format!(r#"ethand_process_runq_wait_seconds_bucket{{{p},le="{le}"}}"#),
+        )
+    };
+    assert_eq!(runq("2e-09"), 2.0);
+    assert_eq!(runq("3.2e-08"), 2.0);
+    assert_eq!(runq("6.4e-08"), 5.0);
+    // The last kernel bucket is open-ended: it is only in +Inf.
+    assert_eq!(runq("2.147483648"), 5.0);
+    assert_eq!(runq("+Inf"), 6.0);
+    assert!(!text.contains("le=\"4.294967296\""));
+    assert_eq!(
+        value(
+            &s,
+            &format!("ethand_process_runq_wait_seconds_count{{{p}}}")
+        ),
+        6.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_process_runq_wait_seconds_sum{{{p}}}")),
+        3e-6
+    );
+
+    // Syscall class: sum estimated as 4 * 2^10.5 ns (1448 ns each, truncated).
+    let futex = format!(r#"{{{p},class="futex"}}"#);
+    assert_eq!(
+        value(
+            &s,
+            &format!("ethand_process_syscall_latency_seconds_count{futex}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!("ethand_process_syscall_latency_seconds_sum{futex}")
+        ),
+        5_792e-9
+    );
+
+    // Node block latency merges every process's vda writes (200, 300, 301).
+    let w = r#"device="vda",op="write""#;
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_queue_seconds_count{{{w}}}")),
+        4.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="5.12e-07"}}"#)
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="1.024e-06"}}"#)
+        ),
+        4.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_service_seconds_sum{{{w}}}")),
+        200_000e-9
+    );
+
+    // Every histogram: 32 non-decreasing buckets, the last one +Inf and equal to _count.
+    let mut groups: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+    for (series, v) in &s {
+        let Some((name, labels)) = series.split_once("_bucket{") else {
+            continue;
+        };
+        let (labels, le) = labels.rsplit_once("le=").unwrap();
+        let labels = labels.trim_end_matches(',');
+        let count = if labels.is_empty() {
+            format!("{name}_count")
+        } else {
+            format!("{name}_count{{{labels}}}")
+        };
+        groups
+            .entry(count)
+            .or_default()
+            .push((le.trim_end_matches('}').trim_matches('"').to_owned(), *v));
+    }
+    assert!(groups.len() > 5);
+    for (count, buckets) in &mut groups {
+        let le = |b: &(String, f64)| b.0.parse::<f64>().unwrap();
+        buckets.sort_by(|a, b| le(a).total_cmp(&le(b)));
+        assert_eq!(buckets.len(), HIST_BUCKETS, "{count}");
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{count}: {buckets:?}"
+        );
+        assert_eq!(
+            buckets.last().unwrap(),
+            &("+Inf".to_owned(), value(&s, count)),
+            "{count}"
+        );
+    }
+}
+
+#[test]
+fn catalog_lists_every_family() {
+    let catalog = metric_catalog();
+    let names: BTreeSet<_> = catalog.iter().map(|c| c.0).collect();
+    assert_eq!(names.len(), catalog.len(), "duplicate names");
+    for (name, kind, help) in &catalog {
+        assert!(name.starts_with("ethand_"), "{name}");
+        assert_eq!(name.ends_with("_total"), *kind == "counter", "{name}");
+        assert!(help.ends_with('.') && help.contains(' '), "{name}: {help}");
+    }
+    let text = render(&snapshot(), &options());
+    let rendered: BTreeSet<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (n, t) = l.split_once(' ').unwrap();
+            (n.to_owned(), t.to_owned())
+        })
+        .collect();
+    let listed: BTreeSet<(String, String)> = catalog
+        .iter()
+        .map(|(n, t, _)| (n.to_string(), t.to_string()))
+        .collect();
+    assert_eq!(rendered, listed);
+    for (name, _, help) in &catalog {
+        assert!(text.contains(&format!("# HELP {name} {help}\n")), "{name}");
+    }
+}
+
+#[test]
+fn promtool_check_metrics() {
+    let text = render(&snapshot(), &options());
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!(
+                "promtool not found: run scripts/setup.sh --tests (installs Debian's prometheus)"
+            )
+        }
+        Err(e) => panic!("running promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}\n{report}",
+        out.status
+    );
+    assert!(
+        report.trim().is_empty(),
+        "promtool check metrics reported:\n{report}"
+    );
+}

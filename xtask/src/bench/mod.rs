@@ -1,0 +1,269 @@
+//! `cargo xtask bench`: ethand's overhead per event against no tracing and against bpftrace.
+//!
+//! - `workloads`: the four timed loops, each run in a child process;
+//! - `modes`: what is attached while they run (nothing, ethand, bpftrace), as stop-on-drop guards;
+//! - `report`: medians, added cost, ratios, targets; the terminal table and `docs/performance.md`.
+//!
+//! This module only validates the options and interleaves rounds x modes x workloads.
+
+mod modes;
+mod report;
+pub mod workloads;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use std::{env, fs, process, thread};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use modes::{Mode, Tools};
+use report::{Machine, Report, Results, RunInfo};
+use workloads::{Iters, Workload};
+
+/// Pause after a mode's workloads, so that a tracer's teardown does not run into the next mode.
+const SETTLE: Duration = Duration::from_millis(500);
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Rounds; each round runs every workload under every mode.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// The ethand binary [default: $CARGO_TARGET_DIR/release/ethand, i.e. target/release/ethand,
+    /// built with `cargo build --release -p ethand` if missing].
+    #[arg(long, value_name = "PATH")]
+    ethand: Option<PathBuf>,
+    /// The bpftrace binary; if it is not found, the bpftrace columns say "not run".
+    #[arg(long, value_name = "PATH", default_value = "bpftrace")]
+    bpftrace: PathBuf,
+    /// Where to write the Markdown report [default: docs/performance.md in the workspace].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Fewer iterations (a tenth): a smoke run, too noisy to publish.
+    #[arg(long)]
+    quick: bool,
+    /// The modes to run; `none` (the baseline) is required.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Mode::ALL)]
+    modes: Vec<Mode>,
+    /// Directory of the O_DIRECT test file; must be on a block device (not tmpfs).
+    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
+    io_dir: PathBuf,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask has no parent directory")?
+        .to_path_buf();
+    ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    ensure!(
+        args.io_dir.is_dir(),
+        "--io-dir {} is not a directory",
+        args.io_dir.display()
+    );
+
+    let mut modes: Vec<Mode> = Vec::new();
+    for m in &args.modes {
+        if !modes.contains(m) {
+            modes.push(*m);
+        }
+    }
+    ensure!(
+        modes.contains(&Mode::None),
+        "--modes must include `none`: it is the baseline every added cost is measured against"
+    );
+    let mut not_run: BTreeMap<Mode, String> = Mode::ALL
+        .into_iter()
+        .filter(|m| !modes.contains(m))
+        .map(|m| (m, "not requested (--modes)".to_string()))
+        .collect();
+
+    let tracing = modes.iter().any(|&m| m != Mode::None);
+    ensure!(
+        !tracing || unsafe { libc::geteuid() } == 0,
+        "the ethand and bpftrace modes load BPF programs: run as root, or use --modes none"
+    );
+    let ethand = if modes.contains(&Mode::Ethand) {
+        Some(resolve_ethand(args.ethand, &root)?)
+    } else {
+        None
+    };
+    let bpftrace = if modes.contains(&Mode::Bpftrace) {
+        let found = find_executable(&args.bpftrace);
+        if found.is_none() {
+            let why = format!("{} not found", args.bpftrace.display());
+            eprintln!("[bench] bpftrace mode skipped: {why}");
+            not_run.insert(Mode::Bpftrace, why);
+            modes.retain(|&m| m != Mode::Bpftrace);
+        }
+        found
+    } else {
+        None
+    };
+    let tools = Tools { ethand, bpftrace };
+    let iters = if args.quick {
+        Iters::QUICK
+    } else {
+        Iters::FULL
+    };
+    let tmp = TempDir::new("ethand-bench")?;
+    let load_before = report::load_average();
+
+    let mut results = Results::default();
+    let mut ready_output = BTreeMap::new();
+    for round in 0..args.rounds as usize {
+        for k in 0..modes.len() {
+            let mode = modes[(round + k) % modes.len()];
+            eprintln!(
+                "[bench] round {}/{}, {}",
+                round + 1,
+                args.rounds,
+                mode.name()
+            );
+            let tracer = modes::attach(mode, &tools, tmp.path())?;
+            if let Some(t) = &tracer {
+                ready_output
+                    .entry(mode)
+                    .or_insert_with(|| t.ready_output.clone());
+            }
+            for w in Workload::ALL {
+                let m = workloads::measure(w, iters.of(w), &args.io_dir)?;
+                eprintln!(
+                    "[bench]   {:<9} {:>10} ns per {}",
+                    w.name(),
+                    format!("{:.1}", m.ns_per_event()),
+                    w.unit()
+                );
+                results.push(w, mode, m);
+            }
+            if let Some(t) = tracer {
+                t.finish()?;
+            }
+            thread::sleep(SETTLE);
+        }
+    }
+
+    let machine = Machine::detect(&root, tools.ethand.as_deref(), tools.bpftrace.as_deref());
+    let info = RunInfo {
+        command: command_line(),
+        rounds: args.rounds,
+        quick: args.quick,
+        iters,
+        io_dir: args.io_dir.display().to_string(),
+        not_run,
+        ready_output,
+        machine,
+        load_before,
+        load_after: report::load_average(),
+    };
+    let report = Report {
+        results: &results,
+        info: &info,
+    };
+    print!("\n{}", report.text());
+    let out = args
+        .out
+        .unwrap_or_else(|| root.join("docs").join("performance.md"));
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(&out, report.markdown()).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("[bench] wrote {}", out.display());
+    Ok(())
+}
+
+/// The ethand binary to run: the one given, else the workspace's release build (built now if
+/// missing). Fails unless it is an executable file.
+fn resolve_ethand(given: Option<PathBuf>, root: &Path) -> Result<PathBuf> {
+    let path = match given {
+        Some(path) => path,
+        None => {
+            let target = env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("target"));
+            let path = target.join("release").join("ethand");
+            if !path.exists() {
+                build_ethand(root)?;
+            }
+            path
+        }
+    };
+    ensure!(
+        is_executable(&path),
+        "ethand binary {} is missing or not executable: build it with \
+         `cargo build --release -p ethand`, pass --ethand PATH, or leave ethand out with \
+         --modes none,bpftrace",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn build_ethand(root: &Path) -> Result<()> {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    eprintln!("[bench] building ethand: cargo build --release -p ethand");
+    let status = Command::new(cargo)
+        .args(["build", "--release", "-p", "ethand"])
+        .current_dir(root)
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!(
+            "`cargo build --release -p ethand` failed ({status}): install the toolchain with \
+             scripts/setup.sh, pass --ethand PATH, or leave ethand out with --modes none,bpftrace"
+        );
+    }
+    Ok(())
+}
+
+fn is_executable(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `name` itself if it contains a `/`, else its first executable match in `$PATH`.
+fn find_executable(name: &Path) -> Option<PathBuf> {
+    if name.components().count() > 1 {
+        return is_executable(name).then(|| name.to_path_buf());
+    }
+    env::split_paths(&env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+/// This run's command line, as the user would type it.
+fn command_line() -> String {
+    let mut cmd = String::from("cargo xtask bench");
+    for arg in env::args().skip(2) {
+        cmd.push(' ');
+        if arg.contains(|c: char| c.is_whitespace() || "'\"$\\".contains(c)) {
+            cmd.push_str(&format!("'{}'", arg.replace('\'', r"'\''")));
+        } else {
+            cmd.push_str(&arg);
+        }
+    }
+    cmd
+}
+
+/// A private directory for configs, scripts and logs, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> Result<TempDir> {
+        let path = env::temp_dir().join(format!("{prefix}.{}", process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
