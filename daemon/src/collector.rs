@@ -7,20 +7,27 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkStats, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats,
-    ThreadStats, counter, lifecycle_kind,
+    BlkKey, BlkStats, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey,
+    SyscallStats, ThreadStats, counter, lifecycle_kind,
 };
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
-use crate::{config::Config, model::{Model, RawRead, Reclaim}, syscalls_table};
+use crate::{
+    config::Config,
+    model::{Model, RawRead, Reclaim},
+    syscalls_table,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
     #[error("BPF map {0} missing from the object")]
     MissingMap(&'static str),
     #[error("BPF map {name}: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
 }
 
 pub struct Collector {
@@ -37,7 +44,10 @@ pub struct Collector {
     _stats: Option<OwnedFd>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CollectError> {
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, CollectError> {
     let m = ebpf.take_map(name).ok_or(CollectError::MissingMap(name))?;
     T::try_from(m).map_err(|source| CollectError::Map { name, source })
 }
@@ -87,7 +97,11 @@ impl Collector {
             }
             // SAFETY: the kernel wrote a LifecycleEvent (repr(C), integer-only) here.
             let e: LifecycleEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            let key = ProcKey { tgid: e.tgid, _pad0: 0, proc_start_ns: e.proc_start_ns };
+            let key = ProcKey {
+                tgid: e.tgid,
+                _pad0: 0,
+                proc_start_ns: e.proc_start_ns,
+            };
             match e.kind {
                 lifecycle_kind::EXEC => model.on_exec(key),
                 lifecycle_kind::EXIT => model.on_exit(key),
@@ -101,7 +115,12 @@ impl Collector {
         let mut raw = RawRead::default();
         raw.threads = self.threads.iter().filter_map(Result::ok).collect();
         raw.syscalls = self.syscalls.iter().filter_map(Result::ok).collect();
-        raw.syscall_hist = self.syscall_hist.iter().filter_map(Result::ok).map(|(k, h)| (k, h.buckets)).collect();
+        raw.syscall_hist = self
+            .syscall_hist
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, h)| (k, h.buckets))
+            .collect();
         raw.blk = self.blk_stats.iter().filter_map(Result::ok).collect();
         raw.net = self.net_stats.iter().filter_map(Result::ok).collect();
         let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
@@ -132,17 +151,35 @@ impl Collector {
         if r.procs.is_empty() {
             return;
         }
-        let gone = |tgid: u32, start: u64| r.procs.iter().any(|p| p.tgid == tgid && p.proc_start_ns == start);
-        let keys: Vec<SyscallKey> = self.syscalls.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        let gone = |tgid: u32, start: u64| {
+            r.procs
+                .iter()
+                .any(|p| p.tgid == tgid && p.proc_start_ns == start)
+        };
+        let keys: Vec<SyscallKey> = self
+            .syscalls
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .collect();
         for k in keys {
             let _ = self.syscalls.remove(&k);
         }
-        let keys: Vec<SyscallHistKey> =
-            self.syscall_hist.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        let keys: Vec<SyscallHistKey> = self
+            .syscall_hist
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .collect();
         for k in keys {
             let _ = self.syscall_hist.remove(&k);
         }
-        let keys: Vec<BlkKey> = self.blk_stats.keys().filter_map(Result::ok).filter(|k| gone(k.tgid, k.proc_start_ns)).collect();
+        let keys: Vec<BlkKey> = self
+            .blk_stats
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .collect();
         for k in keys {
             let _ = self.blk_stats.remove(&k);
         }
@@ -155,7 +192,11 @@ impl Collector {
         (0..counter::COUNT)
             .map(|i| DropCounter {
                 reason: counter::NAMES[i as usize].into(),
-                count: self.counters.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0),
+                count: self
+                    .counters
+                    .get(&i, 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0),
                 loss: counter::IS_LOSS[i as usize],
             })
             .collect()
@@ -163,7 +204,10 @@ impl Collector {
 }
 
 /// Run count and time of each attached program (kernel BPF stats).
-pub fn program_costs(ebpf: &Ebpf, program_probe: &std::collections::BTreeMap<String, String>) -> Vec<ProgramCost> {
+pub fn program_costs(
+    ebpf: &Ebpf,
+    program_probe: &std::collections::BTreeMap<String, String>,
+) -> Vec<ProgramCost> {
     ebpf.programs()
         .filter(|(name, _)| program_probe.contains_key(*name))
         .filter_map(|(name, p)| {

@@ -1,7 +1,11 @@
 //! Configuration: TOML, every default embedded (default.toml) and documented there. A file
 //! given with `--config` is merged over the defaults; unknown keys and bad values are errors
 //! that name the key and its line.
-use std::{collections::BTreeMap, net::SocketAddr, path::{Path, PathBuf}};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -66,9 +70,16 @@ pub struct MapsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: {message}")]
-    Invalid { path: String, line: usize, message: String },
+    Invalid {
+        path: String,
+        line: usize,
+        message: String,
+    },
 }
 
 impl Config {
@@ -78,18 +89,31 @@ impl Config {
 
     /// Defaults, overlaid with the file at `path` if given.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
-        let Some(path) = path else { return Ok(Self::defaults()) };
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let Some(path) = path else {
+            return Ok(Self::defaults());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Self::from_overlay(&text, &path.display().to_string())
     }
 
     pub fn from_overlay(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let invalid = |line: usize, message: String| ConfigError::Invalid { path: origin.into(), line, message };
+        let invalid = |line: usize, message: String| ConfigError::Invalid {
+            path: origin.into(),
+            line,
+            message,
+        };
         let user: toml::Table = text.parse::<toml::Table>().map_err(|e| {
-            invalid(line_of(text, e.span().map(|s| s.start)), e.message().to_string())
+            invalid(
+                line_of(text, e.span().map(|s| s.start)),
+                e.message().to_string(),
+            )
         })?;
-        let mut merged: toml::Table = DEFAULT_TOML.parse().expect("embedded default.toml is valid");
+        let mut merged: toml::Table = DEFAULT_TOML
+            .parse()
+            .expect("embedded default.toml is valid");
         merge(&mut merged, user);
         let merged_text = toml::to_string(&merged).expect("a table serializes");
         let cfg: Config = toml::from_str(&merged_text).map_err(|e| {
@@ -100,23 +124,42 @@ impl Config {
                 .nth(1)
                 .map(str::to_string)
                 .or_else(|| e.span().map(|s| key_at(&merged_text, s.start)));
-            let line = key.as_deref().and_then(|k| find_key_line(text, k)).unwrap_or(0);
+            let line = key
+                .as_deref()
+                .and_then(|k| find_key_line(text, k))
+                .unwrap_or(0);
             invalid(line, msg)
         })?;
-        cfg.validate().map_err(|(key, msg)| invalid(find_key_line(text, key).unwrap_or(0), msg))?;
+        cfg.validate()
+            .map_err(|(key, msg)| invalid(find_key_line(text, key).unwrap_or(0), msg))?;
         Ok(cfg)
     }
 
     fn validate(&self) -> Result<(), (&'static str, String)> {
         if self.daemon.interval_ms < 50 || self.daemon.interval_ms > 3_600_000 {
-            return Err(("interval_ms", format!("daemon.interval_ms = {} is out of range [50, 3600000]", self.daemon.interval_ms)));
+            return Err((
+                "interval_ms",
+                format!(
+                    "daemon.interval_ms = {} is out of range [50, 3600000]",
+                    self.daemon.interval_ms
+                ),
+            ));
         }
         if self.prometheus.listen.parse::<SocketAddr>().is_err() {
-            return Err(("listen", format!("prometheus.listen = {:?} is not an address like 127.0.0.1:9477", self.prometheus.listen)));
+            return Err((
+                "listen",
+                format!(
+                    "prometheus.listen = {:?} is not an address like 127.0.0.1:9477",
+                    self.prometheus.listen
+                ),
+            ));
         }
         for (name, tp) in &self.probes.tracepoints {
             if tp.split('/').count() != 2 || tp.starts_with('/') || tp.ends_with('/') {
-                return Err(("tracepoints", format!("probes.tracepoints.{name} = {tp:?} is not \"group/event\"")));
+                return Err((
+                    "tracepoints",
+                    format!("probes.tracepoints.{name} = {tp:?} is not \"group/event\""),
+                ));
             }
         }
         Ok(())
@@ -143,21 +186,33 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 fn line_of(text: &str, offset: Option<usize>) -> usize {
-    offset.map(|o| text[..o.min(text.len())].matches('\n').count() + 1).unwrap_or(0)
+    offset
+        .map(|o| text[..o.min(text.len())].matches('\n').count() + 1)
+        .unwrap_or(0)
 }
 
 fn key_at(text: &str, offset: usize) -> String {
-    let line_start = text[..offset.min(text.len())].rfind('\n').map(|i| i + 1).unwrap_or(0);
-    text[line_start..].split('=').next().unwrap_or("").trim().to_string()
+    let line_start = text[..offset.min(text.len())]
+        .rfind('\n')
+        .map(|i| i + 1)
+        .unwrap_or(0);
+    text[line_start..]
+        .split('=')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 /// Line (1-based) in `text` where `key` is assigned.
 fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|l| {
-        let l = l.trim_start();
-        l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 #[cfg(test)]
@@ -181,27 +236,35 @@ mod tests {
 
     #[test]
     fn unknown_key_names_itself_and_line() {
-        let e = Config::from_overlay("[daemon]\n\ninterval_mss = 5\n", "f.toml").unwrap_err().to_string();
+        let e = Config::from_overlay("[daemon]\n\ninterval_mss = 5\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("interval_mss"), "{e}");
         assert!(e.starts_with("f.toml:3:"), "{e}");
     }
 
     #[test]
     fn wrong_type_names_key_and_line() {
-        let e = Config::from_overlay("[prometheus]\ntop_n = \"ten\"\n", "f.toml").unwrap_err().to_string();
+        let e = Config::from_overlay("[prometheus]\ntop_n = \"ten\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("f.toml:2:"), "{e}");
     }
 
     #[test]
     fn bad_listen_address() {
-        let e = Config::from_overlay("[prometheus]\nlisten = \"localhost:notaport\"\n", "f.toml").unwrap_err().to_string();
+        let e = Config::from_overlay("[prometheus]\nlisten = \"localhost:notaport\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("prometheus.listen"), "{e}");
         assert!(e.starts_with("f.toml:2:"), "{e}");
     }
 
     #[test]
     fn syntax_error_has_line() {
-        let e = Config::from_overlay("[daemon]\ninterval_ms = = 3\n", "f.toml").unwrap_err().to_string();
+        let e = Config::from_overlay("[daemon]\ninterval_ms = = 3\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("f.toml:2:"), "{e}");
     }
 }

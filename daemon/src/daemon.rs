@@ -23,7 +23,10 @@ use crate::{
 };
 
 pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// State shared between the collection loop and the servers.
@@ -56,16 +59,27 @@ impl Shared {
         }
     }
 
-    pub fn tree(&self, pid: u32, window_ms: u64, source: &str, measured_ms: u64, probes: Vec<snap::ProbeStatus>) -> Option<TreeSnapshot> {
+    pub fn tree(
+        &self,
+        pid: u32,
+        window_ms: u64,
+        source: &str,
+        measured_ms: u64,
+        probes: Vec<snap::ProbeStatus>,
+    ) -> Option<TreeSnapshot> {
         let model = self.model.lock().expect("lock");
-        let all: Vec<snap::ProcessSnapshot> =
-            model.procs.values().map(|p| model.process_snapshot(p, window_ms, &self.devnames)).collect();
+        let all: Vec<snap::ProcessSnapshot> = model
+            .procs
+            .values()
+            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
+            .collect();
         drop(model);
         let order = model::tree_order(&all, pid);
         if order.is_empty() {
             return None;
         }
-        let processes: Vec<snap::ProcessSnapshot> = order.into_iter().map(|i| all[i].clone()).collect();
+        let processes: Vec<snap::ProcessSnapshot> =
+            order.into_iter().map(|i| all[i].clone()).collect();
         Some(TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
@@ -80,7 +94,13 @@ impl Shared {
 }
 
 fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
-    let mut t = TreeTotals { sched: snap::SchedStats { runq_wait_hist: vec![0; snap::HIST_BUCKETS], ..Default::default() }, ..Default::default() };
+    let mut t = TreeTotals {
+        sched: snap::SchedStats {
+            runq_wait_hist: vec![0; snap::HIST_BUCKETS],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     for p in ps {
         t.processes += 1;
         t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
@@ -138,13 +158,24 @@ impl Engine {
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
         let d = &cfg.daemon;
-        let model = Model::new(d.interval_ms, d.history_seconds, d.exit_grace_seconds, d.max_processes);
+        let model = Model::new(
+            d.interval_ms,
+            d.history_seconds,
+            d.exit_grace_seconds,
+            d.max_processes,
+        );
         let shared = Arc::new(Shared {
             model: Mutex::new(model),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             devnames: model::block_device_names(),
         });
-        Ok(Self { loaded, collector, shared, started_at_unix_ms: unix_ms(), cfg: cfg.clone() })
+        Ok(Self {
+            loaded,
+            collector,
+            shared,
+            started_at_unix_ms: unix_ms(),
+            cfg: cfg.clone(),
+        })
     }
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.
@@ -157,7 +188,11 @@ impl Engine {
             let reclaim = model.ingest(raw, now);
             self.collector.reclaim(&reclaim);
             let window_ms = 10_000;
-            let processes = model.procs.values().map(|p| model.process_snapshot(p, window_ms, &self.shared.devnames)).collect();
+            let processes = model
+                .procs
+                .values()
+                .map(|p| model.process_snapshot(p, window_ms, &self.shared.devnames))
+                .collect();
             let (cpu_seconds, rss_bytes) = procinfo::self_usage();
             NodeSnapshot {
                 schema_version: snap::SCHEMA_VERSION,
@@ -185,19 +220,26 @@ impl Engine {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // Bind the listeners first: a bad address is a config error, reported before BPF work.
     let metrics = if cfg.prometheus.enabled {
         let addr = cfg.listen_addr();
-        Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?)
+        Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?,
+        )
     } else {
         None
     };
     let mut engine = Engine::start(&cfg)?;
-    let api_listener = api::bind(&cfg.daemon.socket).with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
+    let api_listener = api::bind(&cfg.daemon.socket)
+        .with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
     engine.collect();
     let shared = engine.shared.clone();
     tokio::spawn(api::serve(api_listener, shared.clone()));
@@ -214,7 +256,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             axum::routing::get(move || {
                 let node = shared.node.read().expect("lock").clone();
                 let body = render(&node, &opts);
-                async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body) }
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        body,
+                    )
+                }
             }),
         );
         info!(addr = %listener.local_addr()?, "serving /metrics");
@@ -224,7 +274,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             }
         });
     }
-    let attached = engine.loaded.probes.iter().filter(|p| p.state == snap::ProbeState::Attached).count();
+    let attached = engine
+        .loaded
+        .probes
+        .iter()
+        .filter(|p| p.state == snap::ProbeState::Attached)
+        .count();
     info!(attached, total = engine.loaded.probes.len(), socket = %cfg.daemon.socket.display(), "ready");
 
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.daemon.interval_ms));

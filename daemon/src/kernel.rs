@@ -23,7 +23,9 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Byte offset of `member` in struct `strukt`, looking through anonymous structs/unions.
 fn member_offset(btf: &Btf, strukt: &str, member: &str) -> Result<u32, KernelError> {
-    let types = btf.resolve_types_by_name(strukt).map_err(|_| KernelError::NoStruct(strukt.into()))?;
+    let types = btf
+        .resolve_types_by_name(strukt)
+        .map_err(|_| KernelError::NoStruct(strukt.into()))?;
     let st = types
         .into_iter()
         .find_map(|t| match t {
@@ -59,8 +61,10 @@ fn find_member(btf: &Btf, members: &[btf_rs::Member], name: &str, base_bits: u32
 
 /// Reads the offsets the programs need from the kernel's BTF.
 pub fn kernel_offsets(btf_path: &Path) -> Result<KernelOffsets, KernelError> {
-    let btf = Btf::from_file(btf_path)
-        .map_err(|source| KernelError::Btf { path: btf_path.display().to_string(), source })?;
+    let btf = Btf::from_file(btf_path).map_err(|source| KernelError::Btf {
+        path: btf_path.display().to_string(),
+        source,
+    })?;
     Ok(KernelOffsets {
         task_pid: member_offset(&btf, "task_struct", "pid")?,
         task_tgid: member_offset(&btf, "task_struct", "tgid")?,
@@ -89,16 +93,24 @@ pub fn parse_format(text: &str) -> Result<HashMap<String, Field>, String> {
     let mut fields = HashMap::new();
     for line in text.lines() {
         let line = line.trim();
-        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let Some(rest) = line.strip_prefix("field:") else {
+            continue;
+        };
         let mut decl = None;
         let mut offset = None;
         let mut size = None;
         for part in rest.split(';') {
             let part = part.trim();
             if let Some(v) = part.strip_prefix("offset:") {
-                offset = Some(v.parse::<u32>().map_err(|e| format!("bad offset in {line:?}: {e}"))?);
+                offset = Some(
+                    v.parse::<u32>()
+                        .map_err(|e| format!("bad offset in {line:?}: {e}"))?,
+                );
             } else if let Some(v) = part.strip_prefix("size:") {
-                size = Some(v.parse::<u32>().map_err(|e| format!("bad size in {line:?}: {e}"))?);
+                size = Some(
+                    v.parse::<u32>()
+                        .map_err(|e| format!("bad size in {line:?}: {e}"))?,
+                );
             } else if decl.is_none() && !part.is_empty() && !part.contains(':') {
                 decl = Some(part);
             }
@@ -132,14 +144,28 @@ pub fn tracefs_root() -> &'static str {
 
 /// Mounts tracefs at /sys/kernel/tracing if nothing is there.
 pub fn ensure_tracefs() -> std::io::Result<()> {
-    if Path::new("/sys/kernel/tracing/events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+    if Path::new("/sys/kernel/tracing/events").exists()
+        || Path::new("/sys/kernel/debug/tracing/events").exists()
+    {
         return Ok(());
     }
     let target = std::ffi::CString::new("/sys/kernel/tracing").unwrap();
     let fstype = std::ffi::CString::new("tracefs").unwrap();
     // SAFETY: valid NUL-terminated strings, no data argument.
-    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Fields of tracepoint "group/event".
@@ -176,10 +202,34 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
     #[test]
     fn parses_sched_switch() {
         let f = parse_format(SCHED_SWITCH).unwrap();
-        assert_eq!(f["prev_pid"], Field { offset: 24, size: 4 });
-        assert_eq!(f["prev_state"], Field { offset: 32, size: 8 });
-        assert_eq!(f["next_pid"], Field { offset: 56, size: 4 });
-        assert_eq!(f["prev_comm"], Field { offset: 8, size: 16 });
+        assert_eq!(
+            f["prev_pid"],
+            Field {
+                offset: 24,
+                size: 4
+            }
+        );
+        assert_eq!(
+            f["prev_state"],
+            Field {
+                offset: 32,
+                size: 8
+            }
+        );
+        assert_eq!(
+            f["next_pid"],
+            Field {
+                offset: 56,
+                size: 4
+            }
+        );
+        assert_eq!(
+            f["prev_comm"],
+            Field {
+                offset: 8,
+                size: 16
+            }
+        );
         assert_eq!(f["common_pid"], Field { offset: 4, size: 4 });
     }
 
@@ -188,7 +238,13 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
         let text = "format:\n\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:16;\tsize:4;\tsigned:0;\n";
         let f = parse_format(text).unwrap();
         assert_eq!(f["skaddr"], Field { offset: 8, size: 8 });
-        assert_eq!(f["cmd"], Field { offset: 16, size: 4 });
+        assert_eq!(
+            f["cmd"],
+            Field {
+                offset: 16,
+                size: 4
+            }
+        );
     }
 
     #[test]
@@ -206,7 +262,11 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
         }
         let o = kernel_offsets(Path::new(VMLINUX_BTF)).unwrap();
         assert_ne!(o.task_pid, 0);
-        assert_eq!(o.task_tgid, o.task_pid + 4, "pid and tgid are adjacent in task_struct");
+        assert_eq!(
+            o.task_tgid,
+            o.task_pid + 4,
+            "pid and tgid are adjacent in task_struct"
+        );
         assert_eq!(o.pt_regs_syscall_nr, 15 * 8, "x86_64 pt_regs.orig_ax");
     }
 }

@@ -18,7 +18,10 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("loading BPF maps and programs failed: {source}{hint}")]
-    Load { source: aya::EbpfError, hint: &'static str },
+    Load {
+        source: aya::EbpfError,
+        hint: &'static str,
+    },
     #[error("kernel structure offsets: {0}")]
     Kernel(#[from] kernel::KernelError),
 }
@@ -34,23 +37,108 @@ struct ProbeSpec {
 }
 
 const PROBES: &[ProbeSpec] = &[
-    ProbeSpec { family: "sched", name: "sched_switch", btf: Some(("sched_switch_btf", "sched_switch")), classic: Some("sched_switch_tp") },
-    ProbeSpec { family: "sched", name: "sched_wakeup", btf: Some(("sched_wakeup_btf", "sched_wakeup")), classic: Some("sched_wakeup_tp") },
-    ProbeSpec { family: "sched", name: "sched_wakeup_new", btf: Some(("sched_wakeup_new_btf", "sched_wakeup_new")), classic: None },
-    ProbeSpec { family: "syscalls", name: "sys_enter", btf: Some(("sys_enter_btf", "sys_enter")), classic: Some("sys_enter_tp") },
-    ProbeSpec { family: "syscalls", name: "sys_exit", btf: Some(("sys_exit_btf", "sys_exit")), classic: Some("sys_exit_tp") },
-    ProbeSpec { family: "block", name: "block_start", btf: None, classic: Some("block_start") },
-    ProbeSpec { family: "block", name: "block_issue", btf: None, classic: Some("block_issue") },
-    ProbeSpec { family: "block", name: "block_complete", btf: None, classic: Some("block_complete") },
-    ProbeSpec { family: "net", name: "sock_send_length", btf: None, classic: Some("sock_send_length") },
-    ProbeSpec { family: "net", name: "sock_recv_length", btf: None, classic: Some("sock_recv_length") },
-    ProbeSpec { family: "net", name: "inet_sock_set_state", btf: None, classic: Some("inet_sock_set_state") },
-    ProbeSpec { family: "net", name: "tcp_retransmit_skb", btf: None, classic: Some("tcp_retransmit_skb") },
-    ProbeSpec { family: "net", name: "tcp_send_reset", btf: None, classic: Some("tcp_send_reset") },
-    ProbeSpec { family: "net", name: "tcp_receive_reset", btf: None, classic: Some("tcp_receive_reset") },
-    ProbeSpec { family: "lifecycle", name: "sched_process_fork", btf: Some(("sched_process_fork", "sched_process_fork")), classic: None },
-    ProbeSpec { family: "lifecycle", name: "sched_process_exec", btf: None, classic: Some("sched_process_exec") },
-    ProbeSpec { family: "lifecycle", name: "sched_process_exit", btf: None, classic: Some("sched_process_exit") },
+    ProbeSpec {
+        family: "sched",
+        name: "sched_switch",
+        btf: Some(("sched_switch_btf", "sched_switch")),
+        classic: Some("sched_switch_tp"),
+    },
+    ProbeSpec {
+        family: "sched",
+        name: "sched_wakeup",
+        btf: Some(("sched_wakeup_btf", "sched_wakeup")),
+        classic: Some("sched_wakeup_tp"),
+    },
+    ProbeSpec {
+        family: "sched",
+        name: "sched_wakeup_new",
+        btf: Some(("sched_wakeup_new_btf", "sched_wakeup_new")),
+        classic: None,
+    },
+    ProbeSpec {
+        family: "syscalls",
+        name: "sys_enter",
+        btf: Some(("sys_enter_btf", "sys_enter")),
+        classic: Some("sys_enter_tp"),
+    },
+    ProbeSpec {
+        family: "syscalls",
+        name: "sys_exit",
+        btf: Some(("sys_exit_btf", "sys_exit")),
+        classic: Some("sys_exit_tp"),
+    },
+    ProbeSpec {
+        family: "block",
+        name: "block_start",
+        btf: None,
+        classic: Some("block_start"),
+    },
+    ProbeSpec {
+        family: "block",
+        name: "block_issue",
+        btf: None,
+        classic: Some("block_issue"),
+    },
+    ProbeSpec {
+        family: "block",
+        name: "block_complete",
+        btf: None,
+        classic: Some("block_complete"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "sock_send_length",
+        btf: None,
+        classic: Some("sock_send_length"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "sock_recv_length",
+        btf: None,
+        classic: Some("sock_recv_length"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "inet_sock_set_state",
+        btf: None,
+        classic: Some("inet_sock_set_state"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "tcp_retransmit_skb",
+        btf: None,
+        classic: Some("tcp_retransmit_skb"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "tcp_send_reset",
+        btf: None,
+        classic: Some("tcp_send_reset"),
+    },
+    ProbeSpec {
+        family: "net",
+        name: "tcp_receive_reset",
+        btf: None,
+        classic: Some("tcp_receive_reset"),
+    },
+    ProbeSpec {
+        family: "lifecycle",
+        name: "sched_process_fork",
+        btf: Some(("sched_process_fork", "sched_process_fork")),
+        classic: None,
+    },
+    ProbeSpec {
+        family: "lifecycle",
+        name: "sched_process_exec",
+        btf: None,
+        classic: Some("sched_process_exec"),
+    },
+    ProbeSpec {
+        family: "lifecycle",
+        name: "sched_process_exit",
+        btf: None,
+        classic: Some("sched_process_exit"),
+    },
 ];
 
 /// The loaded object plus what became of each probe.
@@ -78,9 +166,14 @@ fn family_enabled(cfg: &Config, family: &str) -> bool {
 fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
     let mut o = TracepointOffsets::default();
     let tps = &cfg.probes.tracepoints;
-    let get = |probe: &str| tps.get(probe).and_then(|tp| kernel::tracepoint_fields(tp).ok());
+    let get = |probe: &str| {
+        tps.get(probe)
+            .and_then(|tp| kernel::tracepoint_fields(tp).ok())
+    };
     let off = |f: &std::collections::HashMap<String, kernel::Field>, name: &str| {
-        f.get(name).map(|x| x.offset).unwrap_or(TracepointOffsets::ABSENT)
+        f.get(name)
+            .map(|x| x.offset)
+            .unwrap_or(TracepointOffsets::ABSENT)
     };
     if let Some(f) = get("sched_switch") {
         o.sched_switch_prev_pid = off(&f, "prev_pid");
@@ -160,8 +253,15 @@ pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
         .map_max_entries("NET_STATS", m.net_stats)
         .map_max_entries("SOCK_OWNER", m.sock_owner)
         .load(BPF_OBJECT)
-        .map_err(|source| LoadError::Load { hint: permission_hint(&source), source })?;
-    let mut loaded = Loaded { ebpf, probes: Vec::new(), program_probe: BTreeMap::new() };
+        .map_err(|source| LoadError::Load {
+            hint: permission_hint(&source),
+            source,
+        })?;
+    let mut loaded = Loaded {
+        ebpf,
+        probes: Vec::new(),
+        program_probe: BTreeMap::new(),
+    };
     let btf = match Btf::from_sys_fs() {
         Ok(b) => Some(b),
         Err(e) => {
@@ -174,7 +274,9 @@ pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
         match status.state {
             ProbeState::Attached => info!(probe = spec.name, at = %status.attach_point, "attached"),
             ProbeState::Disabled => {}
-            _ => warn!(probe = spec.name, state = status.state.as_str(), detail = %status.detail, "probe not attached"),
+            _ => {
+                warn!(probe = spec.name, state = status.state.as_str(), detail = %status.detail, "probe not attached")
+            }
         }
         loaded.probes.push(status);
     }
@@ -183,7 +285,10 @@ pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
 
 fn permission_hint(e: &aya::EbpfError) -> &'static str {
     let s = format!("{e:?}");
-    if s.contains("EPERM") || s.contains("Operation not permitted") || s.contains("PermissionDenied") {
+    if s.contains("EPERM")
+        || s.contains("Operation not permitted")
+        || s.contains("PermissionDenied")
+    {
         " (missing capability CAP_BPF: run as root or grant CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH)"
     } else {
         ""
@@ -191,14 +296,21 @@ fn permission_hint(e: &aya::EbpfError) -> &'static str {
 }
 
 fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf>) -> ProbeStatus {
-    let mut status = ProbeStatus { name: spec.name.into(), ..Default::default() };
+    let mut status = ProbeStatus {
+        name: spec.name.into(),
+        ..Default::default()
+    };
     if !family_enabled(cfg, spec.family) {
         status.state = ProbeState::Disabled;
         status.detail = format!("probes.{} = false", spec.family);
         return status;
     }
     let mut reasons = Vec::new();
-    if let (Some((prog, tp)), true, Some(btf)) = (spec.btf, cfg.probes.prefer_btf || spec.classic.is_none(), btf) {
+    if let (Some((prog, tp)), true, Some(btf)) = (
+        spec.btf,
+        cfg.probes.prefer_btf || spec.classic.is_none(),
+        btf,
+    ) {
         match attach_btf(&mut l.ebpf, prog, tp, btf) {
             Ok(()) => {
                 status.state = ProbeState::Attached;
@@ -262,8 +374,16 @@ fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), Pr
     Ok(())
 }
 
-fn attach_classic(ebpf: &mut Ebpf, prog: &str, group: &str, event: &str) -> Result<(), ProgramError> {
-    let p: &mut TracePoint = ebpf.program_mut(prog).ok_or(ProgramError::NotLoaded)?.try_into()?;
+fn attach_classic(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    group: &str,
+    event: &str,
+) -> Result<(), ProgramError> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or(ProgramError::NotLoaded)?
+        .try_into()?;
     if p.fd().is_err() {
         p.load()?;
     }
@@ -286,7 +406,14 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     // Verifier logs are long: keep the first line and the last few.
     if s.len() > 600 {
         let head: String = s.chars().take(300).collect();
-        let tail: String = s.chars().rev().take(280).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = s
+            .chars()
+            .rev()
+            .take(280)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         s = format!("{head} ... {tail}");
     }
     s

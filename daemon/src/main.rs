@@ -23,7 +23,11 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_NOT_FOUND: u8 = 3;
 
 #[derive(Parser, Debug)]
-#[command(name = "ethand", version, about = "Always-on eBPF observability for GPU/NPU compute nodes")]
+#[command(
+    name = "ethand",
+    version,
+    about = "Always-on eBPF observability for GPU/NPU compute nodes"
+)]
 struct Cli {
     /// Configuration file (TOML); merged over the embedded defaults.
     #[arg(long, global = true, env = "ETHAND_CONFIG")]
@@ -104,7 +108,11 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ethand: error: cannot start the runtime: {e}");
@@ -122,7 +130,11 @@ fn main() -> ExitCode {
 }
 
 fn one_line(e: &anyhow::Error) -> String {
-    e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ").replace('\n', " ")
+    e.chain()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+        .replace('\n', " ")
 }
 
 async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
@@ -131,18 +143,27 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             daemon::run(cfg).await?;
             Ok(0)
         }
-        Command::Config { command: ConfigCommand::Show } => {
+        Command::Config {
+            command: ConfigCommand::Show,
+        } => {
             print!("{}", cfg.to_toml());
             Ok(0)
         }
-        Command::Config { command: ConfigCommand::Default } => {
+        Command::Config {
+            command: ConfigCommand::Default,
+        } => {
             print!("{}", config::DEFAULT_TOML);
             Ok(0)
         }
         Command::Status { json } => {
             let resp = api::call(&cfg.daemon.socket, &api::Request::Status)
                 .await
-                .with_context(|| format!("no ethand daemon answers at {}", cfg.daemon.socket.display()))?;
+                .with_context(|| {
+                    format!(
+                        "no ethand daemon answers at {}",
+                        cfg.daemon.socket.display()
+                    )
+                })?;
             match resp {
                 api::Response::Ok(v) => {
                     if json {
@@ -156,12 +177,31 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
                 api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
             }
         }
-        Command::Snapshot { pid, json, window, duration } => snapshot(cfg, pid, json, window, duration).await,
+        Command::Snapshot {
+            pid,
+            json,
+            window,
+            duration,
+        } => snapshot(cfg, pid, json, window, duration).await,
     }
 }
 
-async fn snapshot(cfg: Config, pid: u32, json: bool, window: u64, duration: u64) -> anyhow::Result<u8> {
-    let tree: TreeSnapshot = match api::call(&cfg.daemon.socket, &api::Request::Snapshot { pid, window_s: window }).await {
+async fn snapshot(
+    cfg: Config,
+    pid: u32,
+    json: bool,
+    window: u64,
+    duration: u64,
+) -> anyhow::Result<u8> {
+    let tree: TreeSnapshot = match api::call(
+        &cfg.daemon.socket,
+        &api::Request::Snapshot {
+            pid,
+            window_s: window,
+        },
+    )
+    .await
+    {
         Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
         Ok(api::Response::NotFound(m)) => {
             eprintln!("ethand: {m}");
@@ -195,7 +235,11 @@ async fn snapshot(cfg: Config, pid: u32, json: bool, window: u64, duration: u64)
     Ok(0)
 }
 
-async fn standalone(cfg: &Config, pid: u32, duration: Duration) -> anyhow::Result<Option<TreeSnapshot>> {
+async fn standalone(
+    cfg: &Config,
+    pid: u32,
+    duration: Duration,
+) -> anyhow::Result<Option<TreeSnapshot>> {
     let mut engine = daemon::Engine::start(cfg)?;
     let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
     let t0 = std::time::Instant::now();

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use ethand_common::{
-    BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey,
-    SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
+    BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey,
+    SyscallKey, SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
 };
 use ethand_exporters::snapshot as snap;
 
@@ -90,14 +90,22 @@ impl ThreadAcc {
             let prev = self.current();
             self.base = prev;
             self.hist = [0; HIST_BUCKETS];
-            self.last = ThreadStats { runq_wait_hist: [0; HIST_BUCKETS], ..ThreadStats::default() };
+            self.last = ThreadStats {
+                runq_wait_hist: [0; HIST_BUCKETS],
+                ..ThreadStats::default()
+            };
         }
         for i in 0..HIST_BUCKETS {
-            self.hist[i] += u64::from(raw.runq_wait_hist[i].wrapping_sub(self.last.runq_wait_hist[i]));
+            self.hist[i] +=
+                u64::from(raw.runq_wait_hist[i].wrapping_sub(self.last.runq_wait_hist[i]));
         }
         self.last = *raw;
         self.exited = raw.flags & thread_flags::EXITED != 0;
-        self.exited_reads = if self.exited { self.exited_reads + 1 } else { 0 };
+        self.exited_reads = if self.exited {
+            self.exited_reads + 1
+        } else {
+            0
+        };
     }
 
     /// Totals of this thread: earlier incarnations plus the current entry.
@@ -218,11 +226,19 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(interval_ms: u64, history_seconds: u64, exit_grace_seconds: u64, max_processes: usize) -> Self {
+    pub fn new(
+        interval_ms: u64,
+        history_seconds: u64,
+        exit_grace_seconds: u64,
+        max_processes: usize,
+    ) -> Self {
         let (mono, boot) = procinfo::clocks_ns();
         let btime = std::fs::read_to_string("/proc/stat")
             .ok()
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok()))
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
+            })
             .unwrap_or(0);
         Self {
             procs: HashMap::new(),
@@ -271,8 +287,14 @@ impl Model {
         self.round += 1;
         let mut reclaim = Reclaim::default();
         for (tid, t) in &raw.threads {
-            let key = ProcKey { tgid: t.tgid, _pad0: 0, proc_start_ns: t.proc_start_ns };
-            let Some(p) = self.proc_mut(key) else { continue };
+            let key = ProcKey {
+                tgid: t.tgid,
+                _pad0: 0,
+                proc_start_ns: t.proc_start_ns,
+            };
+            let Some(p) = self.proc_mut(key) else {
+                continue;
+            };
             let acc = p.threads.entry(*tid).or_default();
             acc.update(t);
             // Deleted once seen exited twice: by then its final switch-out has been counted.
@@ -283,17 +305,29 @@ impl Model {
             }
         }
         for (k, v) in raw.syscalls {
-            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+            if let Some(p) = self.proc_mut(ProcKey {
+                tgid: k.tgid,
+                _pad0: 0,
+                proc_start_ns: k.proc_start_ns,
+            }) {
                 p.syscalls.insert(k.nr, v);
             }
         }
         for (k, v) in raw.syscall_hist {
-            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+            if let Some(p) = self.proc_mut(ProcKey {
+                tgid: k.tgid,
+                _pad0: 0,
+                proc_start_ns: k.proc_start_ns,
+            }) {
                 p.syscall_hist.insert(k.class, v);
             }
         }
         for (k, v) in raw.blk {
-            if let Some(p) = self.proc_mut(ProcKey { tgid: k.tgid, _pad0: 0, proc_start_ns: k.proc_start_ns }) {
+            if let Some(p) = self.proc_mut(ProcKey {
+                tgid: k.tgid,
+                _pad0: 0,
+                proc_start_ns: k.proc_start_ns,
+            }) {
                 p.blk.insert((k.dev, k.op), v);
             }
         }
@@ -307,8 +341,12 @@ impl Model {
         let check_liveness = self.round % 10 == 0;
         let round = self.round;
         if check_liveness {
-            let gone: Vec<ProcKey> =
-                self.procs.values().filter(|p| p.alive && !self.is_same_process_alive(p)).map(|p| p.key).collect();
+            let gone: Vec<ProcKey> = self
+                .procs
+                .values()
+                .filter(|p| p.alive && !self.is_same_process_alive(p))
+                .map(|p| p.key)
+                .collect();
             for k in gone {
                 let p = self.procs.get_mut(&k).expect("present");
                 p.alive = false;
@@ -319,7 +357,10 @@ impl Model {
         let expired: Vec<ProcKey> = self
             .procs
             .values()
-            .filter(|p| p.exited_round.is_some_and(|r| round.saturating_sub(r) >= grace))
+            .filter(|p| {
+                p.exited_round
+                    .is_some_and(|r| round.saturating_sub(r) >= grace)
+            })
             .map(|p| p.key)
             .collect();
         for k in expired {
@@ -328,7 +369,8 @@ impl Model {
                 reclaim.procs.push(k);
             }
         }
-        let point: HashMap<ProcKey, [u64; 10]> = self.procs.iter().map(|(k, p)| (*k, p.totals())).collect();
+        let point: HashMap<ProcKey, [u64; 10]> =
+            self.procs.iter().map(|(k, p)| (*k, p.totals())).collect();
         self.history.push_back((now_unix_ms, point));
         while self.history.len() > self.history_len {
             self.history.pop_front();
@@ -348,19 +390,28 @@ impl Model {
         if proc_start_ns == 0 {
             return true;
         }
-        let expected = (proc_start_ns + self.boot_minus_mono_ns) as u128 * self.clk_tck as u128 / 1_000_000_000;
+        let expected = (proc_start_ns + self.boot_minus_mono_ns) as u128 * self.clk_tck as u128
+            / 1_000_000_000;
         (expected as i128 - start_ticks as i128).abs() <= 2
     }
 
     fn refresh_meta(&mut self) {
-        let stale: Vec<ProcKey> = self.procs.values().filter(|p| p.meta_stale && p.alive).map(|p| p.key).collect();
+        let stale: Vec<ProcKey> = self
+            .procs
+            .values()
+            .filter(|p| p.meta_stale && p.alive)
+            .map(|p| p.key)
+            .collect();
         for k in stale {
-            let meta = procinfo::read(k.tgid).filter(|m| self.start_matches(k.proc_start_ns, m.start_ticks));
+            let meta = procinfo::read(k.tgid)
+                .filter(|m| self.start_matches(k.proc_start_ns, m.start_ticks));
             let p = self.procs.get_mut(&k).expect("present");
             p.meta_stale = false;
             match meta {
                 Some(m) => p.meta = Some(m),
-                None if p.meta.is_none() => p.alive = procinfo::exists(k.tgid) && p.key.proc_start_ns == 0,
+                None if p.meta.is_none() => {
+                    p.alive = procinfo::exists(k.tgid) && p.key.proc_start_ns == 0
+                }
                 None => {}
             }
         }
@@ -387,7 +438,11 @@ impl Model {
             .iter()
             .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
             .map(|(t, m)| (*t, m.get(key).copied().unwrap_or([0; 10])))?;
-        let d: Vec<u64> = cur.iter().zip(old).map(|(a, b)| a.saturating_sub(b)).collect();
+        let d: Vec<u64> = cur
+            .iter()
+            .zip(old)
+            .map(|(a, b)| a.saturating_sub(b))
+            .collect();
         Some(snap::WindowStats {
             duration_ms: now_ms - then_ms,
             oncpu_ns: d[0],
@@ -403,9 +458,18 @@ impl Model {
         })
     }
 
-    pub fn process_snapshot(&self, p: &Proc, window_ms: u64, devnames: &HashMap<u32, String>) -> snap::ProcessSnapshot {
+    pub fn process_snapshot(
+        &self,
+        p: &Proc,
+        window_ms: u64,
+        devnames: &HashMap<u32, String>,
+    ) -> snap::ProcessSnapshot {
         let meta = p.meta.clone().unwrap_or_default();
-        let comm = if meta.comm.is_empty() { p.comm_fallback.clone() } else { meta.comm.clone() };
+        let comm = if meta.comm.is_empty() {
+            p.comm_fallback.clone()
+        } else {
+            meta.comm.clone()
+        };
         let mut by_nr: Vec<snap::SyscallRow> = p
             .syscalls
             .iter()
@@ -427,7 +491,10 @@ impl Model {
                 .syscall_hist
                 .iter()
                 .map(|(c, h)| snap::SyscallClassHist {
-                    class: syscall_class::NAMES.get(*c as usize).unwrap_or(&"unknown").to_string(),
+                    class: syscall_class::NAMES
+                        .get(*c as usize)
+                        .unwrap_or(&"unknown")
+                        .to_string(),
                     count: h.iter().sum(),
                     buckets: h.to_vec(),
                 })
@@ -441,7 +508,10 @@ impl Model {
                 snap::BlockStats {
                     device_name: devnames.get(dev).cloned().unwrap_or_else(|| device.clone()),
                     device,
-                    op: blk_op::NAMES.get(*op as usize).unwrap_or(&"other").to_string(),
+                    op: blk_op::NAMES
+                        .get(*op as usize)
+                        .unwrap_or(&"other")
+                        .to_string(),
                     ops: b.ops,
                     bytes: b.bytes,
                     queue_ns: b.queue_ns,
@@ -456,7 +526,11 @@ impl Model {
             pid: p.key.tgid,
             ppid: meta.ppid,
             start_time_ns: p.key.proc_start_ns,
-            start_time_unix_s: if meta.start_ticks > 0 { self.btime_unix_s + meta.start_ticks / self.clk_tck } else { 0 },
+            start_time_unix_s: if meta.start_ticks > 0 {
+                self.btime_unix_s + meta.start_ticks / self.clk_tck
+            } else {
+                0
+            },
             comm,
             cmdline: meta.cmdline,
             exe: meta.exe,
@@ -500,19 +574,34 @@ pub fn dev_string(dev: u32) -> String {
 /// Block device names from /sys/class/block/*/dev, keyed by the tracepoint dev_t encoding.
 pub fn block_device_names() -> HashMap<u32, String> {
     let mut m = HashMap::new();
-    let Ok(rd) = std::fs::read_dir("/sys/class/block") else { return m };
+    let Ok(rd) = std::fs::read_dir("/sys/class/block") else {
+        return m;
+    };
     for e in rd.flatten() {
-        let Ok(t) = std::fs::read_to_string(e.path().join("dev")) else { continue };
-        let Some((maj, min)) = t.trim().split_once(':') else { continue };
-        let (Ok(maj), Ok(min)) = (maj.parse::<u32>(), min.parse::<u32>()) else { continue };
-        m.insert(maj << 20 | min, e.file_name().to_string_lossy().into_owned());
+        let Ok(t) = std::fs::read_to_string(e.path().join("dev")) else {
+            continue;
+        };
+        let Some((maj, min)) = t.trim().split_once(':') else {
+            continue;
+        };
+        let (Ok(maj), Ok(min)) = (maj.parse::<u32>(), min.parse::<u32>()) else {
+            continue;
+        };
+        m.insert(
+            maj << 20 | min,
+            e.file_name().to_string_lossy().into_owned(),
+        );
     }
     m
 }
 
 /// The tree rooted at `root`: root first, then descendants breadth-first (by ppid).
 pub fn tree_order(procs: &[snap::ProcessSnapshot], root: u32) -> Vec<usize> {
-    let Some(r) = procs.iter().position(|p| p.pid == root && p.alive).or_else(|| procs.iter().position(|p| p.pid == root)) else {
+    let Some(r) = procs
+        .iter()
+        .position(|p| p.pid == root && p.alive)
+        .or_else(|| procs.iter().position(|p| p.pid == root))
+    else {
         return Vec::new();
     };
     let mut out = vec![r];
@@ -521,7 +610,11 @@ pub fn tree_order(procs: &[snap::ProcessSnapshot], root: u32) -> Vec<usize> {
         let parent = &procs[out[i]];
         for (j, p) in procs.iter().enumerate() {
             // A child started after its parent (guards against pid reuse of the parent).
-            if p.ppid == parent.pid && j != out[i] && !out.contains(&j) && p.start_time_ns >= parent.start_time_ns {
+            if p.ppid == parent.pid
+                && j != out[i]
+                && !out.contains(&j)
+                && p.start_time_ns >= parent.start_time_ns
+            {
                 out.push(j);
             }
         }
@@ -535,7 +628,13 @@ mod tests {
     use super::*;
 
     fn th(oncpu: u64, vol: u64, h0: u32) -> ThreadStats {
-        let mut t = ThreadStats { tgid: 10, proc_start_ns: 5, oncpu_ns: oncpu, voluntary_switches: vol, ..Default::default() };
+        let mut t = ThreadStats {
+            tgid: 10,
+            proc_start_ns: 5,
+            oncpu_ns: oncpu,
+            voluntary_switches: vol,
+            ..Default::default()
+        };
         t.runq_wait_hist[3] = h0;
         t
     }
@@ -582,13 +681,43 @@ mod tests {
         b.proc_start_ns = 222; // same tgid 10, later start: a different process
         raw.threads = vec![(10, a), (11, b)];
         raw.syscalls = vec![
-            (SyscallKey { tgid: 10, nr: 39, proc_start_ns: 111 }, RawSys { count: 3, errors: 0, time_ns: 30 }),
-            (SyscallKey { tgid: 10, nr: 39, proc_start_ns: 222 }, RawSys { count: 4, errors: 1, time_ns: 40 }),
+            (
+                SyscallKey {
+                    tgid: 10,
+                    nr: 39,
+                    proc_start_ns: 111,
+                },
+                RawSys {
+                    count: 3,
+                    errors: 0,
+                    time_ns: 30,
+                },
+            ),
+            (
+                SyscallKey {
+                    tgid: 10,
+                    nr: 39,
+                    proc_start_ns: 222,
+                },
+                RawSys {
+                    count: 4,
+                    errors: 1,
+                    time_ns: 40,
+                },
+            ),
         ];
         m.ingest(raw, 0);
         assert_eq!(m.procs.len(), 2);
-        let pa = &m.procs[&ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 111 }];
-        let pb = &m.procs[&ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 222 }];
+        let pa = &m.procs[&ProcKey {
+            tgid: 10,
+            _pad0: 0,
+            proc_start_ns: 111,
+        }];
+        let pb = &m.procs[&ProcKey {
+            tgid: 10,
+            _pad0: 0,
+            proc_start_ns: 222,
+        }];
         assert_eq!(pa.sched().oncpu_ns, 500);
         assert_eq!(pb.sched().oncpu_ns, 700);
         assert_eq!(pa.syscalls[&39].count, 3);
@@ -598,14 +727,39 @@ mod tests {
     #[test]
     fn exited_thread_folds_into_process_and_is_reclaimed() {
         let mut m = Model::new(1000, 60, 30, 100);
-        let key = ProcKey { tgid: 10, _pad0: 0, proc_start_ns: 5 };
+        let key = ProcKey {
+            tgid: 10,
+            _pad0: 0,
+            proc_start_ns: 5,
+        };
         let mut t = th(900, 4, 2);
-        m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 0);
+        m.ingest(
+            RawRead {
+                threads: vec![(12, t)],
+                ..Default::default()
+            },
+            0,
+        );
         t.flags = thread_flags::EXITED;
         t.oncpu_ns = 950;
-        let r1 = m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 1000);
-        assert!(r1.threads.is_empty(), "kept one more round for the final switch-out");
-        let r2 = m.ingest(RawRead { threads: vec![(12, t)], ..Default::default() }, 2000);
+        let r1 = m.ingest(
+            RawRead {
+                threads: vec![(12, t)],
+                ..Default::default()
+            },
+            1000,
+        );
+        assert!(
+            r1.threads.is_empty(),
+            "kept one more round for the final switch-out"
+        );
+        let r2 = m.ingest(
+            RawRead {
+                threads: vec![(12, t)],
+                ..Default::default()
+            },
+            2000,
+        );
         assert_eq!(r2.threads, vec![(12, key)]);
         let p = &m.procs[&key];
         assert!(p.threads.is_empty());
@@ -618,8 +772,22 @@ mod tests {
         let mut m = Model::new(1000, 60, 30, 1);
         let raw = RawRead {
             net: vec![
-                (ProcKey { tgid: 1, _pad0: 0, proc_start_ns: 1 }, RawNet::default()),
-                (ProcKey { tgid: 2, _pad0: 0, proc_start_ns: 2 }, RawNet::default()),
+                (
+                    ProcKey {
+                        tgid: 1,
+                        _pad0: 0,
+                        proc_start_ns: 1,
+                    },
+                    RawNet::default(),
+                ),
+                (
+                    ProcKey {
+                        tgid: 2,
+                        _pad0: 0,
+                        proc_start_ns: 2,
+                    },
+                    RawNet::default(),
+                ),
             ],
             ..Default::default()
         };

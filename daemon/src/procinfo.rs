@@ -28,7 +28,10 @@ pub fn parse_stat(text: &str) -> Option<(String, u32, u64)> {
 
 /// The cgroup v2 path from /proc/PID/cgroup (the "0::" line).
 pub fn parse_cgroup(text: &str) -> String {
-    text.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("").to_string()
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("")
+        .to_string()
 }
 
 pub fn parse_uid(status: &str) -> u32 {
@@ -45,17 +48,36 @@ pub fn read(pid: u32) -> Option<ProcMeta> {
     let (comm, ppid, start_ticks) = parse_stat(&String::from_utf8_lossy(&stat))?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| {
-            b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+            b.split(|c| *c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
         })
         .unwrap_or_default();
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|t| parse_cgroup(&t)).unwrap_or_default();
-    let uid = fs::read_to_string(format!("/proc/{pid}/status")).map(|t| parse_uid(&t)).unwrap_or(u32::MAX);
-    Some(ProcMeta { ppid, comm, cmdline, exe, cgroup, uid, start_ticks })
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| parse_cgroup(&t))
+        .unwrap_or_default();
+    let uid = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|t| parse_uid(&t))
+        .unwrap_or(u32::MAX);
+    Some(ProcMeta {
+        ppid,
+        comm,
+        cmdline,
+        exe,
+        cgroup,
+        uid,
+        start_ticks,
+    })
 }
 
 pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 pub fn exists(pid: u32) -> bool {
@@ -71,7 +93,10 @@ pub fn clock_ticks() -> u64 {
 /// CLOCK_MONOTONIC and CLOCK_BOOTTIME now, in ns.
 pub fn clocks_ns() -> (u64, u64) {
     let get = |id| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: valid pointer to a timespec.
         unsafe { libc::clock_gettime(id, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -15,35 +15,96 @@ fn bytes(b: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
 }
 
 /// Printable form of a name that may hold control characters or invalid UTF-8 remnants.
 pub fn clean(s: &str) -> String {
-    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 pub fn status(s: &SelfStatus) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "ethand {} (pid {}), cpu {:.2}s, rss {}", s.version, s.pid, s.cpu_seconds, bytes(s.rss_bytes));
-    let _ = writeln!(o, "tracked processes: {} (overflow {})", s.tracked_processes, s.processes_overflow);
-    let _ = writeln!(o, "\nPROBE                 STATE        ATTACHED TO                         DETAIL");
+    let _ = writeln!(
+        o,
+        "ethand {} (pid {}), cpu {:.2}s, rss {}",
+        s.version,
+        s.pid,
+        s.cpu_seconds,
+        bytes(s.rss_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "tracked processes: {} (overflow {})",
+        s.tracked_processes, s.processes_overflow
+    );
+    let _ = writeln!(
+        o,
+        "\nPROBE                 STATE        ATTACHED TO                         DETAIL"
+    );
     for p in &s.probes {
-        let _ = writeln!(o, "{:<21} {:<12} {:<35} {}", p.name, p.state.as_str(), p.attach_point, p.detail);
+        let _ = writeln!(
+            o,
+            "{:<21} {:<12} {:<35} {}",
+            p.name,
+            p.state.as_str(),
+            p.attach_point,
+            p.detail
+        );
     }
     let _ = writeln!(o, "\nMAP            ENTRIES   CAPACITY  FILL");
     for m in &s.maps {
-        let fill = if m.capacity > 0 { 100.0 * m.entries as f64 / m.capacity as f64 } else { 0.0 };
-        let _ = writeln!(o, "{:<14} {:>8} {:>10} {:>5.1}%", m.name, m.entries, m.capacity, fill);
+        let fill = if m.capacity > 0 {
+            100.0 * m.entries as f64 / m.capacity as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            o,
+            "{:<14} {:>8} {:>10} {:>5.1}%",
+            m.name, m.entries, m.capacity, fill
+        );
     }
-    let _ = writeln!(o, "\nPROGRAM                  RUNS        TOTAL      AVG/RUN");
+    let _ = writeln!(
+        o,
+        "\nPROGRAM                  RUNS        TOTAL      AVG/RUN"
+    );
     for p in &s.programs {
-        let avg = if p.run_count > 0 { p.run_time_ns / p.run_count } else { 0 };
-        let _ = writeln!(o, "{:<22} {:>10} {:>12} {:>9} ns", p.name, p.run_count, secs(p.run_time_ns), avg);
+        let avg = if p.run_count > 0 {
+            p.run_time_ns / p.run_count
+        } else {
+            0
+        };
+        let _ = writeln!(
+            o,
+            "{:<22} {:>10} {:>12} {:>9} ns",
+            p.name,
+            p.run_count,
+            secs(p.run_time_ns),
+            avg
+        );
     }
     let _ = writeln!(o, "\nDROPPED / UNMATCHED EVENTS");
     for d in &s.dropped {
-        let _ = writeln!(o, "{:<26} {:>10}{}", d.reason, d.count, if d.loss { "" } else { "  (informational)" });
+        let _ = writeln!(
+            o,
+            "{:<26} {:>10}{}",
+            d.reason,
+            d.count,
+            if d.loss { "" } else { "  (informational)" }
+        );
     }
     o
 }
@@ -76,9 +137,18 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     let what = if t.source == "daemon" {
         "totals since ethand first saw each process".to_string()
     } else {
-        format!("measured for {:.1}s by a standalone ethand (no daemon running)", t.measured_ms as f64 / 1000.0)
+        format!(
+            "measured for {:.1}s by a standalone ethand (no daemon running)",
+            t.measured_ms as f64 / 1000.0
+        )
     };
-    let _ = writeln!(o, "process tree of {} ({}) — {}", root.pid, clean(&root.comm), what);
+    let _ = writeln!(
+        o,
+        "process tree of {} ({}) — {}",
+        root.pid,
+        clean(&root.comm),
+        what
+    );
     let _ = writeln!(o, "cmdline: {}", clean(&root.cmdline.join(" ")));
     let _ = writeln!(o, "cgroup: {}\n", clean(&root.cgroup));
     for p in &t.processes {
@@ -95,7 +165,13 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         secs(tt.sched.offcpu_preempted_ns),
         secs(tt.sched.runq_wait_ns)
     );
-    let _ = writeln!(o, "syscalls {} ({} errors) taking {}", tt.syscalls, tt.syscall_errors, secs(tt.syscall_time_ns));
+    let _ = writeln!(
+        o,
+        "syscalls {} ({} errors) taking {}",
+        tt.syscalls,
+        tt.syscall_errors,
+        secs(tt.syscall_time_ns)
+    );
     let _ = writeln!(
         o,
         "disk: read {} in {} ops, written {} in {} ops",
@@ -118,17 +194,47 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         n.tcp_resets_sent,
         n.tcp_resets_received
     );
-    let mut rows: Vec<_> = t.processes.iter().flat_map(|p| p.syscalls.by_nr.iter().map(move |r| (p.pid, r))).collect();
+    let mut rows: Vec<_> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.syscalls.by_nr.iter().map(move |r| (p.pid, r)))
+        .collect();
     rows.sort_by(|a, b| b.1.time_ns.cmp(&a.1.time_ns));
-    let _ = writeln!(o, "\nTOP SYSCALLS BY TIME\n  PID     SYSCALL              COUNT     ERRORS        TIME");
+    let _ = writeln!(
+        o,
+        "\nTOP SYSCALLS BY TIME\n  PID     SYSCALL              COUNT     ERRORS        TIME"
+    );
     for (pid, r) in rows.iter().take(10) {
-        let _ = writeln!(o, "  {:<7} {:<18} {:>9} {:>10} {:>11}", pid, r.name, r.count, r.errors, secs(r.time_ns));
+        let _ = writeln!(
+            o,
+            "  {:<7} {:<18} {:>9} {:>10} {:>11}",
+            pid,
+            r.name,
+            r.count,
+            r.errors,
+            secs(r.time_ns)
+        );
     }
-    let mut threads: Vec<_> = t.processes.iter().flat_map(|p| p.threads.iter().map(move |th| (p.pid, th))).collect();
+    let mut threads: Vec<_> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(move |th| (p.pid, th)))
+        .collect();
     threads.sort_by(|a, b| b.1.sched.oncpu_ns.cmp(&a.1.sched.oncpu_ns));
-    let _ = writeln!(o, "\nTOP THREADS BY CPU\n  PID     TID     COMM                   CPU        RUNQ");
+    let _ = writeln!(
+        o,
+        "\nTOP THREADS BY CPU\n  PID     TID     COMM                   CPU        RUNQ"
+    );
     for (pid, th) in threads.iter().take(8) {
-        let _ = writeln!(o, "  {:<7} {:<7} {:<16} {:>11} {:>11}", pid, th.tid, clean(&th.comm), secs(th.sched.oncpu_ns), secs(th.sched.runq_wait_ns));
+        let _ = writeln!(
+            o,
+            "  {:<7} {:<7} {:<16} {:>11} {:>11}",
+            pid,
+            th.tid,
+            clean(&th.comm),
+            secs(th.sched.oncpu_ns),
+            secs(th.sched.runq_wait_ns)
+        );
     }
     o
 }

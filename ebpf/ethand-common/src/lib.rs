@@ -37,8 +37,16 @@ pub mod syscall_class {
     pub const NET: u8 = 7;
     /// Number of classes including NONE.
     pub const COUNT: usize = 8;
-    pub const NAMES: [&str; COUNT] =
-        ["none", "read_write", "futex", "poll", "sleep", "io_uring", "open_close_sync", "net"];
+    pub const NAMES: [&str; COUNT] = [
+        "none",
+        "read_write",
+        "futex",
+        "poll",
+        "sleep",
+        "io_uring",
+        "open_close_sync",
+        "net",
+    ];
 }
 
 /// Block operation kinds in [`BlkKey::op`].
@@ -92,7 +100,8 @@ pub mod counter {
         "blk_complete_unmatched",
     ];
     /// Which of the above mean lost data (the rest are informational).
-    pub const IS_LOSS: [bool; COUNT as usize] = [true, true, true, true, true, true, true, false, false];
+    pub const IS_LOSS: [bool; COUNT as usize] =
+        [true, true, true, true, true, true, true, false, false];
 }
 
 /// Per-thread scheduler state and counters. Key: tid (u32). Written only from the CPU the
@@ -183,7 +192,9 @@ pub struct Hist {
 
 impl Default for Hist {
     fn default() -> Self {
-        Self { buckets: [0; HIST_BUCKETS] }
+        Self {
+            buckets: [0; HIST_BUCKETS],
+        }
     }
 }
 
@@ -375,7 +386,11 @@ pub fn log2_bucket(v: u64) -> usize {
         return 0;
     }
     let b = 63 - v.leading_zeros() as usize;
-    if b >= HIST_BUCKETS { HIST_BUCKETS - 1 } else { b }
+    if b >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        b
+    }
 }
 
 #[cfg(feature = "user")]

@@ -4,14 +4,20 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use ethand_common::{BlkKey, BlkReqKey, BlkReqState, HIST_BUCKETS, blk_op, counter, log2_bucket};
 
-use crate::maps::{BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, bump, current_ctx, get_or_insert};
+use crate::maps::{
+    BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, bump, current_ctx, get_or_insert,
+};
 use crate::tpoff;
 
 #[inline(always)]
 fn req_key(ctx: &TracePointContext, dev_off: usize, sector_off: usize) -> BlkReqKey {
     let dev: u32 = unsafe { ctx.read_at(dev_off) }.unwrap_or(0);
     let sector: u64 = unsafe { ctx.read_at(sector_off) }.unwrap_or(0);
-    BlkReqKey { dev, _pad0: 0, sector }
+    BlkReqKey {
+        dev,
+        _pad0: 0,
+        sector,
+    }
 }
 
 /// The submitter creates the request (block_io_start; block_rq_insert on older kernels).
@@ -42,7 +48,13 @@ pub fn block_issue(ctx: TracePointContext) -> u32 {
     }
     // Not seen at start (e.g. a flush, or started before attach): charge whoever issues it.
     let Some(c) = current_ctx() else { return 0 };
-    let st = BlkReqState { tgid: c.tgid, _pad0: 0, proc_start_ns: c.proc_start_ns, start_ns: now, issue_ns: now };
+    let st = BlkReqState {
+        tgid: c.tgid,
+        _pad0: 0,
+        proc_start_ns: c.proc_start_ns,
+        start_ns: now,
+        issue_ns: now,
+    };
     if BLK_INFLIGHT.insert(&key, &st, 0).is_err() {
         bump(counter::BLK_INFLIGHT_FULL);
     }
@@ -62,10 +74,20 @@ pub fn block_complete(ctx: TracePointContext) -> u32 {
     let nr_sector: u32 = unsafe { ctx.read_at(tpoff!(blk_complete_nr_sector)) }.unwrap_or(0);
     let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_complete_rwbs)) }.unwrap_or([0; 8]);
     let op = op_of(&rwbs);
-    let issue = if st.issue_ns != 0 { st.issue_ns } else { st.start_ns };
+    let issue = if st.issue_ns != 0 {
+        st.issue_ns
+    } else {
+        st.start_ns
+    };
     let queue = issue.saturating_sub(st.start_ns);
     let service = now.saturating_sub(issue);
-    let skey = BlkKey { dev: key.dev, tgid: st.tgid, proc_start_ns: st.proc_start_ns, op, _pad0: 0 };
+    let skey = BlkKey {
+        dev: key.dev,
+        tgid: st.tgid,
+        proc_start_ns: st.proc_start_ns,
+        op,
+        _pad0: 0,
+    };
     let Some(s) = get_or_insert(&BLK_STATS, &skey, &ZERO_BLK_STATS, counter::BLK_STATS_FULL) else {
         return 0;
     };

@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use ethand_common::{LifecycleEvent, counter, lifecycle_kind, thread_flags};
 
-use crate::{koff, tpoff};
 use crate::maps::{LIFECYCLE, THREADS, bump, current_ctx, proc_start_of, read_u32};
+use crate::{koff, tpoff};
 
 #[inline(always)]
 fn emit(kind: u32, tgid: u32, ppid: u32, proc_start_ns: u64) {
@@ -37,7 +37,12 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     if pid != read_u32(child, koff!(task_tgid)) {
         return 0; // a new thread, not a new process
     }
-    emit(lifecycle_kind::FORK, pid, read_u32(parent, koff!(task_tgid)), proc_start_of(child));
+    emit(
+        lifecycle_kind::FORK,
+        pid,
+        read_u32(parent, koff!(task_tgid)),
+        proc_start_of(child),
+    );
     0
 }
 

@@ -5,9 +5,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, NO_SYSCALL, NetStats,
-    ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats, TracepointOffsets,
-    counter, MAX_SYSCALL_NR,
+    BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, MAX_SYSCALL_NR,
+    NO_SYSCALL, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
+    TracepointOffsets, counter,
 };
 
 /// Kernel struct offsets (from BTF); set by the loader.
@@ -86,7 +86,9 @@ pub static ZERO_BLK_STATS: BlkStats = BlkStats {
     queue_hist: [0; ethand_common::HIST_BUCKETS],
     service_hist: [0; ethand_common::HIST_BUCKETS],
 };
-pub static ZERO_HIST: Hist = Hist { buckets: [0; ethand_common::HIST_BUCKETS] };
+pub static ZERO_HIST: Hist = Hist {
+    buckets: [0; ethand_common::HIST_BUCKETS],
+};
 
 #[map]
 pub static CPU_CTX: PerCpuArray<CpuCtx> = PerCpuArray::with_max_entries(1, 0);
@@ -129,7 +131,9 @@ pub fn atomic_add(p: *mut u64, v: u64) {
     // The BPF target has no atomic CAS, so core's AtomicU64::fetch_add is unavailable; the
     // intrinsic lowers to BPF's atomic add.
     unsafe {
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v)
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            p, v,
+        )
     };
 }
 
@@ -137,12 +141,14 @@ pub fn atomic_add(p: *mut u64, v: u64) {
 #[inline(always)]
 pub fn proc_start_of(task: *const u8) -> u64 {
     unsafe {
-        let leader: *const u8 =
-            match bpf_probe_read_kernel(task.add(koff!(task_group_leader) as usize) as *const *const u8) {
-                Ok(p) => p,
-                Err(_) => return 0,
-            };
-        bpf_probe_read_kernel(leader.add(koff!(task_start_time) as usize) as *const u64).unwrap_or(0)
+        let leader: *const u8 = match bpf_probe_read_kernel(
+            task.add(koff!(task_group_leader) as usize) as *const *const u8,
+        ) {
+            Ok(p) => p,
+            Err(_) => return 0,
+        };
+        bpf_probe_read_kernel(leader.add(koff!(task_start_time) as usize) as *const u64)
+            .unwrap_or(0)
     }
 }
 
@@ -170,7 +176,11 @@ pub fn current_ctx() -> Option<&'static mut CpuCtx> {
 
 #[inline(always)]
 pub fn proc_key(ctx: &CpuCtx) -> ProcKey {
-    ProcKey { tgid: ctx.tgid, _pad0: 0, proc_start_ns: ctx.proc_start_ns }
+    ProcKey {
+        tgid: ctx.tgid,
+        _pad0: 0,
+        proc_start_ns: ctx.proc_start_ns,
+    }
 }
 
 /// Looks `key` up, inserting `init` first when absent. `full` is the counter bumped when the

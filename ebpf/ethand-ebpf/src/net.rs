@@ -16,7 +16,12 @@ const TCP_LISTEN: i32 = 10;
 
 #[inline(always)]
 fn stats(key: &ProcKey) -> Option<*mut NetStats> {
-    get_or_insert(&NET_STATS, key, &NetStats::default(), counter::NET_STATS_FULL)
+    get_or_insert(
+        &NET_STATS,
+        key,
+        &NetStats::default(),
+        counter::NET_STATS_FULL,
+    )
 }
 
 #[inline(always)]
@@ -78,7 +83,9 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         }
         return 0;
     }
-    let Some(owner) = (unsafe { SOCK_OWNER.get(&sk) }).copied() else { return 0 };
+    let Some(owner) = (unsafe { SOCK_OWNER.get(&sk) }).copied() else {
+        return 0;
+    };
     if new == TCP_ESTABLISHED && old == TCP_SYN_SENT {
         if let Some(s) = stats(&owner) {
             atomic_add(unsafe { &raw mut (*s).tcp_active_opens }, 1);
@@ -100,7 +107,9 @@ fn count_owned(ctx: &TracePointContext, sk_off: usize, field: fn(*mut NetStats) 
     if sk == 0 {
         return;
     }
-    let Some(owner) = (unsafe { SOCK_OWNER.get(&sk) }).copied() else { return };
+    let Some(owner) = (unsafe { SOCK_OWNER.get(&sk) }).copied() else {
+        return;
+    };
     if let Some(s) = stats(&owner) {
         atomic_add(field(s), 1);
     }
@@ -108,18 +117,24 @@ fn count_owned(ctx: &TracePointContext, sk_off: usize, field: fn(*mut NetStats) 
 
 #[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
 pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
-    count_owned(&ctx, tpoff!(tcp_retransmit_skaddr), |s| unsafe { &raw mut (*s).tcp_retransmits });
+    count_owned(&ctx, tpoff!(tcp_retransmit_skaddr), |s| unsafe {
+        &raw mut (*s).tcp_retransmits
+    });
     0
 }
 
 #[tracepoint(category = "tcp", name = "tcp_send_reset")]
 pub fn tcp_send_reset(ctx: TracePointContext) -> u32 {
-    count_owned(&ctx, tpoff!(tcp_send_reset_skaddr), |s| unsafe { &raw mut (*s).tcp_resets_sent });
+    count_owned(&ctx, tpoff!(tcp_send_reset_skaddr), |s| unsafe {
+        &raw mut (*s).tcp_resets_sent
+    });
     0
 }
 
 #[tracepoint(category = "tcp", name = "tcp_receive_reset")]
 pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
-    count_owned(&ctx, tpoff!(tcp_receive_reset_skaddr), |s| unsafe { &raw mut (*s).tcp_resets_received });
+    count_owned(&ctx, tpoff!(tcp_receive_reset_skaddr), |s| unsafe {
+        &raw mut (*s).tcp_resets_received
+    });
     0
 }

@@ -6,7 +6,7 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use ethand_common::{NO_SYSCALL, ThreadStats, counter, log2_bucket, thread_flags, HIST_BUCKETS};
+use ethand_common::{HIST_BUCKETS, NO_SYSCALL, ThreadStats, counter, log2_bucket, thread_flags};
 
 use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, bump, proc_start_of, read_u32};
 use crate::{koff, tpoff};
@@ -84,7 +84,9 @@ fn on_wakeup(tid: u32) {
 #[inline(always)]
 fn on_switch(next_tid: u32, voluntary: bool) {
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(cpu) = CPU_CTX.get_ptr_mut(0) else { return };
+    let Some(cpu) = CPU_CTX.get_ptr_mut(0) else {
+        return;
+    };
     let cpu = unsafe { &mut *cpu };
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
@@ -140,13 +142,19 @@ fn on_switch(next_tid: u32, voluntary: bool) {
     if next_tid == 0 {
         return;
     }
-    let Some(t) = THREADS.get_ptr_mut(&next_tid) else { return };
+    let Some(t) = THREADS.get_ptr_mut(&next_tid) else {
+        return;
+    };
     let t = unsafe { &mut *t };
     if t.switch_out_ns != 0 && now > t.switch_out_ns {
         let off = now - t.switch_out_ns;
         let wait = if t.flags & thread_flags::BLOCKED != 0 {
             t.offcpu_blocked_ns += off;
-            if t.wakeup_ns != 0 && now >= t.wakeup_ns { Some(now - t.wakeup_ns) } else { None }
+            if t.wakeup_ns != 0 && now >= t.wakeup_ns {
+                Some(now - t.wakeup_ns)
+            } else {
+                None
+            }
         } else {
             t.offcpu_preempted_ns += off;
             Some(off)
@@ -154,7 +162,10 @@ fn on_switch(next_tid: u32, voluntary: bool) {
         if let Some(wait) = wait {
             t.runq_wait_ns += wait;
             let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
-            unsafe { *t.runq_wait_hist.get_unchecked_mut(b) = t.runq_wait_hist.get_unchecked(b).wrapping_add(1) };
+            unsafe {
+                *t.runq_wait_hist.get_unchecked_mut(b) =
+                    t.runq_wait_hist.get_unchecked(b).wrapping_add(1)
+            };
         }
     }
     t.switch_in_ns = now;

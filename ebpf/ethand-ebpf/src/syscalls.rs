@@ -8,11 +8,13 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use ethand_common::{
-    HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, SyscallHistKey, SyscallKey, SyscallStats,
-    counter, log2_bucket,
+    HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, SyscallHistKey, SyscallKey, SyscallStats, counter,
+    log2_bucket,
 };
 
-use crate::maps::{SYSCALL_CLASS, SYSCALL_HIST, SYSCALLS, ZERO_HIST, atomic_add, bump, current_ctx, get_or_insert};
+use crate::maps::{
+    SYSCALL_CLASS, SYSCALL_HIST, SYSCALLS, ZERO_HIST, atomic_add, bump, current_ctx, get_or_insert,
+};
 use crate::{koff, tpoff};
 
 #[btf_tracepoint(function = "sys_enter")]
@@ -74,8 +76,17 @@ fn on_exit(nr: i64, ret: i64) {
     }
     ctx.sys_nr = NO_SYSCALL;
     let dur = now.saturating_sub(ctx.sys_start_ns);
-    let key = SyscallKey { tgid: ctx.tgid, nr: nr as u32, proc_start_ns: ctx.proc_start_ns };
-    if let Some(s) = get_or_insert(&SYSCALLS, &key, &SyscallStats::default(), counter::SYSCALLS_FULL) {
+    let key = SyscallKey {
+        tgid: ctx.tgid,
+        nr: nr as u32,
+        proc_start_ns: ctx.proc_start_ns,
+    };
+    if let Some(s) = get_or_insert(
+        &SYSCALLS,
+        &key,
+        &SyscallStats::default(),
+        counter::SYSCALLS_FULL,
+    ) {
         unsafe {
             atomic_add(&raw mut (*s).count, 1);
             atomic_add(&raw mut (*s).time_ns, dur);
@@ -91,7 +102,11 @@ fn on_exit(nr: i64, ret: i64) {
     if class == 0 {
         return;
     }
-    let hkey = SyscallHistKey { tgid: ctx.tgid, class, proc_start_ns: ctx.proc_start_ns };
+    let hkey = SyscallHistKey {
+        tgid: ctx.tgid,
+        class,
+        proc_start_ns: ctx.proc_start_ns,
+    };
     if let Some(h) = get_or_insert(&SYSCALL_HIST, &hkey, &ZERO_HIST, counter::SYSCALL_HIST_FULL) {
         let b = log2_bucket(dur) & (HIST_BUCKETS - 1);
         unsafe { atomic_add((*h).buckets.as_mut_ptr().add(b), 1) };

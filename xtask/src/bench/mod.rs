@@ -49,7 +49,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Mode::ALL)]
     modes: Vec<Mode>,
     /// Directory of the O_DIRECT test file; must be on a block device (not tmpfs).
-    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
+    #[arg(long, value_name = "DIR", default_value = workloads::DEFAULT_IO_DIR)]
     io_dir: PathBuf,
 }
 

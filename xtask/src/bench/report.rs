@@ -319,7 +319,7 @@ impl Report<'_> {
             .collect()
     }
 
-    /// The table and the targets, aligned for a terminal.
+    /// The table, the TCP throughput and the targets, aligned for a terminal.
     pub fn text(&self) -> String {
         let rows = self.rows();
         let width = |i: usize| {
@@ -349,7 +349,10 @@ impl Report<'_> {
         for row in &rows {
             out += &line(row);
         }
-        out += "\n";
+        out += &format!(
+            "\nloopback TCP throughput (median): {}\n\n",
+            self.throughput()
+        );
         for t in self.target_lines() {
             out += &t;
             out += "\n";

@@ -17,6 +17,9 @@ use std::{hint, io, mem, process, thread};
 use anyhow::{Context, Result, bail, ensure};
 use clap::ValueEnum;
 
+/// Where the O_DIRECT file goes unless told otherwise: on Debian, disk-backed (unlike /tmp,
+/// which may be tmpfs).
+pub const DEFAULT_IO_DIR: &str = "/var/tmp";
 /// Block size of the O_DIRECT loop.
 const IO_BLOCK: usize = 4096;
 /// Blocks in the O_DIRECT file (8 MiB): written once before the timed loop, so the loop only
@@ -205,7 +208,7 @@ pub struct WorkloadArgs {
     #[arg(long)]
     iters: u64,
     /// Directory of the O_DIRECT file: a real block-backed file system (not tmpfs).
-    #[arg(long, default_value = "/var/tmp")]
+    #[arg(long, default_value = DEFAULT_IO_DIR)]
     io_dir: PathBuf,
 }
 

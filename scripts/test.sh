@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets up what is missing, builds, and runs every test (unit, BPF and end-to-end).
+# Needs root: the end-to-end tests load ethand's BPF programs for real.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --tests
+export PATH="$HOME/.cargo/bin:$PATH"
+echo "[test] building ethand (release)" >&2
+cargo build --release --locked -p ethand
+echo "[test] cargo test (release)" >&2
+cargo test --release --locked
