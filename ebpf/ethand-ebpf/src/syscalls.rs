@@ -3,7 +3,7 @@
 //! syscall rides with the thread across CPUs through the scheduler programs); exit does one
 //! hash lookup per syscall, plus one for the blocking classes.
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -33,13 +33,10 @@ pub fn sys_enter_tp(ctx: TracePointContext) -> u32 {
 
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit_btf(ctx: BtfTracePointContext) -> i32 {
-    let regs: *const u8 = ctx.arg(0);
+    // The syscall number comes from the entry (CPU_CTX): entry and exit of one thread always
+    // pair, so reading it again from pt_regs would only cost a probe_read.
     let ret: i64 = ctx.arg(1);
-    let nr: i64 = unsafe {
-        bpf_probe_read_kernel(regs.add(koff!(pt_regs_syscall_nr) as usize) as *const i64)
-    }
-    .unwrap_or(-1);
-    on_exit(nr, ret);
+    on_exit(None, ret);
     0
 }
 
@@ -47,7 +44,7 @@ pub fn sys_exit_btf(ctx: BtfTracePointContext) -> i32 {
 pub fn sys_exit_tp(ctx: TracePointContext) -> u32 {
     let nr: i64 = unsafe { ctx.read_at(tpoff!(sys_exit_id)) }.unwrap_or(-1);
     let ret: i64 = unsafe { ctx.read_at(tpoff!(sys_exit_ret)) }.unwrap_or(0);
-    on_exit(nr, ret);
+    on_exit(Some(nr), ret);
     0
 }
 
@@ -62,18 +59,19 @@ fn on_enter(id: i64) {
 }
 
 #[inline(always)]
-fn on_exit(nr: i64, ret: i64) {
-    // -1: not a real syscall return (e.g. the uretprobe trampoline).
-    if nr < 0 || nr >= MAX_SYSCALL_NR as i64 {
+fn on_exit(nr: Option<i64>, ret: i64) {
+    // nr -1: not a real syscall return (the uretprobe trampoline, whose entry was skipped).
+    if nr.is_some_and(|nr| nr < 0 || nr >= MAX_SYSCALL_NR as i64) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(ctx) = current_ctx() else { return };
-    if ctx.sys_nr != nr as u32 {
-        // Entered before ethand attached (or the entry was lost): not counted.
+    if ctx.sys_nr == NO_SYSCALL || nr.is_some_and(|nr| ctx.sys_nr != nr as u32) {
+        // Entered before ethand attached, or a skipped entry (uretprobe trampoline).
         bump(counter::SYSCALL_EXIT_UNMATCHED);
         return;
     }
+    let nr = ctx.sys_nr as i64;
     ctx.sys_nr = NO_SYSCALL;
     let dur = now.saturating_sub(ctx.sys_start_ns);
     let key = SyscallKey {
