@@ -1,6 +1,10 @@
 //! Reads the kernel maps into a [`RawRead`], drains lifecycle events, deletes what the model
 //! reclaimed, and measures ethand's own cost. The only code that touches BPF maps.
-use std::{collections::HashMap, os::fd::OwnedFd};
+use std::{
+    collections::HashMap,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
 
 use aya::{
     Ebpf,
@@ -14,7 +18,7 @@ use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
 use crate::{
-    config::Config,
+    config::{BpfStatsMode, Config},
     model::{Model, RawRead, Reclaim},
     syscalls_table,
 };
@@ -40,8 +44,79 @@ pub struct Collector {
     lifecycle: RingBuf<MapData>,
     capacity: HashMap<&'static str, u64>,
     pub fills: Vec<MapFill>,
-    /// Keeps the kernel's BPF run-time statistics on while ethand runs.
-    _stats: Option<OwnedFd>,
+    pub stats: BpfStats,
+}
+
+/// Turns the kernel's BPF run-time statistics on and off (daemon.bpf_stats): they cost about
+/// 100 ns per program run while on.
+pub struct BpfStats {
+    pub mode: BpfStatsMode,
+    window: Duration,
+    period: Duration,
+    /// Holding the fd keeps the statistics on.
+    fd: Option<OwnedFd>,
+    since: Option<Instant>,
+    started: Instant,
+    enabled_before: Duration,
+}
+
+impl BpfStats {
+    fn new(cfg: &Config) -> Self {
+        let d = &cfg.daemon;
+        let mut s = Self {
+            mode: d.bpf_stats,
+            window: Duration::from_millis(d.bpf_stats_window_ms),
+            period: Duration::from_millis(d.bpf_stats_period_ms),
+            fd: None,
+            since: None,
+            started: Instant::now(),
+            enabled_before: Duration::ZERO,
+        };
+        s.tick();
+        s
+    }
+
+    /// Called every interval: switches the statistics per the mode.
+    pub fn tick(&mut self) {
+        let want = match self.mode {
+            BpfStatsMode::Always => true,
+            BpfStatsMode::Off => false,
+            BpfStatsMode::Sampled => {
+                let p = self.period.as_millis().max(1);
+                (self.started.elapsed().as_millis() % p) < self.window.as_millis()
+            }
+        };
+        if want && self.fd.is_none() {
+            match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+                Ok(fd) => {
+                    self.fd = Some(fd);
+                    self.since = Some(Instant::now());
+                }
+                Err(e) => {
+                    warn!(error = %e, "BPF run-time statistics unavailable: per-program cost will read 0");
+                    self.mode = BpfStatsMode::Off;
+                }
+            }
+        } else if !want && self.fd.is_some() {
+            self.fd = None;
+            if let Some(t) = self.since.take() {
+                self.enabled_before += t.elapsed();
+            }
+        }
+    }
+
+    pub fn enabled_ms(&self) -> u64 {
+        (self.enabled_before + self.since.map_or(Duration::ZERO, |t| t.elapsed())).as_millis()
+            as u64
+    }
+
+    pub fn mode_name(&self) -> &'static str {
+        match self.mode {
+            BpfStatsMode::Sampled => "sampled",
+            BpfStatsMode::Always => "always",
+            BpfStatsMode::Off => "off",
+        }
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -61,13 +136,6 @@ impl Collector {
                 warn!(nr, error = %e, "cannot set syscall class");
             }
         }
-        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => Some(fd),
-            Err(e) => {
-                warn!(error = %e, "BPF run-time statistics unavailable: per-program cost will read 0");
-                None
-            }
-        };
         let m = &cfg.maps;
         Ok(Self {
             threads: take(ebpf, "THREADS")?,
@@ -85,7 +153,7 @@ impl Collector {
                 ("net_stats", u64::from(m.net_stats)),
             ]),
             fills: Vec::new(),
-            _stats: stats,
+            stats: BpfStats::new(cfg),
         })
     }
 

@@ -29,6 +29,17 @@ pub struct DaemonConfig {
     pub exit_grace_seconds: u64,
     pub max_processes: usize,
     pub log: String,
+    pub bpf_stats: BpfStatsMode,
+    pub bpf_stats_window_ms: u64,
+    pub bpf_stats_period_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BpfStatsMode {
+    Sampled,
+    Always,
+    Off,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -145,6 +156,17 @@ impl Config {
                 ),
             ));
         }
+        if self.daemon.bpf_stats_window_ms > self.daemon.bpf_stats_period_ms
+            || self.daemon.bpf_stats_period_ms == 0
+        {
+            return Err((
+                "bpf_stats_window_ms",
+                format!(
+                    "daemon.bpf_stats_window_ms = {} must be at most daemon.bpf_stats_period_ms = {} (> 0)",
+                    self.daemon.bpf_stats_window_ms, self.daemon.bpf_stats_period_ms
+                ),
+            ));
+        }
         if self.prometheus.listen.parse::<SocketAddr>().is_err() {
             return Err((
                 "listen",
@@ -257,6 +279,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("prometheus.listen"), "{e}");
+        assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn bad_enum_value_names_key() {
+        let e = Config::from_overlay("[daemon]\nbpf_stats = \"sometimes\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("f.toml:2:"), "{e}");
     }
 

@@ -184,6 +184,7 @@ impl Engine {
         let node = {
             let mut model = self.shared.model.lock().expect("lock");
             self.collector.drain_lifecycle(&mut model);
+            self.collector.stats.tick();
             let raw = self.collector.read();
             let reclaim = model.ingest(raw, now);
             self.collector.reclaim(&reclaim);
@@ -200,6 +201,8 @@ impl Engine {
                 taken_at_unix_ms: now,
                 interval_ms: self.cfg.daemon.interval_ms,
                 processes,
+                cgroups: model.cgroups(),
+                block_devices: model.block_devices(&self.shared.devnames),
                 ethand: SelfStatus {
                     version: env!("CARGO_PKG_VERSION").into(),
                     pid: std::process::id(),
@@ -208,6 +211,8 @@ impl Engine {
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
                     dropped: self.collector.drops(),
+                    bpf_stats: self.collector.stats.mode_name().into(),
+                    bpf_stats_enabled_ms: self.collector.stats.enabled_ms(),
                     cpu_seconds,
                     rss_bytes,
                     processes_overflow: model.overflow,

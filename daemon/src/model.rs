@@ -215,7 +215,6 @@ pub struct Model {
     history: VecDeque<(u64, HashMap<ProcKey, [u64; 10]>)>,
     history_len: usize,
     pub round: u64,
-    pub interval_ms: u64,
     grace_rounds: u64,
     max_processes: usize,
     pub overflow: u64,
@@ -223,6 +222,9 @@ pub struct Model {
     boot_minus_mono_ns: u64,
     clk_tck: u64,
     btime_unix_s: u64,
+    /// Totals of reclaimed processes, so that per-cgroup and per-device series only grow.
+    departed_cgroups: HashMap<String, snap::CgroupSnapshot>,
+    departed_blk: BTreeMap<(u32, u32), RawBlk>,
 }
 
 impl Model {
@@ -245,13 +247,14 @@ impl Model {
             history: VecDeque::new(),
             history_len: ((history_seconds * 1000) / interval_ms.max(1)).max(2) as usize,
             round: 0,
-            interval_ms,
             grace_rounds: ((exit_grace_seconds * 1000) / interval_ms.max(1)).max(1),
             max_processes,
             overflow: 0,
             boot_minus_mono_ns: boot.saturating_sub(mono),
             clk_tck: procinfo::clock_ticks(),
             btime_unix_s: btime,
+            departed_cgroups: HashMap::new(),
+            departed_blk: BTreeMap::new(),
         }
     }
 
@@ -367,6 +370,7 @@ impl Model {
             if let Some(p) = self.procs.remove(&k) {
                 reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
                 reclaim.procs.push(k);
+                self.depart(&p);
             }
         }
         let point: HashMap<ProcKey, [u64; 10]> =
@@ -376,6 +380,49 @@ impl Model {
             self.history.pop_front();
         }
         reclaim
+    }
+
+    /// Keeps a reclaimed process's totals in its cgroup's and devices' running sums.
+    fn depart(&mut self, p: &Proc) {
+        let cg = self.departed_cgroups.entry(cgroup_of(p)).or_default();
+        let snap = cgroup_totals(p);
+        add_cgroup(cg, &snap);
+        for (k, b) in &p.blk {
+            add_blk(self.departed_blk.entry(*k).or_default(), b);
+        }
+    }
+
+    /// Per cgroup totals: processes in the model plus departed ones.
+    pub fn cgroups(&self) -> Vec<snap::CgroupSnapshot> {
+        let mut m: BTreeMap<String, snap::CgroupSnapshot> = self
+            .departed_cgroups
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for p in self.procs.values() {
+            let cg = m.entry(cgroup_of(p)).or_default();
+            add_cgroup(cg, &cgroup_totals(p));
+            cg.processes += 1;
+        }
+        m.into_iter()
+            .map(|(k, mut v)| {
+                v.cgroup = k;
+                v
+            })
+            .collect()
+    }
+
+    /// Per device and op totals of all processes, departed ones included.
+    pub fn block_devices(&self, devnames: &HashMap<u32, String>) -> Vec<snap::BlockStats> {
+        let mut m = self.departed_blk.clone();
+        for p in self.procs.values() {
+            for (k, b) in &p.blk {
+                add_blk(m.entry(*k).or_default(), b);
+            }
+        }
+        m.iter()
+            .map(|((dev, op), b)| blk_snapshot(*dev, *op, b, devnames))
+            .collect()
     }
 
     fn is_same_process_alive(&self, p: &Proc) -> bool {
@@ -564,6 +611,100 @@ impl Model {
             window: self.window(&p.key, window_ms),
         }
     }
+}
+
+fn blk_snapshot(
+    dev: u32,
+    op: u32,
+    b: &RawBlk,
+    devnames: &HashMap<u32, String>,
+) -> snap::BlockStats {
+    let device = dev_string(dev);
+    snap::BlockStats {
+        device_name: devnames
+            .get(&dev)
+            .cloned()
+            .unwrap_or_else(|| device.clone()),
+        device,
+        op: blk_op::NAMES
+            .get(op as usize)
+            .unwrap_or(&"other")
+            .to_string(),
+        ops: b.ops,
+        bytes: b.bytes,
+        queue_ns: b.queue_ns,
+        service_ns: b.service_ns,
+        queue_hist: b.queue_hist.to_vec(),
+        service_hist: b.service_hist.to_vec(),
+    }
+}
+
+fn add_blk(a: &mut RawBlk, b: &RawBlk) {
+    a.ops += b.ops;
+    a.bytes += b.bytes;
+    a.queue_ns += b.queue_ns;
+    a.service_ns += b.service_ns;
+    for i in 0..HIST_BUCKETS {
+        a.queue_hist[i] += b.queue_hist[i];
+        a.service_hist[i] += b.service_hist[i];
+    }
+}
+
+fn cgroup_of(p: &Proc) -> String {
+    match p.meta.as_ref().map(|m| m.cgroup.as_str()) {
+        Some(c) if !c.is_empty() => c.to_string(),
+        _ => "unknown".to_string(),
+    }
+}
+
+/// A process's contribution to its cgroup's totals (`processes` left 0).
+fn cgroup_totals(p: &Proc) -> snap::CgroupSnapshot {
+    let t = p.totals();
+    let n = &p.net;
+    snap::CgroupSnapshot {
+        cgroup: String::new(),
+        processes: 0,
+        oncpu_ns: t[0],
+        offcpu_blocked_ns: t[1],
+        offcpu_preempted_ns: t[2],
+        runq_wait_ns: t[3],
+        syscalls: t[4],
+        syscall_time_ns: t[5],
+        block_read_bytes: t[6],
+        block_write_bytes: t[7],
+        net: snap::NetStats {
+            tcp_tx_bytes: n.tcp_tx_bytes,
+            tcp_rx_bytes: n.tcp_rx_bytes,
+            udp_tx_bytes: n.udp_tx_bytes,
+            udp_rx_bytes: n.udp_rx_bytes,
+            tcp_retransmits: n.tcp_retransmits,
+            tcp_active_opens: n.tcp_active_opens,
+            tcp_closes: n.tcp_closes,
+            tcp_resets_sent: n.tcp_resets_sent,
+            tcp_resets_received: n.tcp_resets_received,
+        },
+    }
+}
+
+fn add_cgroup(a: &mut snap::CgroupSnapshot, b: &snap::CgroupSnapshot) {
+    a.oncpu_ns += b.oncpu_ns;
+    a.offcpu_blocked_ns += b.offcpu_blocked_ns;
+    a.offcpu_preempted_ns += b.offcpu_preempted_ns;
+    a.runq_wait_ns += b.runq_wait_ns;
+    a.syscalls += b.syscalls;
+    a.syscall_time_ns += b.syscall_time_ns;
+    a.block_read_bytes += b.block_read_bytes;
+    a.block_write_bytes += b.block_write_bytes;
+    let (x, y) = (&mut a.net, &b.net);
+    x.tcp_tx_bytes += y.tcp_tx_bytes;
+    x.tcp_rx_bytes += y.tcp_rx_bytes;
+    x.udp_tx_bytes += y.udp_tx_bytes;
+    x.udp_rx_bytes += y.udp_rx_bytes;
+    x.tcp_retransmits += y.tcp_retransmits;
+    x.tcp_active_opens += y.tcp_active_opens;
+    x.tcp_closes += y.tcp_closes;
+    x.tcp_resets_sent += y.tcp_resets_sent;
+    x.tcp_resets_received += y.tcp_resets_received;
 }
 
 /// dev_t as the block tracepoints report it (MAJOR << 20 | MINOR) -> "major:minor".
@@ -794,6 +935,38 @@ mod tests {
         m.ingest(raw, 0);
         assert_eq!(m.procs.len(), 1);
         assert_eq!(m.overflow, 1);
+    }
+
+    #[test]
+    fn cgroup_totals_survive_reclaim() {
+        // Grace of 1 s at a 1 s interval: a process is reclaimed one round after its exit.
+        let mut m = Model::new(1000, 60, 1, 100);
+        let key = ProcKey {
+            tgid: 10,
+            _pad0: 0,
+            proc_start_ns: 5,
+        };
+        let t = th(4000, 1, 0);
+        m.ingest(
+            RawRead {
+                threads: vec![(10, t)],
+                ..Default::default()
+            },
+            0,
+        );
+        let before: u64 = m.cgroups().iter().map(|c| c.oncpu_ns).sum();
+        assert_eq!(before, 4000);
+        m.on_exit(key);
+        let r = m.ingest(RawRead::default(), 1000);
+        assert_eq!(r.procs, vec![key]);
+        assert!(m.procs.is_empty());
+        let after: Vec<_> = m.cgroups();
+        assert_eq!(
+            after.iter().map(|c| c.oncpu_ns).sum::<u64>(),
+            4000,
+            "the counter must not go down"
+        );
+        assert_eq!(after.iter().map(|c| c.processes).sum::<u64>(), 0);
     }
 
     #[test]

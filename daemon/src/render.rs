@@ -79,7 +79,9 @@ pub fn status(s: &SelfStatus) -> String {
     }
     let _ = writeln!(
         o,
-        "\nPROGRAM                  RUNS        TOTAL      AVG/RUN"
+        "\nPROGRAM COST (BPF stats {}, counted during {:.1}s)\nPROGRAM                  RUNS        TOTAL      AVG/RUN",
+        s.bpf_stats,
+        s.bpf_stats_enabled_ms as f64 / 1000.0
     );
     for p in &s.programs {
         let avg = if p.run_count > 0 {

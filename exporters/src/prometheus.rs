@@ -1,9 +1,11 @@
 //! Prometheus text exposition (format 0.0.4) of a [`NodeSnapshot`].
 //!
 //! Cardinality is bounded: only the processes [`PrometheusOptions`] selects get per-process
-//! series (labels `pid`, `comm`); every other process is summed into per-cgroup series. Per
-//! process, syscalls beyond the [`TOP_SYSCALLS`] with the most time are summed into
-//! `syscall="other"`. The kernel's log2 histograms become classic Prometheus histograms.
+//! series (labels `pid`, `comm`). Per-cgroup series render `NodeSnapshot::cgroups` (totals of
+//! every process of the cgroup, exited ones included) and the node block latency histograms
+//! `NodeSnapshot::block_devices`, whatever the selection. Per process, syscalls beyond the
+//! [`TOP_SYSCALLS`] with the most time are summed into `syscall="other"`. The kernel's log2
+//! histograms become classic Prometheus histograms.
 //!
 //! Every family is declared once in `FAMILIES`: [`render`] registers families by that
 //! declaration and [`metric_catalog`] lists it, so documentation and output cannot drift.
@@ -17,7 +19,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::snapshot::{
-    self, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot, SelfStatus, SyscallRow,
+    self, CgroupSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot, SelfStatus,
+    SyscallRow,
 };
 
 /// `Content-Type` of what [`render`] returns.
@@ -26,7 +29,8 @@ pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 /// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
 pub const TOP_SYSCALLS: usize = 8;
 
-/// Which processes get per-process series; the rest are summed per cgroup.
+/// Which processes get per-process series. Every process, selected or not, is also counted in
+/// its cgroup's series.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrometheusOptions {
     /// The processes with the most CPU time in the snapshot window (cumulative CPU time when a
@@ -42,10 +46,10 @@ pub struct PrometheusOptions {
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
 pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     let mut registry = Registry::default();
-    let (selected, others) = select(&snap.processes, opts);
+    let selected = select(&snap.processes, opts);
     register_processes(&mut registry, &selected);
-    register_cgroups(&mut registry, &others);
-    register_block_latency(&mut registry, &snap.processes);
+    register_cgroups(&mut registry, &snap.cgroups);
+    register_block_latency(&mut registry, &snap.block_devices);
     register_self(&mut registry, &snap.ethand);
     let mut out = String::new();
     prometheus_text::encode(&mut out, &registry).expect("encoding into a String cannot fail");
@@ -169,48 +173,48 @@ const PROCESS_THREADS: Desc = gauge(
 
 const CGROUP_CPU: Desc = counter(
     "ethand_cgroup_cpu_seconds_total",
-    "CPU time of the cgroup's processes that have no per-process series (sched_switch).",
+    "CPU time of all the cgroup's processes, exited ones included (sched_switch).",
 );
 const CGROUP_OFFCPU: Desc = counter(
     "ethand_cgroup_offcpu_seconds_total",
-    "Off-CPU time, blocked or preempted, of the cgroup's processes that have no per-process \
-     series (sched_switch, sched_wakeup).",
+    "Off-CPU time, blocked or preempted, of all the cgroup's processes, exited ones included \
+     (sched_switch, sched_wakeup).",
 );
 const CGROUP_RUNQ_WAIT: Desc = counter(
     "ethand_cgroup_runq_wait_seconds_total",
-    "Time the cgroup's processes that have no per-process series waited runnable for a CPU \
+    "Time all the cgroup's processes, exited ones included, waited runnable for a CPU \
      (sched_wakeup, sched_switch).",
 );
 const CGROUP_SYSCALLS: Desc = counter(
     "ethand_cgroup_syscalls_total",
-    "System calls of the cgroup's processes that have no per-process series (raw_syscalls \
+    "System calls of all the cgroup's processes, exited ones included (raw_syscalls \
      sys_enter, sys_exit).",
 );
 const CGROUP_SYSCALL_TIME: Desc = counter(
     "ethand_cgroup_syscall_seconds_total",
-    "Time in system calls of the cgroup's processes that have no per-process series \
+    "Time in system calls of all the cgroup's processes, exited ones included \
      (raw_syscalls sys_enter, sys_exit).",
 );
 const CGROUP_BLOCK_BYTES: Desc = counter(
     "ethand_cgroup_block_io_bytes_total",
-    "Block I/O bytes, by op, of the cgroup's processes that have no per-process series \
+    "Block I/O bytes, by op, of all the cgroup's processes, exited ones included \
      (block_io_start, block_rq_complete).",
 );
 const CGROUP_NET_BYTES: Desc = counter(
     "ethand_cgroup_network_bytes_total",
-    "TCP and UDP bytes sent or received by the cgroup's processes that have no per-process \
-     series (sock_send_length, sock_recv_length).",
+    "TCP and UDP bytes sent or received by all the cgroup's processes, exited ones \
+     included (sock_send_length, sock_recv_length).",
 );
 const CGROUP_PROCESSES: Desc = gauge(
     "ethand_cgroup_processes",
-    "Processes summed into the cgroup's ethand_cgroup_* series, exited ones within the grace \
-     period included (sched_process_exec, sched_process_exit).",
+    "Processes of the cgroup that ethand tracks now, exited ones within the grace period \
+     included (sched_process_exec, sched_process_exit).",
 );
 
 const BLOCK_QUEUE: Desc = histogram(
     "ethand_block_io_queue_seconds",
     "Time block I/O requests waited between submission and dispatch to the device, by device \
-     and op, all processes (block_io_start to block_rq_issue).",
+     and op, all processes, exited ones included (block_io_start to block_rq_issue).",
 );
 const BLOCK_SERVICE: Desc = histogram(
     "ethand_block_io_service_seconds",
@@ -226,11 +230,13 @@ const PROBE_STATE: Desc = gauge(
 );
 const PROGRAM_RUNS: Desc = counter(
     "ethand_bpf_program_runs_total",
-    "Runs of each of ethand's BPF programs (kernel BPF run statistics).",
+    "Runs of each of ethand's BPF programs while the kernel's BPF statistics were on \
+     (ethand_bpf_stats_enabled_seconds_total; kernel BPF run statistics).",
 );
 const PROGRAM_TIME: Desc = counter(
     "ethand_bpf_program_run_seconds_total",
-    "Time spent running each of ethand's BPF programs (kernel BPF run statistics).",
+    "Time spent running each of ethand's BPF programs while the kernel's BPF statistics \
+     were on (kernel BPF run statistics).",
 );
 const MAP_ENTRIES: Desc = gauge(
     "ethand_bpf_map_entries",
@@ -244,6 +250,11 @@ const DROPPED: Desc = counter(
     "ethand_bpf_dropped_events_total",
     "Events ethand could not account, by reason (map full, ring buffer full); loss=\"false\" \
      marks informational mismatches that lose no data.",
+);
+const STATS_ENABLED: Desc = counter(
+    "ethand_bpf_stats_enabled_seconds_total",
+    "Time the kernel's BPF run-time statistics were on (daemon.bpf_stats): the window that \
+     ethand_bpf_program_runs_total and ethand_bpf_program_run_seconds_total cover.",
 );
 const SELF_CPU: Desc = counter(
     "ethand_self_cpu_seconds_total",
@@ -292,6 +303,7 @@ const FAMILIES: &[Desc] = &[
     BUILD_INFO,
     PROBE_STATE,
     PROGRAM_RUNS,
+    STATS_ENABLED,
     PROGRAM_TIME,
     MAP_ENTRIES,
     MAP_CAPACITY,
@@ -302,11 +314,8 @@ const FAMILIES: &[Desc] = &[
     OVERFLOW,
 ];
 
-/// Splits processes into those with per-process series and the rest.
-fn select<'a>(
-    procs: &'a [ProcessSnapshot],
-    opts: &PrometheusOptions,
-) -> (Vec<&'a ProcessSnapshot>, Vec<&'a ProcessSnapshot>) {
+/// The processes that get per-process series.
+fn select<'a>(procs: &'a [ProcessSnapshot], opts: &PrometheusOptions) -> Vec<&'a ProcessSnapshot> {
     let recent_cpu =
         |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
     let mut ranked: Vec<usize> = (0..procs.len())
@@ -326,14 +335,12 @@ fn select<'a>(
                 .iter()
                 .any(|c| !c.is_empty() && p.cgroup.contains(c.as_str()))
     };
-    let (selected, others): (Vec<_>, Vec<_>) = procs
+    procs
         .iter()
         .zip(picked)
-        .partition(|&(p, top)| top || named(p));
-    (
-        selected.into_iter().map(|(p, _)| p).collect(),
-        others.into_iter().map(|(p, _)| p).collect(),
-    )
+        .filter(|&(p, top)| top || named(p))
+        .map(|(p, _)| p)
+        .collect()
 }
 
 fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
@@ -418,7 +425,7 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     threads.register(registry);
 }
 
-fn register_cgroups(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
+fn register_cgroups(registry: &mut Registry, cgroups: &[CgroupSnapshot]) {
     let mut cpu = Family::<Nanos>::new(&CGROUP_CPU);
     let mut offcpu = Family::<Nanos>::new(&CGROUP_OFFCPU);
     let mut runq = Family::<Nanos>::new(&CGROUP_RUNQ_WAIT);
@@ -428,30 +435,29 @@ fn register_cgroups(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     let mut net_bytes = Family::<u64>::new(&CGROUP_NET_BYTES);
     let mut processes = Family::<u64>::new(&CGROUP_PROCESSES);
 
-    for p in procs {
-        let cgroup = if p.cgroup.is_empty() {
-            "unknown"
-        } else {
-            p.cgroup.as_str()
-        };
-        let id = |extra: &[(&'static str, &str)]| labels(&[("cgroup", cgroup)], extra);
-        let s = &p.sched;
-        cpu.add(id(&[]), Nanos(s.oncpu_ns));
-        offcpu.add(id(&[("reason", "blocked")]), Nanos(s.offcpu_blocked_ns));
-        offcpu.add(id(&[("reason", "preempted")]), Nanos(s.offcpu_preempted_ns));
-        runq.add(id(&[]), Nanos(s.runq_wait_ns));
-        syscalls.add(id(&[]), p.syscalls.count);
-        syscall_time.add(id(&[]), Nanos(p.syscalls.time_ns));
-        for b in &p.block {
-            block_bytes.add(id(&[("op", b.op.as_str())]), b.bytes);
-        }
-        for (protocol, direction, bytes) in net_bytes_by_direction(p) {
+    for c in cgroups {
+        let id = |extra: &[(&'static str, &str)]| labels(&[("cgroup", c.cgroup.as_str())], extra);
+        cpu.add(id(&[]), Nanos(c.oncpu_ns));
+        offcpu.add(id(&[("reason", "blocked")]), Nanos(c.offcpu_blocked_ns));
+        offcpu.add(id(&[("reason", "preempted")]), Nanos(c.offcpu_preempted_ns));
+        runq.add(id(&[]), Nanos(c.runq_wait_ns));
+        syscalls.add(id(&[]), c.syscalls);
+        syscall_time.add(id(&[]), Nanos(c.syscall_time_ns));
+        block_bytes.add(id(&[("op", "read")]), c.block_read_bytes);
+        block_bytes.add(id(&[("op", "write")]), c.block_write_bytes);
+        let n = &c.net;
+        for (protocol, direction, bytes) in [
+            ("tcp", "transmit", n.tcp_tx_bytes),
+            ("tcp", "receive", n.tcp_rx_bytes),
+            ("udp", "transmit", n.udp_tx_bytes),
+            ("udp", "receive", n.udp_rx_bytes),
+        ] {
             net_bytes.add(
                 id(&[("protocol", protocol), ("direction", direction)]),
                 bytes,
             );
         }
-        processes.add(id(&[]), 1);
+        processes.add(id(&[]), c.processes);
     }
 
     cpu.register(registry);
@@ -464,10 +470,10 @@ fn register_cgroups(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     processes.register(registry);
 }
 
-fn register_block_latency(registry: &mut Registry, procs: &[ProcessSnapshot]) {
+fn register_block_latency(registry: &mut Registry, devices: &[snapshot::BlockStats]) {
     let mut queue = Family::<Hist>::new(&BLOCK_QUEUE);
     let mut service = Family::<Hist>::new(&BLOCK_SERVICE);
-    for b in procs.iter().flat_map(|p| &p.block) {
+    for b in devices {
         let l = labels(&[("device", device_label(b)), ("op", b.op.as_str())], &[]);
         queue.add(l.clone(), Hist::new(&b.queue_hist, b.queue_ns));
         service.add(l, Hist::new(&b.service_hist, b.service_ns));
@@ -506,6 +512,9 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
         );
     }
 
+    let mut stats_on = Family::<Nanos>::new(&STATS_ENABLED);
+    stats_on.add(Labels::new(), Nanos(me.bpf_stats_enabled_ms * 1_000_000));
+
     let mut entries = Family::<u64>::new(&MAP_ENTRIES);
     let mut capacity = Family::<u64>::new(&MAP_CAPACITY);
     for m in &me.maps {
@@ -535,6 +544,7 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
     probes.register(registry);
     runs.register(registry);
     run_time.register(registry);
+    stats_on.register(registry);
     entries.register(registry);
     capacity.register(registry);
     dropped.register(registry);

@@ -20,7 +20,29 @@ pub struct NodeSnapshot {
     pub taken_at_unix_ms: u64,
     pub interval_ms: u64,
     pub processes: Vec<ProcessSnapshot>,
+    /// Per cgroup totals of every process ever seen in it, exited ones included: these only
+    /// grow (Prometheus counters), unlike sums over `processes`, which lose exited processes.
+    pub cgroups: Vec<CgroupSnapshot>,
+    /// Per device and op, all processes, exited ones included (only grows).
+    pub block_devices: Vec<BlockStats>,
     pub ethand: SelfStatus,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CgroupSnapshot {
+    /// cgroup v2 path ("unknown" when the process's cgroup could not be read).
+    pub cgroup: String,
+    /// Processes of the cgroup in `processes` (alive, or exited within the grace period).
+    pub processes: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_blocked_ns: u64,
+    pub offcpu_preempted_ns: u64,
+    pub runq_wait_ns: u64,
+    pub syscalls: u64,
+    pub syscall_time_ns: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub net: NetStats,
 }
 
 /// One process (thread group). Identity is (pid, start_time_ns): pid reuse never merges two.
@@ -157,6 +179,10 @@ pub struct SelfStatus {
     /// Events that could not be accounted (map full, ring buffer full) or informational
     /// mismatches (see `loss`).
     pub dropped: Vec<DropCounter>,
+    /// "sampled", "always" or "off" (daemon.bpf_stats): when `programs` counts.
+    pub bpf_stats: String,
+    /// How long the kernel's BPF statistics have been on: `programs` covers this time.
+    pub bpf_stats_enabled_ms: u64,
     pub cpu_seconds: f64,
     pub rss_bytes: u64,
     /// Process entries the model dropped because it was at `max_processes`.

@@ -9,13 +9,16 @@ fn render_doc() -> String {
          this file and the code disagree.\n\n\
          Cardinality: per-process series (`pid`, `comm`) exist only for the top-N processes by CPU\n\
          (`prometheus.top_n`, default 20) plus the pids, comms and cgroups configured in\n\
-         `[prometheus]`; all other processes are summed per cgroup (`ethand_cgroup_*`). Syscall\n\
+         `[prometheus]`; every process, with or without its own series, is also counted in its cgroup's `ethand_cgroup_*` series, which keep the totals of exited processes and so only grow. Syscall\n\
          series keep the top 8 syscalls per process and put the rest in `syscall=\"other\"`.\n\
          Histograms use 32 log2 buckets of nanoseconds, exposed in seconds.\n\n\
          | name | type | help |\n|---|---|---|\n",
     );
     for (name, kind, help) in ethand_exporters::prometheus::metric_catalog() {
-        s.push_str(&format!("| `{name}` | {kind} | {} |\n", help.replace('|', "\\|")));
+        s.push_str(&format!(
+            "| `{name}` | {kind} | {} |\n",
+            help.replace('|', "\\|")
+        ));
     }
     s
 }
@@ -28,5 +31,8 @@ fn metrics_doc_is_current() {
         std::fs::write(&path, &want).unwrap();
     }
     let have = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(have == want, "docs/metrics.md is stale: run UPDATE_DOCS=1 cargo test -p ethand-exporters --test metrics_doc");
+    assert!(
+        have == want,
+        "docs/metrics.md is stale: run UPDATE_DOCS=1 cargo test -p ethand-exporters --test metrics_doc"
+    );
 }

@@ -1,5 +1,9 @@
 //! The Prometheus exposition of a synthetic snapshot: exact values, process selection, cgroup
-//! sums, histogram shape, and `promtool check metrics` on the whole output.
+//! totals, histogram shape, and `promtool check metrics` on the whole output.
+//!
+//! The snapshot's `cgroups` and `block_devices` are literals, as the daemon would hand them
+//! over (totals over all processes, departed ones included); they deliberately differ from
+//! sums over `processes`, so a test passes only when the exporter renders what they say.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -132,12 +136,20 @@ fn snapshot() -> NodeSnapshot {
         alive: false,
         ..process(500, "db", "/system.slice/db.service", 50_000_000, None)
     };
-    let app = process(600, "app", "/kubepods/podabc/ctr", 1, Some(1));
+    let mut app = process(600, "app", "/kubepods/podabc/ctr", 1, Some(1));
+    // A device that is not in `block_devices`: per-process series only, no node histogram.
+    app.block = vec![BlockStats {
+        device: "8:16".to_owned(),
+        device_name: "sdb".to_owned(),
+        ..block("read", 7, 28_672, &[(9, 7)], &[(16, 7)])
+    }];
 
     NodeSnapshot {
         schema_version: SCHEMA_VERSION,
         hostname: "node1".to_owned(),
         processes: vec![web, weird, shell, sleeper, kworker, db, db_exited, app],
+        cgroups: cgroups(),
+        block_devices: block_devices(),
         ethand: SelfStatus {
             version: "0.1.0".to_owned(),
             probes: vec![
@@ -184,6 +196,109 @@ fn snapshot() -> NodeSnapshot {
         },
         ..Default::default()
     }
+}
+
+/// What the daemon would report per cgroup: every process ever seen there, departed ones
+/// included. `processes` counts only the processes in `NodeSnapshot.processes`.
+fn cgroups() -> Vec<CgroupSnapshot> {
+    vec![
+        // web (100) plus a departed process: 1.5 s + 0.25 s of CPU.
+        CgroupSnapshot {
+            cgroup: "/system.slice/web.service".to_owned(),
+            processes: 1,
+            oncpu_ns: 1_750_000_000,
+            offcpu_blocked_ns: 2_000_000_000,
+            offcpu_preempted_ns: 250_000_000,
+            runq_wait_ns: 3_000,
+            syscalls: 1_050,
+            syscall_time_ns: 55_000,
+            block_read_bytes: 12_288,
+            block_write_bytes: 0,
+            net: NetStats {
+                tcp_tx_bytes: 1_000,
+                tcp_rx_bytes: 2_000,
+                udp_tx_bytes: 30,
+                udp_rx_bytes: 40,
+                ..Default::default()
+            },
+        },
+        // 200, 300 and 301 (3_000_000_100 ns of CPU, 8_192 + 4_096 + 512 bytes written,
+        // 10 syscalls, 15 TCP bytes sent) plus what departed processes left behind.
+        CgroupSnapshot {
+            cgroup: "/user.slice".to_owned(),
+            processes: 3,
+            oncpu_ns: 4_000_000_000,
+            offcpu_blocked_ns: 750_000_000,
+            offcpu_preempted_ns: 125_000_000,
+            runq_wait_ns: 2_000,
+            syscalls: 22,
+            syscall_time_ns: 8_000,
+            block_read_bytes: 4_096,
+            block_write_bytes: 16_000,
+            net: NetStats {
+                tcp_tx_bytes: 20,
+                tcp_rx_bytes: 64,
+                ..Default::default()
+            },
+        },
+        // kworker (400), whose cgroup could not be read.
+        CgroupSnapshot {
+            cgroup: "unknown".to_owned(),
+            processes: 1,
+            oncpu_ns: 250_000_000,
+            ..Default::default()
+        },
+        // db (500) and the exited db with the same pid, plus older departed processes.
+        CgroupSnapshot {
+            cgroup: "/system.slice/db.service".to_owned(),
+            processes: 2,
+            oncpu_ns: 1_000_000_000,
+            syscalls: 9,
+            ..Default::default()
+        },
+        // app (600); its sdb reads are not in the cgroup totals either.
+        CgroupSnapshot {
+            cgroup: "/kubepods/podabc/ctr".to_owned(),
+            processes: 1,
+            oncpu_ns: 1,
+            ..Default::default()
+        },
+        // Every process of this cgroup is gone: no process counted, totals kept.
+        CgroupSnapshot {
+            cgroup: "/system.slice/gone.service".to_owned(),
+            processes: 0,
+            oncpu_ns: 500_000_000,
+            syscalls: 40,
+            block_write_bytes: 1_024,
+            ..Default::default()
+        },
+    ]
+}
+
+/// What the daemon would report per device and op, all processes, departed ones included.
+fn block_devices() -> Vec<BlockStats> {
+    vec![
+        // web's 3 reads plus 1 from a departed process.
+        BlockStats {
+            queue_ns: 4_500,
+            service_ns: 210_000,
+            ..block("read", 4, 16_384, &[(9, 4)], &[(15, 3), (16, 1)])
+        },
+        // 200, 300 and 301 wrote 4 requests; a departed process wrote 2 more.
+        BlockStats {
+            queue_ns: 6_000,
+            service_ns: 250_000,
+            ..block("write", 6, 16_000, &[(8, 2), (9, 4)], &[(14, 3), (15, 3)])
+        },
+        // A device no process in the snapshot used.
+        BlockStats {
+            device: "259:0".to_owned(),
+            device_name: "nvme0n1".to_owned(),
+            queue_ns: 700,
+            service_ns: 90_000,
+            ..block("flush", 1, 0, &[(9, 1)], &[(16, 1)])
+        },
+    ]
 }
 
 fn options() -> PrometheusOptions {
@@ -395,42 +510,86 @@ fn selection_top_n_and_explicit() {
         .into();
     assert_eq!(pids_of(&s, "ethand_process_cpu_seconds_total"), expected);
 
-    // No options: nothing per process, everything per cgroup.
+    // No options: nothing per process; the cgroup series are still all there, as the
+    // snapshot's cgroup totals say.
     let text = render(&snap, &PrometheusOptions::default());
     assert!(!text.contains("ethand_process_"), "{text}");
     let s = samples(&text);
+    for c in &snap.cgroups {
+        assert_eq!(
+            value(
+                &s,
+                &format!(r#"ethand_cgroup_processes{{cgroup="{}"}}"#, c.cgroup)
+            ),
+            c.processes as f64,
+            "{}",
+            c.cgroup
+        );
+    }
     assert_eq!(
         value(&s, r#"ethand_cgroup_processes{cgroup="/user.slice"}"#),
         3.0
     );
 }
 
+/// The `ethand_cgroup_*` samples of a rendering.
+fn cgroup_samples(s: &HashMap<String, f64>) -> BTreeMap<String, f64> {
+    s.iter()
+        .filter(|(k, _)| k.starts_with("ethand_cgroup_"))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
 #[test]
-fn cgroup_sums_of_unselected_processes() {
-    let s = samples(&render(&snapshot(), &options()));
-    // 300 and 301; 200 is in /user.slice too but has its own series.
+fn cgroup_series_come_from_cgroup_totals() {
+    let snap = snapshot();
+    let s = samples(&render(&snap, &options()));
+    // /user.slice: the CgroupSnapshot literal, which includes 200 (selected, so it has its
+    // own series too) and departed processes.
     let c = r#"cgroup="/user.slice""#;
     assert_eq!(
         value(&s, &format!("ethand_cgroup_cpu_seconds_total{{{c}}}")),
-        3.0
+        4.0
     );
     assert_eq!(
         value(
             &s,
             &format!(r#"ethand_cgroup_offcpu_seconds_total{{{c},reason="blocked"}}"#)
         ),
-        0.5
+        0.75
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_cgroup_offcpu_seconds_total{{{c},reason="preempted"}}"#)
+        ),
+        0.125
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_cgroup_runq_wait_seconds_total{{{c}}}")),
+        2e-6
     );
     assert_eq!(
         value(&s, &format!("ethand_cgroup_syscalls_total{{{c}}}")),
-        10.0
+        22.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_cgroup_syscall_seconds_total{{{c}}}")),
+        8e-6
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_cgroup_block_io_bytes_total{{{c},op="read"}}"#)
+        ),
+        4_096.0
     );
     assert_eq!(
         value(
             &s,
             &format!(r#"ethand_cgroup_block_io_bytes_total{{{c},op="write"}}"#)
         ),
-        4_608.0
+        16_000.0
     );
     assert_eq!(
         value(
@@ -439,18 +598,135 @@ fn cgroup_sums_of_unselected_processes() {
                 r#"ethand_cgroup_network_bytes_total{{{c},protocol="tcp",direction="transmit"}}"#
             )
         ),
-        15.0
+        20.0
     );
-    assert_eq!(value(&s, &format!("ethand_cgroup_processes{{{c}}}")), 2.0);
-    // An unknown cgroup ("") is labelled "unknown".
+    assert_eq!(
+        value(
+            &s,
+            &format!(
+                r#"ethand_cgroup_network_bytes_total{{{c},protocol="tcp",direction="receive"}}"#
+            )
+        ),
+        64.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(
+                r#"ethand_cgroup_network_bytes_total{{{c},protocol="udp",direction="receive"}}"#
+            )
+        ),
+        0.0
+    );
+    assert_eq!(value(&s, &format!("ethand_cgroup_processes{{{c}}}")), 3.0);
+
+    // Not a sum over `processes`: those hold 3_000_000_100 ns of CPU and 12_800 bytes
+    // written in /user.slice.
+    let user: Vec<_> = snap
+        .processes
+        .iter()
+        .filter(|p| p.cgroup == "/user.slice")
+        .collect();
+    assert_eq!(user.len(), 3);
+    assert_eq!(
+        user.iter().map(|p| p.sched.oncpu_ns).sum::<u64>(),
+        3_000_000_100
+    );
+    assert_eq!(
+        user.iter()
+            .flat_map(|p| &p.block)
+            .map(|b| b.bytes)
+            .sum::<u64>(),
+        12_800
+    );
+
+    // Every CgroupSnapshot is rendered as given, "unknown" and /system.slice/* included,
+    // and a cgroup whose processes are all gone keeps its totals with 0 processes.
+    for cg in &snap.cgroups {
+        let c = format!(r#"cgroup="{}""#, cg.cgroup);
+        let secs = |ns: u64| ns as f64 / 1e9;
+        assert_eq!(
+            value(&s, &format!("ethand_cgroup_cpu_seconds_total{{{c}}}")),
+            secs(cg.oncpu_ns),
+            "{c}"
+        );
+        assert_eq!(
+            value(&s, &format!("ethand_cgroup_syscalls_total{{{c}}}")),
+            cg.syscalls as f64,
+            "{c}"
+        );
+        assert_eq!(
+            value(&s, &format!("ethand_cgroup_processes{{{c}}}")),
+            cg.processes as f64,
+            "{c}"
+        );
+        // Block bytes: a read and a write series for every cgroup, zero or not.
+        assert_eq!(
+            value(
+                &s,
+                &format!(r#"ethand_cgroup_block_io_bytes_total{{{c},op="read"}}"#)
+            ),
+            cg.block_read_bytes as f64,
+            "{c}"
+        );
+        assert_eq!(
+            value(
+                &s,
+                &format!(r#"ethand_cgroup_block_io_bytes_total{{{c},op="write"}}"#)
+            ),
+            cg.block_write_bytes as f64,
+            "{c}"
+        );
+    }
     assert_eq!(
         value(&s, r#"ethand_cgroup_cpu_seconds_total{cgroup="unknown"}"#),
         0.25
     );
-    assert!(
-        !s.keys()
-            .any(|k| k.starts_with("ethand_cgroup_") && k.contains("system.slice"))
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_cgroup_cpu_seconds_total{cgroup="/system.slice/web.service"}"#
+        ),
+        1.75
     );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_cgroup_processes{cgroup="/system.slice/db.service"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_cgroup_processes{cgroup="/system.slice/gone.service"}"#
+        ),
+        0.0
+    );
+    // Only the snapshot's cgroups: no series for the raw "" cgroup of kworker.
+    let rendered: BTreeSet<String> = s
+        .keys()
+        .filter(|k| k.starts_with("ethand_cgroup_processes{"))
+        .map(|k| k.split('"').nth(1).unwrap().to_owned())
+        .collect();
+    let listed: BTreeSet<String> = snap.cgroups.iter().map(|c| c.cgroup.clone()).collect();
+    assert_eq!(rendered, listed);
+
+    // Per-process series do not move the cgroup series: the same with every process
+    // selected, with none, and with the usual selection.
+    let usual = cgroup_samples(&s);
+    assert_eq!(usual.len(), 13 * snap.cgroups.len());
+    for opts in [
+        PrometheusOptions::default(),
+        PrometheusOptions {
+            top_n: 100,
+            pids: vec![200],
+            ..Default::default()
+        },
+    ] {
+        let other = cgroup_samples(&samples(&render(&snap, &opts)));
+        assert_eq!(other, usual, "{opts:?}");
+    }
 }
 
 #[test]
@@ -534,29 +810,91 @@ fn histograms() {
         5_792e-9
     );
 
-    // Node block latency merges every process's vda writes (200, 300, 301).
+    // Node block latency is the snapshot's block_devices, not a merge of the processes'
+    // entries (200, 300 and 301 hold 4 vda writes; the node saw 6).
     let w = r#"device="vda",op="write""#;
     assert_eq!(
         value(&s, &format!("ethand_block_io_queue_seconds_count{{{w}}}")),
-        4.0
+        6.0
     );
     assert_eq!(
         value(
             &s,
             &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="5.12e-07"}}"#)
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         value(
             &s,
             &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="1.024e-06"}}"#)
         ),
-        4.0
+        6.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_queue_seconds_sum{{{w}}}")),
+        6e-6
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_block_io_service_seconds_bucket{{{w},le="3.2768e-05"}}"#)
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_service_seconds_count{{{w}}}")),
+        6.0
     );
     assert_eq!(
         value(&s, &format!("ethand_block_io_service_seconds_sum{{{w}}}")),
-        200_000e-9
+        250_000e-9
+    );
+    let r = r#"device="vda",op="read""#;
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_service_seconds_count{{{r}}}")),
+        4.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_service_seconds_sum{{{r}}}")),
+        210_000e-9
+    );
+    // A device only block_devices knows of.
+    let f = r#"device="nvme0n1",op="flush""#;
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_queue_seconds_count{{{f}}}")),
+        1.0
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_block_io_service_seconds_sum{{{f}}}")),
+        90_000e-9
+    );
+    // sdb is only in app's (600, selected) block entries: per-process series, but no node
+    // histogram.
+    assert_eq!(
+        value(
+            &s,
+            r#"ethand_process_block_io_operations_total{pid="600",comm="app",device="sdb",op="read"}"#
+        ),
+        7.0
+    );
+    assert!(
+        !s.keys()
+            .any(|k| k.starts_with("ethand_block_io_") && k.contains("sdb")),
+        "{text}"
+    );
+    // Exactly one node series per block_devices entry.
+    let node_block: BTreeSet<&str> = s
+        .keys()
+        .filter_map(|k| k.strip_prefix("ethand_block_io_queue_seconds_count{"))
+        .collect();
+    assert_eq!(
+        node_block,
+        BTreeSet::from([
+            r#"device="nvme0n1",op="flush"}"#,
+            r#"device="vda",op="read"}"#,
+            r#"device="vda",op="write"}"#,
+        ])
     );
 
     // Every histogram: 32 non-decreasing buckets, the last one +Inf and equal to _count.
