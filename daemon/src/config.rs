@@ -128,28 +128,32 @@ impl Config {
         merge(&mut merged, user);
         let merged_text = toml::to_string(&merged).expect("a table serializes");
         let cfg: Config = toml::from_str(&merged_text).map_err(|e| {
-            // Report against the user's file: find the offending key there.
-            let msg = e.message().to_string();
-            let key = msg
-                .split('`')
-                .nth(1)
-                .map(str::to_string)
-                .or_else(|| e.span().map(|s| key_at(&merged_text, s.start)));
-            let line = key
-                .as_deref()
-                .and_then(|k| find_key_line(text, k))
-                .unwrap_or(0);
-            invalid(line, msg)
+            // The error points into the merged text: name the key by its full path and find
+            // that path in the user's file.
+            let path = e
+                .span()
+                .map(|s| key_path_at(&merged_text, s.start))
+                .unwrap_or_default();
+            let line = find_path_line(text, &path).unwrap_or(0);
+            let msg = e.message().trim().to_string();
+            invalid(
+                line,
+                if path.is_empty() {
+                    msg
+                } else {
+                    format!("{path}: {msg}")
+                },
+            )
         })?;
         cfg.validate()
-            .map_err(|(key, msg)| invalid(find_key_line(text, key).unwrap_or(0), msg))?;
+            .map_err(|(path, msg)| invalid(find_path_line(text, &path).unwrap_or(0), msg))?;
         Ok(cfg)
     }
 
-    fn validate(&self) -> Result<(), (&'static str, String)> {
+    fn validate(&self) -> Result<(), (String, String)> {
         if self.daemon.interval_ms < 50 || self.daemon.interval_ms > 3_600_000 {
             return Err((
-                "interval_ms",
+                "daemon.interval_ms".into(),
                 format!(
                     "daemon.interval_ms = {} is out of range [50, 3600000]",
                     self.daemon.interval_ms
@@ -160,7 +164,7 @@ impl Config {
             || self.daemon.bpf_stats_period_ms == 0
         {
             return Err((
-                "bpf_stats_window_ms",
+                "daemon.bpf_stats_window_ms".into(),
                 format!(
                     "daemon.bpf_stats_window_ms = {} must be at most daemon.bpf_stats_period_ms = {} (> 0)",
                     self.daemon.bpf_stats_window_ms, self.daemon.bpf_stats_period_ms
@@ -169,7 +173,7 @@ impl Config {
         }
         if self.prometheus.listen.parse::<SocketAddr>().is_err() {
             return Err((
-                "listen",
+                "prometheus.listen".into(),
                 format!(
                     "prometheus.listen = {:?} is not an address like 127.0.0.1:9477",
                     self.prometheus.listen
@@ -179,7 +183,7 @@ impl Config {
         for (name, tp) in &self.probes.tracepoints {
             if tp.split('/').count() != 2 || tp.starts_with('/') || tp.ends_with('/') {
                 return Err((
-                    "tracepoints",
+                    format!("probes.tracepoints.{name}"),
                     format!("probes.tracepoints.{name} = {tp:?} is not \"group/event\""),
                 ));
             }
@@ -213,28 +217,72 @@ fn line_of(text: &str, offset: Option<usize>) -> usize {
         .unwrap_or(0)
 }
 
-fn key_at(text: &str, offset: usize) -> String {
-    let line_start = text[..offset.min(text.len())]
-        .rfind('\n')
-        .map(|i| i + 1)
-        .unwrap_or(0);
-    text[line_start..]
-        .split('=')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string()
+/// The table header a line sits under (`[a.b]` -> "a.b"), tracking headers line by line.
+fn table_of(line: &str) -> Option<String> {
+    let l = line.trim();
+    if l.starts_with('[') && !l.starts_with("[[") {
+        let inner = l.trim_start_matches('[').split(']').next().unwrap_or("");
+        return Some(
+            inner
+                .split('.')
+                .map(|p| p.trim().trim_matches('"'))
+                .collect::<Vec<_>>()
+                .join("."),
+        );
+    }
+    None
 }
 
-/// Line (1-based) in `text` where `key` is assigned.
-fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    text.lines()
-        .position(|l| {
-            let l = l.trim_start();
-            l.strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with('='))
-        })
-        .map(|i| i + 1)
+fn key_of(line: &str) -> Option<&str> {
+    let l = line.trim_start();
+    if l.starts_with('#') || l.starts_with('[') {
+        return None;
+    }
+    let (k, _) = l.split_once('=')?;
+    Some(k.trim().trim_matches('"'))
+}
+
+/// Full path ("prometheus.top_n") of the key assigned on the line holding `offset`.
+fn key_path_at(text: &str, offset: usize) -> String {
+    let offset = offset.min(text.len());
+    let mut table = String::new();
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        if let Some(t) = table_of(line) {
+            table = t;
+        }
+        if offset < pos + line.len() {
+            return match key_of(line) {
+                Some(k) if table.is_empty() => k.to_string(),
+                Some(k) => format!("{table}.{k}"),
+                None => table,
+            };
+        }
+        pos += line.len();
+    }
+    String::new()
+}
+
+/// Line (1-based) in `text` where the key with full path `path` is assigned.
+fn find_path_line(text: &str, path: &str) -> Option<usize> {
+    let mut table = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(t) = table_of(line) {
+            table = t;
+            continue;
+        }
+        if let Some(k) = key_of(line) {
+            let full = if table.is_empty() {
+                k.to_string()
+            } else {
+                format!("{table}.{k}")
+            };
+            if full == path {
+                return Some(i + 1);
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -270,7 +318,21 @@ mod tests {
         let e = Config::from_overlay("[prometheus]\ntop_n = \"ten\"\n", "f.toml")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("f.toml:2:"), "{e}");
+        assert!(e.starts_with("f.toml:2: prometheus.top_n:"), "{e}");
+    }
+
+    #[test]
+    fn same_key_name_in_two_tables_points_at_the_right_one() {
+        let text = "[prometheus]\nenabled = true\n\n[probes]\nsched = true\nenabled_typo = 1\n\n[maps]\nsyscalls = 5\n";
+        let e = Config::from_overlay(text, "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("f.toml:6: probes.enabled_typo:"), "{e}");
+        let text = "[probes]\nsyscalls = true\n[maps]\nsyscalls = \"many\"\n";
+        let e = Config::from_overlay(text, "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("f.toml:4: maps.syscalls:"), "{e}");
     }
 
     #[test]

@@ -193,6 +193,8 @@ fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
     if let Some(f) = get("block_start") {
         o.blk_start_dev = off(&f, "dev");
         o.blk_start_sector = off(&f, "sector");
+        o.blk_start_rwbs = off(&f, "rwbs");
+        o.blk_start_bytes = off(&f, "bytes");
     }
     if let Some(f) = get("block_issue") {
         o.blk_issue_dev = off(&f, "dev");

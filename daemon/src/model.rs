@@ -281,7 +281,8 @@ impl Model {
         let round = self.round;
         if let Some(p) = self.procs.get_mut(&key) {
             p.alive = false;
-            p.exited_round.get_or_insert(round);
+            // Counted from the round that will ingest this exit.
+            p.exited_round.get_or_insert(round + 1);
         }
     }
 

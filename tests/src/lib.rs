@@ -1,1 +1,649 @@
+//! Helpers of ethand's end-to-end tests: start and stop a real daemon, query it through the
+//! CLI, and drive workloads (the `ethand-workload` binary of this crate) whose work is known
+//! exactly, so that tests compare ethand's numbers with ground truth.
+//!
+//! The tests need root (they load BPF programs) and a built daemon:
+//! `cargo build --release -p ethand`, or `ETHAND_BIN=/path/to/ethand`.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio},
+    sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicU16, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
 
+pub use ethand_exporters::snapshot::{
+    BlockStats, NetStats, ProbeState, ProbeStatus, ProcessSnapshot, SelfStatus, SyscallRow,
+    TreeSnapshot,
+};
+
+/// The daemon's collection interval in every test.
+pub const INTERVAL_MS: u64 = 200;
+/// How long to wait for the daemon to have read the maps after the workload went quiet:
+/// four collection intervals.
+pub const SETTLE: Duration = Duration::from_millis(4 * INTERVAL_MS);
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Serializes the tests of one binary: each starts its own BPF daemon and measures timing on
+/// a small machine. A test that panicked poisons nothing for the next one.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The ethand binary: `$ETHAND_BIN`, else `<workspace>/target/release/ethand`.
+pub fn ethand_bin() -> PathBuf {
+    let p = match std::env::var_os("ETHAND_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/ethand"),
+    };
+    assert!(
+        p.is_file(),
+        "no ethand binary at {}: build it first: cargo build --release -p ethand",
+        p.display()
+    );
+    p
+}
+
+/// A unique path under /tmp for this test process: /tmp/ethand-test-NAME-PID.EXT.
+pub fn temp_path(name: &str, ext: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/tmp/ethand-test-{name}-{}.{ext}",
+        std::process::id()
+    ))
+}
+
+/// The next free loopback port from 19500 on (each daemon gets its own).
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(19500);
+    loop {
+        let p = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(p < 19900, "no free port in 19500..19900");
+        if TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// Runs `cmd` to completion with a time limit, capturing stdout and stderr. Panics on timeout.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let drain = |mut r: Box<dyn Read + Send>| {
+        thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let err = drain(Box::new(child.stderr.take().expect("piped")));
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if t0.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// `ethand ARGS` with a time limit.
+pub fn ethand(args: &[&str]) -> Output {
+    run_with_timeout(
+        Command::new(ethand_bin())
+            .args(args)
+            .env_remove("ETHAND_CONFIG"),
+        CLI_TIMEOUT,
+    )
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A running `ethand run` with its own config, socket and metrics port. Stopped (SIGTERM,
+/// then SIGKILL after 10 s) and cleaned up on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    pub port: u16,
+}
+
+impl Daemon {
+    /// Starts a daemon (interval 200 ms, its own socket and /metrics port) with the keys of
+    /// `extra_toml` added to its config, and waits until `ethand status` answers.
+    pub fn start(name: &str, extra_toml: &str) -> Self {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "the end-to-end tests load BPF programs: run them as root"
+        );
+        let socket = temp_path(name, "sock");
+        let config = temp_path(name, "toml");
+        let log = temp_path(name, "log");
+        let port = free_port();
+        let base = format!(
+            "[daemon]\ninterval_ms = {INTERVAL_MS}\nsocket = {socket:?}\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"
+        );
+        let toml = merge_tables(&base, extra_toml);
+        fs::write(&config, toml).expect("write config");
+        let logf = fs::File::create(&log).expect("create log");
+        let child = Command::new(ethand_bin())
+            .args(["run", "--config"])
+            .arg(&config)
+            .env_remove("ETHAND_CONFIG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().expect("dup log"))
+            .stderr(logf)
+            .spawn()
+            .expect("spawn ethand run");
+        let mut d = Self {
+            child: Some(child),
+            socket,
+            config,
+            log,
+            port,
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&mut self) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .expect("running")
+                .try_wait()
+                .expect("try_wait")
+            {
+                panic!(
+                    "ethand run exited during startup ({st}); log:\n{}",
+                    self.log_text()
+                );
+            }
+            let ok = Command::new(ethand_bin())
+                .args(["status", "--socket"])
+                .arg(&self.socket)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                break;
+            }
+            assert!(
+                t0.elapsed() < READY_TIMEOUT,
+                "ethand not ready after {READY_TIMEOUT:?}; log:\n{}",
+                self.log_text()
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+        // The socket answers just before the "ready" line is logged.
+        let t1 = Instant::now();
+        while !self.log_text().contains(" ready ") {
+            assert!(
+                t1.elapsed() < Duration::from_secs(5),
+                "ethand answers but never logged \"ready\"; log:\n{}",
+                self.log_text()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The daemon's log so far (stderr and stdout).
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `ethand ARGS --socket S`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let sock = self.socket.to_str().expect("utf-8 path");
+        let mut all = args.to_vec();
+        all.extend(["--socket", sock]);
+        ethand(&all)
+    }
+
+    /// `ethand status --json`.
+    pub fn status(&self) -> SelfStatus {
+        let out = self.cli(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "ethand status --json failed ({}): {}",
+            out.status,
+            text(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "ethand status --json is not a SelfStatus: {e}\n{}",
+                text(&out.stdout)
+            )
+        })
+    }
+
+    /// `ethand snapshot --pid PID --json` from this daemon.
+    pub fn snapshot(&self, pid: u32) -> TreeSnapshot {
+        let out = self.cli(&["snapshot", "--pid", &pid.to_string(), "--json"]);
+        assert!(
+            out.status.success(),
+            "ethand snapshot --pid {pid} failed ({}): {}",
+            out.status,
+            text(&out.stderr)
+        );
+        let t: TreeSnapshot = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "ethand snapshot --json is not a TreeSnapshot: {e}\n{}",
+                text(&out.stdout)
+            )
+        });
+        assert_eq!(t.source, "daemon", "snapshot source with a daemon running");
+        assert_eq!(t.root_pid, pid);
+        t
+    }
+
+    /// GET /metrics (HTTP/1.0): the body.
+    pub fn metrics(&self) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to /metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .expect("send request");
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).expect("read response");
+        let resp = text(&resp);
+        let (head, body) = resp
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no HTTP header end in {resp:?}"));
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "GET /metrics: {head}"
+        );
+        body.to_string()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    eprintln!("ethand did not stop within 10 s of SIGTERM: killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if thread::panicking() {
+            eprintln!(
+                "---- ethand log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+        for p in [&self.socket, &self.config, &self.log] {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// `base` with the keys of `extra` added, table by table (both are "[table]" headers followed
+/// by `key = value` lines; TOML allows each header only once).
+pub fn merge_tables(base: &str, extra: &str) -> String {
+    let mut tables: Vec<(String, Vec<String>)> = Vec::new();
+    for text in [base, extra] {
+        let mut current = String::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if line.starts_with('[') {
+                current = line.to_string();
+                if !tables.iter().any(|(h, _)| *h == current) {
+                    tables.push((current.clone(), Vec::new()));
+                }
+            } else {
+                let Some((_, lines)) = tables.iter_mut().find(|(h, _)| *h == current) else {
+                    panic!("config line {line:?} before any [table]");
+                };
+                lines.push(line.to_string());
+            }
+        }
+    }
+    tables
+        .iter()
+        .map(|(h, lines)| format!("{h}\n{}\n", lines.join("\n")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What a workload printed after `ready` or `done`: `key=value` pairs.
+#[derive(Debug, Default, Clone)]
+pub struct Report(pub BTreeMap<String, String>);
+
+impl Report {
+    fn parse(rest: &str) -> Self {
+        Self(
+            rest.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+
+    pub fn u64(&self, key: &str) -> u64 {
+        let v = self
+            .0
+            .get(key)
+            .unwrap_or_else(|| panic!("workload reported no {key}: {:?}", self.0));
+        v.parse()
+            .unwrap_or_else(|_| panic!("workload's {key}={v} is not a number"))
+    }
+}
+
+/// A running `ethand-workload MODE ARGS` (see that binary for the protocol). Killed on drop.
+pub struct Workload {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    pub pid: u32,
+    what: String,
+    /// What it printed with `ready`.
+    pub ready: Report,
+}
+
+impl Workload {
+    /// Starts the workload and waits for its `ready` line.
+    pub fn start(bin: &str, args: &[&str]) -> Self {
+        let what = format!("ethand-workload {}", args.join(" "));
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let pid = child.id();
+        let mut w = Self {
+            child,
+            stdin,
+            lines,
+            pid,
+            what,
+            ready: Report::default(),
+        };
+        w.ready = w.expect_line("ready");
+        w
+    }
+
+    fn expect_line(&mut self, word: &str) -> Report {
+        let line = self
+            .lines
+            .recv_timeout(WORKLOAD_TIMEOUT)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: no `{word}` line ({e}); exit status {:?}",
+                    self.what,
+                    self.child.try_wait()
+                )
+            });
+        let rest = line
+            .strip_prefix(word)
+            .unwrap_or_else(|| panic!("{}: expected `{word} ...`, got {line:?}", self.what));
+        Report::parse(rest)
+    }
+
+    /// Sends `go` and waits for `done`; returns what the workload reported.
+    pub fn go(&mut self) -> Report {
+        self.send_byte();
+        self.expect_line("done")
+    }
+
+    /// Sends one byte: `go`, or `stop` for the workloads that run until told.
+    pub fn send_byte(&mut self) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin
+            .write_all(b"g")
+            .and_then(|()| stdin.flush())
+            .expect("write to workload stdin");
+    }
+
+    /// Sends `stop` to a workload that runs until told (after `send_byte` started it) and
+    /// waits for its `done`.
+    pub fn stop(&mut self) -> Report {
+        self.send_byte();
+        self.expect_line("done")
+    }
+
+    /// Closes stdin (the workload cleans up and exits) and waits for a successful exit.
+    pub fn finish(mut self) {
+        drop(self.stdin.take());
+        let t0 = Instant::now();
+        let status: ExitStatus = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < WORKLOAD_TIMEOUT,
+                "{} did not exit after its stdin closed",
+                self.what
+            );
+            thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{} failed: {status}", self.what);
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Snapshots of a workload's process tree around its measured work: settle, snapshot, `go`,
+/// `done`, settle, snapshot. Counters are cumulative, so `after - before` is the work's.
+pub struct Measured {
+    pub before: TreeSnapshot,
+    pub after: TreeSnapshot,
+    pub done: Report,
+}
+
+pub fn measure(d: &Daemon, w: &mut Workload) -> Measured {
+    thread::sleep(SETTLE);
+    let before = d.snapshot(w.pid);
+    let done = w.go();
+    thread::sleep(SETTLE);
+    let after = d.snapshot(w.pid);
+    Measured {
+        before,
+        after,
+        done,
+    }
+}
+
+impl Measured {
+    /// The process `pid` in the `after` snapshot and in `before` (default: not there yet).
+    pub fn proc_pair(&self, pid: u32) -> (ProcessSnapshot, &ProcessSnapshot) {
+        let after = find_proc(&self.after, pid);
+        let before = self
+            .before
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .cloned()
+            .unwrap_or_default();
+        (before, after)
+    }
+
+    /// Change of syscall `nr`'s (count, errors) in process `pid`.
+    pub fn syscall_delta(&self, pid: u32, nr: i64) -> (u64, u64) {
+        let (b, a) = self.proc_pair(pid);
+        let (cb, eb) = syscall(&b, nr);
+        let (ca, ea) = syscall(a, nr);
+        (ca - cb, ea - eb)
+    }
+}
+
+pub fn find_proc(t: &TreeSnapshot, pid: u32) -> &ProcessSnapshot {
+    t.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .unwrap_or_else(|| {
+            panic!(
+                "pid {pid} not in the snapshot of {}: {:?}",
+                t.root_pid,
+                t.processes.iter().map(|p| p.pid).collect::<Vec<_>>()
+            )
+        })
+}
+
+/// (count, errors) of syscall `nr` in a process (0, 0 when it made none).
+pub fn syscall(p: &ProcessSnapshot, nr: i64) -> (u64, u64) {
+    p.syscalls
+        .by_nr
+        .iter()
+        .find(|r| i64::from(r.nr) == nr)
+        .map_or((0, 0), |r| (r.count, r.errors))
+}
+
+/// Count of a syscall latency class in a process (0 when absent).
+pub fn latency_class_count(p: &ProcessSnapshot, class: &str) -> u64 {
+    p.syscalls
+        .latency
+        .iter()
+        .find(|h| h.class == class)
+        .map_or(0, |h| h.count)
+}
+
+pub fn probe<'a>(probes: &'a [ProbeStatus], name: &str) -> &'a ProbeStatus {
+    probes
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("no probe {name} in {probes:?}"))
+}
+
+/// Threads of `pid` and their (voluntary, involuntary) context switches as the kernel counts
+/// them (/proc/PID/task/*/status), summed.
+pub fn kernel_switches(pid: u32) -> (u64, u64) {
+    let mut total = (0, 0);
+    for e in fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+    {
+        let Ok(s) = fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| -> u64 {
+            s.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        total.0 += field("voluntary_ctxt_switches:");
+        total.1 += field("nonvoluntary_ctxt_switches:");
+    }
+    total
+}
+
+/// A path that is removed on drop (the workload removes its files itself unless killed).
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// "major:minor" of the whole disk holding `path` (as the block tracepoints report it).
+pub fn disk_of(path: &Path) -> String {
+    let md = fs::metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+    let dev = std::os::unix::fs::MetadataExt::dev(&md);
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    if sys.join("partition").exists() {
+        // A partition: the parent directory is the disk.
+        let disk = fs::canonicalize(&sys)
+            .expect("sysfs link")
+            .parent()
+            .expect("parent")
+            .join("dev");
+        return fs::read_to_string(disk)
+            .expect("disk dev")
+            .trim()
+            .to_string();
+    }
+    format!("{maj}:{min}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_tables_adds_keys_to_existing_and_new_tables() {
+        let m = merge_tables(
+            "[daemon]\na = 1\n[prometheus]\nb = 2\n",
+            "[prometheus]\nc = 3\n\n[probes.tracepoints]\nd = \"x/y\"\n",
+        );
+        assert_eq!(
+            m,
+            "[daemon]\na = 1\n\n[prometheus]\nb = 2\nc = 3\n\n[probes.tracepoints]\nd = \"x/y\"\n"
+        );
+    }
+
+    #[test]
+    fn report_parses_key_values() {
+        let r = Report::parse(" a=1 b=x");
+        assert_eq!(r.u64("a"), 1);
+        assert_eq!(r.0["b"], "x");
+    }
+}

@@ -198,6 +198,10 @@ impl Default for Hist {
     }
 }
 
+impl BlkReqState {
+    pub const OP_UNKNOWN: u32 = u32::MAX;
+}
+
 /// An in-flight block request, keyed by (dev, sector).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -211,7 +215,9 @@ pub struct BlkReqKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlkReqState {
     pub tgid: u32,
-    pub _pad0: u32,
+    /// blk_op decided when the request was created (the flush flag is gone by completion);
+    /// [`BlkReqState::OP_UNKNOWN`] when the start was not seen.
+    pub op: u32,
     pub proc_start_ns: u64,
     /// When the submitter created the request (block_io_start / block_rq_insert).
     pub start_ns: u64,
@@ -317,6 +323,8 @@ pub struct TracepointOffsets {
     pub sys_exit_ret: u32,
     pub blk_start_dev: u32,
     pub blk_start_sector: u32,
+    pub blk_start_rwbs: u32,
+    pub blk_start_bytes: u32,
     pub blk_issue_dev: u32,
     pub blk_issue_sector: u32,
     pub blk_complete_dev: u32,
@@ -356,6 +364,8 @@ impl Default for TracepointOffsets {
             sys_exit_ret: a,
             blk_start_dev: a,
             blk_start_sector: a,
+            blk_start_rwbs: a,
+            blk_start_bytes: a,
             blk_issue_dev: a,
             blk_issue_sector: a,
             blk_complete_dev: a,
@@ -436,7 +446,7 @@ mod tests {
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 48);
         assert_eq!(size_of::<KernelOffsets>(), 32);
-        assert_eq!(size_of::<TracepointOffsets>(), 28 * 4);
+        assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
     }
 
     #[test]

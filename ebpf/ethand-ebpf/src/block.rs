@@ -25,9 +25,17 @@ fn req_key(ctx: &TracePointContext, dev_off: usize, sector_off: usize) -> BlkReq
 pub fn block_start(ctx: TracePointContext) -> u32 {
     let key = req_key(&ctx, tpoff!(blk_start_dev), tpoff!(blk_start_sector));
     let Some(c) = current_ctx() else { return 0 };
+    let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_start_rwbs)) }.unwrap_or([0; 8]);
+    let bytes: u32 = unsafe { ctx.read_at(tpoff!(blk_start_bytes)) }.unwrap_or(0);
+    // An empty request with the preflush flag ("FWS", 0 bytes) is a cache flush.
+    let op = if rwbs[0] == b'F' && bytes == 0 {
+        blk_op::FLUSH
+    } else {
+        op_of(&rwbs)
+    };
     let st = BlkReqState {
         tgid: c.tgid,
-        _pad0: 0,
+        op,
         proc_start_ns: c.proc_start_ns,
         start_ns: unsafe { bpf_ktime_get_ns() },
         issue_ns: 0,
@@ -50,7 +58,7 @@ pub fn block_issue(ctx: TracePointContext) -> u32 {
     let Some(c) = current_ctx() else { return 0 };
     let st = BlkReqState {
         tgid: c.tgid,
-        _pad0: 0,
+        op: BlkReqState::OP_UNKNOWN,
         proc_start_ns: c.proc_start_ns,
         start_ns: now,
         issue_ns: now,
@@ -72,8 +80,14 @@ pub fn block_complete(ctx: TracePointContext) -> u32 {
     let st = unsafe { *st };
     let _ = BLK_INFLIGHT.remove(&key);
     let nr_sector: u32 = unsafe { ctx.read_at(tpoff!(blk_complete_nr_sector)) }.unwrap_or(0);
-    let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_complete_rwbs)) }.unwrap_or([0; 8]);
-    let op = op_of(&rwbs);
+    // The op as the submitter made it: by completion a flush's flag is gone (it completes
+    // as an empty write).
+    let op = if st.op != BlkReqState::OP_UNKNOWN {
+        st.op
+    } else {
+        let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_complete_rwbs)) }.unwrap_or([0; 8]);
+        op_of(&rwbs)
+    };
     let issue = if st.issue_ns != 0 {
         st.issue_ns
     } else {

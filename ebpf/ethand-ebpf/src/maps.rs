@@ -35,6 +35,8 @@ pub static TPOFF: TracepointOffsets = TracepointOffsets {
     sys_exit_ret: u32::MAX,
     blk_start_dev: u32::MAX,
     blk_start_sector: u32::MAX,
+    blk_start_rwbs: u32::MAX,
+    blk_start_bytes: u32::MAX,
     blk_issue_dev: u32::MAX,
     blk_issue_sector: u32::MAX,
     blk_complete_dev: u32::MAX,

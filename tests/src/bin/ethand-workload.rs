@@ -1,0 +1,496 @@
+//! Workloads with known ground truth for ethand's end-to-end tests.
+//!
+//! Protocol (stdin/stdout, one line each): after its setup the workload prints `ready [k=v ...]`
+//! and waits for one byte on stdin; then it does exactly the work its mode describes, prints
+//! `done [k=v ...]` and blocks on stdin until it is closed, then cleans up and exits 0. So the
+//! measured work is bracketed by two quiet points where the test can take snapshots, and
+//! setup (dynamic loader, allocations, children) stays out of the measured deltas.
+//!
+//! The measured work uses raw libc calls so that its syscalls are exactly the ones named.
+//!
+//! Modes:
+//!   syscalls GETPIDS OPENS       GETPIDS getpid(), then OPENS openat() of a missing path
+//!   pingpong ROUNDS              pipe ping-pong with a second thread, both SCHED_BATCH on one CPU
+//!   blockio FILE MIB             O_DIRECT overwrite of MIB MiB (1 MiB writes), O_DIRECT read
+//!   fdatasync FILE N             N fdatasync() of a file with nothing dirty (cache flushes only)
+//!   net TCP_BYTES UDP_N UDP_SIZE TCP bytes and UDP datagrams to a child server over loopback
+//!   cpu MS                       busy loop for MS ms of CPU time
+//!   runq MS                      two children pinned to one CPU, each burning MS ms of CPU
+//!   getpid-loop                  after `go`, getpid() in a loop until a second byte (`stop`)
+//!   net-server UDP_N             (internal) the receiving side of `net`
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{TcpListener, TcpStream, UdpSocket},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| -> u64 {
+        args.get(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fail(&format!("argument {i} missing or not a number: {args:?}")))
+    };
+    match args.first().map(String::as_str) {
+        Some("syscalls") => syscalls(arg(1), arg(2)),
+        Some("pingpong") => pingpong(arg(1)),
+        Some("blockio") => blockio(
+            args.get(1).unwrap_or_else(|| fail("blockio FILE MIB")),
+            arg(2),
+        ),
+        Some("fdatasync") => fdatasync(
+            args.get(1).unwrap_or_else(|| fail("fdatasync FILE N")),
+            arg(2),
+        ),
+        Some("net") => net(arg(1), arg(2), arg(3) as usize),
+        Some("net-server") => net_server(arg(1)),
+        Some("cpu") => cpu(arg(1)),
+        Some("runq") => runq(arg(1)),
+        Some("getpid-loop") => getpid_loop(),
+        _ => fail(&format!("unknown mode: {args:?}")),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("ethand-workload: {msg}");
+    std::process::exit(101)
+}
+
+fn check(ret: libc::c_long, what: &str) -> libc::c_long {
+    if ret < 0 {
+        fail(&format!("{what}: {}", std::io::Error::last_os_error()));
+    }
+    ret
+}
+
+/// One protocol line on stdout (line-buffered: one write).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Blocks for the `go` byte.
+fn wait_go() {
+    let mut b = [0u8; 1];
+    // SAFETY: reading into a valid 1-byte buffer.
+    let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), 1) };
+    if n != 1 {
+        fail("stdin closed before `go`");
+    }
+}
+
+/// Blocks until stdin is closed (the test has taken its snapshots).
+fn wait_release() {
+    let mut b = [0u8; 64];
+    loop {
+        // SAFETY: reading into a valid buffer.
+        let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), b.len()) };
+        if n <= 0 {
+            return;
+        }
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity(0) pins the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        check(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) as libc::c_long,
+            "sched_setaffinity",
+        );
+    }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Spins until the calling thread has used `ns` of CPU time.
+fn burn_thread_cpu(ns: u64) {
+    let start = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    let mut x = 0u64;
+    while clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start < ns {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    std::hint::black_box(x);
+}
+
+fn syscalls(getpids: u64, opens: u64) {
+    let path = c"/nonexistent/ethand-test/no-such-file";
+    say("ready");
+    wait_go();
+    for _ in 0..getpids {
+        // SAFETY: getpid has no preconditions; the raw syscall avoids any libc caching.
+        unsafe { libc::syscall(libc::SYS_getpid) };
+    }
+    let mut failed = 0u64;
+    for _ in 0..opens {
+        // SAFETY: a valid NUL-terminated path.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::O_RDONLY,
+                0,
+            )
+        };
+        if fd < 0 {
+            failed += 1;
+        } else {
+            // SAFETY: fd was just opened.
+            unsafe { libc::close(fd as i32) };
+        }
+    }
+    say(&format!(
+        "done getpid={getpids} openat={opens} openat_failed={failed}"
+    ));
+    wait_release();
+}
+
+fn pipe() -> (i32, i32) {
+    let mut fds = [0i32; 2];
+    // SAFETY: valid 2-int array.
+    check(
+        unsafe { libc::pipe(fds.as_mut_ptr()) } as libc::c_long,
+        "pipe",
+    );
+    (fds[0], fds[1])
+}
+
+/// SCHED_BATCH for the calling thread: a woken batch task does not preempt the waker, so each
+/// pipe hand-off blocks the writer voluntarily instead of preempting it.
+fn sched_batch() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: valid param; 0 is the calling thread.
+    check(
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } as libc::c_long,
+        "sched_setscheduler",
+    );
+}
+
+fn pingpong(rounds: u64) {
+    let (ping_r, ping_w) = pipe();
+    let (pong_r, pong_w) = pipe();
+    pin_to_cpu(0);
+    sched_batch();
+    let helper = std::thread::spawn(move || {
+        pin_to_cpu(0);
+        sched_batch();
+        let mut b = [0u8; 1];
+        loop {
+            // SAFETY: valid fds and buffer.
+            let n = unsafe { libc::read(ping_r, b.as_mut_ptr().cast(), 1) };
+            if n != 1 {
+                return;
+            }
+            // SAFETY: as above.
+            unsafe { libc::write(pong_w, b.as_ptr().cast(), 1) };
+        }
+    });
+    say("ready");
+    wait_go();
+    let mut b = [7u8; 1];
+    for _ in 0..rounds {
+        // SAFETY: valid fds and buffer.
+        unsafe {
+            check(
+                libc::write(ping_w, b.as_ptr().cast(), 1) as libc::c_long,
+                "write ping",
+            );
+            check(
+                libc::read(pong_r, b.as_mut_ptr().cast(), 1) as libc::c_long,
+                "read pong",
+            );
+        }
+    }
+    say(&format!("done rounds={rounds}"));
+    wait_release();
+    // SAFETY: closing our own fd ends the helper's loop.
+    unsafe { libc::close(ping_w) };
+    helper.join().expect("helper thread");
+}
+
+const MIB: usize = 1 << 20;
+
+/// Setup: the file is created, written and made durable (fsync), so that the measured phase
+/// allocates nothing. Measured: O_DIRECT overwrite in 1 MiB writes, O_DIRECT read back: data
+/// requests only. No fsync there: O_DIRECT writes reach the device before pwrite returns,
+/// and on a filesystem without a journal fsync/fdatasync also write the inode block (its new
+/// mtime) from the calling process, which ethand rightly charges to it but which is not part
+/// of the known ground truth.
+fn blockio(file: &str, mib: u64) {
+    let path = std::ffi::CString::new(file).expect("path without NUL");
+    let mut buf: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; alignment is a power of two multiple of pointer size.
+    if unsafe { libc::posix_memalign(&mut buf, 4096, MIB) } != 0 {
+        fail("posix_memalign");
+    }
+    // SAFETY: buf holds MIB bytes.
+    let data = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), MIB) };
+    // SAFETY: valid path; the fd is closed at the end.
+    let fd = check(
+        unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_TRUNC | libc::O_RDWR | libc::O_DIRECT,
+                0o600,
+            )
+        } as libc::c_long,
+        "open",
+    ) as i32;
+    let mut write_all = |pattern: u8| {
+        for i in 0..mib as usize {
+            data.fill(pattern.wrapping_add(i as u8));
+            // SAFETY: aligned buffer of MIB bytes, aligned offset.
+            let n = unsafe { libc::pwrite(fd, buf, MIB, (i * MIB) as libc::off_t) };
+            if n != MIB as isize {
+                fail(&format!(
+                    "pwrite {i}: {n} {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
+    };
+    write_all(0);
+    // SAFETY: valid fd.
+    check(unsafe { libc::fsync(fd) } as libc::c_long, "fsync (setup)");
+    say("ready");
+    wait_go();
+    write_all(100);
+    let mut read = 0usize;
+    for i in 0..mib as usize {
+        // SAFETY: aligned buffer of MIB bytes, aligned offset.
+        let n = unsafe { libc::pread(fd, buf, MIB, (i * MIB) as libc::off_t) };
+        if n != MIB as isize {
+            fail(&format!(
+                "pread {i}: {n} {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if data.iter().any(|&b| b != 100u8.wrapping_add(i as u8)) {
+            fail(&format!("read back wrong data in MiB {i}"));
+        }
+        read += n as usize;
+    }
+    say(&format!("done written={} read={read}", mib as usize * MIB));
+    wait_release();
+    // SAFETY: valid fd, path and allocation.
+    unsafe {
+        libc::close(fd);
+        libc::unlink(path.as_ptr());
+        libc::free(buf);
+    }
+}
+
+/// Setup: a 4 KiB file written and synced. Measured: `n` fdatasync() with nothing to write.
+fn fdatasync(file: &str, n: u64) {
+    std::fs::write(file, [1u8; 4096]).unwrap_or_else(|e| fail(&format!("write {file}: {e}")));
+    let f = std::fs::File::open(file).expect("open");
+    f.sync_all().expect("fsync (setup)");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    say("ready");
+    wait_go();
+    for _ in 0..n {
+        // SAFETY: valid fd.
+        check(unsafe { libc::fdatasync(fd) } as libc::c_long, "fdatasync");
+    }
+    say(&format!("done fdatasync={n}"));
+    wait_release();
+    drop(f);
+    let _ = std::fs::remove_file(file);
+}
+
+fn net(tcp_bytes: u64, udp_n: u64, udp_size: usize) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut server = Command::new(exe)
+        .args(["net-server", &udp_n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("spawn net-server: {e}")));
+    let mut from_server = BufReader::new(server.stdout.take().expect("piped"));
+    let mut line = String::new();
+    from_server.read_line(&mut line).expect("server ports");
+    let ports: Vec<u16> = line
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=')?.1.parse().ok())
+        .collect();
+    let [tcp_port, udp_port] = ports[..] else {
+        fail(&format!("bad server line {line:?}"))
+    };
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+    let chunk = vec![0x5au8; 64 * 1024];
+    let datagram = vec![0xa5u8; udp_size];
+    say(&format!("ready server={}", server.id()));
+    wait_go();
+    let mut tcp = TcpStream::connect(("127.0.0.1", tcp_port)).expect("connect");
+    let mut left = tcp_bytes as usize;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        tcp.write_all(&chunk[..n]).expect("tcp write");
+        left -= n;
+    }
+    drop(tcp);
+    for _ in 0..udp_n {
+        let n = udp
+            .send_to(&datagram, ("127.0.0.1", udp_port))
+            .expect("udp send");
+        assert_eq!(n, udp_size);
+    }
+    line.clear();
+    from_server.read_line(&mut line).expect("server result");
+    say(&format!(
+        "done tcp_sent={tcp_bytes} udp_sent={} {}",
+        udp_n * udp_size as u64,
+        line.trim()
+    ));
+    wait_release();
+    drop(server.stdin.take());
+    let _ = server.wait();
+}
+
+fn net_server(udp_n: u64) {
+    let tcp = TcpListener::bind("127.0.0.1:0").expect("tcp bind");
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+    say(&format!(
+        "ports tcp={} udp={}",
+        tcp.local_addr().expect("addr").port(),
+        udp.local_addr().expect("addr").port()
+    ));
+    let (mut conn, _) = tcp.accept().expect("accept");
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut tcp_rx = 0u64;
+    loop {
+        let n = std::io::Read::read(&mut conn, &mut buf).expect("tcp read");
+        if n == 0 {
+            break;
+        }
+        tcp_rx += n as u64;
+    }
+    drop(conn);
+    let (mut udp_rx, mut udp_packets) = (0u64, 0u64);
+    udp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    while udp_packets < udp_n {
+        let n = udp.recv(&mut buf).expect("udp recv");
+        udp_rx += n as u64;
+        udp_packets += 1;
+    }
+    say(&format!(
+        "server_tcp_received={tcp_rx} server_udp_received={udp_rx} server_udp_packets={udp_packets}"
+    ));
+    wait_release();
+}
+
+fn cpu(ms: u64) {
+    say("ready");
+    wait_go();
+    let t0 = clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+    burn_thread_cpu(ms * 1_000_000);
+    let used = clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - t0;
+    say(&format!("done cpu_ns={used}"));
+    wait_release();
+}
+
+/// /proc/self/schedstat: (on-CPU ns, run-queue wait ns).
+fn own_schedstat() -> (u64, u64) {
+    let t = std::fs::read_to_string("/proc/self/schedstat").expect("schedstat");
+    let f: Vec<u64> = t
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    (f[0], f[1])
+}
+
+fn runq(ms: u64) {
+    let (hold_r, hold_w) = pipe();
+    let (report_r, report_w) = pipe();
+    say("ready");
+    wait_go();
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        // SAFETY: the workload is single-threaded here; the child only uses async-signal-safe
+        // calls plus its own allocations before exiting with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: closing our copy of the write end, so that EOF arrives on release.
+            unsafe { libc::close(hold_w) };
+            pin_to_cpu(0);
+            burn_thread_cpu(ms * 1_000_000);
+            let (oncpu, wait) = own_schedstat();
+            let line = format!("{} {oncpu} {wait}\n", std::process::id());
+            // SAFETY: valid fd and buffer; a pipe write under PIPE_BUF is atomic.
+            unsafe { libc::write(report_w, line.as_ptr().cast(), line.len()) };
+            let mut b = [0u8; 1];
+            // SAFETY: blocks until the parent closes hold_w.
+            unsafe {
+                libc::read(hold_r, b.as_mut_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        check(pid as libc::c_long, "fork");
+        pids.push(pid);
+    }
+    // SAFETY: the parent keeps only the read end of the report pipe.
+    unsafe { libc::close(report_w) };
+    let mut reports =
+        BufReader::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(report_r) });
+    let mut out = String::from("done");
+    for i in 0..2 {
+        let mut line = String::new();
+        reports.read_line(&mut line).expect("child report");
+        let f: Vec<&str> = line.split_whitespace().collect();
+        out.push_str(&format!(
+            " child{i}={} child{i}_oncpu_ns={} child{i}_runq_ns={}",
+            f[0], f[1], f[2]
+        ));
+    }
+    say(&out);
+    wait_release();
+    // SAFETY: closing the hold pipe releases the children; then reap them.
+    unsafe {
+        libc::close(hold_w);
+        for pid in pids {
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+        }
+    }
+}
+
+fn getpid_loop() {
+    say("ready");
+    wait_go();
+    let mut pfd = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut calls = 0u64;
+    loop {
+        for _ in 0..1000 {
+            // SAFETY: no preconditions.
+            unsafe { libc::syscall(libc::SYS_getpid) };
+        }
+        calls += 1000;
+        // SAFETY: valid pollfd; the 1 ms timeout paces the loop.
+        if unsafe { libc::poll(&mut pfd, 1, 1) } > 0 {
+            break;
+        }
+    }
+    wait_go(); // consume the `stop` byte
+    say(&format!("done getpid={calls}"));
+    wait_release();
+}

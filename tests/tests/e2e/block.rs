@@ -1,0 +1,127 @@
+//! Block IO per process and device.
+use std::path::Path;
+
+use ethand_tests::{Daemon, ProcessSnapshot, RemoveOnDrop, disk_of, measure, serial};
+
+use crate::workload;
+
+/// (ops, bytes) of a process's entries for `device` and `op`.
+fn block_sum(p: &ProcessSnapshot, device: &str, op: &str) -> (u64, u64) {
+    p.block
+        .iter()
+        .filter(|b| b.device == device && b.op == op)
+        .fold((0, 0), |(o, n), b| (o + b.ops, n + b.bytes))
+}
+
+/// 8 MiB written with O_DIRECT in 1 MiB writes and read back with O_DIRECT: exactly 8 MiB each
+/// way on the disk behind /var/tmp, at least 8 requests each, and every request in the queue
+/// and service histograms. (The workload overwrites a file it wrote and fsynced during setup
+/// and does not fsync in the measured phase: see `blockio` in the workload for why.)
+#[test]
+fn direct_io_bytes_are_exact() {
+    let _serial = serial();
+    let dir = Path::new("/var/tmp");
+    let dev = disk_of(dir);
+    let file = dir.join(format!("ethand-test-blockio-{}.dat", std::process::id()));
+    let _cleanup = RemoveOnDrop(file.clone());
+    let d = Daemon::start("blockio", "");
+    let mib = 8u64;
+    let mut w = workload(&["blockio", file.to_str().expect("utf-8"), &mib.to_string()]);
+    let m = measure(&d, &mut w);
+    let total = mib << 20;
+    assert_eq!(
+        (m.done.u64("written"), m.done.u64("read")),
+        (total, total),
+        "workload's own IO"
+    );
+
+    let (b, a) = m.proc_pair(w.pid);
+    let delta = |op: &str| {
+        let (o1, n1) = block_sum(a, &dev, op);
+        let (o0, n0) = block_sum(&b, &dev, op);
+        (o1 - o0, n1 - n0)
+    };
+    let (wops, wbytes) = delta("write");
+    let (rops, rbytes) = delta("read");
+    eprintln!(
+        "observed on {dev}: write {wbytes} bytes in {wops} ops, read {rbytes} bytes in {rops} ops (expected {total} bytes each); \
+         entries: {:?}",
+        a.block
+            .iter()
+            .map(|e| (e.device.as_str(), e.op.as_str(), e.ops, e.bytes))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        wbytes, total,
+        "bytes written to {dev}: expected {total}, got {wbytes}"
+    );
+    assert_eq!(
+        rbytes, total,
+        "bytes read from {dev}: expected {total}, got {rbytes}"
+    );
+    assert!(wops >= mib, "write requests: expected >= {mib}, got {wops}");
+    assert!(rops >= mib, "read requests: expected >= {mib}, got {rops}");
+    for e in &a.block {
+        let (q, s): (u64, u64) = (e.queue_hist.iter().sum(), e.service_hist.iter().sum());
+        assert_eq!(
+            (q, s),
+            (e.ops, e.ops),
+            "{} {}: queue and service histogram counts must equal ops",
+            e.device,
+            e.op
+        );
+    }
+    w.finish();
+    assert!(!file.exists(), "workload left {}", file.display());
+}
+
+/// The device's cache mode: true for "write back" (cache flushes reach the device).
+fn has_write_back_cache(dev: &str) -> bool {
+    let mode = std::fs::read_to_string(format!("/sys/dev/block/{dev}/queue/write_cache"))
+        .unwrap_or_default();
+    mode.trim() == "write back"
+}
+
+/// fdatasync() of a file with nothing dirty writes no data: each call only flushes the
+/// device's write cache. ethand must report those requests as op "flush" and no "write"
+/// requests at all for the process.
+#[test]
+fn cache_flushes_are_flushes_not_writes() {
+    let _serial = serial();
+    let dir = Path::new("/var/tmp");
+    let dev = disk_of(dir);
+    let flushes = if has_write_back_cache(&dev) { 20u64 } else { 0 };
+    let file = dir.join(format!("ethand-test-flush-{}.dat", std::process::id()));
+    let _cleanup = RemoveOnDrop(file.clone());
+    let d = Daemon::start("flush", "");
+    let mut w = workload(&["fdatasync", file.to_str().expect("utf-8"), "20"]);
+    let m = measure(&d, &mut w);
+    let (b, a) = m.proc_pair(w.pid);
+    let delta = |op: &str| {
+        let (o1, n1) = block_sum(a, &dev, op);
+        let (o0, n0) = block_sum(&b, &dev, op);
+        (o1 - o0, n1 - n0)
+    };
+    let (write, flush) = (delta("write"), delta("flush"));
+    let unmatched = d
+        .status()
+        .dropped
+        .iter()
+        .find(|c| c.reason == "blk_complete_unmatched")
+        .map_or(0, |c| c.count);
+    eprintln!(
+        "observed on {dev}: 20 fdatasync: write (ops, bytes) {write:?}, flush (ops, bytes) {flush:?}; \
+         daemon-wide blk_complete_unmatched {unmatched}"
+    );
+    assert_eq!(
+        write,
+        (0, 0),
+        "write (ops, bytes) of a process that wrote no data: expected (0, 0), got {write:?}"
+    );
+    assert_eq!(
+        flush,
+        (flushes, 0),
+        "flush (ops, bytes): expected ({flushes}, 0), got {flush:?}"
+    );
+    w.finish();
+}

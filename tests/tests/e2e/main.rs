@@ -1,0 +1,24 @@
+//! ethand end to end: a real daemon (root, BPF) measures workloads whose work is known
+//! exactly, and each test compares what ethand reports with that ground truth.
+//!
+//! One test binary; every test holds `serial()` so that only one daemon and one workload run
+//! at a time (timing figures on a small machine would suffer otherwise). Each test prints the
+//! figures it observed (`cargo test -- --nocapture` shows them).
+//!
+//! Needs: root, a kernel with BPF and BTF, `cargo build --release -p ethand` (or ETHAND_BIN),
+//! promtool on PATH for the /metrics test, setpriv for the capability test.
+mod block;
+mod cli;
+mod lifecycle;
+mod metrics;
+mod net;
+mod probes;
+mod sched;
+mod syscalls;
+
+use ethand_tests::Workload;
+
+/// The workload binary of this crate.
+pub fn workload(args: &[&str]) -> Workload {
+    Workload::start(env!("CARGO_BIN_EXE_ethand-workload"), args)
+}

@@ -1,0 +1,75 @@
+//! Probe attachment: a tracepoint the kernel lacks, and the classic tracepoint fallback.
+use ethand_tests::{Daemon, ProbeState, measure, probe, serial};
+
+use crate::workload;
+
+/// getpid() counted exactly by `d` (the probes that remain must still be exact).
+fn assert_getpid_exact(d: &Daemon, n: u64) -> u64 {
+    let mut w = workload(&["syscalls", &n.to_string(), "0"]);
+    let m = measure(d, &mut w);
+    let (count, errors) = m.syscall_delta(w.pid, libc::SYS_getpid);
+    w.finish();
+    assert_eq!(
+        (count, errors),
+        (n, 0),
+        "getpid (count, errors): expected ({n}, 0)"
+    );
+    count
+}
+
+/// A configured tracepoint that does not exist: that probe is "unsupported" with a reason,
+/// the daemon runs, every other probe is attached and syscall counting stays exact.
+#[test]
+fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
+    let _serial = serial();
+    let d = Daemon::start(
+        "unsupported",
+        "[probes.tracepoints]\nblock_start = \"block/no_such_event\"\n",
+    );
+    let status = d.status();
+    let p = probe(&status.probes, "block_start");
+    eprintln!(
+        "observed: block_start {:?} at {:?}: {:?}",
+        p.state, p.attach_point, p.detail
+    );
+    assert_eq!(p.state, ProbeState::Unsupported, "block_start: {p:?}");
+    assert!(
+        p.detail.contains("block/no_such_event"),
+        "block_start's detail does not name the tracepoint: {:?}",
+        p.detail
+    );
+    let others: Vec<_> = status
+        .probes
+        .iter()
+        .filter(|q| q.name != "block_start" && q.state != ProbeState::Attached)
+        .collect();
+    assert!(others.is_empty(), "other probes not attached: {others:?}");
+    let n = assert_getpid_exact(&d, 10_000);
+    eprintln!("observed: getpid count {n}");
+}
+
+/// prefer_btf = false: scheduler and syscall probes run on the classic tracepoints and
+/// counting stays exact (syscalls, and context switches against the kernel's counters).
+#[test]
+fn classic_tracepoints_when_btf_is_not_preferred() {
+    let _serial = serial();
+    let d = Daemon::start("classic", "[probes]\nprefer_btf = false\n");
+    let status = d.status();
+    for (name, at) in [
+        ("sched_switch", "tracepoint/sched/sched_switch"),
+        ("sched_wakeup", "tracepoint/sched/sched_wakeup"),
+        ("sys_enter", "tracepoint/raw_syscalls/sys_enter"),
+        ("sys_exit", "tracepoint/raw_syscalls/sys_exit"),
+    ] {
+        let p = probe(&status.probes, name);
+        eprintln!("observed: {name} {:?} at {:?}", p.state, p.attach_point);
+        assert_eq!(
+            (p.state, p.attach_point.as_str()),
+            (ProbeState::Attached, at),
+            "{name}: {p:?}"
+        );
+    }
+    let n = assert_getpid_exact(&d, 10_000);
+    eprintln!("observed: getpid count {n}");
+    crate::sched::assert_ping_pong(&d, 1000);
+}

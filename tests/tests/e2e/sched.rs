@@ -1,0 +1,160 @@
+//! Scheduler accounting: context switches, on-CPU time, run-queue wait.
+use std::thread;
+
+use ethand_tests::{Daemon, SETTLE, find_proc, kernel_switches, measure, serial};
+
+use crate::workload;
+
+/// Pipe ping-pong between two SCHED_BATCH threads pinned to one CPU: every round trip blocks
+/// each thread once, so the switches grow by 2 per round trip, nearly all voluntary
+/// (SCHED_BATCH keeps the woken thread from preempting the writer, which would turn half of
+/// them into involuntary ones). ethand's figures must equal the kernel's own per-thread
+/// counters (/proc/PID/task/*/status) exactly, and both threads must be listed.
+pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
+    let mut w = workload(&["pingpong", &rounds.to_string()]);
+    thread::sleep(SETTLE);
+    let k0 = kernel_switches(w.pid);
+    let before = d.snapshot(w.pid);
+    w.go();
+    thread::sleep(SETTLE);
+    let k1 = kernel_switches(w.pid);
+    let after = d.snapshot(w.pid);
+
+    let (b, a) = (&before.total.sched, &after.total.sched);
+    let vol = a.voluntary_switches - b.voluntary_switches;
+    let invol = a.involuntary_switches - b.involuntary_switches;
+    let blocked = a.offcpu_blocked_ns - b.offcpu_blocked_ns;
+    let kernel = (k1.0 - k0.0, k1.1 - k0.1);
+    let mut tids: Vec<u32> = find_proc(&after, w.pid)
+        .threads
+        .iter()
+        .filter(|t| t.alive)
+        .map(|t| t.tid)
+        .collect();
+    tids.sort();
+    let mut kernel_tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", w.pid))
+        .expect("task dir")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    kernel_tids.sort();
+    eprintln!(
+        "observed: {rounds} round trips: ethand voluntary {vol}, involuntary {invol}, off-cpu blocked {blocked} ns; \
+         kernel voluntary {}, involuntary {}; threads {tids:?} (kernel {kernel_tids:?}), total.threads {}",
+        kernel.0, kernel.1, after.total.threads
+    );
+
+    assert_eq!(
+        (vol, invol),
+        kernel,
+        "ethand's (voluntary, involuntary) switches must equal the kernel's counters"
+    );
+    // Each round trip is two hand-offs, each a switch; a tick preemption of the writer before
+    // it blocks turns that round's voluntary switch into an involuntary one.
+    let (lo, hi) = (2 * rounds, 2 * rounds + 200);
+    assert!(
+        (lo..=hi).contains(&(vol + invol)),
+        "switches: expected {lo}..={hi} for {rounds} round trips, got {vol} + {invol}"
+    );
+    assert!(
+        vol + invol.min(200) >= lo,
+        "voluntary switches: expected >= {lo} - involuntary ({invol}), got {vol}"
+    );
+    assert!(blocked > 0, "offcpu_blocked_ns did not grow");
+    assert_eq!(tids, kernel_tids, "live threads of {}", w.pid);
+    assert_eq!(after.total.threads, 2, "total.threads");
+    w.finish();
+}
+
+#[test]
+fn context_switches_of_a_pipe_ping_pong() {
+    let _serial = serial();
+    let d = Daemon::start("switches", "");
+    assert_ping_pong(&d, 2000);
+}
+
+/// Reads /proc/PID/schedstat: (on-CPU ns, run-queue wait ns).
+fn kernel_schedstat(pid: u32) -> (u64, u64) {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    let f: Vec<u64> = t
+        .split_whitespace()
+        .map(|x| x.parse().expect("number"))
+        .collect();
+    (f[0], f[1])
+}
+
+/// A busy loop of 1 s CPU time: oncpu_ns grows by the workload's own measure (within 5%) and
+/// by the kernel's sum_exec_runtime (/proc/PID/schedstat, within 2%).
+#[test]
+fn oncpu_time_matches_the_workloads_own_cpu_time() {
+    let _serial = serial();
+    let d = Daemon::start("oncpu", "");
+    let mut w = workload(&["cpu", "1000"]);
+    thread::sleep(SETTLE);
+    let k0 = kernel_schedstat(w.pid);
+    let before = d.snapshot(w.pid);
+    let done = w.go();
+    thread::sleep(SETTLE);
+    let k1 = kernel_schedstat(w.pid);
+    let after = d.snapshot(w.pid);
+
+    let own = done.u64("cpu_ns");
+    let oncpu = find_proc(&after, w.pid).sched.oncpu_ns - find_proc(&before, w.pid).sched.oncpu_ns;
+    let kernel = k1.0 - k0.0;
+    let rel = |x: u64| (x as f64 - own as f64) / own as f64;
+    eprintln!(
+        "observed: workload CPU {own} ns; ethand oncpu delta {oncpu} ns ({:+.2}%); kernel schedstat delta {kernel} ns ({:+.2}%)",
+        100.0 * rel(oncpu),
+        100.0 * rel(kernel)
+    );
+    assert!(own >= 1_000_000_000, "workload burnt only {own} ns");
+    assert!(
+        rel(oncpu).abs() <= 0.05,
+        "oncpu_ns delta {oncpu} is not within 5% of the workload's CPU time {own}"
+    );
+    let vs_kernel = (oncpu as f64 - kernel as f64) / kernel as f64;
+    assert!(
+        vs_kernel.abs() <= 0.02,
+        "oncpu_ns delta {oncpu} is not within 2% of the kernel's sum_exec_runtime delta {kernel}"
+    );
+    w.finish();
+}
+
+/// Two children pinned to one CPU, each burning 0.5 s of CPU: each waits for the CPU about as
+/// long as it runs. ethand's run-queue wait must be large, in the histogram, and match the
+/// kernel's run_delay (/proc/PID/schedstat read by each child when done).
+#[test]
+fn runq_wait_of_two_busy_children_on_one_cpu() {
+    let _serial = serial();
+    let d = Daemon::start("runq", "");
+    let mut w = workload(&["runq", "500"]);
+    let m = measure(&d, &mut w);
+    for i in 0..2 {
+        let pid = m.done.u64(&format!("child{i}")) as u32;
+        let kernel_wait = m.done.u64(&format!("child{i}_runq_ns"));
+        let kernel_cpu = m.done.u64(&format!("child{i}_oncpu_ns"));
+        let s = &find_proc(&m.after, pid).sched;
+        let hist: u64 = s.runq_wait_hist.iter().sum();
+        eprintln!(
+            "observed: child {pid}: ethand runq_wait {} ns (kernel {kernel_wait}), oncpu {} ns (kernel {kernel_cpu}), \
+             runq waits in histogram {hist}, involuntary switches {}",
+            s.runq_wait_ns, s.oncpu_ns, s.involuntary_switches
+        );
+        assert!(
+            s.runq_wait_ns > 100_000_000,
+            "child {pid}: runq_wait_ns {} <= 100 ms",
+            s.runq_wait_ns
+        );
+        assert!(hist > 0, "child {pid}: empty runq_wait_hist");
+        assert!(
+            s.involuntary_switches > 0,
+            "child {pid}: no involuntary switches"
+        );
+        let tol = kernel_wait / 10 + 5_000_000;
+        assert!(
+            s.runq_wait_ns.abs_diff(kernel_wait) <= tol,
+            "child {pid}: runq_wait_ns {} vs kernel run_delay {kernel_wait}: off by more than {tol} ns",
+            s.runq_wait_ns
+        );
+    }
+    w.finish();
+}
