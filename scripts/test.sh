@@ -8,4 +8,4 @@ export PATH="$HOME/.cargo/bin:$PATH"
 echo "[test] building ethand (release)" >&2
 cargo build --release --locked -p ethand
 echo "[test] cargo test (release)" >&2
-cargo test --release --locked
+cargo test --release --locked --no-fail-fast

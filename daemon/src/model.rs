@@ -940,7 +940,7 @@ mod tests {
 
     #[test]
     fn cgroup_totals_survive_reclaim() {
-        // Grace of 1 s at a 1 s interval: a process is reclaimed one round after its exit.
+        // Grace of 1 s at a 1 s interval.
         let mut m = Model::new(1000, 60, 1, 100);
         let key = ProcKey {
             tgid: 10,
@@ -958,7 +958,11 @@ mod tests {
         let before: u64 = m.cgroups().iter().map(|c| c.oncpu_ns).sum();
         assert_eq!(before, 4000);
         m.on_exit(key);
+        // Visible for the round that sees the exit, then for one interval of grace.
         let r = m.ingest(RawRead::default(), 1000);
+        assert!(r.procs.is_empty());
+        assert!(!m.procs[&key].alive);
+        let r = m.ingest(RawRead::default(), 2000);
         assert_eq!(r.procs, vec![key]);
         assert!(m.procs.is_empty());
         let after: Vec<_> = m.cgroups();
