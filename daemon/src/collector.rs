@@ -81,9 +81,11 @@ impl BpfStats {
         let want = match self.mode {
             BpfStatsMode::Always => true,
             BpfStatsMode::Off => false,
+            // The window closes each period, so that a short-lived daemon (or a benchmark
+            // started with it) does not pay for statistics it never reports.
             BpfStatsMode::Sampled => {
                 let p = self.period.as_millis().max(1);
-                (self.started.elapsed().as_millis() % p) < self.window.as_millis()
+                (self.started.elapsed().as_millis() % p) >= p - self.window.as_millis()
             }
         };
         if want && self.fd.is_none() {
