@@ -11,6 +11,14 @@ use ethand_common::{HIST_BUCKETS, NO_SYSCALL, ThreadStats, counter, log2_bucket,
 use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, bump, proc_start_of, read_u32};
 use crate::{koff, tpoff};
 
+/// Loads a u32 field of a BTF-typed kernel pointer (a tp_btf argument) directly: the offset
+/// comes from frozen read-only data, so the verifier knows it and checks it against BTF,
+/// and no bpf_probe_read call is needed.
+#[inline(always)]
+fn btf_u32(p: *const u8, off: u32) -> u32 {
+    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
+}
+
 /// TASK_REPORT_MAX: the classic tracepoint's prev_state for a preempted task.
 const TASK_REPORT_MAX: u32 = 0x100;
 
@@ -19,7 +27,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let preempt: u64 = ctx.arg(0);
     let next: *const u8 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
-    let next_tid = read_u32(next, koff!(task_pid));
+    let next_tid = btf_u32(next, koff!(task_pid));
     // Voluntary: the task blocked (non-running state) and was not preempted.
     on_switch(next_tid, preempt == 0 && (prev_state as u32) != 0);
     0
@@ -37,7 +45,7 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
     let p: *const u8 = ctx.arg(0);
-    on_wakeup(read_u32(p, koff!(task_pid)));
+    on_wakeup(btf_u32(p, koff!(task_pid)));
     0
 }
 
