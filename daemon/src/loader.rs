@@ -323,7 +323,7 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
             Err(e) => reasons.push(format!("tp_btf/{tp}: {}", error_chain(&e))),
         }
     } else if spec.btf.is_some() && spec.classic.is_some() && !cfg.probes.prefer_btf {
-        // Forced onto the classic path: say so in the status.
+        reasons.push("probes.prefer_btf = false".into());
     } else if spec.btf.is_some() && btf.is_none() {
         reasons.push("no kernel BTF".into());
     }

@@ -444,6 +444,7 @@ impl Model {
     }
 
     fn refresh_meta(&mut self) {
+        let round = self.round;
         let stale: Vec<ProcKey> = self
             .procs
             .values()
@@ -457,8 +458,13 @@ impl Model {
             p.meta_stale = false;
             match meta {
                 Some(m) => p.meta = Some(m),
+                // Never identified: it exited before we looked (its exit event may have come
+                // before its first counters), or the pid already belongs to another process.
                 None if p.meta.is_none() => {
-                    p.alive = procinfo::exists(k.tgid) && p.key.proc_start_ns == 0
+                    if !(procinfo::exists(k.tgid) && k.proc_start_ns == 0) {
+                        p.alive = false;
+                        p.exited_round.get_or_insert(round);
+                    }
                 }
                 None => {}
             }
@@ -972,6 +978,34 @@ mod tests {
             "the counter must not go down"
         );
         assert_eq!(after.iter().map(|c| c.processes).sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn process_gone_before_first_look_is_reclaimed() {
+        // A pid that cannot exist (above pid_max): its metadata can never be read.
+        let mut m = Model::new(1000, 60, 1, 100);
+        let key = ProcKey {
+            tgid: 4_999_999,
+            _pad0: 0,
+            proc_start_ns: 77,
+        };
+        let mut t = th(10, 1, 0);
+        t.tgid = key.tgid;
+        t.proc_start_ns = key.proc_start_ns;
+        m.ingest(
+            RawRead {
+                threads: vec![(4_999_999, t)],
+                ..Default::default()
+            },
+            0,
+        );
+        assert!(!m.procs[&key].alive);
+        let r = m.ingest(RawRead::default(), 1000);
+        assert_eq!(
+            r.procs,
+            vec![key],
+            "reclaimed after the grace period, not kept forever"
+        );
     }
 
     #[test]
