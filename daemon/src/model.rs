@@ -946,17 +946,21 @@ mod tests {
 
     #[test]
     fn cgroup_totals_survive_reclaim() {
-        // Grace of 1 s at a 1 s interval.
+        // Grace of 1 s at a 1 s interval. The test process itself stands in for a live
+        // process (start time 0: not checked) so that its /proc metadata can be read.
         let mut m = Model::new(1000, 60, 1, 100);
+        let me = std::process::id();
         let key = ProcKey {
-            tgid: 10,
+            tgid: me,
             _pad0: 0,
-            proc_start_ns: 5,
+            proc_start_ns: 0,
         };
-        let t = th(4000, 1, 0);
+        let mut t = th(4000, 1, 0);
+        t.tgid = me;
+        t.proc_start_ns = 0;
         m.ingest(
             RawRead {
-                threads: vec![(10, t)],
+                threads: vec![(me, t)],
                 ..Default::default()
             },
             0,
