@@ -1,10 +1,12 @@
 //! `cargo xtask bench`: ethand's overhead per event against no tracing and against bpftrace.
 //!
 //! - `workloads`: the four timed loops, each run in a child process;
-//! - `modes`: what is attached while they run (nothing, ethand, bpftrace), as stop-on-drop guards;
+//! - `modes`: what is attached while they run (nothing, ethand, bpftrace, and each tracer with
+//!   its scheduler probes only), as stop-on-drop guards;
 //! - `report`: medians, added cost, ratios, targets; the terminal table and `docs/performance.md`.
 //!
-//! This module only validates the options and interleaves rounds x modes x workloads.
+//! This module only validates the options, interleaves rounds x modes x workloads, and then
+//! reads ethand's per-program run times in one extra, untimed run.
 
 mod modes;
 mod report;
@@ -86,18 +88,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         !tracing || unsafe { libc::geteuid() } == 0,
         "the ethand and bpftrace modes load BPF programs: run as root, or use --modes none"
     );
-    let ethand = if modes.contains(&Mode::Ethand) {
+    let ethand = if modes.iter().any(|m| m.runs_ethand()) {
         Some(resolve_ethand(args.ethand, &root)?)
     } else {
         None
     };
-    let bpftrace = if modes.contains(&Mode::Bpftrace) {
+    let bpftrace = if modes.iter().any(|m| m.runs_bpftrace()) {
         let found = find_executable(&args.bpftrace);
         if found.is_none() {
             let why = format!("{} not found", args.bpftrace.display());
-            eprintln!("[bench] bpftrace mode skipped: {why}");
-            not_run.insert(Mode::Bpftrace, why);
-            modes.retain(|&m| m != Mode::Bpftrace);
+            for m in modes.iter().filter(|m| m.runs_bpftrace()) {
+                eprintln!("[bench] {} mode skipped: {why}", m.name());
+                not_run.insert(*m, why.clone());
+            }
+            modes.retain(|m| !m.runs_bpftrace());
         }
         found
     } else {
@@ -129,7 +133,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     .entry(mode)
                     .or_insert_with(|| t.ready_output.clone());
             }
-            for w in Workload::ALL {
+            for &w in mode.workloads() {
                 let m = workloads::measure(w, iters.of(w), &args.io_dir)?;
                 eprintln!(
                     "[bench]   {:<9} {:>10} ns per {}",
@@ -146,6 +150,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
 
+    let program_costs = match &tools.ethand {
+        Some(bin) => {
+            eprintln!(
+                "[bench] BPF program run times: ethand with bpf_stats = \"always\", under getpid \
+                 and ping-pong (untimed)"
+            );
+            modes::ethand_program_costs(bin, tmp.path(), || {
+                for w in [Workload::Getpid, Workload::Pingpong] {
+                    workloads::measure(w, iters.of(w), &args.io_dir)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| {
+                eprintln!("[bench] BPF program run times not measured: {e:#}");
+                format!("failed: {e:#}")
+            })
+        }
+        None => Err("ethand not run".to_string()),
+    };
+
     let machine = Machine::detect(&root, tools.ethand.as_deref(), tools.bpftrace.as_deref());
     let info = RunInfo {
         command: command_line(),
@@ -155,6 +179,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         io_dir: args.io_dir.display().to_string(),
         not_run,
         ready_output,
+        program_costs,
         machine,
         load_before,
         load_after: report::load_average(),
@@ -195,7 +220,7 @@ fn resolve_ethand(given: Option<PathBuf>, root: &Path) -> Result<PathBuf> {
         is_executable(&path),
         "ethand binary {} is missing or not executable: build it with \
          `cargo build --release -p ethand`, pass --ethand PATH, or leave ethand out with \
-         --modes none,bpftrace",
+         --modes none,bpftrace,bpftrace-sched",
         path.display()
     );
     Ok(path)
@@ -212,7 +237,8 @@ fn build_ethand(root: &Path) -> Result<()> {
     if !status.success() {
         bail!(
             "`cargo build --release -p ethand` failed ({status}): install the toolchain with \
-             scripts/setup.sh, pass --ethand PATH, or leave ethand out with --modes none,bpftrace"
+             scripts/setup.sh, pass --ethand PATH, or leave ethand out with \
+             --modes none,bpftrace,bpftrace-sched"
         );
     }
     Ok(())

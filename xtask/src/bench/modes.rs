@@ -1,10 +1,12 @@
 //! The modes a workload runs under: nothing attached, ethand, or bpftrace doing the same
-//! accounting (`accounting.bt`).
+//! accounting (`accounting.bt`); and each tracer with its scheduler accounting only, to time
+//! context switches directly.
 //!
 //! Invariants: [`attach`] returns only once the tracer is attached, and the [`Tracer`] it returns
 //! stops its process (signal, then SIGKILL after a timeout) when dropped, so no daemon or
 //! bpftrace outlives the bench, whatever error ends it.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::Read;
 use std::net::TcpListener;
@@ -13,11 +15,22 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use clap::ValueEnum;
 
-/// The bpftrace program of the `bpftrace` mode.
+use super::workloads::Workload;
+use serde_json::Value as Json;
+
+/// The bpftrace program of the `bpftrace` mode; [`sched_script`] derives `bpftrace-sched`'s.
 pub const BPFTRACE_SCRIPT: &str = include_str!("accounting.bt");
+/// The lines around the scheduler part of [`BPFTRACE_SCRIPT`].
+const SCHED_BEGIN: &str = "// [sched]";
+const SCHED_END: &str = "// [/sched]";
+
+/// The probe families the `ethand-sched` mode turns off (keys of `[probes]`, see
+/// daemon/src/default.toml): everything but `sched`.
+const ETHAND_SCHED_ONLY: &str =
+    "[probes]\nsyscalls = false\nblock = false\nnet = false\nlifecycle = false\n";
 
 /// How long a tracer may take to attach.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,17 +46,48 @@ pub enum Mode {
     Ethand,
     /// bpftrace running `accounting.bt`.
     Bpftrace,
+    /// `ethand run` with only its scheduler probes (`[probes]` sched on, the rest off); runs
+    /// the ping-pong only.
+    EthandSched,
+    /// bpftrace running only the scheduler part of `accounting.bt`; runs the ping-pong only.
+    BpftraceSched,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::None, Mode::Ethand, Mode::Bpftrace];
+    pub const ALL: [Mode; 5] = [
+        Mode::None,
+        Mode::Ethand,
+        Mode::Bpftrace,
+        Mode::EthandSched,
+        Mode::BpftraceSched,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Mode::None => "none",
             Mode::Ethand => "ethand",
             Mode::Bpftrace => "bpftrace",
+            Mode::EthandSched => "ethand-sched",
+            Mode::BpftraceSched => "bpftrace-sched",
         }
+    }
+
+    /// The workloads run under this mode. The scheduler-only modes exist to time context
+    /// switches, and only the ping-pong switches much.
+    pub fn workloads(self) -> &'static [Workload] {
+        match self {
+            Mode::EthandSched | Mode::BpftraceSched => &[Workload::Pingpong],
+            _ => &Workload::ALL,
+        }
+    }
+
+    /// Whether the mode runs ethand (else bpftrace, or nothing).
+    pub fn runs_ethand(self) -> bool {
+        matches!(self, Mode::Ethand | Mode::EthandSched)
+    }
+
+    pub fn runs_bpftrace(self) -> bool {
+        matches!(self, Mode::Bpftrace | Mode::BpftraceSched)
     }
 }
 
@@ -62,21 +106,92 @@ pub fn attach(mode: Mode, tools: &Tools, dir: &Path) -> Result<Option<Tracer>> {
     };
     match mode {
         Mode::None => Ok(None),
-        Mode::Ethand => start_ethand(&tool(&tools.ethand)?, dir).map(Some),
-        Mode::Bpftrace => start_bpftrace(&tool(&tools.bpftrace)?, dir).map(Some),
+        Mode::Ethand => start_ethand(&tool(&tools.ethand)?, dir, "", "").map(Some),
+        Mode::EthandSched => {
+            start_ethand(&tool(&tools.ethand)?, dir, "", ETHAND_SCHED_ONLY).map(Some)
+        }
+        Mode::Bpftrace => start_bpftrace(&tool(&tools.bpftrace)?, dir, BPFTRACE_SCRIPT).map(Some),
+        Mode::BpftraceSched => {
+            start_bpftrace(&tool(&tools.bpftrace)?, dir, &sched_script()?).map(Some)
+        }
     }
 }
 
+/// The scheduler part of [`BPFTRACE_SCRIPT`] as a program of its own: the lines between
+/// [`SCHED_BEGIN`] and [`SCHED_END`], and an END block with the script's `clear()` calls of
+/// the maps those lines use.
+pub fn sched_script() -> Result<String> {
+    sched_subset(BPFTRACE_SCRIPT)
+}
+
+fn sched_subset(script: &str) -> Result<String> {
+    let lines: Vec<&str> = script.lines().collect();
+    let find = |marker: &str| {
+        lines
+            .iter()
+            .position(|l| l.trim() == marker)
+            .with_context(|| format!("accounting.bt has no {marker:?} line"))
+    };
+    let (begin, end) = (find(SCHED_BEGIN)?, find(SCHED_END)?);
+    ensure!(
+        begin < end,
+        "accounting.bt: {SCHED_END:?} before {SCHED_BEGIN:?}"
+    );
+    let part = &lines[begin + 1..end];
+    let maps: BTreeSet<&str> = part.iter().flat_map(|l| map_names(l)).collect();
+
+    let end_start = lines
+        .iter()
+        .position(|l| l.starts_with("END {"))
+        .context("accounting.bt has no `END {` line")?;
+    let end_len = lines[end_start..]
+        .iter()
+        .position(|l| l.trim() == "}")
+        .context("accounting.bt: END block not closed by a `}` line")?;
+    let clears: Vec<String> = lines[end_start..=end_start + end_len]
+        .iter()
+        .flat_map(|l| l.split(';'))
+        .filter_map(|stmt| {
+            let name = stmt.trim().strip_prefix("clear(@")?.strip_suffix(')')?;
+            maps.contains(name).then(|| format!("clear(@{name});"))
+        })
+        .collect();
+    ensure!(
+        clears.len() == maps.len(),
+        "accounting.bt: END clears {} of the {} maps of the scheduler part",
+        clears.len(),
+        maps.len()
+    );
+    Ok(format!(
+        "// Generated by `cargo xtask bench` from accounting.bt: its scheduler part only.\n\n\
+         {}\n\nEND {{ {} }}\n",
+        part.join("\n"),
+        clears.join(" ")
+    ))
+}
+
+/// The names of the maps (`@name`) a line of bpftrace uses.
+fn map_names(line: &str) -> impl Iterator<Item = &str> {
+    line.split('@').skip(1).filter_map(|rest| {
+        let len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        (len > 0).then(|| &rest[..len])
+    })
+}
+
 /// `ethand run` with a config that moves its socket and /metrics port out of the way of an
-/// installed daemon. Ready when `ethand status` answers.
-fn start_ethand(bin: &Path, dir: &Path) -> Result<Tracer> {
-    let socket = dir.join("ethand.sock");
+/// installed daemon, plus `daemon_extra` (lines of `[daemon]`) and `sections` (more tables).
+/// Ready when `ethand status` answers.
+fn start_ethand(bin: &Path, dir: &Path, daemon_extra: &str, sections: &str) -> Result<Tracer> {
+    let socket = ethand_socket(dir);
     let config = dir.join("ethand.toml");
     let port = free_loopback_port()?;
     fs::write(
         &config,
         format!(
-            "[daemon]\nsocket = \"{}\"\n\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n",
+            "[daemon]\nsocket = \"{}\"\n{daemon_extra}\n\
+             [prometheus]\nlisten = \"127.0.0.1:{port}\"\n\n{sections}",
             socket.display()
         ),
     )
@@ -110,14 +225,122 @@ fn start_ethand(bin: &Path, dir: &Path) -> Result<Tracer> {
     }
 }
 
-/// bpftrace with `accounting.bt`. Ready when it has announced "Attaching N probes..." and
-/// holds N perf-event (or BPF link) file descriptors, one per attached probe.
-fn start_bpftrace(bin: &Path, dir: &Path) -> Result<Tracer> {
-    let script = dir.join("accounting.bt");
-    fs::write(&script, BPFTRACE_SCRIPT).context("writing the bpftrace script")?;
+fn ethand_socket(dir: &Path) -> PathBuf {
+    dir.join("ethand.sock")
+}
+
+/// What one ethand BPF program cost, by the kernel's BPF run-time statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramCost {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+impl ProgramCost {
+    /// Average run time (None without runs).
+    pub fn ns_per_run(&self) -> Option<f64> {
+        (self.run_count > 0).then(|| self.run_time_ns as f64 / self.run_count as f64)
+    }
+}
+
+/// Runs `work` under `ethand run` with its default probes and the kernel's BPF run-time
+/// statistics on (`daemon.bpf_stats = "always"`, which costs every program run: never used in
+/// a timed mode), then returns `programs` of `ethand status --json`, from a snapshot the daemon
+/// took after `work`.
+pub fn ethand_program_costs(
+    bin: &Path,
+    dir: &Path,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<Vec<ProgramCost>> {
+    let mut tracer = start_ethand(bin, dir, "bpf_stats = \"always\"\n", "")?;
+    work()?;
+    tracer.ensure_running("while the workloads ran")?;
+    // `status` answers from the snapshot of the daemon's last collection (every
+    // daemon.interval_ms). The one current now may predate the end of `work`; the next one
+    // (its statistics have been on longer) cannot.
+    let socket = ethand_socket(dir);
+    let enabled_ms = |status: &Json| status.get("bpf_stats_enabled_ms").and_then(Json::as_u64);
+    let current = enabled_ms(&ethand_status_json(bin, &socket)?);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let status = loop {
+        sleep(POLL);
+        let status = ethand_status_json(bin, &socket)?;
+        if enabled_ms(&status) != current {
+            break status;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "ethand took no new snapshot within {} s (bpf_stats_enabled_ms stays {current:?})",
+            READY_TIMEOUT.as_secs()
+        );
+    };
+    let costs = parse_program_costs(&status)?;
+    tracer.finish()?;
+    Ok(costs)
+}
+
+fn ethand_status_json(bin: &Path, socket: &Path) -> Result<Json> {
+    let out = Command::new(bin)
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} status --json", bin.display()))?;
+    ensure!(
+        out.status.success(),
+        "`ethand status --json` failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    serde_json::from_slice::<Json>(&out.stdout).context("parsing `ethand status --json`")
+}
+
+/// `programs[]` {name, run_count, run_time_ns} of `ethand status --json`, after checking that
+/// the statistics were on (`bpf_stats` "always").
+fn parse_program_costs(status: &Json) -> Result<Vec<ProgramCost>> {
+    let mode = status.get("bpf_stats").and_then(Json::as_str);
+    ensure!(
+        mode == Some("always"),
+        "ethand reports bpf_stats {mode:?}, not \"always\": the kernel's BPF statistics are off \
+         (see its log)"
+    );
+    let programs = status
+        .get("programs")
+        .and_then(Json::as_array)
+        .context("`ethand status --json` has no programs[]")?;
+    programs
+        .iter()
+        .map(|p| {
+            let field = |key: &str| {
+                p.get(key)
+                    .with_context(|| format!("a program without {key:?}: {p:?}"))
+            };
+            let number = |key: &str| {
+                field(key)?
+                    .as_u64()
+                    .with_context(|| format!("program field {key:?} is not a count: {p:?}"))
+            };
+            Ok(ProgramCost {
+                name: field("name")?
+                    .as_str()
+                    .with_context(|| format!("program name is not a string: {p:?}"))?
+                    .to_string(),
+                run_count: number("run_count")?,
+                run_time_ns: number("run_time_ns")?,
+            })
+        })
+        .collect()
+}
+
+/// bpftrace running `script`. Ready when it has announced "Attaching N probes..." and holds N
+/// perf-event (or BPF link) file descriptors, one per attached probe.
+fn start_bpftrace(bin: &Path, dir: &Path, script: &str) -> Result<Tracer> {
+    let path = dir.join("accounting.bt");
+    fs::write(&path, script).context("writing the bpftrace script")?;
     let mut cmd = Command::new(bin);
     // ethand's largest per-key maps have 65536 entries; bpftrace's default is 4096.
-    cmd.env("BPFTRACE_MAP_KEYS_MAX", "65536").arg(&script);
+    cmd.env("BPFTRACE_MAP_KEYS_MAX", "65536").arg(&path);
     let mut tracer = Tracer::spawn("bpftrace", cmd, dir.join("bpftrace.log"), libc::SIGINT)?;
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -266,5 +489,74 @@ impl Drop for Tracer {
         if let Err(e) = self.stop() {
             eprintln!("warning: stopping {}: {e:#}", self.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sched_script_is_the_scheduler_part_with_its_clears() {
+        let sched = sched_script().unwrap();
+        let probes: Vec<&str> = sched
+            .lines()
+            .filter(|l| l.starts_with("tracepoint:") || l.starts_with("END"))
+            .map(|l| l.split([' ', '/']).next().unwrap())
+            .collect();
+        assert_eq!(
+            probes,
+            [
+                "tracepoint:sched:sched_wakeup",
+                "tracepoint:sched:sched_switch",
+                "tracepoint:sched:sched_process_exit",
+                "END",
+            ]
+        );
+        // Every line of it but the generated head and END is verbatim from accounting.bt.
+        for line in sched
+            .lines()
+            .filter(|l| !l.starts_with("END") && !l.starts_with("//"))
+        {
+            assert!(BPFTRACE_SCRIPT.lines().any(|l| l == line), "{line:?}");
+        }
+        assert!(sched.ends_with(
+            "END { clear(@wakeup_at); clear(@oncpu_since); clear(@oncpu_ns); \
+             clear(@offcpu_since); clear(@offcpu_ns); clear(@switches); clear(@runq_ns); }\n"
+        ));
+        assert!(!sched.contains("@sys_") && !sched.contains("@blk_"));
+    }
+
+    #[test]
+    fn sched_subset_checks_its_markers_and_clears() {
+        let script = "a { @x = 1; }\n// [sched]\nb { @y[1] = @z[2]; }\n// [/sched]\n\
+                      END {\n  clear(@x); clear(@y);\n  clear(@z);\n}\n";
+        assert_eq!(
+            sched_subset(script).unwrap(),
+            "// Generated by `cargo xtask bench` from accounting.bt: its scheduler part only.\n\n\
+             b { @y[1] = @z[2]; }\n\nEND { clear(@y); clear(@z); }\n"
+        );
+        assert!(sched_subset(&script.replace("clear(@z);", "")).is_err());
+        assert!(sched_subset(&script.replace("// [/sched]", "")).is_err());
+    }
+
+    #[test]
+    fn program_costs_from_status_json() {
+        let json = r#"{
+          "version": "0.1.0", "pid": 7, "probes": [{"name": "x", "state": "attached"}],
+          "programs": [
+            {"name": "sys_enter_btf", "run_count": 4, "run_time_ns": 210},
+            {"name": "sched_switch_btf", "run_count": 0, "run_time_ns": 0}
+          ],
+          "bpf_stats": "always", "cpu_seconds": 0.25
+        }"#;
+        let parse = |json: &str| parse_program_costs(&serde_json::from_str::<Json>(json).unwrap());
+        let costs = parse(json).unwrap();
+        assert_eq!(costs.len(), 2);
+        assert_eq!(costs[0].name, "sys_enter_btf");
+        assert_eq!(costs[0].ns_per_run(), Some(52.5));
+        assert_eq!(costs[1].ns_per_run(), None);
+        assert!(parse(&json.replace("\"always\"", "\"sampled\"")).is_err());
+        assert!(parse(&json.replace("\"run_count\": 4", "\"run_count\": -4")).is_err());
     }
 }

@@ -93,7 +93,9 @@ pub struct Iters {
 impl Iters {
     pub const FULL: Iters = Iters {
         getpid: 2_000_000,
-        pingpong: 200_000,
+        // Many round trips: the per-switch cost is half of a difference of two ping-pong
+        // medians, so their noise matters twice.
+        pingpong: 300_000,
         odirect: 20_000,
         tcp_sends: 16_384,
     };
