@@ -65,7 +65,22 @@ pub fn kernel_offsets(btf_path: &Path) -> Result<KernelOffsets, KernelError> {
         path: btf_path.display().to_string(),
         source,
     })?;
+    // The run queue clock chain exists with CONFIG_FAIR_GROUP_SCHED (cfs_rq.rq).
+    let rq_chain = (|| -> Result<(u32, u32, u32), KernelError> {
+        Ok((
+            member_offset(&btf, "task_struct", "se")?
+                + member_offset(&btf, "sched_entity", "cfs_rq")?,
+            member_offset(&btf, "cfs_rq", "rq")?,
+            member_offset(&btf, "rq", "clock")?,
+        ))
+    })();
+    let rq_chain = rq_chain.ok();
+    let (task_se_cfs_rq, cfs_rq_rq, rq_clock) = rq_chain.unwrap_or((0, 0, 0));
     Ok(KernelOffsets {
+        task_se_cfs_rq,
+        cfs_rq_rq,
+        rq_clock,
+        sched_clock_from_rq: u32::from(rq_chain.is_some()),
         task_pid: member_offset(&btf, "task_struct", "pid")?,
         task_tgid: member_offset(&btf, "task_struct", "tgid")?,
         task_group_leader: member_offset(&btf, "task_struct", "group_leader")?,
@@ -268,5 +283,10 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
             "pid and tgid are adjacent in task_struct"
         );
         assert_eq!(o.pt_regs_syscall_nr, 15 * 8, "x86_64 pt_regs.orig_ax");
+        assert_eq!(
+            o.sched_clock_from_rq, 1,
+            "CI kernels have CONFIG_FAIR_GROUP_SCHED"
+        );
+        assert_ne!(o.rq_clock, 0);
     }
 }

@@ -307,6 +307,14 @@ pub struct KernelOffsets {
     pub pt_regs_syscall_nr: u32,
     /// Syscall number that is not a syscall: the uretprobe return trampoline (335 on x86_64).
     pub skip_syscall_nr: u32,
+    /// `task_struct.se.cfs_rq`, `cfs_rq.rq` and `rq.clock`: the scheduler programs read their
+    /// run queue's clock instead of calling bpf_ktime_get_ns().
+    pub task_se_cfs_rq: u32,
+    pub cfs_rq_rq: u32,
+    pub rq_clock: u32,
+    /// 1 when the three offsets above were found (CONFIG_FAIR_GROUP_SCHED); 0: the
+    /// scheduler programs use the monotonic clock.
+    pub sched_clock_from_rq: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -445,7 +453,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 48);
-        assert_eq!(size_of::<KernelOffsets>(), 32);
+        assert_eq!(size_of::<KernelOffsets>(), 48);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
     }
 

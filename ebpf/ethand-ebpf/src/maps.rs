@@ -21,6 +21,10 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     task_comm: 0,
     pt_regs_syscall_nr: 0,
     skip_syscall_nr: u32::MAX,
+    task_se_cfs_rq: 0,
+    cfs_rq_rq: 0,
+    rq_clock: 0,
+    sched_clock_from_rq: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
