@@ -130,16 +130,7 @@ fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
                 _ => {}
             }
         }
-        let (n, pn) = (&mut t.net, &p.net);
-        n.tcp_tx_bytes += pn.tcp_tx_bytes;
-        n.tcp_rx_bytes += pn.tcp_rx_bytes;
-        n.udp_tx_bytes += pn.udp_tx_bytes;
-        n.udp_rx_bytes += pn.udp_rx_bytes;
-        n.tcp_retransmits += pn.tcp_retransmits;
-        n.tcp_active_opens += pn.tcp_active_opens;
-        n.tcp_closes += pn.tcp_closes;
-        n.tcp_resets_sent += pn.tcp_resets_sent;
-        n.tcp_resets_received += pn.tcp_resets_received;
+        t.net.add(&p.net);
     }
     t
 }

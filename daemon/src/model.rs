@@ -309,29 +309,17 @@ impl Model {
             }
         }
         for (k, v) in raw.syscalls {
-            if let Some(p) = self.proc_mut(ProcKey {
-                tgid: k.tgid,
-                _pad0: 0,
-                proc_start_ns: k.proc_start_ns,
-            }) {
+            if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 p.syscalls.insert(k.nr, v);
             }
         }
         for (k, v) in raw.syscall_hist {
-            if let Some(p) = self.proc_mut(ProcKey {
-                tgid: k.tgid,
-                _pad0: 0,
-                proc_start_ns: k.proc_start_ns,
-            }) {
+            if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 p.syscall_hist.insert(k.class, v);
             }
         }
         for (k, v) in raw.blk {
-            if let Some(p) = self.proc_mut(ProcKey {
-                tgid: k.tgid,
-                _pad0: 0,
-                proc_start_ns: k.proc_start_ns,
-            }) {
+            if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 p.blk.insert((k.dev, k.op), v);
             }
         }
@@ -575,7 +563,6 @@ impl Model {
                 }
             })
             .collect();
-        let n = &p.net;
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,
@@ -604,17 +591,7 @@ impl Model {
                 .collect(),
             syscalls,
             block,
-            net: snap::NetStats {
-                tcp_tx_bytes: n.tcp_tx_bytes,
-                tcp_rx_bytes: n.tcp_rx_bytes,
-                udp_tx_bytes: n.udp_tx_bytes,
-                udp_rx_bytes: n.udp_rx_bytes,
-                tcp_retransmits: n.tcp_retransmits,
-                tcp_active_opens: n.tcp_active_opens,
-                tcp_closes: n.tcp_closes,
-                tcp_resets_sent: n.tcp_resets_sent,
-                tcp_resets_received: n.tcp_resets_received,
-            },
+            net: net_snapshot(&p.net),
             window: self.window(&p.key, window_ms),
         }
     }
@@ -667,7 +644,6 @@ fn cgroup_of(p: &Proc) -> String {
 /// A process's contribution to its cgroup's totals (`processes` left 0).
 fn cgroup_totals(p: &Proc) -> snap::CgroupSnapshot {
     let t = p.totals();
-    let n = &p.net;
     snap::CgroupSnapshot {
         cgroup: String::new(),
         processes: 0,
@@ -679,17 +655,7 @@ fn cgroup_totals(p: &Proc) -> snap::CgroupSnapshot {
         syscall_time_ns: t[5],
         block_read_bytes: t[6],
         block_write_bytes: t[7],
-        net: snap::NetStats {
-            tcp_tx_bytes: n.tcp_tx_bytes,
-            tcp_rx_bytes: n.tcp_rx_bytes,
-            udp_tx_bytes: n.udp_tx_bytes,
-            udp_rx_bytes: n.udp_rx_bytes,
-            tcp_retransmits: n.tcp_retransmits,
-            tcp_active_opens: n.tcp_active_opens,
-            tcp_closes: n.tcp_closes,
-            tcp_resets_sent: n.tcp_resets_sent,
-            tcp_resets_received: n.tcp_resets_received,
-        },
+        net: net_snapshot(&p.net),
     }
 }
 
@@ -702,16 +668,29 @@ fn add_cgroup(a: &mut snap::CgroupSnapshot, b: &snap::CgroupSnapshot) {
     a.syscall_time_ns += b.syscall_time_ns;
     a.block_read_bytes += b.block_read_bytes;
     a.block_write_bytes += b.block_write_bytes;
-    let (x, y) = (&mut a.net, &b.net);
-    x.tcp_tx_bytes += y.tcp_tx_bytes;
-    x.tcp_rx_bytes += y.tcp_rx_bytes;
-    x.udp_tx_bytes += y.udp_tx_bytes;
-    x.udp_rx_bytes += y.udp_rx_bytes;
-    x.tcp_retransmits += y.tcp_retransmits;
-    x.tcp_active_opens += y.tcp_active_opens;
-    x.tcp_closes += y.tcp_closes;
-    x.tcp_resets_sent += y.tcp_resets_sent;
-    x.tcp_resets_received += y.tcp_resets_received;
+    a.net.add(&b.net);
+}
+
+fn proc_key(tgid: u32, proc_start_ns: u64) -> ProcKey {
+    ProcKey {
+        tgid,
+        _pad0: 0,
+        proc_start_ns,
+    }
+}
+
+fn net_snapshot(n: &RawNet) -> snap::NetStats {
+    snap::NetStats {
+        tcp_tx_bytes: n.tcp_tx_bytes,
+        tcp_rx_bytes: n.tcp_rx_bytes,
+        udp_tx_bytes: n.udp_tx_bytes,
+        udp_rx_bytes: n.udp_rx_bytes,
+        tcp_retransmits: n.tcp_retransmits,
+        tcp_active_opens: n.tcp_active_opens,
+        tcp_closes: n.tcp_closes,
+        tcp_resets_sent: n.tcp_resets_sent,
+        tcp_resets_received: n.tcp_resets_received,
+    }
 }
 
 /// dev_t as the block tracepoints report it (MAJOR << 20 | MINOR) -> "major:minor".

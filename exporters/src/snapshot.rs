@@ -151,6 +151,20 @@ pub struct NetStats {
     pub tcp_resets_received: u64,
 }
 
+impl NetStats {
+    pub fn add(&mut self, o: &NetStats) {
+        self.tcp_tx_bytes += o.tcp_tx_bytes;
+        self.tcp_rx_bytes += o.tcp_rx_bytes;
+        self.udp_tx_bytes += o.udp_tx_bytes;
+        self.udp_rx_bytes += o.udp_rx_bytes;
+        self.tcp_retransmits += o.tcp_retransmits;
+        self.tcp_active_opens += o.tcp_active_opens;
+        self.tcp_closes += o.tcp_closes;
+        self.tcp_resets_sent += o.tcp_resets_sent;
+        self.tcp_resets_received += o.tcp_resets_received;
+    }
+}
+
 /// Change over the recent past, for "what is it doing now".
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct WindowStats {
