@@ -104,16 +104,7 @@ fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
     for p in ps {
         t.processes += 1;
         t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
-        let s = &mut t.sched;
-        s.oncpu_ns += p.sched.oncpu_ns;
-        s.offcpu_blocked_ns += p.sched.offcpu_blocked_ns;
-        s.offcpu_preempted_ns += p.sched.offcpu_preempted_ns;
-        s.runq_wait_ns += p.sched.runq_wait_ns;
-        s.voluntary_switches += p.sched.voluntary_switches;
-        s.involuntary_switches += p.sched.involuntary_switches;
-        for (a, b) in s.runq_wait_hist.iter_mut().zip(&p.sched.runq_wait_hist) {
-            *a += b;
-        }
+        t.sched.add(&p.sched);
         t.syscalls += p.syscalls.count;
         t.syscall_errors += p.syscalls.errors;
         t.syscall_time_ns += p.syscalls.time_ns;

@@ -151,6 +151,21 @@ pub struct NetStats {
     pub tcp_resets_received: u64,
 }
 
+impl SchedStats {
+    /// Adds `o`; histograms of different lengths add over the common buckets.
+    pub fn add(&mut self, o: &SchedStats) {
+        self.oncpu_ns += o.oncpu_ns;
+        self.offcpu_blocked_ns += o.offcpu_blocked_ns;
+        self.offcpu_preempted_ns += o.offcpu_preempted_ns;
+        self.runq_wait_ns += o.runq_wait_ns;
+        self.voluntary_switches += o.voluntary_switches;
+        self.involuntary_switches += o.involuntary_switches;
+        for (a, b) in self.runq_wait_hist.iter_mut().zip(&o.runq_wait_hist) {
+            *a += b;
+        }
+    }
+}
+
 impl NetStats {
     pub fn add(&mut self, o: &NetStats) {
         self.tcp_tx_bytes += o.tcp_tx_bytes;
