@@ -17,6 +17,8 @@ pub enum Request {
     Status,
     Snapshot { pid: u32, window_s: u64 },
     Node,
+    /// Switch the GPU/NPU probing level live: "system", "process" or "op".
+    SetLevel { level: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -70,6 +72,7 @@ async fn handle(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<()> 
     let mut line = String::new();
     r.read_line(&mut line).await?;
     let resp = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::SetLevel { level }) => set_level(&shared, &level).await,
         Ok(req) => shared.answer(req),
         Err(e) => Response::Error(format!("bad request: {e}")),
     };
@@ -77,6 +80,22 @@ async fn handle(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<()> 
     out.push(b'\n');
     w.write_all(&out).await?;
     w.shutdown().await
+}
+
+/// Hands the change to the collection loop (which owns the probes) and waits for its answer.
+async fn set_level(shared: &Arc<Shared>, level: &str) -> Response {
+    let Some(level) = crate::config::GpuLevel::parse(level) else {
+        return Response::Error(format!(
+            "unknown level {level:?}: expected system, process or op"
+        ));
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    *shared.level_request.lock().expect("lock") = Some((level, tx));
+    match tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(10))).await {
+        Ok(Ok(Ok(msg))) => Response::Ok(serde_json::json!({ "level": level.as_str(), "message": msg })),
+        Ok(Ok(Err(e))) => Response::Error(e),
+        _ => Response::Error("the daemon did not apply the level within 10 s".into()),
+    }
 }
 
 /// Client side: sends one request, returns the response. Err: no daemon listening.

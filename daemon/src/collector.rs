@@ -11,7 +11,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkStats, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey,
+    BlkKey, BlkStats, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey,
     SyscallStats, ThreadStats, counter, lifecycle_kind,
 };
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
@@ -41,6 +41,9 @@ pub struct Collector {
     blk_stats: BpfHashMap<MapData, BlkKey, BlkStats>,
     net_stats: BpfHashMap<MapData, ProcKey, NetStats>,
     counters: PerCpuArray<MapData, u64>,
+    gpu_calls: BpfHashMap<MapData, GpuCallKey, GpuCallStats>,
+    gpu_proc: BpfHashMap<MapData, ProcKey, GpuProcState>,
+    gpu_allocs: BpfHashMap<MapData, GpuAllocKey, GpuAlloc>,
     lifecycle: RingBuf<MapData>,
     capacity: HashMap<&'static str, u64>,
     pub fills: Vec<MapFill>,
@@ -146,6 +149,9 @@ impl Collector {
             blk_stats: take(ebpf, "BLK_STATS")?,
             net_stats: take(ebpf, "NET_STATS")?,
             counters: take(ebpf, "COUNTERS")?,
+            gpu_calls: take(ebpf, "GPU_CALLS")?,
+            gpu_proc: take(ebpf, "GPU_PROC")?,
+            gpu_allocs: take(ebpf, "GPU_ALLOCS")?,
             lifecycle: take(ebpf, "LIFECYCLE")?,
             capacity: HashMap::from([
                 ("threads", u64::from(m.threads)),
@@ -153,6 +159,8 @@ impl Collector {
                 ("syscall_hist", u64::from(m.syscall_hist)),
                 ("blk_stats", u64::from(m.blk_stats)),
                 ("net_stats", u64::from(m.net_stats)),
+                ("gpu_calls", 16384),
+                ("gpu_proc", 4096),
             ]),
             fills: Vec::new(),
             stats: BpfStats::new(cfg),
@@ -193,6 +201,8 @@ impl Collector {
             .collect();
         raw.blk = self.blk_stats.iter().filter_map(Result::ok).collect();
         raw.net = self.net_stats.iter().filter_map(Result::ok).collect();
+        raw.gpu_calls = self.gpu_calls.iter().filter_map(Result::ok).collect();
+        raw.gpu_procs = self.gpu_proc.iter().filter_map(Result::ok).collect();
         let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
             name: name.into(),
             entries: n as u64,
@@ -204,6 +214,8 @@ impl Collector {
             fill("syscall_hist", raw.syscall_hist.len(), &self.capacity),
             fill("blk_stats", raw.blk.len(), &self.capacity),
             fill("net_stats", raw.net.len(), &self.capacity),
+            fill("gpu_calls", raw.gpu_calls.len(), &self.capacity),
+            fill("gpu_proc", raw.gpu_procs.len(), &self.capacity),
         ];
         raw
     }
@@ -255,6 +267,35 @@ impl Collector {
         }
         for k in &r.procs {
             let _ = self.net_stats.remove(k);
+            let _ = self.gpu_proc.remove(k);
+        }
+        let keys: Vec<GpuCallKey> = self
+            .gpu_calls
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .collect();
+        for k in keys {
+            let _ = self.gpu_calls.remove(&k);
+        }
+        // Allocations carry only the tgid: drop those of reclaimed tgids unless a live
+        // process has taken the tgid over meanwhile.
+        let tgids: Vec<u32> = r
+            .procs
+            .iter()
+            .map(|p| p.tgid)
+            .filter(|t| !std::path::Path::new(&format!("/proc/{t}")).exists())
+            .collect();
+        if !tgids.is_empty() {
+            let keys: Vec<GpuAllocKey> = self
+                .gpu_allocs
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| tgids.contains(&k.tgid))
+                .collect();
+            for k in keys {
+                let _ = self.gpu_allocs.remove(&k);
+            }
         }
     }
 

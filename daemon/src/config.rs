@@ -18,6 +18,60 @@ pub struct Config {
     pub prometheus: PrometheusConfig,
     pub probes: ProbesConfig,
     pub maps: MapsConfig,
+    pub gpu: GpuConfig,
+    pub devices: DevicesConfig,
+}
+
+/// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuLevel {
+    /// Device metrics only (NVML, DCMI): no uprobes.
+    System,
+    /// Counts, bytes, memory, sync and collective time per process.
+    Process,
+    /// As `process`, plus host time of every probed call.
+    Op,
+}
+
+impl GpuLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Process => "process",
+            Self::Op => "op",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "system" => Some(Self::System),
+            "process" => Some(Self::Process),
+            "op" => Some(Self::Op),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    pub level: GpuLevel,
+    pub rescan_interval_ms: u64,
+    /// Subset of "cuda", "nccl", "ascendcl", "hccl".
+    pub runtimes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesConfig {
+    pub nvml: bool,
+    pub dcmi: bool,
+    /// Empty: the driver's default library name.
+    pub nvml_library: String,
+    pub dcmi_library: String,
+    pub interval_ms: u64,
+    pub dcgm_aliases: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -169,6 +223,26 @@ impl Config {
                     "daemon.bpf_stats_window_ms = {} must be at most daemon.bpf_stats_period_ms = {} (> 0)",
                     self.daemon.bpf_stats_window_ms, self.daemon.bpf_stats_period_ms
                 ),
+            ));
+        }
+        for r in &self.gpu.runtimes {
+            if !["cuda", "nccl", "ascendcl", "hccl"].contains(&r.as_str()) {
+                return Err((
+                    "gpu.runtimes".into(),
+                    format!("gpu.runtimes: unknown runtime {r:?} (known: cuda, nccl, ascendcl, hccl)"),
+                ));
+            }
+        }
+        if self.gpu.rescan_interval_ms < 100 {
+            return Err((
+                "gpu.rescan_interval_ms".into(),
+                format!("gpu.rescan_interval_ms = {} must be at least 100", self.gpu.rescan_interval_ms),
+            ));
+        }
+        if self.devices.interval_ms < 100 {
+            return Err((
+                "devices.interval_ms".into(),
+                format!("devices.interval_ms = {} must be at least 100", self.devices.interval_ms),
             ));
         }
         if self.prometheus.listen.parse::<SocketAddr>().is_err() {

@@ -16,7 +16,8 @@ use tracing::{info, warn};
 use crate::{
     api::{self, Request, Response},
     collector::{Collector, program_costs},
-    config::Config,
+    config::{Config, GpuLevel},
+    gpu::GpuProbes,
     loader::{self, Loaded},
     model::{self, Model},
     procinfo,
@@ -32,6 +33,8 @@ pub fn unix_ms() -> u64 {
 /// State shared between the collection loop and the servers.
 pub struct Shared {
     pub model: Mutex<Model>,
+    /// A level change asked for through the API, applied by the collection loop.
+    pub level_request: Mutex<Option<(GpuLevel, std::sync::mpsc::SyncSender<Result<String, String>>)>>,
     pub node: RwLock<Arc<NodeSnapshot>>,
     pub devnames: HashMap<u32, String>,
 }
@@ -47,6 +50,7 @@ impl Shared {
                 let node = self.node.read().expect("lock").clone();
                 Response::Ok(serde_json::to_value(&*node).expect("serializable"))
             }
+            Request::SetLevel { .. } => Response::Error("set_level is answered by the API task".into()),
             Request::Snapshot { pid, window_s } => {
                 let probes = self.node.read().expect("lock").ethand.probes.clone();
                 match self.tree(pid, window_s.max(1) * 1000, "daemon", 0, probes) {
@@ -130,6 +134,7 @@ fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
 pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
+    pub gpu: GpuProbes,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
     pub cfg: Config,
@@ -139,6 +144,10 @@ impl Engine {
     pub fn start(cfg: &Config) -> anyhow::Result<Self> {
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
+        let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
+        for prog in [crate::gpu::ENTRY_PROG, crate::gpu::RETURN_PROG] {
+            loaded.program_probe.insert(prog.into(), format!("uprobe_{prog}"));
+        }
         let d = &cfg.daemon;
         let model = Model::new(
             d.interval_ms,
@@ -148,12 +157,14 @@ impl Engine {
         );
         let shared = Arc::new(Shared {
             model: Mutex::new(model),
+            level_request: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             devnames: model::block_device_names(),
         });
         Ok(Self {
             loaded,
             collector,
+            gpu,
             shared,
             started_at_unix_ms: unix_ms(),
             cfg: cfg.clone(),
@@ -162,6 +173,13 @@ impl Engine {
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.
     pub fn collect(&mut self) {
+        let req = self.shared.level_request.lock().expect("lock").take();
+        if let Some((level, reply)) = req {
+            let r = self.gpu.set_level(&mut self.loaded.ebpf, level);
+            let _ = reply.try_send(r);
+        }
+        // Attach to runtime libraries loaded since the last rescan before reading the maps.
+        self.gpu.tick(&mut self.loaded.ebpf);
         let now = unix_ms();
         let node = {
             let mut model = self.shared.model.lock().expect("lock");
@@ -185,11 +203,18 @@ impl Engine {
                 processes,
                 cgroups: model.cgroups(),
                 block_devices: model.block_devices(&self.shared.devnames),
+                devices: Default::default(),
                 ethand: SelfStatus {
                     version: env!("CARGO_PKG_VERSION").into(),
                     pid: std::process::id(),
                     started_at_unix_ms: self.started_at_unix_ms,
-                    probes: self.loaded.probes.clone(),
+                    probes: self
+                        .loaded
+                        .probes
+                        .iter()
+                        .cloned()
+                        .chain(self.gpu.probe_status())
+                        .collect(),
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
                     dropped: self.collector.drops(),
@@ -199,6 +224,8 @@ impl Engine {
                     rss_bytes,
                     processes_overflow: model.overflow,
                     tracked_processes: model.procs.len() as u64,
+                    gpu_level: self.gpu.level().as_str().into(),
+                    gpu_libraries: self.gpu.libraries(),
                 },
             }
         };
@@ -236,6 +263,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             pids: cfg.prometheus.pids.clone(),
             comms: cfg.prometheus.comms.clone(),
             cgroups: cfg.prometheus.cgroups.clone(),
+            dcgm_aliases: cfg.devices.dcgm_aliases,
         };
         let shared = shared.clone();
         let app = axum::Router::new().route(

@@ -3,6 +3,7 @@ mod api;
 mod collector;
 mod config;
 mod daemon;
+mod gpu;
 mod kernel;
 mod loader;
 mod model;
@@ -65,6 +66,13 @@ enum Command {
         /// Without a daemon: how long to measure with ethand's own probes (seconds).
         #[arg(long, default_value_t = 5)]
         duration: u64,
+    },
+    /// Switch the GPU/NPU probing level of the running daemon, live: system (device metrics
+    /// only, no uprobes), process (counts, bytes, memory, sync and collective time) or op
+    /// (also the host time of every probed call).
+    Level {
+        #[arg(value_parser = ["system", "process", "op"])]
+        level: String,
     },
     /// Configuration helpers.
     Config {
@@ -183,6 +191,18 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             window,
             duration,
         } => snapshot(cfg, pid, json, window, duration).await,
+        Command::Level { level } => {
+            let resp = api::call(&cfg.daemon.socket, &api::Request::SetLevel { level })
+                .await
+                .with_context(|| format!("no ethand daemon answers at {}", cfg.daemon.socket.display()))?;
+            match resp {
+                api::Response::Ok(v) => {
+                    println!("{}", v["message"].as_str().unwrap_or_default());
+                    Ok(0)
+                }
+                api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
+            }
+        }
     }
 }
 
@@ -248,7 +268,13 @@ async fn standalone(
         tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
         engine.collect();
     }
-    let probes = engine.loaded.probes.clone();
+    let probes = engine
+        .loaded
+        .probes
+        .iter()
+        .cloned()
+        .chain(engine.gpu.probe_status())
+        .collect();
     let ms = t0.elapsed().as_millis() as u64;
     Ok(engine.shared.tree(pid, ms + 1000, "standalone", ms, probes))
 }

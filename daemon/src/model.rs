@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use ethand_common::{
-    BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey,
+    GpuCallKey, GpuCallStats, GpuProcState, BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey,
     SyscallKey, SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
 };
 use ethand_exporters::snapshot as snap;
@@ -20,6 +20,8 @@ pub struct RawRead {
     pub syscall_hist: Vec<(SyscallHistKey, [u64; HIST_BUCKETS])>,
     pub blk: Vec<(BlkKey, RawBlk)>,
     pub net: Vec<(ProcKey, RawNet)>,
+    pub gpu_calls: Vec<(GpuCallKey, GpuCallStats)>,
+    pub gpu_procs: Vec<(ProcKey, GpuProcState)>,
 }
 
 /// Scheduler totals of a thread or of a process's dead threads.
@@ -138,6 +140,9 @@ pub struct Proc {
     pub syscall_hist: BTreeMap<u32, [u64; HIST_BUCKETS]>,
     pub blk: BTreeMap<(u32, u32), RawBlk>,
     pub net: RawNet,
+    /// Per (op id, copy direction): cumulative kernel counters.
+    pub gpu_calls: BTreeMap<(u16, u16), GpuCallStats>,
+    pub gpu_state: Option<GpuProcState>,
     /// Metadata must be (re)read: first sight or exec.
     pub meta_stale: bool,
 }
@@ -157,6 +162,8 @@ impl Proc {
             syscall_hist: BTreeMap::new(),
             blk: BTreeMap::new(),
             net: RawNet::default(),
+            gpu_calls: BTreeMap::new(),
+            gpu_state: None,
             meta_stale: true,
         }
     }
@@ -326,6 +333,16 @@ impl Model {
         for (k, v) in raw.net {
             if let Some(p) = self.proc_mut(k) {
                 p.net = v;
+            }
+        }
+        for (k, v) in raw.gpu_calls {
+            if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
+                p.gpu_calls.insert((k.op, k.dir), v);
+            }
+        }
+        for (k, v) in raw.gpu_procs {
+            if let Some(p) = self.proc_mut(k) {
+                p.gpu_state = Some(v);
             }
         }
         self.refresh_meta();
@@ -592,6 +609,8 @@ impl Model {
             syscalls,
             block,
             net: net_snapshot(&p.net),
+            gpu: crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref()),
+            devices: Vec::new(),
             window: self.window(&p.key, window_ms),
         }
     }

@@ -64,6 +64,23 @@ pub fn status(s: &SelfStatus) -> String {
             p.detail
         );
     }
+    let _ = writeln!(o, "\nGPU/NPU level: {}", s.gpu_level);
+    for l in &s.gpu_libraries {
+        let _ = writeln!(
+            o,
+            "  {:<9} {:<9} {} (dev {} inode {}, first seen in pid {}): {}",
+            l.runtime,
+            l.state.as_str(),
+            l.path,
+            l.dev,
+            l.inode,
+            l.found_in_pid,
+            l.detail
+        );
+        if !l.symbols_missing.is_empty() {
+            let _ = writeln!(o, "            not probed: {}", l.symbols_missing.join(", "));
+        }
+    }
     let _ = writeln!(o, "\nMAP            ENTRIES   CAPACITY  FILL");
     for m in &s.maps {
         let fill = if m.capacity > 0 {

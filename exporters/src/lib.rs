@@ -1,4 +1,8 @@
 //! ethand's outputs. Exporters read the latest [`snapshot::NodeSnapshot`] and nothing else:
 //! they never touch BPF maps or device libraries.
+pub mod devices;
+pub mod gpu;
 pub mod prometheus;
+mod prometheus_devices;
+mod prometheus_gpu;
 pub mod snapshot;

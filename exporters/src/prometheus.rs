@@ -41,6 +41,8 @@ pub struct PrometheusOptions {
     pub comms: Vec<String>,
     /// Substrings of the cgroup path; empty patterns are ignored.
     pub cgroups: Vec<String>,
+    /// Also expose the GPU series under dcgm-exporter's names and labels (`DCGM_FI_DEV_*`).
+    pub dcgm_aliases: bool,
 }
 
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -48,9 +50,11 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     let mut registry = Registry::default();
     let selected = select(&snap.processes, opts);
     register_processes(&mut registry, &selected);
+    crate::prometheus_gpu::register_process_gpu(&mut registry, &selected);
     register_cgroups(&mut registry, &snap.cgroups);
     register_block_latency(&mut registry, &snap.block_devices);
     register_self(&mut registry, &snap.ethand);
+    crate::prometheus_devices::register_devices(&mut registry, &snap.devices, opts.dcgm_aliases);
     let mut out = String::new();
     prometheus_text::encode(&mut out, &registry).expect("encoding into a String cannot fail");
     out
@@ -60,26 +64,28 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
 pub fn metric_catalog() -> Vec<(&'static str, &'static str, &'static str)> {
     FAMILIES
         .iter()
+        .chain(crate::prometheus_gpu::GPU_FAMILIES)
+        .chain(crate::prometheus_devices::DEVICE_FAMILIES)
         .map(|d| (d.name, d.kind.as_str(), d.help))
         .collect()
 }
 
 #[derive(Debug)]
-struct Desc {
+pub(crate) struct Desc {
     /// As exposed: counters include `_total`.
     name: &'static str,
     kind: MetricType,
     help: &'static str,
 }
 
-const fn counter(name: &'static str, help: &'static str) -> Desc {
+pub(crate) const fn counter(name: &'static str, help: &'static str) -> Desc {
     Desc {
         name,
         kind: MetricType::Counter,
         help,
     }
 }
-const fn gauge(name: &'static str, help: &'static str) -> Desc {
+pub(crate) const fn gauge(name: &'static str, help: &'static str) -> Desc {
     Desc {
         name,
         kind: MetricType::Gauge,
@@ -338,7 +344,8 @@ fn select<'a>(procs: &'a [ProcessSnapshot], opts: &PrometheusOptions) -> Vec<&'a
     procs
         .iter()
         .zip(picked)
-        .filter(|&(p, top)| top || named(p))
+        // Processes that call GPU/NPU runtimes are few and the reason ethand runs: always in.
+        .filter(|&(p, top)| top || named(p) || p.gpu.is_some())
         .map(|(p, _)| p)
         .collect()
 }
@@ -493,6 +500,7 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
             ProbeState::Unsupported,
             ProbeState::Disabled,
             ProbeState::Failed,
+            ProbeState::Waiting,
         ] {
             let l = labels(
                 &[("probe", p.name.as_str()), ("state", state.as_str())],
@@ -618,9 +626,9 @@ fn device_label(b: &snapshot::BlockStats) -> &str {
 }
 
 /// Label pairs in exposition order.
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
-fn labels(base: &[(&'static str, &str)], extra: &[(&'static str, &str)]) -> Labels {
+pub(crate) fn labels(base: &[(&'static str, &str)], extra: &[(&'static str, &str)]) -> Labels {
     base.iter()
         .chain(extra)
         .map(|&(k, v)| (k, v.to_owned()))
@@ -631,24 +639,24 @@ fn labels(base: &[(&'static str, &str)], extra: &[(&'static str, &str)]) -> Labe
 /// the exit grace period, two devices with one name) so no series is ever duplicated; the
 /// BTreeMap keeps the output order stable between scrapes.
 #[derive(Debug)]
-struct Family<V> {
+pub(crate) struct Family<V> {
     desc: &'static Desc,
     series: BTreeMap<Labels, V>,
 }
 
 impl<V: Value> Family<V> {
-    fn new(desc: &'static Desc) -> Self {
+    pub(crate) fn new(desc: &'static Desc) -> Self {
         Self {
             desc,
             series: BTreeMap::new(),
         }
     }
 
-    fn add(&mut self, labels: Labels, value: V) {
+    pub(crate) fn add(&mut self, labels: Labels, value: V) {
         self.series.entry(labels).or_default().merge(&value);
     }
 
-    fn register(self, registry: &mut Registry) {
+    pub(crate) fn register(self, registry: &mut Registry) {
         // The client appends `_total` to counters and a full stop to help texts.
         let name = self
             .desc
@@ -677,7 +685,7 @@ impl<V: Value> EncodeMetric for Family<V> {
     }
 }
 
-trait Value: Default + fmt::Debug + Send + Sync + 'static {
+pub(crate) trait Value: Default + fmt::Debug + Send + Sync + 'static {
     fn merge(&mut self, other: &Self);
     fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result;
 }
@@ -713,7 +721,7 @@ impl Value for f64 {
 
 /// Nanoseconds, summed as integers and exposed as seconds, so sums carry no rounding error.
 #[derive(Clone, Copy, Debug, Default)]
-struct Nanos(u64);
+pub(crate) struct Nanos(pub(crate) u64);
 
 impl Value for Nanos {
     fn merge(&mut self, other: &Self) {

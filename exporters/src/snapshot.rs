@@ -25,6 +25,8 @@ pub struct NodeSnapshot {
     pub cgroups: Vec<CgroupSnapshot>,
     /// Per device and op, all processes, exited ones included (only grows).
     pub block_devices: Vec<BlockStats>,
+    /// GPUs and NPUs as the device collectors (NVML, DCMI) report them, and their status.
+    pub devices: crate::devices::DevicesSnapshot,
     pub ethand: SelfStatus,
 }
 
@@ -67,6 +69,10 @@ pub struct ProcessSnapshot {
     pub syscalls: SyscallStats,
     pub block: Vec<BlockStats>,
     pub net: NetStats,
+    /// Calls into GPU/NPU runtime libraries (uprobes); None when it made none.
+    pub gpu: Option<crate::gpu::GpuProcessStats>,
+    /// What the device collectors (NVML, DCMI) report for the process, per device.
+    pub devices: Vec<crate::gpu::ProcessDeviceUsage>,
     /// Change of the main totals over `window.duration_ms` (from the history ring).
     pub window: Option<WindowStats>,
 }
@@ -217,6 +223,31 @@ pub struct SelfStatus {
     /// Process entries the model dropped because it was at `max_processes`.
     pub processes_overflow: u64,
     pub tracked_processes: u64,
+    /// GPU/NPU probing level: "system", "process" or "op".
+    pub gpu_level: String,
+    /// Every runtime library file found mapped, and what was attached in it.
+    pub gpu_libraries: Vec<GpuLibraryStatus>,
+}
+
+/// One runtime library file (device + inode), probed once for every process that maps it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GpuLibraryStatus {
+    /// "cuda", "nccl", "ascendcl", "hccl".
+    pub runtime: String,
+    /// The path as the first process that mapped it sees it.
+    pub path: String,
+    /// The same file from ethand's mount namespace (`/proc/PID/root/...`).
+    pub host_path: String,
+    pub dev: String,
+    pub inode: u64,
+    /// The process in which it was found first.
+    pub found_in_pid: u32,
+    pub state: ProbeState,
+    /// Symbols probed (entry, and return where timed).
+    pub symbols_attached: Vec<String>,
+    /// Catalog symbols this file does not offer, with the reason ("not exported ...").
+    pub symbols_missing: Vec<String>,
+    pub detail: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -241,6 +272,8 @@ pub enum ProbeState {
     Disabled,
     /// The hook exists but attaching failed (permissions, verifier).
     Failed,
+    /// Nothing to attach to yet: no process has loaded the library (GPU/NPU runtimes).
+    Waiting,
 }
 
 impl ProbeState {
@@ -250,6 +283,7 @@ impl ProbeState {
             Self::Unsupported => "unsupported",
             Self::Disabled => "disabled",
             Self::Failed => "failed",
+            Self::Waiting => "waiting",
         }
     }
 }

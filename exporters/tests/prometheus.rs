@@ -8,6 +8,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use ethand_exporters::devices::{
+    CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
+    NvLinkStats,
+};
 use ethand_exporters::prometheus::{PrometheusOptions, metric_catalog, render};
 use ethand_exporters::snapshot::*;
 
@@ -307,6 +311,113 @@ fn options() -> PrometheusOptions {
         pids: vec![200],
         comms: vec!["db".to_owned()],
         cgroups: vec!["podabc".to_owned()],
+        dcgm_aliases: false,
+    }
+}
+
+/// A node with one fully reporting GPU, one that reports nearly nothing, and an NPU.
+fn devices() -> DevicesSnapshot {
+    DevicesSnapshot {
+        hostname: "node1".to_owned(),
+        collectors: vec![
+            CollectorStatus {
+                name: "nvml".to_owned(),
+                state: CollectorState::Available,
+                detail: String::new(),
+            },
+            CollectorStatus {
+                name: "dcmi".to_owned(),
+                state: CollectorState::Available,
+                detail: String::new(),
+            },
+        ],
+        gpus: vec![
+            GpuDevice {
+                index: 0,
+                uuid: "GPU-5f1e".to_owned(),
+                name: "NVIDIA H200".to_owned(),
+                pci_bus_id: "00000000:18:00.0".to_owned(),
+                minor_number: Some(0),
+                driver_version: "580.65.06".to_owned(),
+                utilization_ratio: Some(0.93),
+                memory_utilization_ratio: Some(0.41),
+                memory_used_bytes: Some(70 << 30),
+                memory_free_bytes: Some(70 << 30),
+                memory_total_bytes: Some(141 << 30),
+                power_watts: Some(650.125),
+                energy_millijoules: Some(1_000_000_000),
+                temperature_celsius: Some(71),
+                sm_clock_hertz: Some(1_980_000_000),
+                memory_clock_hertz: Some(3_201_000_000),
+                pcie_tx_bytes_per_second: Some(5 << 20),
+                pcie_rx_bytes_per_second: Some(1 << 30),
+                nvlinks: (0..2)
+                    .map(|link| NvLinkStats {
+                        link,
+                        tx_bytes: Some(1 << 40),
+                        rx_bytes: Some(1 << 41),
+                        replay_errors: Some(0),
+                        recovery_errors: Some(0),
+                        crc_flit_errors: Some(3),
+                        crc_data_errors: Some(0),
+                    })
+                    .collect(),
+                ecc_corrected_errors: Some(2),
+                ecc_uncorrected_errors: Some(0),
+                throttle_reasons: Some(vec!["sw_thermal_slowdown".to_owned()]),
+                xid_errors: Some(1),
+                last_xid: Some(31),
+            },
+            GpuDevice {
+                index: 1,
+                uuid: "GPU-77ab".to_owned(),
+                name: "Tesla T4".to_owned(),
+                pci_bus_id: "00000000:3b:00.0".to_owned(),
+                utilization_ratio: Some(0.0),
+                ..Default::default()
+            },
+        ],
+        npus: vec![NpuDevice {
+            index: 0,
+            card_id: 1,
+            device_id: 0,
+            uuid: "00001001-00000002-00000003-00000004-00000005".to_owned(),
+            name: "Ascend910B3".to_owned(),
+            pci_bus_id: "0000:c1:00.0".to_owned(),
+            driver_version: "24.1.rc2".to_owned(),
+            aicore_utilization_ratio: Some(0.66),
+            hbm_used_bytes: Some(20 << 30),
+            hbm_total_bytes: Some(64 << 30),
+            hbm_bandwidth_utilization_ratio: Some(0.3),
+            hbm_temperature_celsius: Some(44),
+            power_watts: Some(180.5),
+            temperature_celsius: Some(50),
+            health: Some(0),
+        }],
+        processes: vec![
+            DeviceProcess {
+                pid: 100,
+                device: "gpu0".to_owned(),
+                uuid: "GPU-5f1e".to_owned(),
+                memory_used_bytes: Some(60 << 30),
+                utilization_ratio: Some(0.9),
+            },
+            DeviceProcess {
+                pid: 600,
+                device: "npu0".to_owned(),
+                uuid: "00001001-00000002-00000003-00000004-00000005".to_owned(),
+                memory_used_bytes: Some(18 << 30),
+                utilization_ratio: None,
+            },
+        ],
+    }
+}
+
+/// The synthetic snapshot with devices.
+fn device_snapshot() -> NodeSnapshot {
+    NodeSnapshot {
+        devices: devices(),
+        ..snapshot()
     }
 }
 
@@ -938,11 +1049,19 @@ fn catalog_lists_every_family() {
     let names: BTreeSet<_> = catalog.iter().map(|c| c.0).collect();
     assert_eq!(names.len(), catalog.len(), "duplicate names");
     for (name, kind, help) in &catalog {
-        assert!(name.starts_with("ethand_"), "{name}");
+        // DCGM_FI_*: dcgm-exporter's names, an optional alias output (gauges, no `_total`).
+        assert!(
+            name.starts_with("ethand_") || name.starts_with("DCGM_FI_"),
+            "{name}"
+        );
         assert_eq!(name.ends_with("_total"), *kind == "counter", "{name}");
         assert!(help.ends_with('.') && help.contains(' '), "{name}: {help}");
     }
-    let text = render(&snapshot(), &options());
+    let all = PrometheusOptions {
+        dcgm_aliases: true,
+        ..options()
+    };
+    let text = render(&device_snapshot(), &all);
     let rendered: BTreeSet<(String, String)> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -961,9 +1080,8 @@ fn catalog_lists_every_family() {
     }
 }
 
-#[test]
-fn promtool_check_metrics() {
-    let text = render(&snapshot(), &options());
+/// `promtool check metrics` on `text`: its exit status and what it printed.
+fn promtool(text: &str) -> (std::process::ExitStatus, String) {
     let mut child = match Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -991,13 +1109,47 @@ fn promtool_check_metrics() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    (out.status, report)
+}
+
+#[test]
+fn promtool_check_metrics() {
+    for (what, snap) in [("base", snapshot()), ("devices", device_snapshot())] {
+        let (status, report) = promtool(&render(&snap, &options()));
+        assert!(
+            status.success(),
+            "promtool check metrics ({what}): {status}\n{report}"
+        );
+        assert!(
+            report.trim().is_empty(),
+            "promtool check metrics ({what}) reported:\n{report}"
+        );
+    }
+}
+
+/// With the DCGM aliases, the only complaint allowed is about dcgm-exporter's own camelCase
+/// label (`modelName`), which the aliases keep on purpose: the exposition is valid and every
+/// other lint passes.
+#[test]
+fn promtool_check_metrics_dcgm_aliases() {
+    let all = PrometheusOptions {
+        dcgm_aliases: true,
+        ..options()
+    };
+    let text = render(&device_snapshot(), &all);
+    assert!(text.contains("DCGM_FI_DEV_GPU_UTIL{"), "{text}");
+    let (status, report) = promtool(&text);
+    // 0: clean; 3: lint problems only (a parse error is 1).
     assert!(
-        out.status.success(),
-        "promtool check metrics: {}\n{report}",
-        out.status
+        matches!(status.code(), Some(0 | 3)),
+        "promtool check metrics: {status}\n{report}"
     );
-    assert!(
-        report.trim().is_empty(),
-        "promtool check metrics reported:\n{report}"
-    );
+    for line in report.lines().filter(|l| !l.trim().is_empty()) {
+        let (family, problem) = line.split_once(' ').unwrap_or((line, ""));
+        assert!(
+            family.starts_with("DCGM_FI_")
+                && problem == "label names should be written in 'snake_case' not 'camelCase'",
+            "promtool check metrics reported:\n{report}"
+        );
+    }
 }

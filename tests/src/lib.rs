@@ -25,6 +25,7 @@ pub use ethand_exporters::snapshot::{
     TreeSnapshot,
 };
 
+pub mod standins;
 /// The daemon's collection interval in every test.
 pub const INTERVAL_MS: u64 = 200;
 /// How long to wait for the daemon to have read the maps after the workload went quiet:

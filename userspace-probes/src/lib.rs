@@ -3,6 +3,10 @@
 //! many processes (or seen through different container paths) is probed once.
 use std::{collections::BTreeMap, fs, path::PathBuf};
 
+pub mod catalog;
+pub mod devices;
+pub mod elf;
+
 /// The runtime libraries ethand knows how to probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Runtime {
@@ -13,6 +17,28 @@ pub enum Runtime {
 }
 
 impl Runtime {
+    pub const ALL: [Self; 4] = [Self::Cuda, Self::Nccl, Self::AscendCl, Self::Hccl];
+
+    /// The library's base name: "libcuda", "libnccl", "libascendcl", "libhccl".
+    pub fn library(self) -> &'static str {
+        match self {
+            Self::Cuda => "libcuda",
+            Self::Nccl => "libnccl",
+            Self::AscendCl => "libascendcl",
+            Self::Hccl => "libhccl",
+        }
+    }
+
+    /// Short name used in labels: "cuda", "nccl", "ascendcl", "hccl".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Nccl => "nccl",
+            Self::AscendCl => "ascendcl",
+            Self::Hccl => "hccl",
+        }
+    }
+
     /// The runtime a mapped file name belongs to, from its file name (`libcuda.so.580.1`).
     pub fn from_file_name(name: &str) -> Option<Self> {
         let stem = name.split(".so").next()?;

@@ -87,7 +87,15 @@ pub mod counter {
     pub const SYSCALL_EXIT_UNMATCHED: u32 = 7;
     /// Block completions whose issue was not seen.
     pub const BLK_COMPLETE_UNMATCHED: u32 = 8;
-    pub const COUNT: u32 = 9;
+    /// GPU_CALLS was full.
+    pub const GPU_CALLS_FULL: u32 = 9;
+    /// GPU_ALLOCS was full: an allocation's size is not known at its free.
+    pub const GPU_ALLOCS_FULL: u32 = 10;
+    /// GPU_PROC was full.
+    pub const GPU_PROC_FULL: u32 = 11;
+    /// GPU_INFLIGHT was full: a call's return was not accounted.
+    pub const GPU_INFLIGHT_FULL: u32 = 12;
+    pub const COUNT: u32 = 13;
     pub const NAMES: [&str; COUNT as usize] = [
         "threads_full",
         "syscalls_full",
@@ -98,10 +106,14 @@ pub mod counter {
         "lifecycle_ringbuf_full",
         "syscall_exit_unmatched",
         "blk_complete_unmatched",
+        "gpu_calls_full",
+        "gpu_allocs_full",
+        "gpu_proc_full",
+        "gpu_inflight_full",
     ];
     /// Which of the above mean lost data (the rest are informational).
     pub const IS_LOSS: [bool; COUNT as usize] =
-        [true, true, true, true, true, true, true, false, false];
+        [true, true, true, true, true, true, true, false, false, true, true, true, true];
 }
 
 /// Per-thread scheduler state and counters. Key: tid (u32). Written only from the CPU the
@@ -292,6 +304,195 @@ pub struct LifecycleEvent {
     pub comm: [u8; 16],
 }
 
+/// How one probed runtime-library symbol is accounted ([`GpuOpDesc::kind`]).
+pub mod gpu_kind {
+    /// Calls only (kernel launches, graph launches, operator executions, group start/end).
+    pub const COUNT: u8 = 0;
+    /// A copy: bytes from argument `bytes_arg`; direction fixed or from an argument.
+    pub const COPY: u8 = 1;
+    /// An allocation returning its pointer through the out-pointer `aux_arg`, size `bytes_arg`;
+    /// recorded at return when the call succeeded.
+    pub const ALLOC: u8 = 2;
+    /// A free of the pointer `aux_arg`: its size comes from the allocation table.
+    pub const FREE: u8 = 3;
+    /// Registration of existing host memory (pointer `aux_arg`, size `bytes_arg`), recorded
+    /// at return when the call succeeded; freed by the matching unregister (kind FREE).
+    pub const REGISTER: u8 = 4;
+    /// Host blocked until the device catches up: always timed.
+    pub const SYNC: u8 = 5;
+    /// A collective: element count `bytes_arg` times the size of data type `aux_arg`.
+    pub const COLLECTIVE: u8 = 6;
+    /// Communicator creation: rank `aux_arg` and size `aux2_arg` (GPU_ARG_NONE: unknown).
+    pub const COMM_INIT: u8 = 7;
+    /// `cuMemcpy2D*`: argument 0 points at a CUDA_MEMCPY2D (width x height bytes, memory
+    /// types give the direction).
+    pub const COPY_2D: u8 = 8;
+}
+
+/// [`GpuOpDesc`] argument index meaning "none".
+pub const GPU_ARG_NONE: u8 = 0xff;
+
+/// [`GpuOpDesc::flags`].
+pub mod gpu_flags {
+    /// Timed at every level that probes the symbol (syncs, collectives): needs a uretprobe.
+    pub const TIMED: u8 = 1;
+    /// Needs its return (allocations, registrations: the pointer and the status).
+    pub const RET: u8 = 2;
+}
+
+/// Data-type size tables for collectives ([`GpuOpDesc::dtype_table`]).
+pub mod gpu_dtype {
+    pub const NONE: u8 = 0;
+    /// `ncclDataType_t`: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64,
+    /// bfloat16, float8e4m3, float8e5m2.
+    pub const NCCL: u8 = 1;
+    pub const NCCL_SIZES: [u8; 12] = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
+    /// `HcclDataType`: int8, int16, int32, fp16, fp32, int64, uint64, uint8, uint16, uint32,
+    /// fp64, bfp16, int128.
+    pub const HCCL: u8 = 2;
+    pub const HCCL_SIZES: [u8; 13] = [1, 2, 4, 2, 4, 8, 8, 1, 2, 4, 8, 2, 16];
+}
+
+/// Memory kinds tracked per process ([`GpuOpDesc::mem`], index into [`GpuProcState`] arrays).
+pub mod gpu_mem {
+    pub const DEVICE: u8 = 0;
+    pub const MANAGED: u8 = 1;
+    pub const HOST_PINNED: u8 = 2;
+    pub const HOST_REGISTERED: u8 = 3;
+    pub const COUNT: usize = 4;
+    pub const NAMES: [&str; COUNT] = ["device", "managed", "host_pinned", "host_registered"];
+}
+
+/// Copy directions ([`GpuCallKey::dir`]).
+pub mod gpu_dir {
+    pub const HOST_TO_DEVICE: u8 = 0;
+    pub const DEVICE_TO_HOST: u8 = 1;
+    pub const DEVICE_TO_DEVICE: u8 = 2;
+    pub const PEER: u8 = 3;
+    /// Unified addressing (`cuMemcpy`, `cuMemcpyAsync`): the driver infers the direction.
+    pub const DEFAULT: u8 = 4;
+    pub const HOST_TO_HOST: u8 = 5;
+    pub const COUNT: usize = 6;
+    pub const NAMES: [&str; COUNT] = [
+        "host_to_device",
+        "device_to_host",
+        "device_to_device",
+        "peer",
+        "default",
+        "host_to_host",
+    ];
+    /// [`super::GpuOpDesc::dir`]: direction from argument `aux_arg`, an `aclrtMemcpyKind`.
+    pub const FROM_ACL_KIND: u8 = 0xfe;
+    /// `aclrtMemcpyKind` (0 host-to-host, 1 host-to-device, 2 device-to-host,
+    /// 3 device-to-device, 4 default) to direction.
+    pub const ACL_KINDS: [u8; 5] = [
+        HOST_TO_HOST,
+        HOST_TO_DEVICE,
+        DEVICE_TO_HOST,
+        DEVICE_TO_DEVICE,
+        DEFAULT,
+    ];
+}
+
+/// What the uprobe programs need to know about one probed symbol; userspace fills the
+/// `GPU_OPS` array, indexed by op id (the attach cookie).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuOpDesc {
+    pub kind: u8,
+    pub flags: u8,
+    pub bytes_arg: u8,
+    pub aux_arg: u8,
+    pub aux2_arg: u8,
+    pub mem: u8,
+    pub dir: u8,
+    pub dtype_table: u8,
+}
+
+/// Maximum number of op ids (symbols in the catalog).
+pub const GPU_MAX_OPS: u32 = 512;
+
+/// Attach cookie: op id in the low 16 bits; [`GPU_COOKIE_TIME`] set when this level times
+/// every call of the symbol (level `op`).
+pub const GPU_COOKIE_TIME: u64 = 1 << 16;
+
+/// Per process, symbol and direction. Updated with atomic adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GpuCallKey {
+    pub tgid: u32,
+    pub op: u16,
+    /// Copy direction ([`gpu_dir`]); 0 for other kinds.
+    pub dir: u16,
+    pub proc_start_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuCallStats {
+    /// Entries into the symbol.
+    pub calls: u64,
+    /// Returns with a non-zero status (only for calls whose return is probed).
+    pub errors: u64,
+    /// Copy bytes, collective bytes, or bytes allocated / freed / registered.
+    pub bytes: u64,
+    /// Host time inside the call, summed over `timed_calls` returns.
+    pub time_ns: u64,
+    pub timed_calls: u64,
+}
+
+/// A call in flight on one thread, keyed by (tid, op).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GpuInflightKey {
+    pub tid: u32,
+    pub op: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuInflight {
+    pub start_ns: u64,
+    /// Allocation: the out-pointer; registration: the host pointer.
+    pub ptr: u64,
+    pub size: u64,
+    pub dir: u32,
+    pub _pad0: u32,
+}
+
+/// A live allocation, keyed by (tgid, pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GpuAllocKey {
+    pub tgid: u32,
+    pub _pad0: u32,
+    pub ptr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuAlloc {
+    pub size: u64,
+    pub mem: u32,
+    pub _pad0: u32,
+}
+
+/// Per process ([`ProcKey`]): memory live and peak by kind, and the communicator rank.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuProcState {
+    /// Bytes allocated and not freed, by [`gpu_mem`] kind (two's complement: frees of memory
+    /// allocated before ethand attached are not subtracted, see `untracked_frees`).
+    pub live_bytes: [u64; gpu_mem::COUNT],
+    pub peak_bytes: [u64; gpu_mem::COUNT],
+    /// Frees of pointers ethand did not see allocated (allocated before it attached).
+    pub untracked_frees: u64,
+    /// Rank and size of the largest communicator the process created; nranks 0: none yet.
+    /// rank u32::MAX: one process drives all ranks (`ncclCommInitAll`) or unknown.
+    pub rank: u32,
+    pub nranks: u32,
+}
+
 /// Offsets inside kernel structs, read from BTF by userspace and handed to the programs as
 /// read-only globals (aya has no CO-RE for Rust programs).
 #[repr(C)]
@@ -430,6 +631,14 @@ mod pod {
     unsafe impl aya::Pod for LifecycleEvent {}
     unsafe impl aya::Pod for KernelOffsets {}
     unsafe impl aya::Pod for TracepointOffsets {}
+    unsafe impl aya::Pod for GpuOpDesc {}
+    unsafe impl aya::Pod for GpuCallKey {}
+    unsafe impl aya::Pod for GpuCallStats {}
+    unsafe impl aya::Pod for GpuInflightKey {}
+    unsafe impl aya::Pod for GpuInflight {}
+    unsafe impl aya::Pod for GpuAllocKey {}
+    unsafe impl aya::Pod for GpuAlloc {}
+    unsafe impl aya::Pod for GpuProcState {}
 }
 
 #[cfg(test)]
@@ -455,6 +664,14 @@ mod tests {
         assert_eq!(size_of::<LifecycleEvent>(), 48);
         assert_eq!(size_of::<KernelOffsets>(), 48);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
+        assert_eq!(size_of::<GpuOpDesc>(), 8);
+        assert_eq!(size_of::<GpuCallKey>(), 16);
+        assert_eq!(size_of::<GpuCallStats>(), 40);
+        assert_eq!(size_of::<GpuInflightKey>(), 8);
+        assert_eq!(size_of::<GpuInflight>(), 32);
+        assert_eq!(size_of::<GpuAllocKey>(), 16);
+        assert_eq!(size_of::<GpuAlloc>(), 16);
+        assert_eq!(size_of::<GpuProcState>(), 8 * 9 + 8);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 #![allow(internal_features)]
 
 mod block;
+mod gpu;
 mod lifecycle;
 mod maps;
 mod net;

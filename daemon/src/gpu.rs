@@ -1,0 +1,498 @@
+//! GPU/NPU runtime probing: finds libcuda / libnccl / libascendcl / libhccl in every
+//! process's mappings, resolves the catalog's symbols in each distinct library file
+//! (device + inode) and attaches the two generic uprobe programs there, system-wide, once.
+//! Also turns the kernel's per-(process, symbol) counters into the snapshot's GPU picture.
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+    programs::{
+        ProgramError, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+use ethand_common::{GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem};
+use ethand_exporters::{
+    gpu as g,
+    snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus},
+};
+use ethand_userspace_probes::{
+    MappedLibrary, Runtime,
+    catalog::{CATALOG, Category},
+    elf::SymbolTable,
+    parse_maps,
+};
+use tracing::{info, warn};
+
+use crate::{config::{Config, GpuLevel}, loader::error_chain};
+
+pub const ENTRY_PROG: &str = "gpu_enter";
+pub const RETURN_PROG: &str = "gpu_return";
+
+struct Lib {
+    status: GpuLibraryStatus,
+    runtime: Runtime,
+    /// (op id, file offset) of every resolved symbol.
+    resolved: Vec<(u16, u64)>,
+    entry_link: Option<UProbeLinkId>,
+    return_link: Option<UProbeLinkId>,
+}
+
+pub struct GpuProbes {
+    level: GpuLevel,
+    runtimes: Vec<Runtime>,
+    rescan: Duration,
+    last_scan: Option<Instant>,
+    /// Keyed by (dev, inode).
+    libs: BTreeMap<(String, u64), Lib>,
+    /// Why the programs could not be loaded (then nothing attaches).
+    load_error: Option<String>,
+    /// Processes whose maps were read in the last full scan (rescanned each interval, since
+    /// a dlopen can happen at any time).
+    pub scans: u64,
+}
+
+impl GpuProbes {
+    /// Loads the uprobe programs and fills the op table. Failures are recorded, not fatal.
+    pub fn new(ebpf: &mut Ebpf, cfg: &Config) -> Self {
+        let runtimes = Runtime::ALL
+            .into_iter()
+            .filter(|r| cfg.gpu.runtimes.iter().any(|n| n == r.as_str()))
+            .collect();
+        let mut me = Self {
+            level: cfg.gpu.level,
+            runtimes,
+            rescan: Duration::from_millis(cfg.gpu.rescan_interval_ms),
+            last_scan: None,
+            libs: BTreeMap::new(),
+            load_error: None,
+            scans: 0,
+        };
+        if let Err(e) = Self::prepare(ebpf) {
+            warn!(error = %e, "GPU/NPU uprobes unavailable");
+            me.load_error = Some(e);
+        }
+        me
+    }
+
+    fn prepare(ebpf: &mut Ebpf) -> Result<(), String> {
+        let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(
+            ebpf.take_map("GPU_OPS").ok_or("the BPF object has no GPU_OPS map")?,
+        )
+        .map_err(|e| error_chain(&e))?;
+        for (i, s) in CATALOG.iter().enumerate() {
+            ops.set(i as u32, &s.desc, 0).map_err(|e| error_chain(&e))?;
+        }
+        for name in [ENTRY_PROG, RETURN_PROG] {
+            let p: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or(format!("program {name} missing"))?
+                .try_into()
+                .map_err(|e: ProgramError| error_chain(&e))?;
+            p.load().map_err(|e| format!("loading {name}: {}", error_chain(&e)))?;
+        }
+        Ok(())
+    }
+
+    pub fn level(&self) -> GpuLevel {
+        self.level
+    }
+
+    /// Rescans process mappings when due and attaches to new library files.
+    pub fn tick(&mut self, ebpf: &mut Ebpf) {
+        if self.level == GpuLevel::System || self.load_error.is_some() || self.runtimes.is_empty() {
+            return;
+        }
+        if self.last_scan.is_some_and(|t| t.elapsed() < self.rescan) {
+            return;
+        }
+        self.last_scan = Some(Instant::now());
+        self.scans += 1;
+        for lib in scan_all(&self.runtimes) {
+            let key = (lib.dev.clone(), lib.inode);
+            if self.libs.contains_key(&key) {
+                continue;
+            }
+            let mut l = resolve(&lib);
+            if l.status.state != ProbeState::Failed {
+                attach(ebpf, &mut l, self.level);
+            }
+            self.libs.insert(key, l);
+        }
+    }
+
+    /// Switches the level live: detaches everything and re-attaches as the level wants.
+    pub fn set_level(&mut self, ebpf: &mut Ebpf, level: GpuLevel) -> Result<String, String> {
+        if let Some(e) = &self.load_error {
+            return Err(format!("GPU/NPU uprobes unavailable: {e}"));
+        }
+        let old = self.level;
+        self.level = level;
+        for l in self.libs.values_mut() {
+            detach(ebpf, l);
+            if level != GpuLevel::System && !l.resolved.is_empty() {
+                attach(ebpf, l, level);
+            } else {
+                l.status.state = ProbeState::Disabled;
+                l.status.detail = "gpu level is system".into();
+            }
+        }
+        if level != GpuLevel::System {
+            self.last_scan = None;
+            self.tick(ebpf);
+        }
+        info!(from = old.as_str(), to = level.as_str(), libraries = self.libs.len(), "GPU level changed");
+        Ok(format!(
+            "level {} (was {}); {} library file(s) probed",
+            level.as_str(),
+            old.as_str(),
+            self.libs.values().filter(|l| l.status.state == ProbeState::Attached).count()
+        ))
+    }
+
+    pub fn libraries(&self) -> Vec<GpuLibraryStatus> {
+        self.libs.values().map(|l| l.status.clone()).collect()
+    }
+
+    /// One status line per runtime for `ethand status` / `ethand_probe_state`.
+    pub fn probe_status(&self) -> Vec<ProbeStatus> {
+        self.runtimes_all()
+            .map(|(rt, enabled)| {
+                let name = format!("uprobe_{}", rt.as_str());
+                let attach_point = format!("uprobe/{}", rt.library());
+                let mine: Vec<&Lib> = self.libs.values().filter(|l| l.runtime == rt).collect();
+                let (state, detail) = if !enabled {
+                    (ProbeState::Disabled, format!("gpu.runtimes does not list {:?}", rt.as_str()))
+                } else if self.level == GpuLevel::System {
+                    (ProbeState::Disabled, "gpu.level = system".into())
+                } else if let Some(e) = &self.load_error {
+                    (ProbeState::Failed, e.clone())
+                } else if mine.is_empty() {
+                    (
+                        ProbeState::Waiting,
+                        format!("no process has loaded {} yet", rt.library()),
+                    )
+                } else if mine.iter().any(|l| l.status.state == ProbeState::Attached) {
+                    let n = mine.iter().filter(|l| l.status.state == ProbeState::Attached).count();
+                    let failed: Vec<String> = mine
+                        .iter()
+                        .filter(|l| l.status.state != ProbeState::Attached)
+                        .map(|l| format!("{}: {}", l.status.path, l.status.detail))
+                        .collect();
+                    let mut d = format!("{n} library file(s)");
+                    if !failed.is_empty() {
+                        d.push_str(&format!("; not attached: {}", failed.join("; ")));
+                    }
+                    (ProbeState::Attached, d)
+                } else {
+                    let d: Vec<String> = mine
+                        .iter()
+                        .map(|l| format!("{}: {}", l.status.path, l.status.detail))
+                        .collect();
+                    (ProbeState::Failed, d.join("; "))
+                };
+                ProbeStatus {
+                    name,
+                    attach_point,
+                    state,
+                    detail,
+                }
+            })
+            .collect()
+    }
+
+    fn runtimes_all(&self) -> impl Iterator<Item = (Runtime, bool)> + '_ {
+        Runtime::ALL
+            .into_iter()
+            .map(|r| (r, self.runtimes.contains(&r)))
+    }
+
+}
+
+/// Every runtime library mapped by any process, one per (dev, inode).
+fn scan_all(runtimes: &[Runtime]) -> Vec<MappedLibrary> {
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    let me = std::process::id();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Kernel threads and processes that exited meanwhile read as empty or fail.
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        if !text.contains(".so") {
+            continue;
+        }
+        for lib in parse_maps(pid, &text) {
+            if runtimes.contains(&lib.runtime) && seen.insert((lib.dev.clone(), lib.inode)) {
+                out.push(lib);
+            }
+        }
+    }
+    out
+}
+
+fn resolve(lib: &MappedLibrary) -> Lib {
+    let mut status = GpuLibraryStatus {
+        runtime: lib.runtime.as_str().into(),
+        path: lib.path.display().to_string(),
+        host_path: lib.host_path.display().to_string(),
+        dev: lib.dev.clone(),
+        inode: lib.inode,
+        found_in_pid: pid_of(&lib.host_path),
+        ..Default::default()
+    };
+    let mut resolved = Vec::new();
+    match SymbolTable::read(&lib.host_path) {
+        Err(e) => {
+            status.state = ProbeState::Failed;
+            status.detail = e.to_string();
+        }
+        Ok(table) => {
+            let wanted: Vec<(u16, &str)> = CATALOG
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.runtime == lib.runtime)
+                .map(|(i, s)| (i as u16, s.name))
+                .collect();
+            let res = table.resolve(wanted.iter().map(|(_, n)| *n));
+            for ((op, name), (_, r)) in wanted.iter().zip(res) {
+                match r {
+                    Ok(off) => {
+                        resolved.push((*op, off));
+                        status.symbols_attached.push(name.to_string());
+                    }
+                    Err(why) => status.symbols_missing.push(format!("{name}: {why}")),
+                }
+            }
+            if resolved.is_empty() {
+                status.state = ProbeState::Failed;
+                status.detail = format!(
+                    "none of the {} {} symbols ethand probes is exported by this file ({} functions)",
+                    wanted.len(),
+                    lib.runtime.library(),
+                    table.len()
+                );
+            }
+        }
+    }
+    Lib {
+        status,
+        runtime: lib.runtime,
+        resolved,
+        entry_link: None,
+        return_link: None,
+    }
+}
+
+fn pid_of(host_path: &std::path::Path) -> u32 {
+    host_path
+        .components()
+        .nth(2)
+        .and_then(|c| c.as_os_str().to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn needs_return(op: u16, level: GpuLevel) -> bool {
+    level == GpuLevel::Op || CATALOG[op as usize].desc.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0
+}
+
+fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
+    if level == GpuLevel::System || l.resolved.is_empty() {
+        return;
+    }
+    let path = PathBuf::from(&l.status.host_path);
+    let time_flag = if level == GpuLevel::Op { GPU_COOKIE_TIME } else { 0 };
+    let entry_points: Vec<UProbeAttachPoint> = l
+        .resolved
+        .iter()
+        .map(|(op, off)| UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(*off),
+            cookie: Some(u64::from(*op) | time_flag),
+        })
+        .collect();
+    let return_points: Vec<UProbeAttachPoint> = l
+        .resolved
+        .iter()
+        .filter(|(op, _)| needs_return(*op, level))
+        .map(|(op, off)| UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(*off),
+            cookie: Some(u64::from(*op)),
+        })
+        .collect();
+    let result = (|| -> Result<(), String> {
+        let p: &mut UProbe = ebpf
+            .program_mut(ENTRY_PROG)
+            .ok_or("entry program missing")?
+            .try_into()
+            .map_err(|e: ProgramError| error_chain(&e))?;
+        l.entry_link = Some(
+            p.attach(entry_points, &path, UProbeScope::AllProcesses)
+                .map_err(|e| format!("uprobe: {}", error_chain(&e)))?,
+        );
+        if !return_points.is_empty() {
+            let p: &mut UProbe = ebpf
+                .program_mut(RETURN_PROG)
+                .ok_or("return program missing")?
+                .try_into()
+                .map_err(|e: ProgramError| error_chain(&e))?;
+            l.return_link = Some(
+                p.attach(return_points, &path, UProbeScope::AllProcesses)
+                    .map_err(|e| format!("uretprobe: {}", error_chain(&e)))?,
+            );
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            l.status.state = ProbeState::Attached;
+            l.status.detail = format!(
+                "{} symbols, {} timed",
+                l.resolved.len(),
+                l.resolved.iter().filter(|(op, _)| needs_return(*op, level)).count()
+            );
+            info!(library = %l.status.path, pid = l.status.found_in_pid, symbols = l.resolved.len(), missing = l.status.symbols_missing.len(), "attached GPU/NPU runtime probes");
+        }
+        Err(e) => {
+            detach(ebpf, l);
+            warn!(library = %l.status.path, error = %e, "attaching runtime probes failed");
+            l.status.state = ProbeState::Failed;
+            l.status.detail = e;
+        }
+    }
+}
+
+fn detach(ebpf: &mut Ebpf, l: &mut Lib) {
+    for (prog, link) in [(ENTRY_PROG, l.entry_link.take()), (RETURN_PROG, l.return_link.take())] {
+        let Some(link) = link else { continue };
+        if let Some(p) = ebpf.program_mut(prog) {
+            if let Ok(p) = <&mut UProbe>::try_from(p) {
+                let _ = p.detach(link);
+            }
+        }
+    }
+}
+
+/// The snapshot view of a process's GPU/NPU calls. None when it made no probed call.
+pub fn process_stats(
+    calls: &BTreeMap<(u16, u16), GpuCallStats>,
+    state: Option<&GpuProcState>,
+) -> Option<g::GpuProcessStats> {
+    if calls.is_empty() && state.is_none() {
+        return None;
+    }
+    let mut out = g::GpuProcessStats::default();
+    let mut copies: BTreeMap<u16, g::GpuCopyStats> = BTreeMap::new();
+    let mut mem: Vec<g::GpuMemoryStats> = gpu_mem::NAMES
+        .iter()
+        .map(|k| g::GpuMemoryStats {
+            kind: k.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    let mut colls: BTreeMap<(&str, &str), g::CollectiveStats> = BTreeMap::new();
+    let mut comm_lib = "";
+    for ((op, dir), s) in calls {
+        let Some(spec) = CATALOG.get(*op as usize) else { continue };
+        out.errors += s.errors;
+        let direction = if spec.category == Category::Copy {
+            gpu_dir::NAMES.get(*dir as usize).copied().unwrap_or("default")
+        } else {
+            ""
+        };
+        out.symbols.push(g::GpuSymbolStats {
+            library: spec.runtime.library().into(),
+            symbol: spec.name.into(),
+            category: spec.category.as_str().into(),
+            direction: direction.into(),
+            calls: s.calls,
+            errors: s.errors,
+            bytes: s.bytes,
+            time_ns: s.time_ns,
+            timed_calls: s.timed_calls,
+        });
+        let m = (spec.desc.mem as usize).min(gpu_mem::COUNT - 1);
+        match spec.category {
+            Category::Launch => out.launches += s.calls,
+            Category::GraphLaunch => out.graph_launches += s.calls,
+            Category::Copy => {
+                let c = copies.entry(*dir).or_insert_with(|| g::GpuCopyStats {
+                    direction: direction.into(),
+                    ..Default::default()
+                });
+                c.calls += s.calls;
+                c.bytes += s.bytes;
+            }
+            Category::Alloc => {
+                // Successful allocations only: failed ones carry no bytes.
+                mem[m].allocs += s.calls - s.errors.min(s.calls);
+                mem[m].alloc_bytes += s.bytes;
+            }
+            Category::Free => {
+                mem[m].frees += s.calls;
+                mem[m].freed_bytes += s.bytes;
+            }
+            Category::Sync => add_timed(&mut out.sync, s),
+            Category::Group => add_timed(&mut out.groups, s),
+            Category::Collective => {
+                let c = colls
+                    .entry((spec.runtime.as_str(), spec.operation))
+                    .or_insert_with(|| g::CollectiveStats {
+                        library: spec.runtime.as_str().into(),
+                        operation: spec.operation.into(),
+                        ..Default::default()
+                    });
+                c.calls += s.calls;
+                c.bytes += s.bytes;
+                c.time_ns += s.time_ns;
+                c.timed_calls += s.timed_calls;
+            }
+            Category::CommInit => {
+                out.comm_inits += s.calls;
+                comm_lib = spec.runtime.as_str();
+            }
+        }
+    }
+    if let Some(st) = state {
+        for (i, m) in mem.iter_mut().enumerate() {
+            m.live_bytes = st.live_bytes[i];
+            m.peak_bytes = st.peak_bytes[i].max(st.live_bytes[i]);
+        }
+        out.untracked_frees = st.untracked_frees;
+        if st.nranks > 0 {
+            out.comm = Some(g::CommRank {
+                library: if comm_lib.is_empty() { "nccl".into() } else { comm_lib.into() },
+                rank: (st.rank != u32::MAX).then_some(st.rank),
+                nranks: st.nranks,
+            });
+        }
+    }
+    out.copies = copies.into_values().collect();
+    out.memory = mem
+        .into_iter()
+        .filter(|m| m.allocs + m.frees + m.live_bytes > 0)
+        .collect();
+    out.collectives = colls.into_values().collect();
+    out.symbols.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.symbol.cmp(&b.symbol)));
+    Some(out)
+}
+
+fn add_timed(t: &mut g::GpuTimedCalls, s: &GpuCallStats) {
+    t.calls += s.calls;
+    t.time_ns += s.time_ns;
+    t.timed_calls += s.timed_calls;
+}
+

@@ -1,0 +1,324 @@
+//! Uprobes on GPU/NPU runtime libraries (libcuda, libnccl, libascendcl, libhccl). Two generic
+//! programs serve every probed symbol: the attach cookie carries the symbol's op id, and
+//! `GPU_OPS[op]` (filled by userspace from the catalog) says how to read its arguments. Per
+//! hit: one array lookup, one hash update with atomic adds; allocations, frees, syncs and
+//! collectives add one more map operation. No strings, no stacks.
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, LruHashMap},
+    programs::{ProbeContext, RetProbeContext},
+};
+use ethand_common::{
+    GPU_ARG_NONE, GPU_COOKIE_TIME, GPU_MAX_OPS, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats,
+    GpuInflight, GpuInflightKey, GpuOpDesc, GpuProcState, counter, gpu_dir, gpu_dtype, gpu_flags,
+    gpu_kind, gpu_mem,
+};
+
+use crate::maps::{atomic_add, bump, current_ctx, get_or_insert, proc_key};
+
+#[map]
+pub static GPU_OPS: Array<GpuOpDesc> = Array::with_max_entries(GPU_MAX_OPS, 0);
+#[map]
+pub static GPU_CALLS: HashMap<GpuCallKey, GpuCallStats> = HashMap::with_max_entries(16384, 0);
+/// LRU: a call whose return never comes (thread killed, longjmp) ages out.
+#[map]
+pub static GPU_INFLIGHT: LruHashMap<GpuInflightKey, GpuInflight> =
+    LruHashMap::with_max_entries(16384, 0);
+#[map]
+pub static GPU_ALLOCS: HashMap<GpuAllocKey, GpuAlloc> = HashMap::with_max_entries(65536, 0);
+#[map]
+pub static GPU_PROC: HashMap<ethand_common::ProcKey, GpuProcState> =
+    HashMap::with_max_entries(4096, 0);
+
+static ZERO_PROC: GpuProcState = GpuProcState {
+    live_bytes: [0; gpu_mem::COUNT],
+    peak_bytes: [0; gpu_mem::COUNT],
+    untracked_frees: 0,
+    rank: u32::MAX,
+    nranks: 0,
+};
+
+#[uprobe]
+pub fn gpu_enter(ctx: ProbeContext) -> u32 {
+    let _ = on_enter(&ctx);
+    0
+}
+
+#[uretprobe]
+pub fn gpu_return(ctx: RetProbeContext) -> u32 {
+    let _ = on_return(&ctx);
+    0
+}
+
+/// The six integer argument registers, read once with constant offsets: the verifier
+/// refuses a context access at a computed offset, which is what a `match` on the index
+/// compiles to if the loads are left to the optimizer.
+struct Args([u64; 6]);
+
+impl Args {
+    #[inline(always)]
+    fn read(ctx: &ProbeContext) -> Self {
+        let r = ctx.regs;
+        unsafe {
+            Self([
+                core::ptr::read_volatile(&raw const (*r).rdi),
+                core::ptr::read_volatile(&raw const (*r).rsi),
+                core::ptr::read_volatile(&raw const (*r).rdx),
+                core::ptr::read_volatile(&raw const (*r).rcx),
+                core::ptr::read_volatile(&raw const (*r).r8),
+                core::ptr::read_volatile(&raw const (*r).r9),
+            ])
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: u8) -> u64 {
+        match i {
+            0 => self.0[0],
+            1 => self.0[1],
+            2 => self.0[2],
+            3 => self.0[3],
+            4 => self.0[4],
+            5 => self.0[5],
+            _ => 0,
+        }
+    }
+}
+
+#[inline(always)]
+fn dtype_size(table: u8, t: u64) -> u64 {
+    match table {
+        gpu_dtype::NCCL => match t {
+            0 | 1 | 10 | 11 => 1,
+            6 | 9 => 2,
+            2 | 3 | 7 => 4,
+            4 | 5 | 8 => 8,
+            _ => 0,
+        },
+        gpu_dtype::HCCL => match t {
+            0 | 7 => 1,
+            1 | 3 | 8 | 11 => 2,
+            2 | 4 | 9 => 4,
+            5 | 6 | 10 => 8,
+            12 => 16,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// CUmemorytype pair to direction (HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4).
+#[inline(always)]
+fn dir_2d(src: u32, dst: u32) -> u32 {
+    let dev = |t: u32| t == 2 || t == 3;
+    (if src == 1 && dev(dst) {
+        gpu_dir::HOST_TO_DEVICE
+    } else if dev(src) && dst == 1 {
+        gpu_dir::DEVICE_TO_HOST
+    } else if dev(src) && dev(dst) {
+        gpu_dir::DEVICE_TO_DEVICE
+    } else if src == 1 && dst == 1 {
+        gpu_dir::HOST_TO_HOST
+    } else {
+        gpu_dir::DEFAULT
+    }) as u32
+}
+
+#[inline(always)]
+fn read_user_u64(p: u64) -> u64 {
+    unsafe { bpf_probe_read_user(p as *const u64) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn proc_state(key: &ethand_common::ProcKey) -> Option<*mut GpuProcState> {
+    get_or_insert(&GPU_PROC, key, &ZERO_PROC, counter::GPU_PROC_FULL)
+}
+
+fn on_enter(ctx: &ProbeContext) -> Option<()> {
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let op = (cookie & 0xffff) as u32;
+    let d: GpuOpDesc = *GPU_OPS.get(op)?;
+    let args = Args::read(ctx);
+    let c = current_ctx()?;
+    let pk = proc_key(c);
+    let mut dir = 0u32;
+    let mut bytes = 0u64;
+    let mut ptr = 0u64;
+    let mut size = 0u64;
+    match d.kind {
+        gpu_kind::COPY => {
+            bytes = args.get(d.bytes_arg);
+            dir = if d.dir == gpu_dir::FROM_ACL_KIND {
+                match args.get(d.aux_arg) {
+                    0 => gpu_dir::HOST_TO_HOST,
+                    1 => gpu_dir::HOST_TO_DEVICE,
+                    2 => gpu_dir::DEVICE_TO_HOST,
+                    3 => gpu_dir::DEVICE_TO_DEVICE,
+                    _ => gpu_dir::DEFAULT,
+                }
+            } else {
+                d.dir
+            } as u32;
+        }
+        gpu_kind::COPY_2D => {
+            // CUDA_MEMCPY2D: srcMemoryType @16, dstMemoryType @72, WidthInBytes @112, Height @120.
+            let p = args.get(0);
+            if p != 0 {
+                let w = read_user_u64(p + 112);
+                let h = read_user_u64(p + 120);
+                bytes = w.wrapping_mul(h);
+                let src = unsafe { bpf_probe_read_user((p + 16) as *const u32) }.unwrap_or(0);
+                let dst = unsafe { bpf_probe_read_user((p + 72) as *const u32) }.unwrap_or(0);
+                dir = dir_2d(src, dst);
+            }
+        }
+        gpu_kind::COLLECTIVE => {
+            bytes = args.get(d.bytes_arg).wrapping_mul(dtype_size(d.dtype_table, args.get(d.aux_arg)));
+        }
+        gpu_kind::ALLOC | gpu_kind::REGISTER => {
+            ptr = args.get(d.aux_arg);
+            size = args.get(d.bytes_arg);
+        }
+        gpu_kind::FREE => {
+            let p = args.get(d.aux_arg);
+            if p != 0 {
+                let ak = GpuAllocKey {
+                    tgid: c.tgid,
+                    _pad0: 0,
+                    ptr: p,
+                };
+                let found = unsafe { GPU_ALLOCS.get(&ak) }.copied();
+                match found {
+                    Some(a) => {
+                        let _ = GPU_ALLOCS.remove(&ak);
+                        bytes = a.size;
+                        if let Some(s) = proc_state(&pk) {
+                            let m = (a.mem as usize) & (gpu_mem::COUNT - 1);
+                            unsafe { atomic_add(&raw mut (*s).live_bytes[m], a.size.wrapping_neg()) };
+                        }
+                    }
+                    None => {
+                        if let Some(s) = proc_state(&pk) {
+                            unsafe { atomic_add(&raw mut (*s).untracked_frees, 1) };
+                        }
+                    }
+                }
+            }
+        }
+        gpu_kind::COMM_INIT => {
+            let nranks = if d.aux2_arg == GPU_ARG_NONE { 0 } else { args.get(d.aux2_arg) as u32 };
+            let rank = if d.aux_arg == GPU_ARG_NONE { u32::MAX } else { args.get(d.aux_arg) as u32 };
+            if nranks > 0 {
+                if let Some(s) = proc_state(&pk) {
+                    // Keep the largest communicator: the world, not a sub-group.
+                    unsafe {
+                        if nranks >= (*s).nranks {
+                            (*s).nranks = nranks;
+                            (*s).rank = rank;
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    let key = GpuCallKey {
+        tgid: c.tgid,
+        op: op as u16,
+        dir: dir as u16,
+        proc_start_ns: c.proc_start_ns,
+    };
+    let st = get_or_insert(&GPU_CALLS, &key, &GpuCallStats::default(), counter::GPU_CALLS_FULL)?;
+    unsafe {
+        atomic_add(&raw mut (*st).calls, 1);
+        if bytes != 0 {
+            atomic_add(&raw mut (*st).bytes, bytes);
+        }
+    }
+    if d.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0 || cookie & GPU_COOKIE_TIME != 0 {
+        let ik = GpuInflightKey {
+            tid: bpf_get_current_pid_tgid() as u32,
+            op,
+        };
+        let v = GpuInflight {
+            start_ns: unsafe { bpf_ktime_get_ns() },
+            ptr,
+            size,
+            dir,
+            _pad0: 0,
+        };
+        if GPU_INFLIGHT.insert(&ik, &v, 0).is_err() {
+            bump(counter::GPU_INFLIGHT_FULL);
+        }
+    }
+    Some(())
+}
+
+fn on_return(ctx: &RetProbeContext) -> Option<()> {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let op = (cookie & 0xffff) as u32;
+    let ik = GpuInflightKey {
+        tid: bpf_get_current_pid_tgid() as u32,
+        op,
+    };
+    // Entered before ethand attached (or the entry was lost): nothing to pair with.
+    let inf: GpuInflight = unsafe { *GPU_INFLIGHT.get(&ik)? };
+    let _ = GPU_INFLIGHT.remove(&ik);
+    let d: GpuOpDesc = *GPU_OPS.get(op)?;
+    let c = current_ctx()?;
+    let key = GpuCallKey {
+        tgid: c.tgid,
+        op: op as u16,
+        dir: inf.dir as u16,
+        proc_start_ns: c.proc_start_ns,
+    };
+    let st = GPU_CALLS.get_ptr_mut(&key)?;
+    // CUresult, ncclResult_t, aclError and HcclResult are all int, 0 on success.
+    let rc: u64 = ctx.ret();
+    let ok = rc as u32 == 0;
+    unsafe {
+        if !ok {
+            atomic_add(&raw mut (*st).errors, 1);
+        }
+        atomic_add(&raw mut (*st).time_ns, now.saturating_sub(inf.start_ns));
+        atomic_add(&raw mut (*st).timed_calls, 1);
+    }
+    if ok && (d.kind == gpu_kind::ALLOC || d.kind == gpu_kind::REGISTER) {
+        let ptr = if d.kind == gpu_kind::ALLOC { read_user_u64(inf.ptr) } else { inf.ptr };
+        if ptr == 0 {
+            return Some(());
+        }
+        let ak = GpuAllocKey {
+            tgid: c.tgid,
+            _pad0: 0,
+            ptr,
+        };
+        let a = GpuAlloc {
+            size: inf.size,
+            mem: d.mem as u32,
+            _pad0: 0,
+        };
+        if GPU_ALLOCS.insert(&ak, &a, 0).is_err() {
+            bump(counter::GPU_ALLOCS_FULL);
+        }
+        unsafe { atomic_add(&raw mut (*st).bytes, inf.size) };
+        let pk = proc_key(c);
+        if let Some(s) = proc_state(&pk) {
+            let m = (d.mem as usize) & (gpu_mem::COUNT - 1);
+            unsafe {
+                atomic_add(&raw mut (*s).live_bytes[m], inf.size);
+                // Racy max (BPF's generic CPU target has neither CAS nor fetch-add): a
+                // concurrent free or allocation between the add and this read can shift the
+                // peak by that call's size; live bytes stay exact.
+                let live = core::ptr::read_volatile(&raw const (*s).live_bytes[m]);
+                if live as i64 > (*s).peak_bytes[m] as i64 {
+                    (*s).peak_bytes[m] = live;
+                }
+            }
+        }
+    }
+    Some(())
+}

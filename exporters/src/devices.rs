@@ -1,0 +1,276 @@
+//! What the device collectors (NVML for NVIDIA GPUs, DCMI for Huawei Ascend NPUs) report:
+//! the node's accelerators, the processes holding device memory, and each collector's state.
+//!
+//! The daemon fills [`DevicesSnapshot`] from `ethand_userspace_probes::devices` (which is
+//! the only code that calls a vendor library) and hands it to the exporters in
+//! [`crate::snapshot::NodeSnapshot::devices`]. Units are base units (bytes, watts, hertz,
+//! celsius, 0-1 ratios); counters are cumulative. A field a driver does not give on this
+//! device (NVML `NotSupported`, a DCMI symbol the library lacks) is `None`, never a made-up
+//! value, and the exporters emit no sample for it.
+use serde::{Deserialize, Serialize};
+
+/// Clock throttle reasons as [`GpuDevice::throttle_reasons`] names them (NVML's
+/// `nvmlClocksThrottleReason*` bits). Prometheus exposes each as a 0/1 series.
+pub const THROTTLE_REASONS: &[&str] = &[
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+];
+
+/// The node's accelerators at one instant.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DevicesSnapshot {
+    /// Host name, for the `Hostname` label of the DCGM-compatible aliases (the daemon copies
+    /// `NodeSnapshot::hostname`); empty leaves the label out.
+    pub hostname: String,
+    /// One entry per collector ethand knows ("nvml", "dcmi"), available or not, so that users
+    /// can see what is and is not measured.
+    pub collectors: Vec<CollectorStatus>,
+    /// NVIDIA GPUs, by NVML index.
+    pub gpus: Vec<GpuDevice>,
+    /// Ascend NPUs, by logical id.
+    pub npus: Vec<NpuDevice>,
+    /// Processes holding device memory, one entry per (process, device).
+    pub processes: Vec<DeviceProcess>,
+}
+
+/// Whether a collector reads its devices, and why not.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CollectorStatus {
+    /// "nvml" or "dcmi".
+    pub name: String,
+    pub state: CollectorState,
+    /// Why it is unavailable or failed ("libnvidia-ml.so.1 not found: no NVIDIA driver"), or
+    /// what an available collector cannot read ("XID events not supported on gpu1: ...").
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectorState {
+    /// The library is loaded and the last collection succeeded.
+    Available,
+    /// No library, no driver, no device, or turned off in the config: nothing to measure here.
+    #[default]
+    Unavailable,
+    /// The library is there but initialising it or the last collection failed.
+    Failed,
+}
+
+impl CollectorState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Unavailable => "unavailable",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One NVIDIA GPU (NVML).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GpuDevice {
+    /// NVML index (`nvmlDeviceGetIndex`); label `gpu="gpu<index>"`.
+    pub index: u32,
+    /// "GPU-8c2f...": stable across reboots, unlike the index.
+    pub uuid: String,
+    /// Product name, "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// PCI bus id as NVML writes it, "00000000:18:00.0".
+    pub pci_bus_id: String,
+    /// Minor number of the device file (`/dev/nvidia<minor>`).
+    pub minor_number: Option<u32>,
+    /// Kernel driver version, "580.65.06".
+    pub driver_version: String,
+    /// Share of the last sample period (1/6 s to 1 s) in which a kernel ran, 0-1.
+    pub utilization_ratio: Option<f64>,
+    /// Share of the last sample period in which device memory was read or written, 0-1.
+    pub memory_utilization_ratio: Option<f64>,
+    /// Allocated device memory.
+    pub memory_used_bytes: Option<u64>,
+    /// Unallocated device memory (total less used and less what the driver reserves).
+    pub memory_free_bytes: Option<u64>,
+    /// Installed device memory.
+    pub memory_total_bytes: Option<u64>,
+    /// Power draw.
+    pub power_watts: Option<f64>,
+    /// Energy used since the driver was loaded (Volta and newer), millijoules.
+    pub energy_millijoules: Option<u64>,
+    /// Core temperature.
+    pub temperature_celsius: Option<i64>,
+    /// Current SM clock.
+    pub sm_clock_hertz: Option<u64>,
+    /// Current memory clock.
+    pub memory_clock_hertz: Option<u64>,
+    /// PCIe transmit (GPU to host) throughput over NVML's last 20 ms sample.
+    pub pcie_tx_bytes_per_second: Option<u64>,
+    /// PCIe receive (host to GPU) throughput over NVML's last 20 ms sample.
+    pub pcie_rx_bytes_per_second: Option<u64>,
+    /// Active NVLinks; empty on GPUs without NVLink.
+    pub nvlinks: Vec<NvLinkStats>,
+    /// Corrected (single-bit) ECC errors since the driver was loaded.
+    pub ecc_corrected_errors: Option<u64>,
+    /// Uncorrected (double-bit) ECC errors since the driver was loaded.
+    pub ecc_uncorrected_errors: Option<u64>,
+    /// Clock throttle reasons active now, from [`THROTTLE_REASONS`]; empty: not throttled.
+    pub throttle_reasons: Option<Vec<String>>,
+    /// Critical XID events seen since ethand started watching; None when the GPU cannot
+    /// deliver XID events to ethand.
+    pub xid_errors: Option<u64>,
+    /// The most recent XID code seen since ethand started watching.
+    pub last_xid: Option<u64>,
+}
+
+/// One active NVLink of a GPU. Counters are cumulative since the driver was loaded.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NvLinkStats {
+    pub link: u32,
+    /// Payload bytes sent (NVML counts KiB).
+    pub tx_bytes: Option<u64>,
+    /// Payload bytes received (NVML counts KiB).
+    pub rx_bytes: Option<u64>,
+    /// Data link transmit replay errors.
+    pub replay_errors: Option<u64>,
+    /// Data link transmit recovery errors.
+    pub recovery_errors: Option<u64>,
+    /// Data link receive flow-control digit (FLIT) CRC errors.
+    pub crc_flit_errors: Option<u64>,
+    /// Data link receive data CRC errors.
+    pub crc_data_errors: Option<u64>,
+}
+
+/// One Huawei Ascend NPU chip (DCMI).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NpuDevice {
+    /// Logical id (`dcmi_get_device_logic_id`), as npu-smi and the Ascend runtime number
+    /// devices; the enumeration order when the library lacks that call. Label
+    /// `npu="npu<index>"`.
+    pub index: u32,
+    /// DCMI card id (NPU management unit).
+    pub card_id: i32,
+    /// Chip number within the card.
+    pub device_id: i32,
+    /// VDIE id (`dcmi_get_device_die_v2`): five 32-bit words in hex, dash-separated; empty
+    /// when unknown.
+    pub uuid: String,
+    /// Chip name, "910B3" (`dcmi_get_device_chip_info`); empty when unknown.
+    pub name: String,
+    /// PCI bus id, "0000:c1:00.0"; empty when unknown.
+    pub pci_bus_id: String,
+    /// Driver version (`dcmi_get_driver_version`); empty when unknown.
+    pub driver_version: String,
+    /// AI core utilization, 0-1.
+    pub aicore_utilization_ratio: Option<f64>,
+    /// HBM in use.
+    pub hbm_used_bytes: Option<u64>,
+    /// HBM installed.
+    pub hbm_total_bytes: Option<u64>,
+    /// HBM bandwidth utilization, 0-1.
+    pub hbm_bandwidth_utilization_ratio: Option<f64>,
+    /// HBM temperature.
+    pub hbm_temperature_celsius: Option<i64>,
+    /// Chip power draw.
+    pub power_watts: Option<f64>,
+    /// Chip temperature.
+    pub temperature_celsius: Option<i64>,
+    /// DCMI health: 0 normal, 1 minor alarm, 2 major alarm, 3 critical alarm (the most
+    /// severe alarm wins).
+    pub health: Option<u32>,
+}
+
+/// A process holding memory on a device, as the driver reports it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DeviceProcess {
+    /// Host pid (NVML and DCMI report host pids, also for containerised processes).
+    pub pid: u32,
+    /// Device label as in the device metrics: "gpu0", "npu3".
+    pub device: String,
+    /// The device's uuid (GPU UUID or NPU VDIE id); empty when unknown.
+    pub uuid: String,
+    /// Device memory the process holds; None when the driver does not say.
+    pub memory_used_bytes: Option<u64>,
+    /// SM (GPU) utilization attributed to the process over the last collection interval,
+    /// 0-1; None when the driver does not give per-process utilization.
+    pub utilization_ratio: Option<f64>,
+}
+
+impl GpuDevice {
+    /// The `gpu` label value: "gpu0".
+    pub fn label(&self) -> String {
+        format!("gpu{}", self.index)
+    }
+}
+
+impl NpuDevice {
+    /// The `npu` label value: "npu0".
+    pub fn label(&self) -> String {
+        format!("npu{}", self.index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_serialize_as_their_names() {
+        for s in [
+            CollectorState::Available,
+            CollectorState::Unavailable,
+            CollectorState::Failed,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let snap = DevicesSnapshot {
+            hostname: "node1".into(),
+            collectors: vec![CollectorStatus {
+                name: "nvml".into(),
+                state: CollectorState::Available,
+                detail: String::new(),
+            }],
+            gpus: vec![GpuDevice {
+                index: 1,
+                uuid: "GPU-1".into(),
+                power_watts: Some(123.5),
+                throttle_reasons: Some(vec!["sw_power_cap".into()]),
+                nvlinks: vec![NvLinkStats {
+                    link: 0,
+                    tx_bytes: Some(1024),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            npus: vec![NpuDevice {
+                index: 0,
+                health: Some(0),
+                ..Default::default()
+            }],
+            processes: vec![DeviceProcess {
+                pid: 7,
+                device: "gpu1".into(),
+                uuid: "GPU-1".into(),
+                memory_used_bytes: Some(1 << 20),
+                utilization_ratio: None,
+            }],
+        };
+        let json = serde_json::to_string(&snap).unwrap();
+        assert_eq!(
+            serde_json::from_str::<DevicesSnapshot>(&json).unwrap(),
+            snap
+        );
+        assert_eq!(snap.gpus[0].label(), "gpu1");
+    }
+}
