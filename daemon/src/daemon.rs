@@ -72,12 +72,14 @@ impl Shared {
         probes: Vec<snap::ProbeStatus>,
     ) -> Option<TreeSnapshot> {
         let model = self.model.lock().expect("lock");
-        let all: Vec<snap::ProcessSnapshot> = model
+        let mut all: Vec<snap::ProcessSnapshot> = model
             .procs
             .values()
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
         drop(model);
+        let node = self.node.read().expect("lock").clone();
+        crate::devices::join(&mut all, &node.devices);
         let order = model::tree_order(&all, pid);
         if order.is_empty() {
             return None;
@@ -126,8 +128,48 @@ fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
             }
         }
         t.net.add(&p.net);
+        if let Some(g) = &p.gpu {
+            t.gpu.get_or_insert_with(Default::default).add(g);
+        }
     }
+    t.gpu_derived = gpu_derived(ps);
     t
+}
+
+/// Diagnosis signals from the processes' windows and the device collector's utilization.
+fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::GpuDerived> {
+    if ps.iter().all(|p| p.gpu.is_none()) {
+        return None;
+    }
+    let window_ms = ps.iter().filter_map(|p| p.window.as_ref()).map(|w| w.duration_ms).max()?;
+    if window_ms == 0 {
+        return None;
+    }
+    let secs = window_ms as f64 / 1000.0;
+    let sum = |f: fn(&snap::WindowStats) -> u64| -> u64 {
+        ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
+    };
+    let wall_ns = window_ms as f64 * 1e6;
+    // Device utilization: the mean over the devices the tree's processes use.
+    let utils: Vec<f64> = ps
+        .iter()
+        .flat_map(|p| p.devices.iter())
+        .filter_map(|d| d.device_utilization_ratio)
+        .collect();
+    let device_utilization_ratio = (!utils.is_empty()).then(|| utils.iter().sum::<f64>() / utils.len() as f64);
+    Some(ethand_exporters::gpu::GpuDerived {
+        window_ms,
+        launches_per_second: sum(|w| w.gpu_launches) as f64 / secs,
+        sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
+        collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
+        copy_bytes_per_second: vec![
+            ("host_to_device".into(), sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs),
+            ("device_to_host".into(), sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs),
+            ("other".into(), sum(|w| w.gpu_copy_other_bytes) as f64 / secs),
+        ],
+        device_utilization_ratio,
+        device_idle_ratio: device_utilization_ratio.map(|u| (1.0 - u).max(0.0)),
+    })
 }
 
 /// The probes, maps and model, loaded and ready to collect.
@@ -135,6 +177,7 @@ pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
     pub gpu: GpuProbes,
+    pub devices: crate::devices::DeviceSampler,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
     pub cfg: Config,
@@ -165,6 +208,7 @@ impl Engine {
             loaded,
             collector,
             gpu,
+            devices: crate::devices::DeviceSampler::start(cfg, hostname()),
             shared,
             started_at_unix_ms: unix_ms(),
             cfg: cfg.clone(),
@@ -189,11 +233,13 @@ impl Engine {
             let reclaim = model.ingest(raw, now);
             self.collector.reclaim(&reclaim);
             let window_ms = 10_000;
-            let processes = model
+            let mut processes: Vec<snap::ProcessSnapshot> = model
                 .procs
                 .values()
                 .map(|p| model.process_snapshot(p, window_ms, &self.shared.devnames))
                 .collect();
+            let devices = self.devices.latest();
+            crate::devices::join(&mut processes, &devices);
             let (cpu_seconds, rss_bytes) = procinfo::self_usage();
             NodeSnapshot {
                 schema_version: snap::SCHEMA_VERSION,
@@ -203,7 +249,7 @@ impl Engine {
                 processes,
                 cgroups: model.cgroups(),
                 block_devices: model.block_devices(&self.shared.devnames),
-                devices: Default::default(),
+                devices: (*devices).clone(),
                 ethand: SelfStatus {
                     version: env!("CARGO_PKG_VERSION").into(),
                     pid: std::process::id(),
@@ -214,6 +260,7 @@ impl Engine {
                         .iter()
                         .cloned()
                         .chain(self.gpu.probe_status())
+                        .chain(crate::devices::probe_status(&devices))
                         .collect(),
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),

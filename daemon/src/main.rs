@@ -3,6 +3,7 @@ mod api;
 mod collector;
 mod config;
 mod daemon;
+mod devices;
 mod gpu;
 mod kernel;
 mod loader;

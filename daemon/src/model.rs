@@ -12,6 +12,9 @@ use ethand_exporters::snapshot as snap;
 
 use crate::{procinfo, syscalls_table};
 
+/// Number of totals per process in the history ring (order of snap::WindowStats).
+const TOTALS: usize = 17;
+
 /// Everything read from the kernel maps in one pass.
 #[derive(Default)]
 pub struct RawRead {
@@ -177,7 +180,7 @@ impl Proc {
     }
 
     /// The compact totals kept in the history ring (order of snap::WindowStats).
-    fn totals(&self) -> [u64; 10] {
+    fn totals(&self) -> [u64; TOTALS] {
         let s = self.sched();
         let (mut sc, mut st) = (0, 0);
         for v in self.syscalls.values() {
@@ -193,6 +196,25 @@ impl Proc {
             }
         }
         let n = &self.net;
+        let mut g = [0u64; 7];
+        for ((op, dir), c) in &self.gpu_calls {
+            use ethand_userspace_probes::catalog::{CATALOG, Category};
+            let Some(spec) = CATALOG.get(*op as usize) else { continue };
+            match spec.category {
+                Category::Launch => g[0] += c.calls,
+                Category::Sync => g[1] += c.time_ns,
+                Category::Copy => match *dir as u8 {
+                    ethand_common::gpu_dir::HOST_TO_DEVICE => g[2] += c.bytes,
+                    ethand_common::gpu_dir::DEVICE_TO_HOST => g[3] += c.bytes,
+                    _ => g[4] += c.bytes,
+                },
+                Category::Collective => {
+                    g[5] += c.calls;
+                    g[6] += c.time_ns;
+                }
+                _ => {}
+            }
+        }
         [
             s.oncpu_ns,
             s.offcpu_blocked_ns,
@@ -204,6 +226,13 @@ impl Proc {
             bw,
             n.tcp_tx_bytes + n.udp_tx_bytes,
             n.tcp_rx_bytes + n.udp_rx_bytes,
+            g[0],
+            g[1],
+            g[2],
+            g[3],
+            g[4],
+            g[5],
+            g[6],
         ]
     }
 }
@@ -219,7 +248,7 @@ pub struct Reclaim {
 
 pub struct Model {
     pub procs: HashMap<ProcKey, Proc>,
-    history: VecDeque<(u64, HashMap<ProcKey, [u64; 10]>)>,
+    history: VecDeque<(u64, HashMap<ProcKey, [u64; TOTALS]>)>,
     history_len: usize,
     pub round: u64,
     grace_rounds: u64,
@@ -379,7 +408,7 @@ impl Model {
                 self.depart(&p);
             }
         }
-        let point: HashMap<ProcKey, [u64; 10]> =
+        let point: HashMap<ProcKey, [u64; TOTALS]> =
             self.procs.iter().map(|(k, p)| (*k, p.totals())).collect();
         self.history.push_back((now_unix_ms, point));
         while self.history.len() > self.history_len {
@@ -496,7 +525,7 @@ impl Model {
             .history
             .iter()
             .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
-            .map(|(t, m)| (*t, m.get(key).copied().unwrap_or([0; 10])))?;
+            .map(|(t, m)| (*t, m.get(key).copied().unwrap_or([0; TOTALS])))?;
         let d: Vec<u64> = cur
             .iter()
             .zip(old)
@@ -514,6 +543,13 @@ impl Model {
             block_write_bytes: d[7],
             net_tx_bytes: d[8],
             net_rx_bytes: d[9],
+            gpu_launches: d[10],
+            gpu_sync_ns: d[11],
+            gpu_copy_h2d_bytes: d[12],
+            gpu_copy_d2h_bytes: d[13],
+            gpu_copy_other_bytes: d[14],
+            collective_calls: d[15],
+            collective_ns: d[16],
         })
     }
 

@@ -213,6 +213,9 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         n.tcp_resets_sent,
         n.tcp_resets_received
     );
+    if let Some(g) = &tt.gpu {
+        gpu_section(&mut o, g, tt.gpu_derived.as_ref(), &t.processes);
+    }
     let mut rows: Vec<_> = t
         .processes
         .iter()
@@ -256,4 +259,103 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         );
     }
     o
+}
+
+fn gpu_section(
+    o: &mut String,
+    g: &ethand_exporters::gpu::GpuProcessStats,
+    d: Option<&ethand_exporters::gpu::GpuDerived>,
+    procs: &[ethand_exporters::snapshot::ProcessSnapshot],
+) {
+    let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
+    let _ = writeln!(
+        o,
+        "  launches {} (graph launches {}), api errors {}",
+        g.launches, g.graph_launches, g.errors
+    );
+    if let Some(d) = d {
+        let util = match (d.device_utilization_ratio, d.device_idle_ratio) {
+            (Some(u), Some(i)) => format!(", device busy {:.0}% idle {:.0}%", 100.0 * u, 100.0 * i),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            o,
+            "  last {:.0}s: {:.0} launches/s, host blocked in sync {:.1}% of wall time, in collectives {:.1}%{}",
+            d.window_ms as f64 / 1000.0,
+            d.launches_per_second,
+            100.0 * d.sync_blocked_ratio,
+            100.0 * d.collective_ratio,
+            util
+        );
+    }
+    for c in &g.copies {
+        let _ = writeln!(o, "  copy {:<17} {:>9} calls {:>11}", c.direction, c.calls, bytes(c.bytes));
+    }
+    if g.sync.calls > 0 {
+        let _ = writeln!(
+            o,
+            "  sync {:>9} calls, host blocked {}",
+            g.sync.calls,
+            secs(g.sync.time_ns)
+        );
+    }
+    for m in &g.memory {
+        let _ = writeln!(
+            o,
+            "  memory {:<15} live {:>11} peak {:>11} ({} allocs, {} frees)",
+            m.kind,
+            bytes(m.live_bytes),
+            bytes(m.peak_bytes),
+            m.allocs,
+            m.frees
+        );
+    }
+    if g.untracked_frees > 0 {
+        let _ = writeln!(o, "  {} frees of memory allocated before ethand attached", g.untracked_frees);
+    }
+    for c in &g.collectives {
+        let _ = writeln!(
+            o,
+            "  {} {:<15} {:>9} calls {:>11} host {}",
+            c.library,
+            c.operation,
+            c.calls,
+            bytes(c.bytes),
+            secs(c.time_ns)
+        );
+    }
+    for p in procs {
+        if let Some(c) = p.gpu.as_ref().and_then(|g| g.comm.as_ref()) {
+            let rank = c.rank.map_or("all".to_string(), |r| r.to_string());
+            let _ = writeln!(o, "  pid {} {} rank {} of {}", p.pid, c.library, rank, c.nranks);
+        }
+        for dev in &p.devices {
+            let util = dev
+                .utilization_ratio
+                .map(|u| format!(", sm {:.0}%", 100.0 * u))
+                .unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "  pid {} on {}: {} device memory{}",
+                p.pid,
+                dev.device,
+                bytes(dev.memory_used_bytes),
+                util
+            );
+        }
+    }
+    let mut syms: Vec<_> = g.symbols.iter().collect();
+    syms.sort_by(|a, b| b.calls.cmp(&a.calls));
+    let _ = writeln!(o, "  TOP SYMBOLS                         CALLS       BYTES    HOST TIME");
+    for s in syms.iter().take(8) {
+        let t = if s.timed_calls > 0 { secs(s.time_ns) } else { "-".into() };
+        let _ = writeln!(
+            o,
+            "  {:<32} {:>9} {:>11} {:>12}",
+            s.symbol,
+            s.calls,
+            bytes(s.bytes),
+            t
+        );
+    }
 }

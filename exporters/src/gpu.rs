@@ -113,4 +113,115 @@ pub struct ProcessDeviceUsage {
     /// SM (GPU) / AI-core (NPU) utilization attributed to the process, 0-1, when the driver
     /// gives it.
     pub utilization_ratio: Option<f64>,
+    /// Utilization of the whole device (all its processes), 0-1.
+    pub device_utilization_ratio: Option<f64>,
+}
+
+/// Signals for diagnosis, over the snapshot window (`WindowStats::duration_ms`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GpuDerived {
+    pub window_ms: u64,
+    /// Kernel launches per second over the window.
+    pub launches_per_second: f64,
+    /// Fraction of wall time the tree's threads spent blocked in GPU/NPU synchronization
+    /// (summed over threads: above 1 when several threads wait at once).
+    pub sync_blocked_ratio: f64,
+    /// Fraction of wall time spent inside collective calls (host side).
+    pub collective_ratio: f64,
+    /// Copy throughput over the window, bytes per second, by direction.
+    pub copy_bytes_per_second: Vec<(String, f64)>,
+    /// Utilization of the devices the tree uses, from the device collector (0-1), when known.
+    pub device_utilization_ratio: Option<f64>,
+    /// 1 - device_utilization_ratio: how much of the time the tree's devices sat idle.
+    pub device_idle_ratio: Option<f64>,
+}
+
+impl GpuProcessStats {
+    /// Adds another process's figures (tree totals). Symbols are merged by library+name.
+    pub fn add(&mut self, o: &Self) {
+        self.launches += o.launches;
+        self.graph_launches += o.graph_launches;
+        for c in &o.copies {
+            match self.copies.iter_mut().find(|x| x.direction == c.direction) {
+                Some(x) => {
+                    x.calls += c.calls;
+                    x.bytes += c.bytes;
+                }
+                None => self.copies.push(c.clone()),
+            }
+        }
+        self.sync.add(&o.sync);
+        self.groups.add(&o.groups);
+        for m in &o.memory {
+            match self.memory.iter_mut().find(|x| x.kind == m.kind) {
+                Some(x) => {
+                    x.allocs += m.allocs;
+                    x.alloc_bytes += m.alloc_bytes;
+                    x.frees += m.frees;
+                    x.freed_bytes += m.freed_bytes;
+                    x.live_bytes += m.live_bytes;
+                    // Peaks of different processes need not coincide: the sum bounds it.
+                    x.peak_bytes += m.peak_bytes;
+                }
+                None => self.memory.push(m.clone()),
+            }
+        }
+        self.untracked_frees += o.untracked_frees;
+        for c in &o.collectives {
+            match self
+                .collectives
+                .iter_mut()
+                .find(|x| x.library == c.library && x.operation == c.operation)
+            {
+                Some(x) => {
+                    x.calls += c.calls;
+                    x.bytes += c.bytes;
+                    x.time_ns += c.time_ns;
+                    x.timed_calls += c.timed_calls;
+                }
+                None => self.collectives.push(c.clone()),
+            }
+        }
+        self.comm_inits += o.comm_inits;
+        if self.comm.is_none() {
+            self.comm = o.comm.clone();
+        }
+        self.errors += o.errors;
+        for s in &o.symbols {
+            match self
+                .symbols
+                .iter_mut()
+                .find(|x| x.library == s.library && x.symbol == s.symbol && x.direction == s.direction)
+            {
+                Some(x) => {
+                    x.calls += s.calls;
+                    x.errors += s.errors;
+                    x.bytes += s.bytes;
+                    x.time_ns += s.time_ns;
+                    x.timed_calls += s.timed_calls;
+                }
+                None => self.symbols.push(s.clone()),
+            }
+        }
+    }
+
+    pub fn collective_time_ns(&self) -> u64 {
+        self.collectives.iter().map(|c| c.time_ns).sum()
+    }
+
+    pub fn copy_bytes(&self, direction: &str) -> u64 {
+        self.copies
+            .iter()
+            .filter(|c| c.direction == direction)
+            .map(|c| c.bytes)
+            .sum()
+    }
+}
+
+impl GpuTimedCalls {
+    pub fn add(&mut self, o: &Self) {
+        self.calls += o.calls;
+        self.time_ns += o.time_ns;
+        self.timed_calls += o.timed_calls;
+    }
 }

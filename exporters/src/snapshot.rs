@@ -200,6 +200,13 @@ pub struct WindowStats {
     pub block_write_bytes: u64,
     pub net_tx_bytes: u64,
     pub net_rx_bytes: u64,
+    pub gpu_launches: u64,
+    pub gpu_sync_ns: u64,
+    pub gpu_copy_h2d_bytes: u64,
+    pub gpu_copy_d2h_bytes: u64,
+    pub gpu_copy_other_bytes: u64,
+    pub collective_calls: u64,
+    pub collective_ns: u64,
 }
 
 /// What ethand measures and what it costs.
@@ -348,4 +355,8 @@ pub struct TreeTotals {
     pub block_read_ops: u64,
     pub block_write_ops: u64,
     pub net: NetStats,
+    /// Sum of the processes' GPU/NPU runtime figures; None when none made a probed call.
+    pub gpu: Option<crate::gpu::GpuProcessStats>,
+    /// Diagnosis signals over the window (daemon) or the measurement (standalone).
+    pub gpu_derived: Option<crate::gpu::GpuDerived>,
 }

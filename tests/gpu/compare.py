@@ -17,6 +17,7 @@ Subcommands:
            --format=csv,noheader,nounits`.
   bench    --in BENCH.jsonl --out R      steps/s per ethand state and slowdown vs no ethand.
   bundle   --work DIR --out OUTDIR       results.json, snapshots.json, status.json.
+  status   STATUS.json                   human summary of `ethand status --json` (GPU part).
   get      FILE KEY.PATH                 print one value of a JSON file ("" when absent).
   selftest                                 the above on synthetic snapshots.
 
@@ -552,6 +553,39 @@ def cmd_bundle(argv):
     return 0
 
 
+def cmd_status(argv):
+    """Human summary of `ethand status --json`: GPU level, runtime libraries, probes, cost."""
+    s = load_json(argv[0]) if argv else None
+    if not isinstance(s, dict):
+        print("  (no status)")
+        return 1
+    print(f"  ethand {s.get('version')} pid {s.get('pid')}: gpu_level {s.get('gpu_level')}, "
+          f"cpu {s.get('cpu_seconds')} s, rss {int(s.get('rss_bytes') or 0) >> 20} MiB, "
+          f"tracked processes {s.get('tracked_processes')}, bpf_stats {s.get('bpf_stats')}")
+    for p in s.get("probes") or []:
+        if p.get("state") != "attached" or p.get("name", "").startswith("uprobe_") \
+                or p.get("name", "") in ("nvml", "dcmi"):
+            print(f"  probe {p.get('name')}: {p.get('state')} {p.get('detail') or ''}".rstrip())
+    libs = s.get("gpu_libraries") or []
+    if not libs:
+        print("  gpu libraries: none found yet")
+    for lib in libs:
+        print(f"  library [{lib.get('runtime')}] {lib.get('path')} (found in pid {lib.get('found_in_pid')}): "
+              f"{lib.get('state')} {lib.get('detail') or ''}")
+        print(f"    attached {len(lib.get('symbols_attached') or [])}: "
+              f"{', '.join(lib.get('symbols_attached') or [])}")
+        for m in lib.get("symbols_missing") or []:
+            print(f"    missing: {m}")
+    for p in s.get("programs") or []:
+        n, ns = int(p.get("run_count") or 0), int(p.get("run_time_ns") or 0)
+        if n:
+            print(f"  program {p.get('name')}: {n} runs, {ns / n:.0f} ns/run")
+    for d in s.get("dropped") or []:
+        if d.get("count"):
+            print(f"  dropped {d.get('reason')}: {d.get('count')} (loss: {d.get('loss')})")
+    return 0
+
+
 def cmd_get(argv):
     if len(argv) != 2:
         print("usage: compare.py get FILE KEY.PATH", file=sys.stderr)
@@ -704,7 +738,7 @@ def cmd_selftest(argv):
 
 def main():
     cmds = {"compare": cmd_compare, "truth": cmd_truth, "nvml": cmd_nvml, "bench": cmd_bench,
-            "bundle": cmd_bundle, "get": cmd_get, "selftest": cmd_selftest}
+            "bundle": cmd_bundle, "get": cmd_get, "status": cmd_status, "selftest": cmd_selftest}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__)
         return 2
