@@ -173,7 +173,7 @@ E() { timeout "${ETO:-20}" "$ETHAND" --config "$CFG" "$@"; }
 daemon_alive() { [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; }
 start_daemon() { # CONFIG LABEL
     printf '\n===== [%ss] daemon start (%s) %s =====\n' "$(elapsed)" "$2" "$(date -u +%FT%TZ)" >> "$OUT/daemon.log"
-    "$ETHAND" --config "$1" run --listen "$LISTEN" >> "$OUT/daemon.log" 2>&1 < /dev/null &
+    NO_COLOR=1 "$ETHAND" --config "$1" run --listen "$LISTEN" >> "$OUT/daemon.log" 2>&1 < /dev/null &
     DPID=$!
     local i=0
     while [ "$i" -lt 60 ]; do

@@ -10,6 +10,7 @@ mod loader;
 mod model;
 mod procinfo;
 mod render;
+mod survey;
 mod syscalls_table;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -74,6 +75,23 @@ enum Command {
     Level {
         #[arg(value_parser = ["system", "process", "op"])]
         level: String,
+    },
+    /// Diagnostic for a library version ethand has not met: probe every exported function
+    /// of LIBRARY whose name starts with PREFIX, count calls per process for a while and
+    /// print which ones a workload really calls (standalone; needs no daemon).
+    Survey {
+        /// Path of the library file (as mapped by the workload; /proc/PID/root/... for
+        /// containers).
+        #[arg(long)]
+        library: PathBuf,
+        #[arg(long, default_value = "cu")]
+        prefix: String,
+        /// Seconds to count.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        /// Only this process.
+        #[arg(long)]
+        pid: Option<u32>,
     },
     /// Configuration helpers.
     Config {
@@ -192,6 +210,12 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             window,
             duration,
         } => snapshot(cfg, pid, json, window, duration).await,
+        Command::Survey {
+            library,
+            prefix,
+            duration,
+            pid,
+        } => survey::run(&cfg, &library, &prefix, Duration::from_secs(duration), pid).await,
         Command::Level { level } => {
             let resp = api::call(&cfg.daemon.socket, &api::Request::SetLevel { level })
                 .await

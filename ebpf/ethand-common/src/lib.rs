@@ -410,7 +410,7 @@ pub struct GpuOpDesc {
 }
 
 /// Maximum number of op ids (symbols in the catalog).
-pub const GPU_MAX_OPS: u32 = 512;
+pub const GPU_MAX_OPS: u32 = 4096;
 
 /// Attach cookie: op id in the low 16 bits; [`GPU_COOKIE_TIME`] set when this level times
 /// every call of the symbol (level `op`).
