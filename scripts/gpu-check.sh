@@ -34,6 +34,10 @@ RUST_BENCH_S=${RUST_BENCH_S:-5}
 RESCAN_WAIT=${RESCAN_WAIT:-1.5}   # after `ready`: the daemon rescans maps every 500 ms
 SETTLE_WAIT=${SETTLE_WAIT:-2}     # after the work: the daemon reads its maps every 500 ms
 KEEP_WORK=${KEEP_WORK:-0}
+# An idle process that maps libcuda.so.1 before the daemon starts and lives until the end, so
+# that the daemon finds libcuda first in it: ethand attaches through /proc/<found_in_pid>/root/
+# and a live path is needed to re-attach on `ethand level` (see step (c2)). ANCHOR=0: none.
+ANCHOR=${ANCHOR:-1}
 # Keep NVLink SHARP / multicast off (these machines do not allow it); never unset.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
@@ -186,6 +190,7 @@ start_daemon() { # CONFIG LABEL
         fi
         if timeout 5 "$ETHAND" --config "$1" status --json > "$WORK/tmp-status.json" 2>/dev/null; then
             note "daemon pid $DPID answers (after $((i / 2)).$((i % 2 * 5))s)"
+            CUR_LEVEL=process
             return 0
         fi
         sleep 0.5
@@ -218,14 +223,20 @@ save_status() { # LABEL
     rm -f "$WORK/status-$1.json"
     return 1
 }
+CUR_LEVEL=
 set_level() { # LEVEL
-    local m
-    if m=$(E level "$1" 2>&1); then
-        note "ethand level $1: $m"
-        sleep 1  # re-attach happens in the daemon's next tick
+    local m t1 rc
+    t1=$(date +%s%N)
+    m=$(ETO=60 E level "$1" 2>&1)
+    rc=$?
+    t1=$((($(date +%s%N) - t1) / 1000000))
+    if [ "$rc" -eq 0 ]; then
+        note "ethand level $1 (${t1} ms): $m"
+        CUR_LEVEL=$1
+        sleep 1  # the daemon attaches newly found libraries in its next ticks
         return 0
     fi
-    note "ethand level $1 failed: $m"
+    note "ethand level $1 failed after ${t1} ms (exit $rc): $m"
     return 1
 }
 fetch_metrics() { # FILE
@@ -239,6 +250,31 @@ sys.stdout.write(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", ti
 smi_query() { # FILE
     timeout 20 nvidia-smi --query-gpu=index,memory.used,utilization.gpu,temperature.gpu,power.draw \
         --format=csv,noheader,nounits > "$1" 2>&1
+}
+
+ANCHOR_PID=
+start_anchor() {
+    [ "$ANCHOR" = 1 ] || return 0
+    timeout -k 5 900 "$PY" -c 'import ctypes, sys, time
+ctypes.CDLL("libcuda.so.1")
+print("anchor ready", flush=True)
+time.sleep(890)' > "$WORK/anchor.out" 2>&1 < /dev/null &
+    ANCHOR_PID=$!
+    CHILDREN="$CHILDREN $ANCHOR_PID"
+    if wait_line "$WORK/anchor.out" '^anchor ready' 30 "$ANCHOR_PID" > /dev/null; then
+        note "anchor: pid $ANCHOR_PID (timeout wrapper) maps libcuda.so.1 and sleeps"
+        record anchor ok "pid $ANCHOR_PID"
+    else
+        record anchor fail "$(tail -n 3 "$WORK/anchor.out" | tr '\n' ' ')"
+        end_proc "$ANCHOR_PID" 1
+        ANCHOR_PID=
+    fi
+}
+stop_anchor() {
+    [ -n "$ANCHOR_PID" ] || return 0
+    kill -TERM "$ANCHOR_PID" 2>/dev/null
+    end_proc "$ANCHOR_PID" 5
+    ANCHOR_PID=
 }
 
 # Our background children (workloads): ended on exit.
@@ -414,6 +450,7 @@ show_tail "$WORK/env.err" "python probe stderr"
 section "(b) daemon start"
 echo "--- config ($CFG)"
 cat "$CFG"
+start_anchor
 if [ ! -x "$ETHAND" ]; then
     record daemon-start fail "$ETHAND missing"
 elif start_daemon "$CFG" main; then
@@ -430,17 +467,6 @@ if [ -x "$W" ]; then
     run_workload rust-driver process 60 "$W"
     run_workload rust-driver-large process 90 "$W" --launches 100000 --allocs 200 --alloc-bytes 65536 \
         --copies 200 --copy-bytes 65536 --syncs 500 --pageable
-    if daemon_alive && set_level op; then
-        run_workload rust-driver-op op 60 "$W"
-    else
-        record rust-driver-op fail "could not switch to level op"
-    fi
-    if daemon_alive && set_level system; then
-        run_workload rust-driver-system system 60 "$W"
-    else
-        record rust-driver-system fail "could not switch to level system"
-    fi
-    daemon_alive && set_level process
 else
     record rust-driver fail "$W missing: build tests/gpu-workload and copy it into .device-bin/"
 fi
@@ -523,6 +549,39 @@ else
     record status fail "daemon not running"
 fi
 
+# ============================================================================== (c2)
+section "(c2) levels: the CUDA driver workload at level op and at level system"
+# A level switch detaches and re-attaches every library file found so far; the libraries
+# found only in processes that have exited since (libnccl of the torch runs) show whether
+# re-attaching works without a live process (the check after the round trip).
+if [ -x "$W" ] && daemon_alive && need 60 levels; then
+    if set_level op; then
+        run_workload rust-driver-op op 60 "$W"
+    else
+        record rust-driver-op fail "could not switch to level op"
+    fi
+    if daemon_alive && set_level system; then
+        run_workload rust-driver-system system 60 "$W"
+    else
+        record rust-driver-system fail "could not switch to level system"
+    fi
+    if daemon_alive && set_level process; then
+        sleep 1
+        if save_status after-level-roundtrip; then
+            LVL_OUT=$(py_cmp status "$WORK/status-after-level-roundtrip.json" --require-attached)
+            LVL_RC=$?
+            printf '%s\n' "$LVL_OUT" | grep -E 'NOT ATTACHED|^  library'
+            if [ "$LVL_RC" -eq 0 ]; then
+                record level-reattach ok "every library file attached again after op -> system -> process"
+            else
+                record level-reattach fail "a library file is not attached after the level round trip (see NOT ATTACHED)"
+            fi
+        fi
+    else
+        record level-reattach fail "could not switch back to level process"
+    fi
+fi
+
 # ============================================================================== (f)
 section "(f) cost per level: launch-bound loops, interleaved"
 # bench_run STATE RUN: torch (20 adds + sync per step) and the CUDA driver loop.
@@ -563,7 +622,9 @@ for st in $STATES; do
             if ! daemon_alive; then
                 start_daemon "$BENCH_CFG" "bench" || { record "bench-$run-$st" fail "daemon start"; continue; }
             fi
-            set_level "$st" || { record "bench-$run-$st" fail "ethand level $st"; continue; }
+            if [ "$CUR_LEVEL" != "$st" ]; then
+                set_level "$st" || { record "bench-$run-$st" fail "ethand level $st"; continue; }
+            fi
             ;;
     esac
     bench_run "$st" "$run"
@@ -583,6 +644,7 @@ if daemon_alive; then
     stop_daemon
     record daemon-stop ok
 fi
+stop_anchor
 echo "--- daemon.log: warnings and errors"
 grep -E 'WARN|ERROR|panick' "$OUT/daemon.log" | tail -n 30 | cut -c1-400
 

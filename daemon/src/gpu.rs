@@ -496,3 +496,62 @@ fn add_timed(t: &mut g::GpuTimedCalls, s: &GpuCallStats) {
     t.timed_calls += s.timed_calls;
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ethand_userspace_probes::catalog::op_id;
+
+    fn st(calls: u64, errors: u64, bytes: u64, time_ns: u64, timed: u64) -> GpuCallStats {
+        GpuCallStats {
+            calls,
+            errors,
+            bytes,
+            time_ns,
+            timed_calls: timed,
+        }
+    }
+
+    #[test]
+    fn kernel_counters_become_the_process_picture() {
+        let op = |rt, n| op_id(rt, n).unwrap();
+        let mut calls = BTreeMap::new();
+        calls.insert((op(Runtime::Cuda, "cuLaunchKernel"), 0), st(10, 0, 0, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuLaunchKernel_ptsz"), 0), st(5, 0, 0, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuGraphLaunch"), 0), st(2, 0, 0, 0, 0));
+        // Two copy symbols in one direction sum; 2D copies carry their own direction.
+        calls.insert((op(Runtime::Cuda, "cuMemcpyHtoD_v2"), u16::from(gpu_dir::HOST_TO_DEVICE)), st(3, 0, 300, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuMemcpy2D_v2"), u16::from(gpu_dir::HOST_TO_DEVICE)), st(1, 0, 50, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuMemcpy2D_v2"), u16::from(gpu_dir::DEVICE_TO_HOST)), st(1, 0, 70, 0, 0));
+        // One failed allocation: counted as a call and an error, not as an allocation.
+        calls.insert((op(Runtime::Cuda, "cuMemAlloc_v2"), 0), st(4, 1, 3000, 10, 4));
+        calls.insert((op(Runtime::Cuda, "cuMemFree_v2"), 0), st(1, 0, 1000, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuStreamSynchronize"), 0), st(6, 0, 0, 600, 6));
+        calls.insert((op(Runtime::Nccl, "ncclAllReduce"), 0), st(2, 0, 8192, 40, 2));
+        calls.insert((op(Runtime::Nccl, "ncclCommInitRankConfig"), 0), st(1, 0, 0, 0, 0));
+        let mut state = GpuProcState::default();
+        state.live_bytes[0] = 2000;
+        state.peak_bytes[0] = 3000;
+        state.rank = 1;
+        state.nranks = 4;
+        let g = process_stats(&calls, Some(&state)).unwrap();
+        assert_eq!(g.launches, 15);
+        assert_eq!(g.graph_launches, 2);
+        assert_eq!(g.copy_bytes("host_to_device"), 350);
+        assert_eq!(g.copy_bytes("device_to_host"), 70);
+        let dev = g.memory.iter().find(|m| m.kind == "device").unwrap();
+        assert_eq!((dev.allocs, dev.alloc_bytes, dev.frees, dev.freed_bytes), (3, 3000, 1, 1000));
+        assert_eq!((dev.live_bytes, dev.peak_bytes), (2000, 3000));
+        assert_eq!((g.sync.calls, g.sync.time_ns), (6, 600));
+        assert_eq!(g.collectives.len(), 1);
+        assert_eq!((g.collectives[0].operation.as_str(), g.collectives[0].bytes), ("all_reduce", 8192));
+        assert_eq!(g.comm, Some(g::CommRank { library: "nccl".into(), rank: Some(1), nranks: 4 }));
+        assert_eq!(g.errors, 1);
+        assert_eq!(g.symbols.len(), calls.len());
+    }
+
+    #[test]
+    fn nothing_called_means_no_gpu_section() {
+        assert!(process_stats(&BTreeMap::new(), None).is_none());
+    }
+}

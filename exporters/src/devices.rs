@@ -195,8 +195,9 @@ pub struct DeviceProcess {
     pub uuid: String,
     /// Device memory the process holds; None when the driver does not say.
     pub memory_used_bytes: Option<u64>,
-    /// SM (GPU) utilization attributed to the process over the last collection interval,
-    /// 0-1; None when the driver does not give per-process utilization.
+    /// SM (GPU) utilization attributed to the process in the driver's newest per-process
+    /// sample (NVML samples every 1/6 s to 1 s), 0-1; None when the driver does not give
+    /// per-process utilization.
     pub utilization_ratio: Option<f64>,
 }
 

@@ -114,8 +114,9 @@ const PROCESS_GPU_MEM: Desc = gauge(
 );
 const PROCESS_GPU_UTIL: Desc = gauge(
     "ethand_process_gpu_utilization_ratio",
-    "Share of the GPU's SMs the process used over the last collection interval, 0-1; the same \
-     32 processes per GPU as ethand_process_gpu_memory_bytes (nvmlDeviceGetProcessUtilization).",
+    "Share of the GPU's SMs the process used in the driver's newest per-process sample (taken \
+     every 1/6 s to 1 s), 0-1; the same 32 processes per GPU as ethand_process_gpu_memory_bytes \
+     (nvmlDeviceGetProcessUtilization).",
 );
 
 const NPU_INFO: Desc = gauge(

@@ -17,7 +17,9 @@ Subcommands:
            --format=csv,noheader,nounits`.
   bench    --in BENCH.jsonl --out R      steps/s per ethand state and slowdown vs no ethand.
   bundle   --work DIR --out OUTDIR       results.json, snapshots.json, status.json.
-  status   STATUS.json                   human summary of `ethand status --json` (GPU part).
+  status   STATUS.json [--require-attached]
+           human summary of `ethand status --json` (GPU part); with --require-attached exit 1
+           when a runtime library found is not attached (or none was found).
   get      FILE KEY.PATH                 print one value of a JSON file ("" when absent).
   selftest                                 the above on synthetic snapshots.
 
@@ -555,6 +557,8 @@ def cmd_bundle(argv):
 
 def cmd_status(argv):
     """Human summary of `ethand status --json`: GPU level, runtime libraries, probes, cost."""
+    require = "--require-attached" in argv
+    argv = [a for a in argv if a != "--require-attached"]
     s = load_json(argv[0]) if argv else None
     if not isinstance(s, dict):
         print("  (no status)")
@@ -583,6 +587,13 @@ def cmd_status(argv):
     for d in s.get("dropped") or []:
         if d.get("count"):
             print(f"  dropped {d.get('reason')}: {d.get('count')} (loss: {d.get('loss')})")
+    if require:
+        bad = [lib for lib in libs if lib.get("state") != "attached"]
+        for lib in bad:
+            print(f"  NOT ATTACHED: [{lib.get('runtime')}] {lib.get('path')} (found in pid "
+                  f"{lib.get('found_in_pid')}, host path {lib.get('host_path')}): {lib.get('detail')}")
+        if bad or not libs:
+            return 1
     return 0
 
 

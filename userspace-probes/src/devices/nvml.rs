@@ -8,9 +8,11 @@
 //! Field by field (the NVML call is named in each metric's help text): a call that returns
 //! `NVML_ERROR_NOT_SUPPORTED` (or that an older driver lacks) leaves the field `None`
 //! silently; any other error leaves it `None` and adds a note to the sample.
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -40,6 +42,10 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 pub const MAX_NVLINKS: u32 = nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 /// XID events drained per collection at most; the rest wait for the next one.
 const MAX_EVENTS_PER_COLLECT: usize = 4096;
+/// NVML samples per-process utilization every 1/6 s to 1 s. A collection that finds no new
+/// sample within this long of the last batch reuses that batch (the driver has not sampled
+/// yet); after it, no new sample means every process was idle.
+const PROCESS_UTIL_FRESH: Duration = Duration::from_secs(2);
 
 /// One GPU as NVML describes it, in NVML's units. Implemented over `nvml_wrapper::Device` by
 /// the collector and by stand-ins in tests; each method is one NVML call.
@@ -94,10 +100,14 @@ pub trait GpuSource {
 }
 
 /// What [`read_gpu`] keeps about one GPU between collections.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuState {
-    /// Timestamp (µs) of the newest process-utilization sample read so far.
+    /// Timestamp (µs, the driver's clock) of the newest process-utilization sample read so
+    /// far: the next call asks only for newer ones.
     pub process_util_since: Option<u64>,
+    /// SM share (0-1) per pid in the newest batch of samples, and when it was read.
+    pub process_util: BTreeMap<u32, f64>,
+    pub process_util_read_at: Option<Instant>,
     /// Critical XID events counted so far; None when the GPU does not deliver them to ethand.
     pub xid_errors: Option<u64>,
     /// Code of the most recent one.
@@ -115,10 +125,12 @@ pub struct GpuReading {
 
 /// Reads one GPU from `src` and converts NVML's units to base units. Only the identity
 /// (index, UUID) is required: without it the GPU cannot be named, and that is the error.
+/// `now` is when the reading is taken (it decides whether per-process samples are stale).
 pub fn read_gpu(
     src: &impl GpuSource,
     driver_version: &str,
     state: &mut GpuState,
+    now: Instant,
 ) -> Result<GpuReading, NvmlError> {
     let index = src.index()?;
     let uuid = src.uuid()?;
@@ -201,27 +213,38 @@ pub fn read_gpu(
     }
 
     // Per process: memory from the running compute processes, SM share from the newest
-    // utilization sample of each pid since the previous collection. NVML lists only
-    // processes with non-zero utilization in the period (NOT_FOUND: none at all), so a
-    // listed process missing from the samples used no SM time: 0.
-    let sm_share = match src.process_utilization(state.process_util_since) {
+    // utilization sample of each pid in the newest batch (the samples since the previous
+    // collection). NVML lists only processes with non-zero utilization (NOT_FOUND: none at
+    // all), so a listed process missing from the batch used no SM time: 0.
+    let batch = match src.process_utilization(state.process_util_since) {
         Ok(samples) => Some(samples),
         Err(NvmlError::NotFound) => Some(Vec::new()),
         Err(e) => f.get("process utilization", Err(e)),
     };
-    if let Some(samples) = &sm_share
-        && let Some(newest) = samples.iter().map(|s| s.timestamp).max()
-    {
-        state.process_util_since = Some(newest);
-    }
+    let sm_share = batch.map(|samples| {
+        if let Some(newest) = samples.iter().map(|s| s.timestamp).max() {
+            let mut latest: BTreeMap<u32, (u64, f64)> = BTreeMap::new();
+            for s in &samples {
+                let e = latest.entry(s.pid).or_insert((0, 0.0));
+                if s.timestamp >= e.0 {
+                    *e = (s.timestamp, percent(s.sm_util));
+                }
+            }
+            state.process_util = latest.into_iter().map(|(pid, (_, r))| (pid, r)).collect();
+            state.process_util_since = Some(newest);
+            state.process_util_read_at = Some(now);
+        } else if !state
+            .process_util_read_at
+            .is_some_and(|t| now.saturating_duration_since(t) < PROCESS_UTIL_FRESH)
+        {
+            state.process_util.clear();
+        }
+        state.process_util.clone()
+    });
     let newest_util = |pid: u32| {
-        sm_share.as_ref().map(|samples| {
-            samples
-                .iter()
-                .filter(|s| s.pid == pid)
-                .max_by_key(|s| s.timestamp)
-                .map_or(0.0, |s| percent(s.sm_util))
-        })
+        sm_share
+            .as_ref()
+            .map(|share| share.get(&pid).copied().unwrap_or(0.0))
     };
     let processes = f
         .get("processes", src.compute_processes())
@@ -647,7 +670,8 @@ impl DeviceCollector for NvmlCollector {
                 }
             };
             let src = NvmlGpu { nvml, device };
-            match read_gpu(&src, &self.driver_version, &mut self.states[i as usize]) {
+            let state = &mut self.states[i as usize];
+            match read_gpu(&src, &self.driver_version, state, Instant::now()) {
                 Ok(r) => {
                     sample.gpus.push(r.gpu);
                     sample.processes.extend(r.processes);
@@ -716,11 +740,10 @@ mod tests {
                     process(100, UsedGpuMemory::Used(3 << 30)),
                     process(200, UsedGpuMemory::Unavailable),
                 ],
-                utilization: |since| {
-                    Ok(match since {
-                        None => vec![sample(100, 10, 20), sample(100, 30, 45)],
-                        Some(_) => vec![sample(100, 50, 5)],
-                    })
+                utilization: |since| match since {
+                    None => Ok(vec![sample(100, 10, 20), sample(100, 30, 45)]),
+                    Some(30) => Ok(vec![sample(100, 50, 5)]),
+                    Some(_) => Err(NvmlError::NotFound),
                 },
                 util_calls: RefCell::new(Vec::new()),
             }
@@ -825,7 +848,7 @@ mod tests {
             last_xid: Some(48),
             ..Default::default()
         };
-        let r = read_gpu(&src, "580.65.06", &mut state).unwrap();
+        let r = read_gpu(&src, "580.65.06", &mut state, Instant::now()).unwrap();
         assert!(r.notes.is_empty(), "{:?}", r.notes);
         let g = &r.gpu;
         assert_eq!(g.index, 2);
@@ -891,7 +914,9 @@ mod tests {
     fn processes_memory_and_newest_sm_share() {
         let src = StandIn::full();
         let mut state = GpuState::default();
-        let r = read_gpu(&src, "", &mut state).unwrap();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let r = read_gpu(&src, "", &mut state, at(0)).unwrap();
         assert_eq!(
             r.processes,
             vec![
@@ -916,10 +941,19 @@ mod tests {
         );
         // The next collection asks only for samples newer than the newest one seen.
         assert_eq!(state.process_util_since, Some(30));
-        let r = read_gpu(&src, "", &mut state).unwrap();
+        let r = read_gpu(&src, "", &mut state, at(1000)).unwrap();
         assert_eq!(r.processes[0].utilization_ratio, Some(0.05));
-        assert_eq!(*src.util_calls.borrow(), vec![None, Some(30)]);
         assert_eq!(state.process_util_since, Some(50));
+        // Nothing new yet (the driver samples every 1/6 s to 1 s): the last batch stands.
+        let r = read_gpu(&src, "", &mut state, at(1500)).unwrap();
+        assert_eq!(r.processes[0].utilization_ratio, Some(0.05));
+        // Nothing new for longer than the driver's sample period: idle.
+        let r = read_gpu(&src, "", &mut state, at(4000)).unwrap();
+        assert_eq!(r.processes[0].utilization_ratio, Some(0.0));
+        assert_eq!(
+            *src.util_calls.borrow(),
+            vec![None, Some(30), Some(50), Some(50)]
+        );
     }
 
     #[test]
@@ -932,7 +966,7 @@ mod tests {
             utilization: |_| Err(NvmlError::NotSupported),
             ..StandIn::full()
         };
-        let r = read_gpu(&src, "", &mut GpuState::default()).unwrap();
+        let r = read_gpu(&src, "", &mut GpuState::default(), Instant::now()).unwrap();
         let g = &r.gpu;
         assert_eq!(g.power_watts, None);
         assert_eq!(g.energy_millijoules, None);
@@ -958,7 +992,7 @@ mod tests {
             ..StandIn::full()
         };
         let mut state = GpuState::default();
-        let r = read_gpu(&src, "", &mut state).unwrap();
+        let r = read_gpu(&src, "", &mut state, Instant::now()).unwrap();
         assert_eq!(r.processes[0].utilization_ratio, Some(0.0));
         assert_eq!(state.process_util_since, None);
     }
