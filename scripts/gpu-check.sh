@@ -9,13 +9,16 @@
 #   log.txt        everything printed (this script's whole output)
 #   results.json   per-step status, every ground-truth comparison, NVML check, cost per level
 #   snapshots.json every `ethand snapshot --json` taken (BEFORE/AFTER per workload)
-#   status.json    `ethand status --json` at start, after the workloads and at the end
+#   status.json    `ethand status --json` at start, after the workloads, after the level
+#                  round trip and at the end
 #   metrics.txt    /metrics at idle, then a sample taken while the GPU was busy
 #   daemon.log     the daemon's own log (every start)
-# Steps: (a) environment, (b) daemon start, (c) workloads vs ground truth (CUDA driver API,
-# PyTorch, CuPy; levels process, op and system), (d) NCCL all-reduce on 2 GPUs, (e) status,
-# /metrics and NVML vs nvidia-smi, (f) cost per level (none/process/op/system, interleaved),
-# (g) daemon stop. Each step is time-bounded; a failing step is recorded and the run goes on.
+# Steps: (a) environment, (b) daemon start, (c) workloads vs ground truth at level process
+# (CUDA driver API, PyTorch, CuPy), (d) NCCL all-reduce on 2 GPUs, (e) status, /metrics and
+# NVML vs nvidia-smi, (c2) the CUDA driver workload at levels op and system (live `ethand
+# level`; a failed switch is recorded and replaced by a daemon restart at that level), (f) cost
+# per level (none/process/op/system, interleaved), (g) daemon stop. Each step is time-bounded;
+# a failing step is recorded and the run goes on.
 # The whole run stays under BUDGET_S seconds (default 520): later steps are skipped past it.
 # Exit status: 0 when every hard comparison passed, 1 otherwise.
 set -u
@@ -145,9 +148,10 @@ show_tail() { # FILE LABEL
 py_cmp() { timeout 60 "$PY" "$CMP" "$@"; }
 
 # ------------------------------------------------------------------------------ daemon
-CFG=$WORK/ethand.toml         # correctness runs: exact BPF program statistics
-BENCH_CFG=$WORK/ethand-bench.toml  # cost runs: BPF statistics off (they cost ~100 ns a run)
-write_config() { # FILE BPF_STATS
+# Configurations: ethand-<level>.toml for the correctness runs (exact BPF program statistics),
+# ethand-bench-<level>.toml for the cost runs (BPF statistics off: they cost ~100 ns a run).
+# All share the socket, so `ethand --config $CFG ...` reaches whichever daemon runs.
+write_config() { # FILE BPF_STATS LEVEL
     cat > "$1" <<EOF
 # Written by scripts/gpu-check.sh
 [daemon]
@@ -160,7 +164,7 @@ bpf_stats = "$2"
 listen = "$LISTEN"
 
 [gpu]
-level = "process"
+level = "$3"
 rescan_interval_ms = 500
 
 [devices]
@@ -169,13 +173,16 @@ dcmi = false
 interval_ms = 1000
 EOF
 }
-write_config "$CFG" always
-write_config "$BENCH_CFG" off
+for lv in process op system; do
+    write_config "$WORK/ethand-$lv.toml" always "$lv"
+    write_config "$WORK/ethand-bench-$lv.toml" off "$lv"
+done
+CFG=$WORK/ethand-process.toml
 
 DPID=
 E() { timeout "${ETO:-20}" "$ETHAND" --config "$CFG" "$@"; }
 daemon_alive() { [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; }
-start_daemon() { # CONFIG LABEL
+start_daemon() { # CONFIG LABEL LEVEL
     printf '\n===== [%ss] daemon start (%s) %s =====\n' "$(elapsed)" "$2" "$(date -u +%FT%TZ)" >> "$OUT/daemon.log"
     NO_COLOR=1 "$ETHAND" --config "$1" run --listen "$LISTEN" >> "$OUT/daemon.log" 2>&1 < /dev/null &
     DPID=$!
@@ -190,7 +197,7 @@ start_daemon() { # CONFIG LABEL
         fi
         if timeout 5 "$ETHAND" --config "$1" status --json > "$WORK/tmp-status.json" 2>/dev/null; then
             note "daemon pid $DPID answers (after $((i / 2)).$((i % 2 * 5))s)"
-            CUR_LEVEL=process
+            CUR_LEVEL=${3:-process}
             return 0
         fi
         sleep 0.5
@@ -214,6 +221,28 @@ stop_daemon() {
     wait "$DPID" 2>/dev/null
     note "daemon stopped (exit $?)"
     DPID=
+}
+# ensure_level LEVEL CONFIG_PREFIX: the daemon at LEVEL: live (`ethand level`), or, when the
+# live switch fails, by restarting the daemon with gpu.level = LEVEL (recorded as a failure of
+# the step level-switch-LEVEL).
+LIVE_LEVEL=1  # 0 after a live switch failed: later switches restart the daemon directly
+ensure_level() {
+    if daemon_alive && [ "$CUR_LEVEL" = "$1" ]; then
+        return 0
+    fi
+    if daemon_alive && [ "$LIVE_LEVEL" = 1 ]; then
+        set_level "$1" && return 0
+        LIVE_LEVEL=0
+        record "level-switch-$1" fail "ethand level $1 failed: restarting the daemon with gpu.level = $1 (and for every later level change)"
+    fi
+    if daemon_alive; then
+        stop_daemon
+    fi
+    if start_daemon "$2-$1.toml" "gpu.level = $1" "$1"; then
+        sleep "$RESCAN_WAIT"
+        return 0
+    fi
+    return 1
 }
 save_status() { # LABEL
     if daemon_alive && E status --json > "$WORK/status-$1.json" 2> "$WORK/tmp-err.txt"; then
@@ -453,7 +482,7 @@ cat "$CFG"
 start_anchor
 if [ ! -x "$ETHAND" ]; then
     record daemon-start fail "$ETHAND missing"
-elif start_daemon "$CFG" main; then
+elif start_daemon "$CFG" main process; then
     record daemon-start ok "pid $DPID"
     save_status start
     py_cmp status "$WORK/status-start.json"
@@ -555,30 +584,30 @@ section "(c2) levels: the CUDA driver workload at level op and at level system"
 # found only in processes that have exited since (libnccl of the torch runs) show whether
 # re-attaching works without a live process (the check after the round trip).
 if [ -x "$W" ] && daemon_alive && need 60 levels; then
-    if set_level op; then
+    if ensure_level op "$WORK/ethand"; then
         run_workload rust-driver-op op 60 "$W"
     else
-        record rust-driver-op fail "could not switch to level op"
+        record rust-driver-op fail "no daemon at level op"
     fi
-    if daemon_alive && set_level system; then
+    if ensure_level system "$WORK/ethand"; then
         run_workload rust-driver-system system 60 "$W"
     else
-        record rust-driver-system fail "could not switch to level system"
+        record rust-driver-system fail "no daemon at level system"
     fi
-    if daemon_alive && set_level process; then
+    if ensure_level process "$WORK/ethand"; then
         sleep 1
         if save_status after-level-roundtrip; then
             LVL_OUT=$(py_cmp status "$WORK/status-after-level-roundtrip.json" --require-attached)
             LVL_RC=$?
             printf '%s\n' "$LVL_OUT" | grep -E 'NOT ATTACHED|^  library'
             if [ "$LVL_RC" -eq 0 ]; then
-                record level-reattach ok "every library file attached again after op -> system -> process"
+                record level-reattach ok "every library file found is attached after op -> system -> process"
             else
                 record level-reattach fail "a library file is not attached after the level round trip (see NOT ATTACHED)"
             fi
         fi
     else
-        record level-reattach fail "could not switch back to level process"
+        record level-reattach fail "no daemon at level process"
     fi
 fi
 
@@ -613,18 +642,13 @@ STATES="none process op system none process op"
 run=0
 for st in $STATES; do
     run=$((run + 1))
-    need $((BENCH_S + RUST_BENCH_S + 30)) "bench-$run-$st" || continue
+    need $((BENCH_S + RUST_BENCH_S + 45)) "bench-$run-$st" || continue
     case $st in
         none)
             stop_daemon
             ;;
         *)
-            if ! daemon_alive; then
-                start_daemon "$BENCH_CFG" "bench" || { record "bench-$run-$st" fail "daemon start"; continue; }
-            fi
-            if [ "$CUR_LEVEL" != "$st" ]; then
-                set_level "$st" || { record "bench-$run-$st" fail "ethand level $st"; continue; }
-            fi
+            ensure_level "$st" "$WORK/ethand-bench" || { record "bench-$run-$st" fail "no daemon at level $st"; continue; }
             ;;
     esac
     bench_run "$st" "$run"

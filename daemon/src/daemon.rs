@@ -188,7 +188,8 @@ impl Engine {
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
         let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
-        for prog in [crate::gpu::ENTRY_PROG, crate::gpu::RETURN_PROG] {
+        let progs = gpu.progs();
+        for prog in [progs.entry, progs.ret] {
             loaded.program_probe.insert(prog.into(), format!("uprobe_{prog}"));
         }
         let d = &cfg.daemon;

@@ -33,9 +33,40 @@ use crate::{config::{Config, GpuLevel}, loader::error_chain};
 
 pub const ENTRY_PROG: &str = "gpu_enter";
 pub const RETURN_PROG: &str = "gpu_return";
+pub const ENTRY_PROG_MULTI: &str = "gpu_enter_multi";
+pub const RETURN_PROG_MULTI: &str = "gpu_return_multi";
+
+/// The (entry, return) programs in use: uprobe_multi links where the kernel has them.
+#[derive(Clone, Copy, Debug)]
+pub struct Progs {
+    pub entry: &'static str,
+    pub ret: &'static str,
+}
+
+impl Progs {
+    pub fn detect() -> Self {
+        match aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation) {
+            Ok(true) => Self {
+                entry: ENTRY_PROG_MULTI,
+                ret: RETURN_PROG_MULTI,
+            },
+            _ => Self {
+                entry: ENTRY_PROG,
+                ret: RETURN_PROG,
+            },
+        }
+    }
+
+    pub fn multi(self) -> bool {
+        self.entry == ENTRY_PROG_MULTI
+    }
+}
 
 struct Lib {
     status: GpuLibraryStatus,
+    /// The file, held open: later attaches (level changes) go through /proc/self/fd/N, which
+    /// stays valid after the process it was found in has exited.
+    file: Option<std::fs::File>,
     runtime: Runtime,
     /// (op id, file offset) of every resolved symbol.
     resolved: Vec<(u16, u64)>,
@@ -52,6 +83,7 @@ pub struct GpuProbes {
     libs: BTreeMap<(String, u64), Lib>,
     /// Why the programs could not be loaded (then nothing attaches).
     load_error: Option<String>,
+    progs: Progs,
     /// Processes whose maps were read in the last full scan (rescanned each interval, since
     /// a dlopen can happen at any time).
     pub scans: u64,
@@ -71,16 +103,22 @@ impl GpuProbes {
             last_scan: None,
             libs: BTreeMap::new(),
             load_error: None,
+            progs: Progs::detect(),
             scans: 0,
         };
-        if let Err(e) = Self::prepare(ebpf) {
+        info!(uprobe_multi = me.progs.multi(), "GPU/NPU uprobe programs");
+        if let Err(e) = Self::prepare(ebpf, me.progs) {
             warn!(error = %e, "GPU/NPU uprobes unavailable");
             me.load_error = Some(e);
         }
         me
     }
 
-    fn prepare(ebpf: &mut Ebpf) -> Result<(), String> {
+    pub fn progs(&self) -> Progs {
+        self.progs
+    }
+
+    fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<(), String> {
         let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(
             ebpf.take_map("GPU_OPS").ok_or("the BPF object has no GPU_OPS map")?,
         )
@@ -88,7 +126,7 @@ impl GpuProbes {
         for (i, s) in CATALOG.iter().enumerate() {
             ops.set(i as u32, &s.desc, 0).map_err(|e| error_chain(&e))?;
         }
-        for name in [ENTRY_PROG, RETURN_PROG] {
+        for name in [progs.entry, progs.ret] {
             let p: &mut UProbe = ebpf
                 .program_mut(name)
                 .ok_or(format!("program {name} missing"))?
@@ -120,7 +158,7 @@ impl GpuProbes {
             }
             let mut l = resolve(&lib);
             if l.status.state != ProbeState::Failed {
-                attach(ebpf, &mut l, self.level);
+                attach(ebpf, self.progs, &mut l, self.level);
             }
             self.libs.insert(key, l);
         }
@@ -134,9 +172,9 @@ impl GpuProbes {
         let old = self.level;
         self.level = level;
         for l in self.libs.values_mut() {
-            detach(ebpf, l);
+            detach(ebpf, self.progs, l);
             if level != GpuLevel::System && !l.resolved.is_empty() {
-                attach(ebpf, l, level);
+                attach(ebpf, self.progs, l, level);
             } else {
                 l.status.state = ProbeState::Disabled;
                 l.status.detail = "gpu level is system".into();
@@ -256,6 +294,7 @@ fn resolve(lib: &MappedLibrary) -> Lib {
         ..Default::default()
     };
     let mut resolved = Vec::new();
+    let file = std::fs::File::open(&lib.host_path).ok();
     match SymbolTable::read(&lib.host_path) {
         Err(e) => {
             status.state = ProbeState::Failed;
@@ -291,6 +330,7 @@ fn resolve(lib: &MappedLibrary) -> Lib {
     }
     Lib {
         status,
+        file,
         runtime: lib.runtime,
         resolved,
         entry_link: None,
@@ -310,11 +350,17 @@ fn needs_return(op: u16, level: GpuLevel) -> bool {
     level == GpuLevel::Op || CATALOG[op as usize].desc.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0
 }
 
-fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
+fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     if level == GpuLevel::System || l.resolved.is_empty() {
         return;
     }
-    let path = PathBuf::from(&l.status.host_path);
+    let path = match &l.file {
+        Some(f) => {
+            use std::os::fd::AsRawFd;
+            PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        }
+        None => PathBuf::from(&l.status.host_path),
+    };
     let time_flag = if level == GpuLevel::Op { GPU_COOKIE_TIME } else { 0 };
     let entry_points: Vec<UProbeAttachPoint> = l
         .resolved
@@ -335,7 +381,7 @@ fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
         .collect();
     let result = (|| -> Result<(), String> {
         let p: &mut UProbe = ebpf
-            .program_mut(ENTRY_PROG)
+            .program_mut(progs.entry)
             .ok_or("entry program missing")?
             .try_into()
             .map_err(|e: ProgramError| error_chain(&e))?;
@@ -345,7 +391,7 @@ fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
         );
         if !return_points.is_empty() {
             let p: &mut UProbe = ebpf
-                .program_mut(RETURN_PROG)
+                .program_mut(progs.ret)
                 .ok_or("return program missing")?
                 .try_into()
                 .map_err(|e: ProgramError| error_chain(&e))?;
@@ -367,7 +413,7 @@ fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
             info!(library = %l.status.path, pid = l.status.found_in_pid, symbols = l.resolved.len(), missing = l.status.symbols_missing.len(), "attached GPU/NPU runtime probes");
         }
         Err(e) => {
-            detach(ebpf, l);
+            detach(ebpf, progs, l);
             warn!(library = %l.status.path, error = %e, "attaching runtime probes failed");
             l.status.state = ProbeState::Failed;
             l.status.detail = e;
@@ -375,8 +421,8 @@ fn attach(ebpf: &mut Ebpf, l: &mut Lib, level: GpuLevel) {
     }
 }
 
-fn detach(ebpf: &mut Ebpf, l: &mut Lib) {
-    for (prog, link) in [(ENTRY_PROG, l.entry_link.take()), (RETURN_PROG, l.return_link.take())] {
+fn detach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib) {
+    for (prog, link) in [(progs.entry, l.entry_link.take()), (progs.ret, l.return_link.take())] {
         let Some(link) = link else { continue };
         if let Some(p) = ebpf.program_mut(prog) {
             if let Ok(p) = <&mut UProbe>::try_from(p) {

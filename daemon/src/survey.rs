@@ -60,7 +60,7 @@ pub async fn run(
     }
     let prog: &mut UProbe = loaded
         .ebpf
-        .program_mut(crate::gpu::ENTRY_PROG)
+        .program_mut(crate::gpu::Progs::detect().entry)
         .context("uprobe program")?
         .try_into()?;
     prog.load()?;

@@ -413,11 +413,78 @@ fn devices() -> DevicesSnapshot {
     }
 }
 
-/// The synthetic snapshot with devices.
+/// The synthetic snapshot with devices and a process that calls GPU runtimes.
 fn device_snapshot() -> NodeSnapshot {
-    NodeSnapshot {
+    let mut s = NodeSnapshot {
         devices: devices(),
         ..snapshot()
+    };
+    s.processes.push(gpu_process());
+    s
+}
+
+/// A training process: launches, copies, memory, syncs, an all-reduce, rank 1 of 2. It has
+/// no CPU time: GPU processes get per-process series whatever the top-N selection says.
+fn gpu_process() -> ProcessSnapshot {
+    use ethand_exporters::gpu::*;
+    let mut p = process(700, "python", "/kubepods/podgpu/ctr", 0, Some(0));
+    p.gpu = Some(GpuProcessStats {
+        launches: 1000,
+        graph_launches: 3,
+        copies: vec![
+            GpuCopyStats { direction: "host_to_device".into(), calls: 10, bytes: 40_960 },
+            GpuCopyStats { direction: "device_to_host".into(), calls: 2, bytes: 8_192 },
+        ],
+        sync: GpuTimedCalls { calls: 5, time_ns: 2_500_000_000, timed_calls: 5 },
+        memory: vec![GpuMemoryStats {
+            kind: "device".into(),
+            allocs: 3,
+            alloc_bytes: 3 << 20,
+            frees: 1,
+            freed_bytes: 1 << 20,
+            live_bytes: 2 << 20,
+            peak_bytes: 3 << 20,
+        }],
+        collectives: vec![CollectiveStats {
+            library: "nccl".into(),
+            operation: "all_reduce".into(),
+            calls: 120,
+            bytes: 120 << 22,
+            time_ns: 150_000_000,
+            timed_calls: 120,
+        }],
+        comm_inits: 1,
+        comm: Some(CommRank { library: "nccl".into(), rank: Some(1), nranks: 2 }),
+        errors: 1,
+        symbols: vec![GpuSymbolStats {
+            library: "libcuda".into(),
+            symbol: "cuLaunchKernel".into(),
+            category: "launch".into(),
+            calls: 1000,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn gpu_process_series() {
+    let text = render(&device_snapshot(), &options());
+    for line in [
+        "ethand_process_gpu_launches_total{pid=\"700\",comm=\"python\",kind=\"kernel\"} 1000",
+        "ethand_process_gpu_launches_total{pid=\"700\",comm=\"python\",kind=\"graph\"} 3",
+        "ethand_process_gpu_memcpy_bytes_total{pid=\"700\",comm=\"python\",direction=\"host_to_device\"} 40960",
+        "ethand_process_gpu_sync_seconds_total{pid=\"700\",comm=\"python\"} 2.5",
+        "ethand_process_gpu_memory_allocated_bytes{pid=\"700\",comm=\"python\",memory=\"device\"} 2097152",
+        "ethand_process_gpu_memory_peak_bytes{pid=\"700\",comm=\"python\",memory=\"device\"} 3145728",
+        "ethand_process_collective_calls_total{pid=\"700\",comm=\"python\",library=\"nccl\",operation=\"all_reduce\",rank=\"1\"} 120",
+        "ethand_process_collective_seconds_total{pid=\"700\",comm=\"python\",library=\"nccl\",operation=\"all_reduce\",rank=\"1\"} 0.15",
+        "ethand_process_collective_rank_info{pid=\"700\",comm=\"python\",library=\"nccl\",rank=\"1\",nranks=\"2\"} 1",
+        "ethand_process_gpu_api_calls_total{pid=\"700\",comm=\"python\",library=\"libcuda\",symbol=\"cuLaunchKernel\"} 1000",
+        "ethand_process_gpu_api_errors_total{pid=\"700\",comm=\"python\",library=\"libcuda\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing: {line}");
     }
 }
 

@@ -52,6 +52,21 @@ pub fn gpu_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
+// The same programs for uprobe_multi links (kernel >= 6.6): one link per library file
+// instead of one perf event per symbol, and detaching it waits for one grace period, not
+// one per symbol (seconds for a whole library otherwise).
+#[uprobe(multi)]
+pub fn gpu_enter_multi(ctx: ProbeContext) -> u32 {
+    let _ = on_enter(&ctx);
+    0
+}
+
+#[uretprobe(multi)]
+pub fn gpu_return_multi(ctx: RetProbeContext) -> u32 {
+    let _ = on_return(&ctx);
+    0
+}
+
 /// The six integer argument registers, read once with constant offsets: the verifier
 /// refuses a context access at a computed offset, which is what a `match` on the index
 /// compiles to if the loads are left to the optimizer.

@@ -9,6 +9,7 @@
 //! promtool on PATH for the /metrics test, setpriv for the capability test.
 mod block;
 mod cli;
+mod gpu;
 mod lifecycle;
 mod metrics;
 mod net;
