@@ -306,6 +306,19 @@ stop_anchor() {
     ANCHOR_PID=
 }
 
+# write_outputs [--quiet]: metrics.txt, results.json, snapshots.json, status.json from what
+# the run has so far (called after the main steps too, so that a killed run leaves results).
+write_outputs() {
+    {
+        [ -s "$WORK/metrics-idle.txt" ] && cat "$WORK/metrics-idle.txt"
+        if [ -s "$WORK/metrics-busy.txt" ]; then
+            printf '\n# ===== busy sample (during the torch benchmark at level process) =====\n'
+            cat "$WORK/metrics-busy.txt"
+        fi
+    } > "$OUT/metrics.txt"
+    timeout 60 "$PY" "$CMP" bundle --work "$WORK" --out "$OUT" "$@"
+}
+
 # Our background children (workloads): ended on exit.
 CHILDREN=""
 cleanup() {
@@ -316,7 +329,7 @@ cleanup() {
     stop_daemon
 }
 trap cleanup EXIT
-trap 'note "interrupted"; exit 130' INT TERM
+trap 'note "interrupted: writing what the run has"; cleanup; write_outputs --quiet; trap - EXIT; exit 130' INT TERM
 
 # snapshot PID NAME: `ethand snapshot --pid PID --json` into snap/NAME.json
 snapshot() {
@@ -533,7 +546,7 @@ nccl_step() {
         return 1
     fi
     pids=$(grep -oE 'ready rank=[0-9]+ pid=[0-9]+' "$out" | sort -u)
-    echo "$pids"
+    note "nccl ranks: $(printf '%s' "$pids" | tr '\n' ';')"
     sleep "$RESCAN_WAIT"
     for r in 0 1; do
         p=$(printf '%s\n' "$pids" | sed -n "s/^ready rank=$r pid=\([0-9]*\)$/\1/p" | head -n1)
@@ -578,6 +591,8 @@ else
     record status fail "daemon not running"
 fi
 
+write_outputs --quiet
+
 # ============================================================================== (c2)
 section "(c2) levels: the CUDA driver workload at level op and at level system"
 # A level switch detaches and re-attaches every library file found so far; the libraries
@@ -596,7 +611,10 @@ if [ -x "$W" ] && daemon_alive && need 60 levels; then
     fi
     if ensure_level process "$WORK/ethand"; then
         sleep 1
-        if save_status after-level-roundtrip; then
+        if [ "$LIVE_LEVEL" != 1 ]; then
+            save_status after-level-roundtrip
+            record level-reattach skip "the level changes were daemon restarts, not live switches"
+        elif save_status after-level-roundtrip; then
             LVL_OUT=$(py_cmp status "$WORK/status-after-level-roundtrip.json" --require-attached)
             LVL_RC=$?
             printf '%s\n' "$LVL_OUT" | grep -E 'NOT ATTACHED|^  library'
@@ -610,6 +628,8 @@ if [ -x "$W" ] && daemon_alive && need 60 levels; then
         record level-reattach fail "no daemon at level process"
     fi
 fi
+
+write_outputs --quiet
 
 # ============================================================================== (f)
 section "(f) cost per level: launch-bound loops, interleaved"
@@ -674,14 +694,7 @@ grep -E 'WARN|ERROR|panick' "$OUT/daemon.log" | tail -n 30 | cut -c1-400
 
 # ------------------------------------------------------------------------------ bundle
 section "results"
-{
-    [ -s "$WORK/metrics-idle.txt" ] && cat "$WORK/metrics-idle.txt"
-    if [ -s "$WORK/metrics-busy.txt" ]; then
-        printf '\n# ===== busy sample (during the torch benchmark at level process) =====\n'
-        cat "$WORK/metrics-busy.txt"
-    fi
-} > "$OUT/metrics.txt"
-py_cmp bundle --work "$WORK" --out "$OUT"
+write_outputs
 echo "elapsed: $(elapsed)s; files in $OUT:"
 ls -la "$OUT"
 if [ "$KEEP_WORK" = 1 ]; then

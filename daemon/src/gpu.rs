@@ -450,7 +450,6 @@ pub fn process_stats(
         })
         .collect();
     let mut colls: BTreeMap<(&str, &str), g::CollectiveStats> = BTreeMap::new();
-    let mut comm_lib = "";
     for ((op, dir), s) in calls {
         let Some(spec) = CATALOG.get(*op as usize) else { continue };
         out.errors += s.errors;
@@ -487,10 +486,8 @@ pub fn process_stats(
                 mem[m].allocs += s.calls - s.errors.min(s.calls);
                 mem[m].alloc_bytes += s.bytes;
             }
-            Category::Free => {
-                mem[m].frees += s.calls;
-                mem[m].freed_bytes += s.bytes;
-            }
+            // Frees are counted per allocation kind from the kernel's process state below.
+            Category::Free => {}
             Category::Sync => add_timed(&mut out.sync, s),
             Category::Group => add_timed(&mut out.groups, s),
             Category::Collective => {
@@ -506,21 +503,24 @@ pub fn process_stats(
                 c.time_ns += s.time_ns;
                 c.timed_calls += s.timed_calls;
             }
-            Category::CommInit => {
-                out.comm_inits += s.calls;
-                comm_lib = spec.runtime.as_str();
-            }
+            Category::CommInit => out.comm_inits += s.calls,
         }
     }
     if let Some(st) = state {
         for (i, m) in mem.iter_mut().enumerate() {
             m.live_bytes = st.live_bytes[i];
             m.peak_bytes = st.peak_bytes[i].max(st.live_bytes[i]);
+            m.frees = st.frees[i];
+            m.freed_bytes = st.freed_bytes[i];
         }
         out.untracked_frees = st.untracked_frees;
         if st.nranks > 0 {
             out.comm = Some(g::CommRank {
-                library: if comm_lib.is_empty() { "nccl".into() } else { comm_lib.into() },
+                library: if st.comm_lib == u32::from(ethand_common::gpu_dtype::HCCL) {
+                    "hccl".into()
+                } else {
+                    "nccl".into()
+                },
                 rank: (st.rank != u32::MAX).then_some(st.rank),
                 nranks: st.nranks,
             });
@@ -571,13 +571,18 @@ mod tests {
         calls.insert((op(Runtime::Cuda, "cuMemcpy2D_v2"), u16::from(gpu_dir::DEVICE_TO_HOST)), st(1, 0, 70, 0, 0));
         // One failed allocation: counted as a call and an error, not as an allocation.
         calls.insert((op(Runtime::Cuda, "cuMemAlloc_v2"), 0), st(4, 1, 3000, 10, 4));
-        calls.insert((op(Runtime::Cuda, "cuMemFree_v2"), 0), st(1, 0, 1000, 0, 0));
+        calls.insert((op(Runtime::Cuda, "cuMemFree_v2"), 0), st(2, 0, 1000, 0, 0));
         calls.insert((op(Runtime::Cuda, "cuStreamSynchronize"), 0), st(6, 0, 0, 600, 6));
         calls.insert((op(Runtime::Nccl, "ncclAllReduce"), 0), st(2, 0, 8192, 40, 2));
         calls.insert((op(Runtime::Nccl, "ncclCommInitRankConfig"), 0), st(1, 0, 0, 0, 0));
         let mut state = GpuProcState::default();
         state.live_bytes[0] = 2000;
         state.peak_bytes[0] = 3000;
+        // Two cuMemFree_v2 calls: one of a tracked device allocation, one untracked.
+        state.frees[0] = 1;
+        state.freed_bytes[0] = 1000;
+        state.untracked_frees = 1;
+        state.comm_lib = u32::from(ethand_common::gpu_dtype::NCCL);
         state.rank = 1;
         state.nranks = 4;
         let g = process_stats(&calls, Some(&state)).unwrap();

@@ -509,6 +509,7 @@ def cmd_bundle(argv):
     ap = argparse.ArgumentParser(prog="compare.py bundle")
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--quiet", action="store_true", help="no summary on stdout")
     a = ap.parse_args(argv)
     w = a.work
     snaps = {}
@@ -545,8 +546,12 @@ def cmd_bundle(argv):
                "nvml_warn": [f"{r['label']}:{row['gpu']}:{row['field']}" for r in results["nvml"]
                              for row in r.get("rows", []) if row.get("result") not in ("PASS", "n/a")]}
     results["summary"] = summary
-    with open(os.path.join(a.out, "results.json"), "w") as f:
+    tmp = os.path.join(a.out, ".results.json.tmp")
+    with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
+    os.replace(tmp, os.path.join(a.out, "results.json"))
+    if a.quiet:
+        return 0
     print("==== summary ====")
     for n, v in summary["compare"].items():
         print(f"  {n:<28} {v}")

@@ -118,8 +118,13 @@ const fn coll(rt: Runtime, name: &'static str, op: &'static str, count: u8, dtyp
 const fn group(name: &'static str) -> SymbolSpec {
     s(Runtime::Nccl, name, Category::Group, "", d(gpu_kind::COUNT, gpu_flags::TIMED, N, N, N, 0, 0, 0))
 }
+/// `dtype_table` names the library (NCCL or HCCL) so the kernel can record it with the rank.
 const fn comm_init(rt: Runtime, name: &'static str, rank: u8, nranks: u8) -> SymbolSpec {
-    s(rt, name, Category::CommInit, "", d(gpu_kind::COMM_INIT, 0, N, rank, nranks, 0, 0, 0))
+    let lib = match rt {
+        Runtime::Hccl => gpu_dtype::HCCL,
+        _ => gpu_dtype::NCCL,
+    };
+    s(rt, name, Category::CommInit, "", d(gpu_kind::COMM_INIT, 0, N, rank, nranks, 0, 0, lib))
 }
 
 use gpu_dir::{DEFAULT, DEVICE_TO_DEVICE as D2D, DEVICE_TO_HOST as D2H, HOST_TO_DEVICE as H2D, PEER};

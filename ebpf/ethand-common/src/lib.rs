@@ -485,12 +485,20 @@ pub struct GpuProcState {
     /// allocated before ethand attached are not subtracted, see `untracked_frees`).
     pub live_bytes: [u64; gpu_mem::COUNT],
     pub peak_bytes: [u64; gpu_mem::COUNT],
+    /// Frees of tracked allocations and their bytes, by the allocation's kind (a managed
+    /// allocation freed with cuMemFree counts as managed).
+    pub frees: [u64; gpu_mem::COUNT],
+    pub freed_bytes: [u64; gpu_mem::COUNT],
     /// Frees of pointers ethand did not see allocated (allocated before it attached).
     pub untracked_frees: u64,
-    /// Rank and size of the largest communicator the process created; nranks 0: none yet.
-    /// rank u32::MAX: one process drives all ranks (`ncclCommInitAll`) or unknown.
+    /// Rank and size of the largest communicator the process created (the first of equal
+    /// size); nranks 0: none yet. rank u32::MAX: one process drives all ranks
+    /// (`ncclCommInitAll`) or unknown.
     pub rank: u32,
     pub nranks: u32,
+    /// The library of that communicator, as a [`gpu_dtype`] table id (NCCL or HCCL).
+    pub comm_lib: u32,
+    pub _pad0: u32,
 }
 
 /// Offsets inside kernel structs, read from BTF by userspace and handed to the programs as
@@ -671,7 +679,7 @@ mod tests {
         assert_eq!(size_of::<GpuInflight>(), 32);
         assert_eq!(size_of::<GpuAllocKey>(), 16);
         assert_eq!(size_of::<GpuAlloc>(), 16);
-        assert_eq!(size_of::<GpuProcState>(), 8 * 9 + 8);
+        assert_eq!(size_of::<GpuProcState>(), 8 * 17 + 16);
     }
 
     #[test]

@@ -35,9 +35,13 @@ pub static GPU_PROC: HashMap<ethand_common::ProcKey, GpuProcState> =
 static ZERO_PROC: GpuProcState = GpuProcState {
     live_bytes: [0; gpu_mem::COUNT],
     peak_bytes: [0; gpu_mem::COUNT],
+    frees: [0; gpu_mem::COUNT],
+    freed_bytes: [0; gpu_mem::COUNT],
     untracked_frees: 0,
     rank: u32::MAX,
     nranks: 0,
+    comm_lib: 0,
+    _pad0: 0,
 };
 
 #[uprobe]
@@ -211,7 +215,11 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
                         bytes = a.size;
                         if let Some(s) = proc_state(&pk) {
                             let m = (a.mem as usize) & (gpu_mem::COUNT - 1);
-                            unsafe { atomic_add(&raw mut (*s).live_bytes[m], a.size.wrapping_neg()) };
+                            unsafe {
+                                atomic_add(&raw mut (*s).live_bytes[m], a.size.wrapping_neg());
+                                atomic_add(&raw mut (*s).frees[m], 1);
+                                atomic_add(&raw mut (*s).freed_bytes[m], a.size);
+                            }
                         }
                     }
                     None => {
@@ -227,11 +235,13 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             let rank = if d.aux_arg == GPU_ARG_NONE { u32::MAX } else { args.get(d.aux_arg) as u32 };
             if nranks > 0 {
                 if let Some(s) = proc_state(&pk) {
-                    // Keep the largest communicator: the world, not a sub-group.
+                    // Keep the largest communicator: the world, not a sub-group (the first
+                    // of equal size).
                     unsafe {
-                        if nranks >= (*s).nranks {
+                        if nranks > (*s).nranks {
                             (*s).nranks = nranks;
                             (*s).rank = rank;
+                            (*s).comm_lib = d.dtype_table as u32;
                         }
                     }
                 }

@@ -343,9 +343,14 @@ struct Expect<'a> {
     /// Frees by memory kind of the freed allocation. None: each free symbol's calls count
     /// for its own kind, less the untracked frees (cuMemFree_v2 of unknown addresses).
     frees: Option<BTreeMap<&'static str, u64>>,
-    /// Compare `comm` with the ground truth's rank and size (and library, given here).
+    /// Compare `comm` with the ground truth's rank and size (and library, given here; with
+    /// [`NO_COMM`], `comm` must be absent). None: not compared.
     comm_library: Option<&'a str>,
 }
+
+/// `Expect::comm_library` of a process that creates no communicator (the truth then has
+/// none, and `comm` must be None).
+const NO_COMM: Option<&str> = Some("(no communicator)");
 
 /// Compares ethand's GPU picture of a process with the driver's ground truth: every symbol
 /// (calls, errors, bytes, copy directions, timing), and every process figure derived from
@@ -725,7 +730,7 @@ fn cuda_counts_exact() {
         &Expect {
             level: "process",
             frees: Some(frees),
-            comm_library: Some("none"),
+            comm_library: NO_COMM,
         },
     )
     .assert_none("cuda_counts_exact");
@@ -983,7 +988,7 @@ fn late_dlopen_is_picked_up() {
         &Expect {
             level: "process",
             frees: None,
-            comm_library: Some("none"),
+            comm_library: NO_COMM,
         },
     )
     .assert_none("late_dlopen_is_picked_up");
@@ -1071,7 +1076,7 @@ fn two_copies_attached_once_each() {
         &Expect {
             level: "process",
             frees: Some(BTreeMap::from([("device", 2)])),
-            comm_library: Some("none"),
+            comm_library: NO_COMM,
         },
     );
     mm.eq(
@@ -1086,7 +1091,7 @@ fn two_copies_attached_once_each() {
         &Expect {
             level: "process",
             frees: None,
-            comm_library: Some("none"),
+            comm_library: NO_COMM,
         },
     );
     mm.0.extend(mm2.0.drain(..).map(|m| format!("second process: {m}")));
@@ -1399,7 +1404,7 @@ fn missing_symbols_reported() {
             &Expect {
                 level: "process",
                 frees: None,
-                comm_library: Some("none"),
+                comm_library: NO_COMM,
             },
         )
         .0,
