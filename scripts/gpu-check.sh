@@ -37,10 +37,11 @@ RUST_BENCH_S=${RUST_BENCH_S:-5}
 RESCAN_WAIT=${RESCAN_WAIT:-1.5}   # after `ready`: the daemon rescans maps every 500 ms
 SETTLE_WAIT=${SETTLE_WAIT:-2}     # after the work: the daemon reads its maps every 500 ms
 KEEP_WORK=${KEEP_WORK:-0}
-# An idle process that maps libcuda.so.1 before the daemon starts and lives until the end, so
-# that the daemon finds libcuda first in it: ethand attaches through /proc/<found_in_pid>/root/
-# and a live path is needed to re-attach on `ethand level` (see step (c2)). ANCHOR=0: none.
-ANCHOR=${ANCHOR:-1}
+# ANCHOR=1: an idle process maps libcuda.so.1 before the daemon starts and lives until the end,
+# so that the daemon finds libcuda first in a process that never exits (for a daemon that
+# re-attaches through /proc/<found_in_pid>/root/ on `ethand level`). Off by default: the
+# level round trip in (c2) checks that re-attaching works once the finding process is gone.
+ANCHOR=${ANCHOR:-0}
 # Keep NVLink SHARP / multicast off (these machines do not allow it); never unset.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
@@ -231,9 +232,22 @@ ensure_level() {
         return 0
     fi
     if daemon_alive && [ "$LIVE_LEVEL" = 1 ]; then
-        set_level "$1" && return 0
-        LIVE_LEVEL=0
-        record "level-switch-$1" fail "ethand level $1 failed: restarting the daemon with gpu.level = $1 (and for every later level change)"
+        if set_level "$1"; then
+            # Probes must be attached again at the new level, or the run would measure nothing.
+            if [ "$1" = system ] || ! save_status tmp-level \
+                || py_cmp status "$WORK/status-tmp-level.json" --require-attached > /dev/null; then
+                rm -f "$WORK/status-tmp-level.json"
+                return 0
+            fi
+            py_cmp status "$WORK/status-tmp-level.json" --require-attached | grep 'NOT ATTACHED'
+            cp "$WORK/status-tmp-level.json" "$WORK/status-level-$1-not-attached.json"
+            rm -f "$WORK/status-tmp-level.json"
+            LIVE_LEVEL=0
+            record "level-switch-$1" fail "after ethand level $1 a library is not attached: restarting the daemon with gpu.level = $1 (and for every later level change)"
+        else
+            LIVE_LEVEL=0
+            record "level-switch-$1" fail "ethand level $1 failed: restarting the daemon with gpu.level = $1 (and for every later level change)"
+        fi
     fi
     if daemon_alive; then
         stop_daemon
@@ -630,6 +644,44 @@ if [ -x "$W" ] && daemon_alive && need 60 levels; then
 fi
 
 write_outputs --quiet
+
+# ============================================================================== (s)
+section "(s) survey: every exported cu* function of libcuda, under PyTorch and CuPy"
+# Which functions real frameworks call, beyond ethand's catalog (the variants question).
+survey_step() {
+    need 60 survey || return 0
+    local lib
+    lib=$("$PY" - <<'PYEOF' 2>/dev/null
+import re
+for line in open("/proc/self/maps"):
+    pass
+import ctypes
+ctypes.CDLL("libcuda.so.1")
+for line in open("/proc/self/maps"):
+    m = re.search(r"(/\S*libcuda\.so[.\d]*)$", line.strip())
+    if m:
+        print(m.group(1)); break
+PYEOF
+)
+    if [ -z "$lib" ]; then
+        record survey fail "could not locate libcuda.so.1"
+        return 1
+    fi
+    note "survey of $lib"
+    timeout -k 5 60 "$ETHAND" --config "$CFG" survey --library "$lib" --prefix cu --duration 25 \
+        > "$WORK/survey.txt" 2> "$WORK/survey.err" &
+    local spid=$!
+    sleep 6
+    printf '\n\n\n' | timeout 40 "$PY" tests/gpu/torch_launches.py --n 500 > /dev/null 2>&1
+    printf '\n\n\n' | timeout 40 "$PY" tests/gpu/torch_launches.py --copies --n 100 --bytes 65536 > /dev/null 2>&1
+    printf '\n\n\n' | timeout 40 "$PY" tests/gpu/cupy_launches.py --n 500 --copies 50 --syncs 10 > /dev/null 2>&1
+    wait "$spid"
+    echo "--- survey: symbol calls per process (torch launches 500, torch copies 100 each way, cupy)"
+    head -n 60 "$WORK/survey.txt"
+    show_tail "$WORK/survey.err" "survey stderr"
+    if [ -s "$WORK/survey.txt" ]; then record survey ok "$(wc -l < "$WORK/survey.txt") rows"; else record survey fail "no output"; fi
+}
+survey_step
 
 # ============================================================================== (f)
 section "(f) cost per level: launch-bound loops, interleaved"

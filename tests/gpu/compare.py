@@ -19,7 +19,7 @@ Subcommands:
   bundle   --work DIR --out OUTDIR       results.json, snapshots.json, status.json.
   status   STATUS.json [--require-attached]
            human summary of `ethand status --json` (GPU part); with --require-attached exit 1
-           when a runtime library found is not attached (or none was found).
+           when a runtime library file found is not attached.
   get      FILE KEY.PATH                 print one value of a JSON file ("" when absent).
   selftest                                 the above on synthetic snapshots.
 
@@ -597,7 +597,7 @@ def cmd_status(argv):
         for lib in bad:
             print(f"  NOT ATTACHED: [{lib.get('runtime')}] {lib.get('path')} (found in pid "
                   f"{lib.get('found_in_pid')}, host path {lib.get('host_path')}): {lib.get('detail')}")
-        if bad or not libs:
+        if bad:
             return 1
     return 0
 
