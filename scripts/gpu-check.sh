@@ -37,6 +37,11 @@ RUST_BENCH_S=${RUST_BENCH_S:-5}
 RESCAN_WAIT=${RESCAN_WAIT:-1.5}   # after `ready`: the daemon rescans maps every 500 ms
 SETTLE_WAIT=${SETTLE_WAIT:-2}     # after the work: the daemon reads its maps every 500 ms
 KEEP_WORK=${KEEP_WORK:-0}
+# SKIP: comma-separated steps to leave out (survey, levels, nccl); BENCH_STATES: the
+# interleaved order of the cost runs.
+SKIP=${SKIP:-}
+BENCH_STATES=${BENCH_STATES:-none process op system none process op}
+skipped() { case ",$SKIP," in *",$1,"*) return 0 ;; esac; return 1; }
 # ANCHOR=1: an idle process maps libcuda.so.1 before the daemon starts and lives until the end,
 # so that the daemon finds libcuda first in a process that never exits (for a daemon that
 # re-attaches through /proc/<found_in_pid>/root/ on `ethand level`). Off by default: the
@@ -533,6 +538,7 @@ run_workload cupy process 150 "$PY" tests/gpu/cupy_launches.py
 # ============================================================================== (d)
 section "(d) NCCL all-reduce, 2 ranks (torchrun)"
 nccl_step() {
+    skipped nccl && { record nccl skip "SKIP"; return 0; }
     if [ "$NGPU" -lt 2 ]; then
         record nccl skip "$NGPU GPU(s): needs 2"
         return 0
@@ -612,7 +618,9 @@ section "(c2) levels: the CUDA driver workload at level op and at level system"
 # A level switch detaches and re-attaches every library file found so far; the libraries
 # found only in processes that have exited since (libnccl of the torch runs) show whether
 # re-attaching works without a live process (the check after the round trip).
-if [ -x "$W" ] && daemon_alive && need 60 levels; then
+if skipped levels; then
+    record levels skip "SKIP"
+elif [ -x "$W" ] && daemon_alive && need 60 levels; then
     if ensure_level op "$WORK/ethand"; then
         run_workload rust-driver-op op 60 "$W"
     else
@@ -649,6 +657,7 @@ write_outputs --quiet
 section "(s) survey: every exported cu* function of libcuda, under PyTorch and CuPy"
 # Which functions real frameworks call, beyond ethand's catalog (the variants question).
 survey_step() {
+    skipped survey && { record survey skip "SKIP"; return 0; }
     need 60 survey || return 0
     local lib
     lib=$("$PY" - <<'PYEOF' 2>/dev/null
@@ -710,7 +719,7 @@ bench_run() {
         note "bench driver [$st] ${line:-FAILED}"
     fi
 }
-STATES="none process op system none process op"
+STATES=$BENCH_STATES
 run=0
 for st in $STATES; do
     run=$((run + 1))

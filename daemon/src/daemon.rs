@@ -188,6 +188,13 @@ impl Engine {
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
         let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
+        // Loading parsed the kernel's BTF (several MB) twice; give the freed heap back to the
+        // OS instead of carrying it as resident memory for the daemon's lifetime.
+        // SAFETY: malloc_trim only releases free memory of glibc's allocator.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
         let progs = gpu.progs();
         for prog in [progs.entry, progs.ret] {
             loaded.program_probe.insert(prog.into(), format!("uprobe_{prog}"));

@@ -93,6 +93,8 @@ EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hSt
 EXPORT CUresult cuStreamSynchronize(CUstream hStream) { HIT(); standin_sync_sleep(); return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) { HIT(); standin_sync_sleep(); return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxSynchronize(void) { HIT(); standin_sync_sleep(); return CUDA_SUCCESS; }
+/* CUDA 13: what torch.cuda.synchronize() and CuPy's Device.synchronize() call. */
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) { (void)ctx; HIT(); standin_sync_sleep(); return CUDA_SUCCESS; }
 EXPORT CUresult cuEventSynchronize(CUevent hEvent) { HIT(); standin_sync_sleep(); return CUDA_SUCCESS; }
 
 /* Not probed; real programs call them first. */

@@ -16,7 +16,7 @@
  *   control:  sleep MS | wait_stdin | mark NAME | use SLOT | dlopen_late SLOT PATH |
  *             dlclose SLOT
  *   counts:   OP [N] | OP x N                  launches, graphs, groups, executions, syncs
- *   sync:     sync stream|stream_ptsz|ctx|event [N]
+ *   sync:     sync stream|stream_ptsz|ctx|ctx_v2|event [N]
  *   allocs:   OP SIZE [x N]                     (SIZE > 1 TiB fails: an error, no bytes)
  *   frees:    free all|K                        the K oldest live allocations, each with the
  *                                               free function of its kind, in its library
@@ -117,6 +117,7 @@ enum kind { K_COUNT, K_SYNC, K_ALLOC, K_REGISTER, K_FREE, K_COPY, K_COPY2D, K_AC
     X(cuStreamSynchronize, "sync_stream", RT_CUDA, K_SYNC, 0)                                 \
     X(cuStreamSynchronize_ptsz, "sync_stream_ptsz", RT_CUDA, K_SYNC, 0)                       \
     X(cuCtxSynchronize, "sync_ctx", RT_CUDA, K_SYNC, 0)                                       \
+    X(cuCtxSynchronize_v2, "sync_ctx_v2", RT_CUDA, K_SYNC, 0)                                 \
     X(cuEventSynchronize, "sync_event", RT_CUDA, K_SYNC, 0)                                   \
     X(ncclAllReduce, "allreduce", RT_NCCL, K_COLL, 0)                                         \
     X(ncclAllGather, "allgather", RT_NCCL, K_COLL, 0)                                         \
@@ -410,6 +411,7 @@ static void do_count(int sym, unsigned long long n) {
         case S_cuStreamSynchronize: rc = FN(s, cuStreamSynchronize)(st); break;
         case S_cuStreamSynchronize_ptsz: rc = FN(s, cuStreamSynchronize_ptsz)(st); break;
         case S_cuCtxSynchronize: rc = FN(s, cuCtxSynchronize)(); break;
+        case S_cuCtxSynchronize_v2: rc = FN(s, cuCtxSynchronize_v2)(NULL); break;
         case S_cuEventSynchronize: rc = FN(s, cuEventSynchronize)(FAKE_HANDLE(4)); break;
         case S_aclrtSynchronizeStream: rc = FN(s, aclrtSynchronizeStream)(st); break;
         case S_aclrtSynchronizeStreamWithTimeout: rc = FN(s, aclrtSynchronizeStreamWithTimeout)(st, -1); break;

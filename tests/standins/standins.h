@@ -140,6 +140,7 @@ CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuEventSynchronize(CUevent hEvent);
 
 /* ------------------------------------------------------------------ NCCL (nccl.h 2.28) */

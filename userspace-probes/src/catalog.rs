@@ -186,6 +186,8 @@ pub const CATALOG: &[SymbolSpec] = &[
     sync(Cuda, "cuStreamSynchronize"),
     sync(Cuda, "cuStreamSynchronize_ptsz"),
     sync(Cuda, "cuCtxSynchronize"),
+    // CUDA 13: torch.cuda.synchronize() and CuPy's Device.synchronize() land here.
+    sync(Cuda, "cuCtxSynchronize_v2"),
     sync(Cuda, "cuEventSynchronize"),
     // --- NCCL: (sendbuff, recvbuff, count, datatype, ...); send/recv/bcast: (buff, count, datatype, ...).
     coll(Nccl, "ncclAllReduce", "all_reduce", 2, 3),
