@@ -109,6 +109,13 @@ enum ConfigCommand {
 }
 
 fn main() -> ExitCode {
+    // Two malloc arenas: glibc's default (8 per core) lets each tokio and collector thread
+    // keep its own free memory resident.
+    // SAFETY: mallopt before any other thread exists.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
     let cli = Cli::parse();
     let mut cfg = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
