@@ -3,7 +3,7 @@
 //! (device + inode) and attaches the two generic uprobe programs there, system-wide, once.
 //! Also turns the kernel's per-(process, symbol) counters into the snapshot's GPU picture.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -84,6 +84,7 @@ pub struct GpuProbes {
     /// Why the programs could not be loaded (then nothing attaches).
     load_error: Option<String>,
     progs: Progs,
+    scanner: MapsScanner,
     /// Processes whose maps were read in the last full scan (rescanned each interval, since
     /// a dlopen can happen at any time).
     pub scans: u64,
@@ -104,6 +105,7 @@ impl GpuProbes {
             libs: BTreeMap::new(),
             load_error: None,
             progs: Progs::detect(),
+            scanner: MapsScanner::default(),
             scans: 0,
         };
         info!(uprobe_multi = me.progs.multi(), "GPU/NPU uprobe programs");
@@ -151,7 +153,7 @@ impl GpuProbes {
         }
         self.last_scan = Some(Instant::now());
         self.scans += 1;
-        for lib in scan_all(&self.runtimes) {
+        for lib in self.scanner.scan(&self.runtimes) {
             let key = (lib.dev.clone(), lib.inode);
             if self.libs.contains_key(&key) {
                 continue;
@@ -181,6 +183,8 @@ impl GpuProbes {
             }
         }
         if level != GpuLevel::System {
+            // Libraries loaded while at `system` are found by a full scan.
+            self.scanner = MapsScanner::default();
             self.last_scan = None;
             self.tick(ebpf);
         }
@@ -252,35 +256,70 @@ impl GpuProbes {
 
 }
 
-/// Every runtime library mapped by any process, one per (dev, inode).
-fn scan_all(runtimes: &[Runtime]) -> Vec<MappedLibrary> {
-    let mut seen: HashSet<(String, u64)> = HashSet::new();
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    let me = std::process::id();
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
+/// Reads process mappings, skipping processes whose address space has not changed size since
+/// the last scan: a `dlopen` maps new memory and so changes `vsize` in `/proc/PID/stat`,
+/// one short line against the hundreds of lines of `/proc/PID/maps`.
+#[derive(Default)]
+struct MapsScanner {
+    /// pid -> (start time, vsize) at the last read of its maps.
+    known: HashMap<u32, (u64, u64)>,
+}
+
+impl MapsScanner {
+    /// Runtime libraries mapped by processes that are new or changed, one per (dev, inode).
+    fn scan(&mut self, runtimes: &[Runtime]) -> Vec<MappedLibrary> {
+        let mut seen: HashSet<(String, u64)> = HashSet::new();
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return out;
         };
-        if pid == me {
-            continue;
-        }
-        // Kernel threads and processes that exited meanwhile read as empty or fail.
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-            continue;
-        };
-        if !text.contains(".so") {
-            continue;
-        }
-        for lib in parse_maps(pid, &text) {
-            if runtimes.contains(&lib.runtime) && seen.insert((lib.dev.clone(), lib.inode)) {
-                out.push(lib);
+        let me = std::process::id();
+        let mut alive: HashMap<u32, (u64, u64)> = HashMap::with_capacity(self.known.len());
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let Some(id) = start_and_vsize(pid) else { continue };
+            // Kernel threads have no address space.
+            if id.1 == 0 {
+                continue;
+            }
+            alive.insert(pid, id);
+            if self.known.get(&pid) == Some(&id) {
+                continue;
+            }
+            // A process that exited meanwhile fails to read: it is read again if it comes back.
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                alive.remove(&pid);
+                continue;
+            };
+            if !text.contains(".so") {
+                continue;
+            }
+            for lib in parse_maps(pid, &text) {
+                if runtimes.contains(&lib.runtime) && seen.insert((lib.dev.clone(), lib.inode)) {
+                    out.push(lib);
+                }
             }
         }
+        self.known = alive;
+        out
     }
-    out
+}
+
+/// (start time in ticks, vsize in bytes) from /proc/PID/stat.
+fn start_and_vsize(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may contain spaces and parentheses: field 3
+    // (state) is index 0, starttime (22) index 19, vsize (23) index 20.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace().skip(19);
+    let start = f.next()?.parse().ok()?;
+    let vsize = f.next()?.parse().ok()?;
+    Some((start, vsize))
 }
 
 fn resolve(lib: &MappedLibrary) -> Lib {
