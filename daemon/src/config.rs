@@ -20,6 +20,14 @@ pub struct Config {
     pub maps: MapsConfig,
     pub gpu: GpuConfig,
     pub devices: DevicesConfig,
+    pub diagnosis: DiagnosisConfig,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiagnosisConfig {
+    /// Directory of extra rule files (*.toml); a rule with a built-in rule's id replaces it.
+    pub rules_dir: PathBuf,
 }
 
 /// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.

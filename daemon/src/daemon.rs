@@ -37,6 +37,8 @@ pub struct Shared {
     pub level_request: Mutex<Option<(GpuLevel, std::sync::mpsc::SyncSender<Result<String, String>>)>>,
     pub node: RwLock<Arc<NodeSnapshot>>,
     pub devnames: HashMap<u32, String>,
+    /// Diagnosis rules (built-in plus the rules directory).
+    pub rules: Vec<crate::diagnose::Rule>,
 }
 
 impl Shared {
@@ -77,16 +79,25 @@ impl Shared {
             .values()
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
-        drop(model);
-        let node = self.node.read().expect("lock").clone();
-        crate::devices::join(&mut all, &node.devices);
         let order = model::tree_order(&all, pid);
         if order.is_empty() {
             return None;
         }
+        let keys: Vec<ethand_common::ProcKey> = order
+            .iter()
+            .map(|&i| ethand_common::ProcKey {
+                tgid: all[i].pid,
+                _pad0: 0,
+                proc_start_ns: all[i].start_time_ns,
+            })
+            .collect();
+        let timeline = model.timeline(&keys, window_ms);
+        drop(model);
+        let node = self.node.read().expect("lock").clone();
+        crate::devices::join(&mut all, &node.devices);
         let processes: Vec<snap::ProcessSnapshot> =
             order.into_iter().map(|i| all[i].clone()).collect();
-        Some(TreeSnapshot {
+        let mut tree = TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
             root_pid: pid,
@@ -95,7 +106,12 @@ impl Shared {
             total: totals(&processes),
             processes,
             probes,
-        })
+            findings: Vec::new(),
+            timeline,
+            devices: node.devices.clone(),
+        };
+        tree.findings = crate::diagnose::diagnose(&tree, &self.rules);
+        Some(tree)
     }
 }
 
@@ -211,6 +227,7 @@ impl Engine {
             level_request: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             devnames: model::block_device_names(),
+            rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
         });
         Ok(Self {
             loaded,

@@ -1,15 +1,19 @@
 //! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
 mod api;
 mod collector;
+mod compare;
 mod config;
 mod daemon;
 mod devices;
+mod diagnose;
+mod expr;
 mod gpu;
 mod kernel;
 mod loader;
 mod model;
 mod procinfo;
 mod render;
+mod record;
 mod survey;
 mod syscalls_table;
 
@@ -62,6 +66,13 @@ enum Command {
         /// Print the complete snapshot as JSON (schema: docs/snapshot-schema.md).
         #[arg(long)]
         json: bool,
+        /// Print the snapshot's metrics as CSV: scope,metric,value,unit (one row per metric
+        /// of the tree and of each process, then one per finding).
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
+        /// Also write a self-contained HTML report (findings, charts, process tree) to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
         /// Window for the "recent" figures when a daemon runs (seconds).
         #[arg(long, default_value_t = 10)]
         window: u64,
@@ -92,6 +103,39 @@ enum Command {
         /// Only this process.
         #[arg(long)]
         pid: Option<u32>,
+    },
+    /// Record a timeline of one process tree (scheduler slices, slow syscalls, block IO,
+    /// GPU/NPU runtime calls) and write it as a Chrome JSON trace (open it in Perfetto or
+    /// chrome://tracing). Standalone; needs no daemon.
+    Record {
+        /// The root of the tree: this process and its descendants (also those forked while
+        /// recording).
+        #[arg(long)]
+        pid: u32,
+        /// How long to record: 10s, 500ms, 2m (a bare number is seconds).
+        #[arg(long, default_value = "10s", value_parser = record::parse_duration)]
+        duration: Duration,
+        /// Output file (written atomically: FILE.tmp, then renamed).
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+        /// Record syscalls at least this long (microseconds).
+        #[arg(long, default_value_t = 100)]
+        syscall_threshold_us: u64,
+    },
+    /// Compare two `ethand snapshot --pid PID --json` files (e.g. before and after a
+    /// change): tree totals, rates per second and derived signals, and which findings were
+    /// resolved, are new or remain. Needs no daemon.
+    Compare {
+        /// The earlier snapshot (JSON file).
+        before: PathBuf,
+        /// The later snapshot (JSON file).
+        after: PathBuf,
+        /// Print the comparison as JSON.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print the comparison as CSV: scope,metric,unit,before,after,change,ratio.
+        #[arg(long)]
+        csv: bool,
     },
     /// Configuration helpers.
     Config {
@@ -214,15 +258,50 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
         Command::Snapshot {
             pid,
             json,
+            csv,
+            html,
             window,
             duration,
-        } => snapshot(cfg, pid, json, window, duration).await,
+        } => snapshot(cfg, pid, json, csv, html, window, duration).await,
+        Command::Compare {
+            before,
+            after,
+            json,
+            csv,
+        } => compare::run(
+            &before,
+            &after,
+            if json {
+                compare::Format::Json
+            } else if csv {
+                compare::Format::Csv
+            } else {
+                compare::Format::Text
+            },
+        ),
         Command::Survey {
             library,
             prefix,
             duration,
             pid,
         } => survey::run(&cfg, &library, &prefix, Duration::from_secs(duration), pid).await,
+        Command::Record {
+            pid,
+            duration,
+            output,
+            syscall_threshold_us,
+        } => {
+            record::run(
+                &cfg,
+                record::Options {
+                    pid,
+                    duration,
+                    output: &output,
+                    syscall_threshold_us,
+                },
+            )
+            .await
+        }
         Command::Level { level } => {
             let resp = api::call(&cfg.daemon.socket, &api::Request::SetLevel { level })
                 .await
@@ -242,6 +321,8 @@ async fn snapshot(
     cfg: Config,
     pid: u32,
     json: bool,
+    csv: bool,
+    html: Option<PathBuf>,
     window: u64,
     duration: u64,
 ) -> anyhow::Result<u8> {
@@ -279,8 +360,15 @@ async fn snapshot(
             }
         }
     };
+    if let Some(path) = &html {
+        std::fs::write(path, ethand_exporters::html::render_html(&tree))
+            .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
+        eprintln!("ethand: HTML report written to {}", path.display());
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&tree)?);
+    } else if csv {
+        print!("{}", ethand_exporters::report::to_csv(&tree));
     } else {
         print!("{}", render::snapshot(&tree));
     }

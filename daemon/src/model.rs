@@ -13,7 +13,7 @@ use ethand_exporters::snapshot as snap;
 use crate::{procinfo, syscalls_table};
 
 /// Number of totals per process in the history ring (order of snap::WindowStats).
-const TOTALS: usize = 17;
+const TOTALS: usize = 18;
 
 /// Everything read from the kernel maps in one pass.
 #[derive(Default)]
@@ -233,6 +233,10 @@ impl Proc {
             g[4],
             g[5],
             g[6],
+            // Absolute (not a counter): its window change is the growth of live GPU memory.
+            self.gpu_state
+                .map(|st| st.live_bytes.iter().fold(0u64, |a, b| a.wrapping_add(*b)))
+                .unwrap_or(0),
         ]
     }
 }
@@ -550,7 +554,60 @@ impl Model {
             gpu_copy_other_bytes: d[14],
             collective_calls: d[15],
             collective_ns: d[16],
+            gpu_memory_growth_bytes: d[17],
         })
+    }
+
+    /// Per-interval sums over `keys` for the history points within `window_ms`, oldest first.
+    pub fn timeline(
+        &self,
+        keys: &[ProcKey],
+        window_ms: u64,
+    ) -> Vec<ethand_exporters::diagnosis::TimelinePoint> {
+        let Some((now_ms, _)) = self.history.back() else {
+            return Vec::new();
+        };
+        let points: Vec<&(u64, HashMap<ProcKey, [u64; TOTALS]>)> = self
+            .history
+            .iter()
+            .filter(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
+            .collect();
+        let sum = |m: &HashMap<ProcKey, [u64; TOTALS]>| {
+            let mut s = [0u64; TOTALS];
+            for k in keys {
+                if let Some(v) = m.get(k) {
+                    for (a, b) in s.iter_mut().zip(v) {
+                        *a += b;
+                    }
+                }
+            }
+            s
+        };
+        points
+            .windows(2)
+            .map(|w| {
+                let (t0, a) = (w[0].0, sum(&w[0].1));
+                let (t1, b) = (w[1].0, sum(&w[1].1));
+                let d = |i: usize| b[i].saturating_sub(a[i]);
+                ethand_exporters::diagnosis::TimelinePoint {
+                    t_unix_ms: t1,
+                    interval_ms: t1.saturating_sub(t0),
+                    oncpu_ns: d(0),
+                    offcpu_blocked_ns: d(1),
+                    runq_wait_ns: d(3),
+                    syscalls: d(4),
+                    block_read_bytes: d(6),
+                    block_write_bytes: d(7),
+                    net_tx_bytes: d(8),
+                    net_rx_bytes: d(9),
+                    gpu_launches: d(10),
+                    gpu_sync_ns: d(11),
+                    gpu_copy_bytes: d(12) + d(13) + d(14),
+                    collective_ns: d(16),
+                    gpu_memory_live_bytes: b[17],
+                }
+            })
+            .collect()
     }
 
     pub fn process_snapshot(

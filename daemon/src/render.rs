@@ -170,6 +170,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     );
     let _ = writeln!(o, "cmdline: {}", clean(&root.cmdline.join(" ")));
     let _ = writeln!(o, "cgroup: {}\n", clean(&root.cgroup));
+    findings(&mut o, &t.findings);
     for p in &t.processes {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));
     }
@@ -357,5 +358,49 @@ fn gpu_section(
             bytes(s.bytes),
             t
         );
+    }
+}
+
+fn findings(o: &mut String, f: &[ethand_exporters::diagnosis::Finding]) {
+    if f.is_empty() {
+        let _ = writeln!(o, "DIAGNOSIS: no bottleneck found by the rules\n");
+        return;
+    }
+    let _ = writeln!(o, "DIAGNOSIS ({} finding{}, highest impact first)", f.len(), if f.len() == 1 { "" } else { "s" });
+    for (i, x) in f.iter().enumerate() {
+        let gain = x
+            .estimated_speedup
+            .map(|s| format!(" — up to ~{s:.1}x if fixed"))
+            .unwrap_or_default();
+        let _ = writeln!(o, "{}. [{}] {}{}", i + 1, x.severity, x.title, gain);
+        let ev: Vec<String> = x
+            .evidence
+            .iter()
+            .map(|e| format!("{} = {}", e.signal, evidence_value(e)))
+            .collect();
+        if !ev.is_empty() {
+            let _ = writeln!(o, "   evidence: {}", ev.join(", "));
+        }
+        let _ = writeln!(o, "   why: {}", x.explanation);
+        for a in &x.advice {
+            let _ = writeln!(o, "   - {a}");
+        }
+    }
+    let _ = writeln!(o);
+}
+
+fn evidence_value(e: &ethand_exporters::diagnosis::Evidence) -> String {
+    match e.unit.as_str() {
+        "ratio" => format!("{:.0}%", 100.0 * e.value),
+        "bytes" => bytes(e.value as u64),
+        "per_second" => format!("{:.1}/s", e.value),
+        "seconds" => format!("{:.3}s", e.value),
+        _ => {
+            if e.value.fract() == 0.0 {
+                format!("{}", e.value as i64)
+            } else {
+                format!("{:.2}", e.value)
+            }
+        }
     }
 }

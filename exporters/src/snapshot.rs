@@ -207,6 +207,8 @@ pub struct WindowStats {
     pub gpu_copy_other_bytes: u64,
     pub collective_calls: u64,
     pub collective_ns: u64,
+    /// Growth of live GPU/NPU memory over the window (0 when it shrank).
+    pub gpu_memory_growth_bytes: u64,
 }
 
 /// What ethand measures and what it costs.
@@ -340,6 +342,15 @@ pub struct TreeSnapshot {
     /// Sums over all processes of the tree.
     pub total: TreeTotals,
     pub probes: Vec<ProbeStatus>,
+    /// What the diagnosis rules concluded, highest impact first; empty for a healthy tree.
+    #[serde(default)]
+    pub findings: Vec<crate::diagnosis::Finding>,
+    /// Per collection interval over the window, oldest first (daemon only).
+    #[serde(default)]
+    pub timeline: Vec<crate::diagnosis::TimelinePoint>,
+    /// Device readings at the time of the snapshot (GPUs/NPUs the tree uses first).
+    #[serde(default)]
+    pub devices: crate::devices::DevicesSnapshot,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

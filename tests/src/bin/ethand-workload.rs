@@ -18,6 +18,8 @@
 //!   runq MS                      two children pinned to one CPU, each burning MS ms of CPU
 //!   getpid-loop                  after `go`, getpid() in a loop until a second byte (`stop`)
 //!   net-server UDP_N             (internal) the receiving side of `net`
+//!   spin-threads N BURN_US SLEEP_US  after `go`, N threads burning BURN_US, sleeping SLEEP_US, until `stop`
+//!   readloop FILE MIB MS direct|cached  1 MiB preads of a MIB MiB file for MS ms (O_DIRECT or page cache)
 use std::{
     io::{BufRead, BufReader, Write},
     net::{TcpListener, TcpStream, UdpSocket},
@@ -48,6 +50,15 @@ fn main() {
         Some("cpu") => cpu(arg(1)),
         Some("runq") => runq(arg(1)),
         Some("getpid-loop") => getpid_loop(),
+        Some("slow-syscalls") => slow_syscalls(arg(1), arg(2), arg(3)),
+        Some("spin-threads") => spin_threads(arg(1), arg(2), arg(3)),
+        Some("readloop") => readloop(
+            args.get(1)
+                .unwrap_or_else(|| fail("readloop FILE MIB MS direct|cached")),
+            arg(2),
+            arg(3),
+            args.get(4).map_or("", String::as_str),
+        ),
         _ => fail(&format!("unknown mode: {args:?}")),
     }
 }
@@ -493,4 +504,152 @@ fn getpid_loop() {
     wait_go(); // consume the `stop` byte
     say(&format!("done getpid={calls}"));
     wait_release();
+}
+
+/// `slow-syscalls N US FAST` (for `ethand record`): after `go`, N nanosleep() of US
+/// microseconds each (raw SYS_nanosleep: glibc's nanosleep is clock_nanosleep), then FAST
+/// getpid(); one thread.
+fn slow_syscalls(n: u64, us: u64, fast: u64) {
+    say("ready");
+    wait_go();
+    let ts = libc::timespec {
+        tv_sec: (us / 1_000_000) as libc::time_t,
+        tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
+    };
+    for _ in 0..n {
+        // SAFETY: a valid timespec; no remainder wanted.
+        check(
+            unsafe { libc::syscall(libc::SYS_nanosleep, &ts, std::ptr::null_mut::<libc::timespec>()) },
+            "nanosleep",
+        );
+    }
+    for _ in 0..fast {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_getpid) };
+    }
+    say(&format!("done nanosleep={n} getpid={fast}"));
+    wait_release();
+}
+
+/// `spin-threads N BURN_US SLEEP_US` (diagnosis tests): after `go`, N threads that each burn
+/// BURN_US µs of CPU, then sleep SLEEP_US µs (0: no sleep, they only spin), over and over
+/// until a second byte (`stop`); then they are joined. Reports their CPU time.
+fn spin_threads(n: u64, burn_us: u64, sleep_us: u64) {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    say("ready");
+    wait_go();
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    burn_thread_cpu(burn_us * 1000);
+                    if sleep_us > 0 {
+                        std::thread::sleep(Duration::from_micros(sleep_us));
+                    }
+                }
+                clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+            })
+        })
+        .collect();
+    wait_go(); // consume the `stop` byte
+    stop.store(true, Ordering::Relaxed);
+    let cpu: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("spinning thread"))
+        .sum();
+    say(&format!("done threads={n} cpu_ns={cpu}"));
+    wait_release();
+}
+
+/// `readloop FILE MIB MS direct|cached` (diagnosis tests). Setup: a file of MIB MiB written
+/// with O_DIRECT and fsynced; `cached` then reads it once through the page cache, so that
+/// its later reads are cache hits. Measured: for MS ms, sequential 1 MiB pread()s of the file,
+/// round and round: with O_DIRECT (`direct`: every read is a disk read) or through the page
+/// cache (`cached`: no disk read at all).
+fn readloop(file: &str, mib: u64, ms: u64, how: &str) {
+    let direct = match how {
+        "direct" => true,
+        "cached" => false,
+        _ => fail("readloop FILE MIB MS direct|cached"),
+    };
+    let path = std::ffi::CString::new(file).expect("path without NUL");
+    let mut buf: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; alignment is a power of two multiple of pointer size.
+    if unsafe { libc::posix_memalign(&mut buf, 4096, MIB) } != 0 {
+        fail("posix_memalign");
+    }
+    // SAFETY: buf holds MIB bytes.
+    unsafe { std::ptr::write_bytes(buf.cast::<u8>(), 0x5a, MIB) };
+    // SAFETY: valid path.
+    let wfd = check(
+        unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY | libc::O_DIRECT,
+                0o600,
+            )
+        } as libc::c_long,
+        "open for writing",
+    ) as i32;
+    for i in 0..mib as usize {
+        // SAFETY: aligned buffer of MIB bytes, aligned offset.
+        let n = unsafe { libc::pwrite(wfd, buf, MIB, (i * MIB) as libc::off_t) };
+        if n != MIB as isize {
+            fail(&format!(
+                "pwrite {i}: {n} {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    // SAFETY: valid fd.
+    unsafe {
+        check(libc::fsync(wfd) as libc::c_long, "fsync (setup)");
+        libc::close(wfd);
+    }
+    let flags = libc::O_RDONLY | if direct { libc::O_DIRECT } else { 0 };
+    // SAFETY: valid path.
+    let fd = check(
+        unsafe { libc::open(path.as_ptr(), flags) } as libc::c_long,
+        "open for reading",
+    ) as i32;
+    let read_at = |i: u64| {
+        // SAFETY: aligned buffer of MIB bytes, aligned offset.
+        let n = unsafe { libc::pread(fd, buf, MIB, ((i % mib) as usize * MIB) as libc::off_t) };
+        if n != MIB as isize {
+            fail(&format!(
+                "pread {i}: {n} {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    };
+    if !direct {
+        for i in 0..mib {
+            read_at(i);
+        }
+    }
+    say("ready");
+    wait_go();
+    let t0 = clock_ns(libc::CLOCK_MONOTONIC);
+    let mut reads = 0u64;
+    while clock_ns(libc::CLOCK_MONOTONIC) - t0 < ms * 1_000_000 {
+        read_at(reads);
+        reads += 1;
+    }
+    let took = clock_ns(libc::CLOCK_MONOTONIC) - t0;
+    say(&format!(
+        "done reads={reads} read={} took_ns={took}",
+        reads * MIB as u64
+    ));
+    wait_release();
+    // SAFETY: valid fd, path and allocation.
+    unsafe {
+        libc::close(fd);
+        libc::unlink(path.as_ptr());
+        libc::free(buf);
+    }
 }

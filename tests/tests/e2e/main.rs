@@ -9,11 +9,14 @@
 //! promtool on PATH for the /metrics test, setpriv for the capability test.
 mod block;
 mod cli;
+mod compare;
+mod diagnose;
 mod gpu;
 mod lifecycle;
 mod metrics;
 mod net;
 mod probes;
+mod record;
 mod sched;
 mod syscalls;
 

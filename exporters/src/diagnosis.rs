@@ -1,0 +1,55 @@
+//! Findings of the diagnosis engine: what the rules concluded about a process tree. Produced
+//! by the daemon (`daemon/src/diagnose.rs`, rules as data in TOML) and carried in
+//! [`crate::snapshot::TreeSnapshot::findings`], ranked by estimated impact.
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Finding {
+    /// Stable rule id, e.g. "input_pipeline_stall".
+    pub id: String,
+    pub title: String,
+    /// "critical", "warning" or "info".
+    pub severity: String,
+    /// The numbers that fired the rule.
+    pub evidence: Vec<Evidence>,
+    /// Why this matters, in a sentence or two.
+    pub explanation: String,
+    /// Concrete changes to try, most likely first.
+    pub advice: Vec<String>,
+    /// Estimated speed-up if the cause is removed (1.0 = none), when one can be computed.
+    pub estimated_speedup: Option<f64>,
+    /// Ranking score (0-1): the share of wall time or throughput the finding accounts for.
+    pub impact: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Evidence {
+    /// Signal name, e.g. "gpu.sync_blocked_ratio".
+    pub signal: String,
+    pub value: f64,
+    /// How to read it: "ratio", "count", "bytes", "seconds", "per_second", ...
+    pub unit: String,
+}
+
+/// One collection interval of a process tree (sums over its processes), for time-series
+/// charts: changes since the previous point.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TimelinePoint {
+    /// Wall clock at the end of the interval.
+    pub t_unix_ms: u64,
+    pub interval_ms: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_blocked_ns: u64,
+    pub runq_wait_ns: u64,
+    pub syscalls: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub net_tx_bytes: u64,
+    pub net_rx_bytes: u64,
+    pub gpu_launches: u64,
+    pub gpu_sync_ns: u64,
+    pub gpu_copy_bytes: u64,
+    pub collective_ns: u64,
+    /// Live GPU/NPU memory at the end of the interval (not a change).
+    pub gpu_memory_live_bytes: u64,
+}

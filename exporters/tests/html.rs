@@ -1,0 +1,341 @@
+//! The HTML report (`ethand snapshot --html`): escaping, charts, findings, self-containment.
+use ethand_exporters::{
+    devices::{CollectorState, CollectorStatus, DevicesSnapshot, GpuDevice},
+    diagnosis::{Evidence, Finding, TimelinePoint},
+    gpu::{CollectiveStats, CommRank, GpuCopyStats, GpuMemoryStats, GpuProcessStats},
+    html::{escape, render_html},
+    snapshot::{ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals},
+};
+
+const EVIL: &str = "<script>alert(1)</script>";
+
+fn proc(pid: u32, ppid: u32, comm: &str) -> ProcessSnapshot {
+    ProcessSnapshot {
+        pid,
+        ppid,
+        comm: comm.into(),
+        cmdline: vec![comm.into(), "--flag".into()],
+        alive: true,
+        sched: SchedStats {
+            oncpu_ns: 1_500_000_000,
+            ..Default::default()
+        },
+        threads: vec![ThreadSnapshot {
+            tid: pid,
+            comm: comm.into(),
+            alive: true,
+            sched: SchedStats {
+                oncpu_ns: 1_500_000_000,
+                ..Default::default()
+            },
+        }],
+        ..Default::default()
+    }
+}
+
+fn tree() -> TreeSnapshot {
+    let mut root = proc(4242, 1, "trainer");
+    root.cgroup = "/kubepods/pod-a&b\"c'".into();
+    TreeSnapshot {
+        schema_version: 1,
+        source: "daemon".into(),
+        root_pid: 4242,
+        taken_at_unix_ms: 1_790_000_000_000,
+        measured_ms: 0,
+        processes: vec![root, proc(4300, 4242, "worker0"), proc(4400, 4300, "grandchild")],
+        total: TreeTotals {
+            processes: 3,
+            threads: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn timeline(n: u64) -> Vec<TimelinePoint> {
+    (0..n)
+        .map(|i| TimelinePoint {
+            t_unix_ms: 1_790_000_000_000 - (n - 1 - i) * 1000,
+            interval_ms: 1000,
+            oncpu_ns: 500_000_000 + i * 100_000_000,
+            runq_wait_ns: 10_000_000 * i,
+            syscalls: 1000 * i,
+            block_read_bytes: 1 << 20,
+            net_tx_bytes: 4096 * i,
+            gpu_launches: 100 * i,
+            gpu_sync_ns: 200_000_000,
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// No external resources: nothing loaded from anywhere, no script.
+fn assert_self_contained(h: &str) {
+    // Attribute forms only: escaped user text may say src=x but never src=" (quotes escaped).
+    for bad in ["src=\"", "href=\"", "src='", "href='", "<script", "<link", "<iframe", "<img", "url(", "@import"] {
+        assert!(!h.contains(bad), "report contains {bad:?}");
+    }
+    assert!(!h.contains("http://") && !h.contains("https://"), "report references a URL");
+}
+
+#[test]
+fn escape_covers_markup_quotes_and_invalid_characters() {
+    assert_eq!(escape(EVIL), "&lt;script&gt;alert(1)&lt;/script&gt;");
+    assert_eq!(escape("a&b \"c\" 'd'"), "a&amp;b &quot;c&quot; &#39;d&#39;");
+    // Control characters and direction overrides become visible escapes; noncharacters U+FFFD.
+    assert_eq!(escape("x\u{0}y\u{1b}[31m"), "x\\u{0}y\\u{1b}[31m");
+    assert_eq!(escape("ab\u{202e}cd"), "ab\\u{202e}cd");
+    assert_eq!(escape("\u{fffe}\u{ffff}"), "\u{fffd}\u{fffd}");
+    assert_eq!(escape("plain café ✓"), "plain café ✓");
+}
+
+#[test]
+fn user_controlled_strings_are_escaped_everywhere() {
+    let mut t = tree();
+    t.processes[0].comm = EVIL.into();
+    t.processes[0].cmdline = vec![EVIL.into(), "\"quoted\" & 'single' \u{1b}]0;title\u{7}".into()];
+    t.processes[0].exe = EVIL.into();
+    t.processes[1].comm = "\"><img src=x onerror=alert(2)>".into();
+    t.processes[1].threads[0].comm = EVIL.into();
+    t.processes[0].cgroup = "/a<b>/c&d".into();
+    t.findings = vec![Finding {
+        id: EVIL.into(),
+        title: EVIL.into(),
+        severity: EVIL.into(),
+        evidence: vec![Evidence {
+            signal: EVIL.into(),
+            value: 1.0,
+            unit: EVIL.into(),
+        }],
+        explanation: EVIL.into(),
+        advice: vec![EVIL.into()],
+        estimated_speedup: Some(1.5),
+        impact: 0.5,
+    }];
+    t.devices.hostname = EVIL.into();
+    let h = render_html(&t);
+    assert!(!h.contains("<script"), "unescaped <script in the report");
+    assert!(!h.contains("<img"), "unescaped <img in the report");
+    assert!(h.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(h.contains("&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"));
+    assert!(h.contains("&quot;quoted&quot; &amp; &#39;single&#39; \\u{1b}]0;title\\u{7}"));
+    assert!(h.contains("/a&lt;b&gt;/c&amp;d"));
+    assert!(!h.contains('\u{1b}') && !h.contains('\u{7}'), "raw control characters");
+    assert_self_contained(&h);
+}
+
+#[test]
+fn header_and_process_tree() {
+    let t = tree();
+    let h = render_html(&t);
+    assert!(h.starts_with("<!DOCTYPE html>"));
+    assert!(h.trim_end().ends_with("</html>"));
+    assert!(h.contains("<title>ethand report: pid 4242 (trainer)</title>"));
+    assert!(h.contains("2026-09-21 14:13:20 UTC"), "taken-at time in UTC");
+    assert!(h.contains("/kubepods/pod-a&amp;b&quot;c&#39;"));
+    // Depth-first with indentation: root, worker, its child.
+    let (a, b, c) = (
+        h.find(">trainer<").unwrap(),
+        h.find(">worker0<").unwrap(),
+        h.find(">grandchild<").unwrap(),
+    );
+    assert!(a < b && b < c);
+    assert!(h.contains("padding-left:18px"), "workers indented one level");
+    assert!(h.contains("padding-left:36px"), "grandchildren indented two levels");
+    assert!(h.contains("Top threads by CPU"));
+    assert_self_contained(&h);
+}
+
+#[test]
+fn charts_are_drawn_when_the_timeline_has_points() {
+    let mut t = tree();
+    t.timeline = timeline(10);
+    let h = render_html(&t);
+    assert!(!h.contains("No time series"));
+    // CPU, run-queue, blocked, syscalls, disk, network, and the three GPU charts.
+    assert_eq!(h.matches("<svg").count(), 9, "charts: {}", h.matches("<svg").count());
+    for title in ["<b>CPU</b>", "<b>Scheduler wait</b>", "<b>Disk</b>", "<b>Network</b>", "<b>GPU/NPU launches</b>", "<b>GPU/NPU host time</b>"] {
+        assert!(h.contains(title), "chart {title}");
+    }
+    assert!(h.contains(">cores</text>"), "CPU axis unit");
+    assert!(h.contains("seconds before the snapshot"), "x axis label");
+    // Peak CPU 1.4 cores, disk 1 MiB/s, sync-blocked 20 %.
+    assert!(h.contains("peak <b>1.40 cores</b>"), "CPU peak");
+    assert!(h.contains("avg <b>1.00 MiB/s</b>"), "disk read average");
+    assert!(h.contains("avg <b>20 %</b>") || h.contains("avg <b>20.00 %</b>"), "sync share");
+    assert_self_contained(&h);
+}
+
+#[test]
+fn gpu_charts_are_left_out_without_gpu_activity() {
+    let mut t = tree();
+    t.timeline = timeline(5)
+        .into_iter()
+        .map(|p| TimelinePoint {
+            gpu_launches: 0,
+            gpu_sync_ns: 0,
+            ..p
+        })
+        .collect();
+    let h = render_html(&t);
+    assert_eq!(h.matches("<svg").count(), 6);
+    assert!(h.contains("GPU charts left out"));
+}
+
+#[test]
+fn one_point_and_zero_intervals_do_not_break_charts() {
+    let mut t = tree();
+    t.timeline = vec![TimelinePoint {
+        t_unix_ms: 1000,
+        interval_ms: 0,
+        ..Default::default()
+    }];
+    let h = render_html(&t);
+    assert!(h.contains("<svg"));
+    assert!(!h.contains("NaN") && !h.contains("inf"), "non-finite numbers in the SVG");
+}
+
+#[test]
+fn empty_timeline_shows_a_note_instead_of_charts() {
+    let mut t = tree();
+    t.source = "standalone".into();
+    t.measured_ms = 5000;
+    let h = render_html(&t);
+    assert!(h.contains("No time series"));
+    assert!(h.contains("standalone"));
+    assert!(!h.contains("<svg"), "no charts without a timeline");
+    assert_self_contained(&h);
+}
+
+#[test]
+fn findings_come_first_with_severity_evidence_advice_and_speedup() {
+    let mut t = tree();
+    t.findings = vec![
+        Finding {
+            id: "input_pipeline_stall".into(),
+            title: "GPU waits for the input pipeline".into(),
+            severity: "critical".into(),
+            evidence: vec![
+                Evidence {
+                    signal: "gpu.sync_blocked_ratio".into(),
+                    value: 0.62,
+                    unit: "ratio".into(),
+                },
+                Evidence {
+                    signal: "disk.read_bytes_per_second".into(),
+                    value: 3.0 * 1024.0 * 1024.0,
+                    unit: "bytes_per_second".into(),
+                },
+            ],
+            explanation: "The data loader cannot keep up.".into(),
+            advice: vec!["Raise num_workers".into(), "Use pinned memory".into()],
+            estimated_speedup: Some(2.6),
+            impact: 0.62,
+        },
+        Finding {
+            id: "runq".into(),
+            title: "CPU oversubscribed".into(),
+            severity: "warning".into(),
+            estimated_speedup: None,
+            impact: 0.1,
+            ..Default::default()
+        },
+    ];
+    t.timeline = timeline(3);
+    let h = render_html(&t);
+    let f = h.find("GPU waits for the input pipeline").expect("finding title");
+    assert!(f < h.find("<svg").unwrap(), "findings before the charts");
+    assert!(f < h.find("<h2>Process tree</h2>").unwrap(), "findings before the process table");
+    assert!(h.contains("class=\"finding critical\""));
+    assert!(h.contains("class=\"finding warning\""));
+    assert!(h.contains("62.0 %"), "ratio evidence as percent");
+    assert!(h.contains("3.0 MiB/s"), "byte-rate evidence");
+    assert!(h.contains("gpu.sync_blocked_ratio"));
+    assert!(h.contains("The data loader cannot keep up."));
+    assert!(h.contains("<li>Raise num_workers</li>") && h.contains("<li>Use pinned memory</li>"));
+    assert!(h.contains("2.60× faster"));
+    assert!(h.find("GPU waits").unwrap() < h.find("CPU oversubscribed").unwrap(), "order kept");
+}
+
+#[test]
+fn no_findings_says_so() {
+    let h = render_html(&tree());
+    assert!(h.contains("No findings"));
+}
+
+#[test]
+fn gpu_and_device_sections() {
+    let mut t = tree();
+    let g = GpuProcessStats {
+        launches: 12345,
+        copies: vec![
+            GpuCopyStats {
+                direction: "host_to_device".into(),
+                calls: 10,
+                bytes: 10 << 30,
+            },
+            GpuCopyStats {
+                direction: "device_to_host".into(),
+                calls: 5,
+                bytes: 1 << 20,
+            },
+        ],
+        memory: vec![GpuMemoryStats {
+            kind: "device".into(),
+            allocs: 3,
+            live_bytes: 2 << 30,
+            peak_bytes: 3 << 30,
+            ..Default::default()
+        }],
+        collectives: vec![CollectiveStats {
+            library: "nccl".into(),
+            operation: "all_reduce".into(),
+            calls: 100,
+            bytes: 1 << 30,
+            time_ns: 2_000_000_000,
+            timed_calls: 100,
+        }],
+        comm: Some(CommRank {
+            library: "nccl".into(),
+            rank: Some(3),
+            nranks: 8,
+        }),
+        ..Default::default()
+    };
+    t.processes[1].gpu = Some(g.clone());
+    t.total.gpu = Some(g);
+    t.devices = DevicesSnapshot {
+        hostname: "node7".into(),
+        collectors: vec![CollectorStatus {
+            name: "nvml".into(),
+            state: CollectorState::Available,
+            detail: String::new(),
+        }],
+        gpus: vec![GpuDevice {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            utilization_ratio: Some(0.37),
+            memory_used_bytes: Some(40 << 30),
+            memory_total_bytes: Some(141 << 30),
+            power_watts: Some(350.0),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let h = render_html(&t);
+    assert!(h.contains("host to device") && h.contains("10.0 GiB"));
+    assert!(h.contains("3.0 GiB"), "peak memory");
+    assert!(h.contains("all reduce"));
+    assert!(h.contains("<td>3</td><td>8</td>"), "rank 3 of 8");
+    assert!(h.contains("12,345"));
+    assert!(h.contains("NVIDIA H200") && h.contains("37.0 %") && h.contains("350 W"));
+    assert!(h.contains("node7"));
+    assert!(h.contains("GPU launches"), "GPU columns in the process table");
+    assert_self_contained(&h);
+}
+
+#[test]
+fn empty_tree_does_not_panic() {
+    let h = render_html(&TreeSnapshot::default());
+    assert!(h.contains("</html>"));
+}

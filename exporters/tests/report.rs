@@ -1,0 +1,526 @@
+//! The flat report formats of a synthetic snapshot (`ethand snapshot --csv`) and the
+//! comparison of two synthetic snapshots (`ethand compare`): exact values, CSV quoting read
+//! back with an RFC 4180 reader of our own, rates over windows of different lengths, findings
+//! matched by id.
+use std::collections::{BTreeMap, BTreeSet};
+
+use ethand_exporters::diagnosis::Finding;
+use ethand_exporters::gpu::{
+    CollectiveStats, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuTimedCalls,
+    ProcessDeviceUsage,
+};
+use ethand_exporters::report::{
+    Comparison, compare, comparison_to_csv, metrics_rows, process_info_metric, render_comparison,
+    to_csv,
+};
+use ethand_exporters::snapshot::*;
+
+const WEIRD_COMM: &str = "we,ird \"na\"me\nx\r";
+
+/// RFC 4180 reader: records of fields; quoted fields may hold commas, doubled quotes, CR and
+/// LF. Accepts CRLF or LF line ends. Panics on malformed input.
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let mut records = Vec::new();
+    let mut record = Vec::new();
+    let mut field = String::new();
+    let mut chars = text.chars().peekable();
+    let mut quoted_field = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if field.is_empty() && !quoted_field => {
+                quoted_field = true;
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            field.push('"');
+                        }
+                        Some('"') => break,
+                        Some(c) => field.push(c),
+                        None => panic!("unterminated quoted field"),
+                    }
+                }
+                match chars.peek() {
+                    None | Some(',') | Some('\n') | Some('\r') => {}
+                    Some(c) => panic!("{c:?} after a closing quote"),
+                }
+            }
+            '"' => panic!("quote inside an unquoted field {field:?}"),
+            ',' => {
+                record.push(std::mem::take(&mut field));
+                quoted_field = false;
+            }
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' => {
+                record.push(std::mem::take(&mut field));
+                records.push(std::mem::take(&mut record));
+                quoted_field = false;
+            }
+            c => field.push(c),
+        }
+    }
+    assert!(
+        field.is_empty() && record.is_empty(),
+        "the last record lacks its line end"
+    );
+    records
+}
+
+fn finding(id: &str, title: &str, impact: f64) -> Finding {
+    Finding {
+        id: id.into(),
+        title: title.into(),
+        severity: "warning".into(),
+        impact,
+        ..Default::default()
+    }
+}
+
+fn gpu_stats() -> GpuProcessStats {
+    GpuProcessStats {
+        launches: 5000,
+        copies: vec![
+            GpuCopyStats {
+                direction: "host_to_device".into(),
+                calls: 10,
+                bytes: 1 << 30,
+            },
+            GpuCopyStats {
+                direction: "device_to_host".into(),
+                calls: 2,
+                bytes: 4096,
+            },
+        ],
+        sync: GpuTimedCalls {
+            calls: 100,
+            time_ns: 2_000_000_000,
+            timed_calls: 100,
+        },
+        memory: vec![GpuMemoryStats {
+            kind: "device".into(),
+            allocs: 3,
+            alloc_bytes: 3 << 20,
+            frees: 1,
+            freed_bytes: 1 << 20,
+            live_bytes: 2 << 20,
+            peak_bytes: 3 << 20,
+        }],
+        collectives: vec![CollectiveStats {
+            library: "nccl".into(),
+            operation: "all_reduce".into(),
+            calls: 7,
+            bytes: 7 << 20,
+            time_ns: 70_000,
+            timed_calls: 7,
+        }],
+        ..Default::default()
+    }
+}
+
+fn process(pid: u32, comm: &str, syscalls: u64, window: Option<WindowStats>) -> ProcessSnapshot {
+    ProcessSnapshot {
+        pid,
+        comm: comm.into(),
+        alive: true,
+        sched: SchedStats {
+            oncpu_ns: 3_000_000_000,
+            ..Default::default()
+        },
+        syscalls: SyscallStats {
+            count: syscalls + 10,
+            errors: 10,
+            time_ns: 1_000_000,
+            by_nr: vec![
+                SyscallRow {
+                    nr: 39,
+                    name: "getpid".into(),
+                    count: syscalls,
+                    errors: 0,
+                    time_ns: 500_000,
+                },
+                SyscallRow {
+                    nr: 257,
+                    name: "openat".into(),
+                    count: 10,
+                    errors: 10,
+                    time_ns: 500_000,
+                },
+            ],
+            latency: Vec::new(),
+        },
+        block: vec![BlockStats {
+            device: "253:0".into(),
+            device_name: "vda".into(),
+            op: "read".into(),
+            ops: 4,
+            bytes: 16384,
+            ..Default::default()
+        }],
+        net: NetStats {
+            tcp_tx_bytes: 1000,
+            ..Default::default()
+        },
+        window,
+        ..Default::default()
+    }
+}
+
+/// A tree with its totals summed the way the daemon sums them.
+fn tree(source: &str, measured_ms: u64, processes: Vec<ProcessSnapshot>) -> TreeSnapshot {
+    let mut total = TreeTotals::default();
+    for p in &processes {
+        total.processes += 1;
+        total.sched.add(&p.sched);
+        total.syscalls += p.syscalls.count;
+        total.syscall_errors += p.syscalls.errors;
+        total.syscall_time_ns += p.syscalls.time_ns;
+        for b in &p.block {
+            if b.op == "read" {
+                total.block_read_bytes += b.bytes;
+                total.block_read_ops += b.ops;
+            }
+        }
+        total.net.add(&p.net);
+        if let Some(g) = &p.gpu {
+            total.gpu.get_or_insert_with(Default::default).add(g);
+        }
+    }
+    TreeSnapshot {
+        schema_version: SCHEMA_VERSION,
+        source: source.into(),
+        root_pid: processes.first().map_or(0, |p| p.pid),
+        taken_at_unix_ms: 1_764_000_000_000,
+        measured_ms,
+        processes,
+        total,
+        ..Default::default()
+    }
+}
+
+fn window(duration_ms: u64, syscalls: u64) -> WindowStats {
+    WindowStats {
+        duration_ms,
+        syscalls,
+        oncpu_ns: duration_ms * 500_000, // half a CPU
+        ..Default::default()
+    }
+}
+
+fn value(rows: &[ethand_exporters::report::MetricRow], scope: &str, metric: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.scope == scope && r.metric == metric)
+        .unwrap_or_else(|| panic!("no row {scope} {metric}"))
+        .value
+}
+
+#[test]
+fn csv_quotes_weird_process_names_and_parses_back() {
+    let mut t = tree(
+        "daemon",
+        0,
+        vec![
+            process(100, "python3", 1000, Some(window(10_000, 100))),
+            process(101, WEIRD_COMM, 5, None),
+        ],
+    );
+    t.findings = vec![finding(
+        "input_pipeline_stall",
+        "Input, \"pipeline\" stall",
+        0.5,
+    )];
+    let csv = to_csv(&t);
+    let records = parse_csv(&csv);
+    assert_eq!(records[0], ["scope", "metric", "value", "unit"]);
+    for r in &records {
+        assert_eq!(r.len(), 4, "every record has 4 fields: {r:?}");
+    }
+    // The weird name comes back intact, inside the info row's metric.
+    let info = process_info_metric(WEIRD_COMM);
+    let row = records
+        .iter()
+        .find(|r| r[1] == info)
+        .unwrap_or_else(|| panic!("no info row {info:?} in\n{csv}"));
+    assert_eq!(row[0], "pid:101");
+    assert_eq!(row[2], "1");
+    let parsed: String = serde_json::from_str(
+        row[1]
+            .strip_prefix("process.info{comm=")
+            .and_then(|s| s.strip_suffix('}'))
+            .expect("info metric shape"),
+    )
+    .expect("comm is a JSON string");
+    assert_eq!(parsed, WEIRD_COMM);
+    // Same rows as metrics_rows, in the same order, then the finding.
+    let rows = metrics_rows(&t);
+    assert_eq!(records.len(), 1 + rows.len() + 1);
+    for (rec, row) in records[1..].iter().zip(&rows) {
+        assert_eq!(rec[0], row.scope);
+        assert_eq!(rec[1], row.metric);
+        assert_eq!(rec[2].parse::<f64>().unwrap(), row.value);
+        assert_eq!(rec[3], row.unit);
+    }
+    assert_eq!(
+        records.last().unwrap(),
+        &["finding", "input_pipeline_stall", "0.5", "impact"]
+    );
+    // Exact values.
+    let get = |scope: &str, metric: &str| -> String {
+        records
+            .iter()
+            .find(|r| r[0] == scope && r[1] == metric)
+            .unwrap_or_else(|| panic!("no {scope} {metric}"))[2]
+            .clone()
+    };
+    assert_eq!(get("total", "syscalls.getpid.count"), "1005");
+    assert_eq!(get("pid:100", "syscalls.getpid.count"), "1000");
+    assert_eq!(get("pid:101", "syscalls.openat.errors"), "10");
+    assert_eq!(get("total", "syscalls.count"), "1025");
+    assert_eq!(get("total", "block.vda.read.bytes"), "32768");
+    assert_eq!(get("total", "net.tcp_tx_bytes"), "2000");
+    assert_eq!(get("total", "window.syscalls"), "100");
+    assert_eq!(get("total", "window.duration_ns"), "10000000000");
+    assert_eq!(get("total", "derived.cpu.oncpu_ratio"), "0.5");
+    assert!(
+        !records
+            .iter()
+            .any(|r| r[0] == "pid:101" && r[1].starts_with("window."))
+    );
+}
+
+#[test]
+fn rows_cover_gpu_sections_and_are_deterministic() {
+    let mut p = process(7, "train", 10, Some(window(2000, 10)));
+    p.gpu = Some(gpu_stats());
+    p.devices = vec![ProcessDeviceUsage {
+        device: "gpu0".into(),
+        uuid: "GPU-0".into(),
+        memory_used_bytes: 1 << 30,
+        utilization_ratio: Some(0.25),
+        device_utilization_ratio: Some(0.5),
+    }];
+    if let Some(w) = p.window.as_mut() {
+        w.gpu_launches = 400;
+        w.gpu_sync_ns = 1_000_000_000;
+    }
+    let mut t = tree("daemon", 0, vec![p]);
+    t.total.gpu_derived = Some(GpuDerived {
+        window_ms: 2000,
+        launches_per_second: 200.0,
+        sync_blocked_ratio: 0.5,
+        collective_ratio: 0.01,
+        copy_bytes_per_second: vec![("host_to_device".into(), 1e9)],
+        device_utilization_ratio: Some(0.5),
+        device_idle_ratio: Some(0.5),
+    });
+    t.devices.gpus = vec![ethand_exporters::devices::GpuDevice {
+        index: 0,
+        utilization_ratio: Some(0.5),
+        memory_used_bytes: Some(1 << 30),
+        power_watts: Some(300.0),
+        ..Default::default()
+    }];
+    let rows = metrics_rows(&t);
+    for scope in ["total", "pid:7"] {
+        assert_eq!(value(&rows, scope, "gpu.launches"), 5000.0);
+        assert_eq!(
+            value(&rows, scope, "gpu.copies.host_to_device.bytes"),
+            (1u64 << 30) as f64
+        );
+        assert_eq!(value(&rows, scope, "gpu.copies.device_to_host.calls"), 2.0);
+        assert_eq!(value(&rows, scope, "gpu.sync.time_ns"), 2e9);
+        assert_eq!(
+            value(&rows, scope, "gpu.memory.device.live_bytes"),
+            (2u64 << 20) as f64
+        );
+        assert_eq!(
+            value(&rows, scope, "gpu.collectives.nccl.all_reduce.bytes"),
+            (7u64 << 20) as f64
+        );
+        assert_eq!(value(&rows, scope, "window.gpu_launches"), 400.0);
+    }
+    assert_eq!(value(&rows, "total", "derived.gpu.sync_blocked_ratio"), 0.5);
+    assert_eq!(
+        value(
+            &rows,
+            "total",
+            "derived.gpu.copy_bytes_per_second.host_to_device"
+        ),
+        1e9
+    );
+    assert_eq!(value(&rows, "total", "derived.gpu.device_idle_ratio"), 0.5);
+    assert_eq!(value(&rows, "pid:7", "device.gpu0.utilization_ratio"), 0.25);
+    assert_eq!(value(&rows, "device:gpu0", "power_watts"), 300.0);
+    let units: BTreeMap<&str, &str> = rows
+        .iter()
+        .map(|r| (r.metric.as_str(), r.unit.as_str()))
+        .collect();
+    assert_eq!(units["gpu.sync.time_ns"], "ns");
+    assert_eq!(units["gpu.launches"], "count");
+    assert_eq!(units["gpu.memory.device.live_bytes"], "bytes");
+    assert_eq!(units["derived.gpu.launches_per_second"], "per_second");
+    assert_eq!(units["derived.gpu.sync_blocked_ratio"], "ratio");
+
+    // Deterministic and unique per (scope, metric).
+    assert_eq!(rows, metrics_rows(&t.clone()));
+    let keys: BTreeSet<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.scope.as_str(), r.metric.as_str()))
+        .collect();
+    assert_eq!(keys.len(), rows.len(), "duplicate (scope, metric) rows");
+}
+
+fn compared<'a>(c: &'a Comparison, metric: &str) -> &'a ethand_exporters::report::ComparedRow {
+    c.rows
+        .iter()
+        .find(|r| r.metric == metric)
+        .unwrap_or_else(|| panic!("no compared row {metric}"))
+}
+
+#[test]
+fn comparison_of_windows_rates_and_findings() {
+    // Before: 1000 syscalls in a 10 s window (100/s); after: 1000 in 5 s (200/s), in
+    // processes with other pids.
+    let mut before = tree(
+        "daemon",
+        0,
+        vec![process(100, "app", 50_000, Some(window(10_000, 1000)))],
+    );
+    let mut after = tree(
+        "daemon",
+        0,
+        vec![
+            process(200, "app", 80_000, Some(window(5000, 600))),
+            process(201, "worker", 0, Some(window(5000, 400))),
+        ],
+    );
+    before.findings = vec![
+        finding("cpu_bound", "CPU bound", 0.6),
+        finding("input_pipeline_stall", "Input pipeline stall", 0.4),
+    ];
+    after.findings = vec![
+        finding("input_pipeline_stall", "Input pipeline stall", 0.2),
+        finding("sync_heavy", "Synchronization heavy", 0.1),
+    ];
+    let c = compare(&before, &after);
+    assert_eq!(c.schema_version, 1);
+    assert_eq!(c.before.rate_basis, "window");
+    assert_eq!(c.after.rate_basis, "window");
+    assert_eq!(c.before.window_ms, 10_000);
+    assert_eq!(c.after.window_ms, 5000);
+    assert_eq!(c.after.processes, 2);
+    assert!(c.rows.iter().all(|r| r.scope == "total"));
+    assert!(!c.rows.iter().any(|r| r.metric.starts_with("process.")));
+
+    let r = compared(&c, "rate.syscalls.count");
+    assert_eq!(r.unit, "per_second");
+    assert_eq!((r.before, r.after), (Some(100.0), Some(200.0)));
+    assert_eq!(r.change, Some(100.0));
+    assert_eq!(r.ratio, Some(2.0));
+    let r = compared(&c, "syscalls.getpid.count");
+    assert_eq!(
+        (r.before, r.after, r.change),
+        (Some(50_000.0), Some(80_000.0), Some(30_000.0))
+    );
+    let r = compared(&c, "rate.sched.oncpu_ns");
+    // before: half a CPU; after: two processes at half a CPU each.
+    assert_eq!((r.before, r.after), (Some(5e8), Some(1e9)));
+    let r = compared(&c, "tree.processes");
+    assert_eq!(r.change, Some(1.0));
+    assert!(
+        !c.rows.iter().any(|r| r.metric.starts_with("rate.gpu.")),
+        "no GPU rates without GPU figures"
+    );
+
+    let ids = |v: &[Finding]| v.iter().map(|f| f.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&c.findings_resolved), ["cpu_bound"]);
+    assert_eq!(ids(&c.findings_new), ["sync_heavy"]);
+    assert_eq!(c.findings_remaining.len(), 1);
+    assert_eq!(c.findings_remaining[0].0.impact, 0.4);
+    assert_eq!(c.findings_remaining[0].1.impact, 0.2);
+
+    // JSON round trip.
+    let json = serde_json::to_string(&c).unwrap();
+    let back: Comparison = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, c);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["findings_remaining"][0][1]["impact"], 0.2);
+
+    // CSV.
+    let csv = comparison_to_csv(&c);
+    let records = parse_csv(&csv);
+    assert_eq!(
+        records[0],
+        [
+            "scope", "metric", "unit", "before", "after", "change", "ratio"
+        ]
+    );
+    assert_eq!(records.len(), 1 + c.rows.len() + 3);
+    let rec = records
+        .iter()
+        .find(|r| r[1] == "rate.syscalls.count")
+        .unwrap();
+    assert_eq!(rec[3..], ["100", "200", "100", "2"]);
+    let rec = records.iter().find(|r| r[1] == "cpu_bound").unwrap();
+    assert_eq!(
+        rec[..],
+        ["finding", "cpu_bound", "impact", "0.6", "", "", ""]
+    );
+    let rec = records.iter().find(|r| r[1] == "sync_heavy").unwrap();
+    assert_eq!(rec[3..5], ["", "0.1"]);
+    let rec = records
+        .iter()
+        .find(|r| r[1] == "input_pipeline_stall")
+        .unwrap();
+    assert_eq!(rec[3..5], ["0.4", "0.2"]);
+
+    // Terminal.
+    let text = render_comparison(&c, false);
+    eprintln!("{text}");
+    assert!(!text.contains('\x1b'), "no colors when color is false");
+    assert!(text.contains("rate.syscalls.count"));
+    assert!(text.contains("resolved: CPU bound (cpu_bound), impact 0.60 -> -"));
+    assert!(text.contains("new:      Synchronization heavy (sync_heavy"));
+    assert!(
+        text.contains("still:    Input pipeline stall (input_pipeline_stall), impact 0.40 -> 0.20")
+    );
+    let shown = text
+        .lines()
+        .skip_while(|l| !l.starts_with("METRIC"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .count();
+    assert!(shown > 0 && shown <= 25, "{shown} rows shown");
+    assert!(render_comparison(&c, true).contains("\x1b["));
+}
+
+#[test]
+fn standalone_snapshots_rate_over_their_measurement() {
+    // No windows: totals / measured_ms. 1000 getpids in 2 s, then 1000 in 4 s.
+    let mut p = process(1, "a", 1000, None);
+    p.gpu = Some(gpu_stats());
+    let before = tree("standalone", 2000, vec![p]);
+    let after = tree("standalone", 4000, vec![process(2, "a", 1000, None)]);
+    let c = compare(&before, &after);
+    assert_eq!(c.before.rate_basis, "measured");
+    assert_eq!(c.after.rate_basis, "measured");
+    let r = compared(&c, "rate.syscalls.count");
+    assert_eq!((r.before, r.after), (Some(505.0), Some(252.5)));
+    assert_eq!(r.ratio, Some(0.5));
+    // GPU figures only before: rates from 2500/s to 0, the totals from a number to absent.
+    let r = compared(&c, "rate.gpu.launches");
+    assert_eq!((r.before, r.after), (Some(2500.0), Some(0.0)));
+    let r = compared(&c, "gpu.launches");
+    assert_eq!((r.before, r.after, r.change), (Some(5000.0), None, None));
+    let text = render_comparison(&c, false);
+    assert!(text.contains("gone"), "{text}");
+    assert!(text.contains("findings: none in either snapshot"));
+
+    // A daemon snapshot without history and a standalone one: each on its own basis.
+    let d = tree("daemon", 0, vec![process(3, "a", 10, None)]);
+    let c = compare(&d, &after);
+    assert_eq!(c.before.rate_basis, "none");
+    assert_eq!(c.after.rate_basis, "measured");
+    let r = compared(&c, "rate.syscalls.count");
+    assert_eq!((r.before, r.after, r.change), (None, Some(252.5), None));
+}

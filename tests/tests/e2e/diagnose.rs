@@ -1,0 +1,538 @@
+//! The diagnosis engine end to end: for each rule that can be created on a small machine
+//! without a GPU (the GPU runtime rules through the stand-in libcuda), one workload that must
+//! fire it and one that must not, judged on `findings` of `ethand snapshot --pid P --json`;
+//! the evidence is compared with the workload's own ground truth where it has one.
+//!
+//! Rates are over the snapshot window (`--window`, at most the daemon's history: each test
+//! starts its own daemon), so each test asks for a window that the measured work fills.
+//!
+//! Not tested here: the rules that need NVML (input_pipeline_stall, gpu_underutilized,
+//! gpu_throttling, gpu_errors), straggler_rank (several ranks), collective_bound (the stand-in
+//! libnccl's collectives return at once: no collective time can be made) and
+//! network_retransmits (loopback does not lose packets; netem is not in this kernel, see
+//! `network_retransmits_skipped`).
+use std::{
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use ethand_exporters::diagnosis::Finding;
+use ethand_tests::{
+    Daemon, INTERVAL_MS, ProbeState, RemoveOnDrop, SETTLE, TreeSnapshot, find_proc, serial,
+    standins::{self, Driver, GroundTruth, Lib, SYNC_ENV},
+    text,
+};
+
+use crate::workload;
+
+// ------------------------------------------------------------------ helpers
+
+/// `ethand snapshot --pid PID --json --window WINDOW_S`.
+fn snapshot(d: &Daemon, pid: u32, window_s: u64) -> TreeSnapshot {
+    let w = window_s.to_string();
+    let out = d.cli(&[
+        "snapshot",
+        "--pid",
+        &pid.to_string(),
+        "--json",
+        "--window",
+        &w,
+    ]);
+    assert!(
+        out.status.success(),
+        "ethand snapshot --pid {pid} --window {w} failed ({}): {}",
+        out.status,
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ethand snapshot --json is not a TreeSnapshot: {e}\n{}",
+            text(&out.stdout)
+        )
+    })
+}
+
+fn ids(t: &TreeSnapshot) -> Vec<&str> {
+    t.findings.iter().map(|f| f.id.as_str()).collect()
+}
+
+fn finding<'a>(t: &'a TreeSnapshot, id: &str) -> Option<&'a Finding> {
+    t.findings.iter().find(|f| f.id == id)
+}
+
+/// Prints the findings with their evidence (the figures of the test).
+fn show(what: &str, t: &TreeSnapshot) {
+    let window = t
+        .processes
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.duration_ms)
+        .max();
+    eprintln!(
+        "observed: {what}: window {window:?} ms, findings {:?}",
+        ids(t)
+    );
+    for f in &t.findings {
+        let ev: Vec<String> = f
+            .evidence
+            .iter()
+            .map(|e| format!("{}={:.4} {}", e.signal, e.value, e.unit))
+            .collect();
+        eprintln!(
+            "observed:   {} ({}, impact {:.3}, speedup {:?}): {}",
+            f.id,
+            f.severity,
+            f.impact,
+            f.estimated_speedup,
+            ev.join(", ")
+        );
+    }
+}
+
+/// The finding `id`, which must be there.
+fn fired<'a>(t: &'a TreeSnapshot, id: &str) -> &'a Finding {
+    finding(t, id).unwrap_or_else(|| panic!("rule {id} did not fire; findings: {:#?}", t.findings))
+}
+
+fn assert_not_fired(t: &TreeSnapshot, id: &str) {
+    assert!(
+        finding(t, id).is_none(),
+        "rule {id} fired but must not: {:#?}",
+        finding(t, id)
+    );
+}
+
+/// The value of evidence `signal` of a finding, which must be there.
+fn ev(f: &Finding, signal: &str) -> f64 {
+    f.evidence
+        .iter()
+        .find(|e| e.signal == signal)
+        .unwrap_or_else(|| panic!("{}: no evidence {signal}: {:?}", f.id, f.evidence))
+        .value
+}
+
+fn assert_near(what: &str, got: f64, want: f64, rel: f64) {
+    assert!(
+        (got - want).abs() <= rel * want.abs(),
+        "{what}: {got} is not within {:.0}% of {want}",
+        rel * 100.0
+    );
+}
+
+// ------------------------------------------------------------------ CPU
+
+/// Two children pinned to one CPU, each burning 2 s of CPU: each waits for the CPU about as
+/// long as it runs. cpu_contention fires, and its run-queue ratio is the kernel's
+/// (run_delay / sum_exec_runtime of the children, read by each when done).
+#[test]
+fn cpu_contention_fires_for_two_busy_children_on_one_cpu() {
+    let _serial = serial();
+    let d = Daemon::start("diag-contention", "");
+    let mut w = workload(&["runq", "2000"]);
+    let done = w.go();
+    thread::sleep(SETTLE);
+    // The daemon is younger than 10 s: the window is its whole history, the work included.
+    let t = snapshot(&d, w.pid, 10);
+    show("two busy children on one CPU", &t);
+    let (mut wait, mut cpu) = (0u64, 0u64);
+    for i in 0..2 {
+        wait += done.u64(&format!("child{i}_runq_ns"));
+        cpu += done.u64(&format!("child{i}_oncpu_ns"));
+    }
+    let truth = wait as f64 / cpu as f64;
+    eprintln!("observed: kernel: children runq {wait} ns over {cpu} ns on CPU: ratio {truth:.3}");
+    let f = fired(&t, "cpu_contention");
+    let ratio = ev(f, "cpu.runq_wait_ratio");
+    assert!(
+        truth > 0.5,
+        "the workload made too little contention: {truth}"
+    );
+    assert_near("cpu.runq_wait_ratio vs the kernel's", ratio, truth, 0.15);
+    assert!(ev(f, "cpu.runq_wait_seconds_per_second") > 0.05);
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(ev(f, "node.cpus"), cpus as f64);
+    w.finish();
+}
+
+/// One busy loop of 3 s CPU time, not pinned: on two CPUs it always finds one free.
+#[test]
+fn cpu_contention_quiet_for_one_busy_loop() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nocontention", "");
+    let mut w = workload(&["cpu", "3000"]);
+    let done = w.go();
+    thread::sleep(SETTLE);
+    let t = snapshot(&d, w.pid, 10);
+    show("one busy loop", &t);
+    let p = find_proc(&t, w.pid);
+    eprintln!(
+        "observed: cpu_ns {} (workload), runq_wait_ns {} (ethand)",
+        done.u64("cpu_ns"),
+        p.sched.runq_wait_ns
+    );
+    assert_not_fired(&t, "cpu_contention");
+    assert_not_fired(&t, "thread_oversubscription");
+    w.finish();
+}
+
+/// Threads per CPU of `spin-threads`: 8 per CPU.
+fn eight_per_cpu() -> String {
+    let cpus = thread::available_parallelism().map_or(2, |n| n.get());
+    (8 * cpus).to_string()
+}
+
+/// 8 spinning threads per CPU for 3 s: thread_oversubscription fires, its thread count is
+/// the workload's (all spinning threads busy; the main thread blocked on stdin is not).
+#[test]
+fn thread_oversubscription_fires_for_8_spinning_threads_per_cpu() {
+    let _serial = serial();
+    let d = Daemon::start("diag-oversub", "");
+    let n = eight_per_cpu();
+    let mut w = workload(&["spin-threads", &n, "1000", "0"]);
+    w.send_byte();
+    thread::sleep(Duration::from_secs(3));
+    let t = snapshot(&d, w.pid, 2);
+    show(&format!("{n} spinning threads"), &t);
+    let done = w.stop();
+    eprintln!("observed: workload {done:?}");
+    let n: f64 = n.parse().expect("number");
+    let f = fired(&t, "thread_oversubscription");
+    let cpus = ev(f, "node.cpus");
+    assert_eq!(ev(f, "cpu.threads"), n + 1.0, "threads: spinners + main");
+    assert_eq!(
+        ev(f, "cpu.threads_per_cpu"),
+        n / cpus,
+        "busy threads per CPU"
+    );
+    assert!(ev(f, "cpu.involuntary_switch_ratio") > 0.3);
+    // 16 threads on 2 CPUs: each waits about 7 times as long as it runs.
+    assert!(ev(f, "cpu.runq_wait_ratio") > 2.0);
+    w.finish();
+}
+
+/// 8 threads per CPU that burn 1 ms and sleep 20 ms: none is busy, the rule stays quiet.
+#[test]
+fn thread_oversubscription_quiet_for_8_sleeping_threads_per_cpu() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nooversub", "");
+    let n = eight_per_cpu();
+    let mut w = workload(&["spin-threads", &n, "1000", "20000"]);
+    w.send_byte();
+    thread::sleep(Duration::from_secs(3));
+    let t = snapshot(&d, w.pid, 2);
+    show(&format!("{n} mostly sleeping threads"), &t);
+    w.stop();
+    assert_not_fired(&t, "thread_oversubscription");
+    w.finish();
+}
+
+/// A moderate loop (10 ms of CPU, 10 ms asleep) for 4 s: nothing to report.
+#[test]
+fn healthy_process_has_no_findings() {
+    let _serial = serial();
+    let d = Daemon::start("diag-healthy", "");
+    let mut w = workload(&["spin-threads", "1", "10000", "10000"]);
+    w.send_byte();
+    thread::sleep(Duration::from_secs(4));
+    let t = snapshot(&d, w.pid, 3);
+    show("healthy half-busy loop", &t);
+    w.stop();
+    assert!(
+        t.findings.is_empty(),
+        "a healthy process has findings: {:#?}",
+        t.findings
+    );
+    w.finish();
+}
+
+// ------------------------------------------------------------------ disk
+
+/// Runs `readloop FILE 64 5000 HOW` on the disk behind /var/tmp (a block device, not tmpfs)
+/// and snapshots its last 4 s (all inside the 5 s of reads: setup's writes are outside).
+fn readloop(how: &str) -> (TreeSnapshot, u64, u64) {
+    let dir = Path::new("/var/tmp");
+    let file = dir.join(format!("ethand-test-diag-{how}-{}.dat", std::process::id()));
+    let _cleanup = RemoveOnDrop(file.clone());
+    let d = Daemon::start(&format!("diag-{how}"), "");
+    let mut w = workload(&["readloop", file.to_str().expect("utf-8"), "64", "5000", how]);
+    let done = w.go();
+    let t = snapshot(&d, w.pid, 4);
+    show(&format!("readloop {how}: {done:?}"), &t);
+    w.finish();
+    (t, done.u64("read"), done.u64("took_ns"))
+}
+
+/// O_DIRECT reads of a 64 MiB file for 5 s: the process is in pread() nearly all the time and
+/// every byte comes from the disk. disk_io_bound fires; the read rate is the workload's.
+#[test]
+fn disk_io_bound_fires_for_direct_reads() {
+    let _serial = serial();
+    let (t, read, took) = readloop("direct");
+    let f = fired(&t, "disk_io_bound");
+    let rate = read as f64 / (took as f64 / 1e9);
+    eprintln!("observed: workload read {read} bytes in {took} ns: {rate:.0} B/s");
+    assert!(ev(f, "io.wait_ratio") > 0.5);
+    // The window (4 s, whole intervals) lies inside the 5 s of reads at a steady rate.
+    assert_near(
+        "io.block_read_bytes_per_second vs the workload's rate",
+        ev(f, "io.block_read_bytes_per_second"),
+        rate,
+        0.25,
+    );
+    assert!(ev(f, "io.block_write_bytes_per_second") < 1048576.0);
+    assert!(ev(f, "io.block_service_seconds_per_op") > 0.0);
+}
+
+/// The same file read for 5 s from the page cache (read once in setup): no disk reads, so no
+/// disk_io_bound, even though the process spends as much time in read().
+#[test]
+fn disk_io_bound_quiet_for_page_cache_reads() {
+    let _serial = serial();
+    let (t, read, took) = readloop("cached");
+    eprintln!("observed: workload read {read} bytes in {took} ns from the page cache");
+    assert_not_fired(&t, "disk_io_bound");
+}
+
+// ------------------------------------------------------------------ GPU (stand-in libcuda)
+
+/// Rescan every 300 ms: a library loaded by a process is attached within about that.
+const GPU_TOML: &str = "[gpu]\nlevel = \"process\"\nrescan_interval_ms = 300\n";
+
+/// Waits until `ethand status` lists the library file attached.
+fn wait_attached(d: &Daemon, path: &Path) {
+    let canon: PathBuf = fs::canonicalize(path).expect("canonicalize");
+    let ino = fs::metadata(&canon).expect("stat").ino();
+    let t0 = Instant::now();
+    loop {
+        let st = d.status();
+        if st.gpu_libraries.iter().any(|l| {
+            l.inode == ino && Path::new(&l.path) == canon && l.state == ProbeState::Attached
+        }) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(6),
+            "{} not attached: {:#?}",
+            path.display(),
+            st.gpu_libraries
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `ops` (repeated `times`) in gpu_driver with the stand-in libcuda once it is attached,
+/// with syncs sleeping `sync_us`. Returns the driver idle at the end of its plan (alive), the
+/// snapshot of its last `window_s` seconds taken `settle` after the plan ended, and how long
+/// the plan took.
+fn gpu_plan(
+    d: &Daemon,
+    sync_us: u64,
+    ops: &str,
+    times: usize,
+    settle: Duration,
+    window_s: u64,
+) -> (Driver, TreeSnapshot, Duration) {
+    let s = standins::shared();
+    let mut plan = vec!["wait_stdin"];
+    plan.extend(std::iter::repeat_n(ops, times));
+    plan.push("wait_stdin");
+    let mut cmd: Command = s.command(&[Lib::Cuda], &plan);
+    cmd.env(SYNC_ENV, sync_us.to_string());
+    let mut drv = Driver::spawn(&mut cmd);
+    drv.wait_for("waiting");
+    wait_attached(d, &s.cuda);
+    let t0 = Instant::now();
+    drv.resume();
+    drv.wait_for("waiting");
+    let took = t0.elapsed();
+    thread::sleep(settle);
+    let t = snapshot(d, drv.pid, window_s);
+    show(
+        &format!("gpu_driver: [{ops}] x {times} (sync {sync_us} us) took {took:?}"),
+        &t,
+    );
+    (drv, t, took)
+}
+
+fn finish(drv: Driver) -> GroundTruth {
+    drv.finish()
+}
+
+/// 10 launches then a stream sync of 5 ms, 1000 times (5 s): the host is blocked in syncs
+/// nearly all the time. excessive_sync fires with the driver's exact sync count and
+/// syncs per launch.
+#[test]
+fn excessive_sync_fires_for_a_sync_after_every_10_launches() {
+    let _serial = serial();
+    let d = Daemon::start("diag-sync", GPU_TOML);
+    let (drv, t, took) = gpu_plan(&d, 5000, "launches 10 sync stream 1", 1000, SETTLE, 4);
+    let truth = finish(drv);
+    let syncs = truth.total("cuStreamSynchronize");
+    let launches = truth.total("cuLaunchKernel").calls;
+    let f = fired(&t, "excessive_sync");
+    assert_eq!(ev(f, "gpu.sync_calls"), syncs.calls as f64, "sync calls");
+    assert_eq!(
+        ev(f, "gpu.syncs_per_launch"),
+        syncs.calls as f64 / launches as f64
+    );
+    // The 4 s window holds 3.2 s of the plan's end and SETTLE idle: the share of the plan's
+    // time in syncs (ground truth: at least calls x sleep), scaled by that.
+    let in_syncs = syncs.min_time_ns as f64 / took.as_nanos() as f64;
+    let ratio = ev(f, "gpu.sync_blocked_ratio");
+    eprintln!(
+        "observed: truth {} syncs ({} ns asleep) / {launches} launches; plan {took:?}: {in_syncs:.3} of it in syncs",
+        syncs.calls, syncs.min_time_ns
+    );
+    let plan_share = (4.0 - SETTLE.as_secs_f64()) / 4.0;
+    assert!(
+        ratio >= 0.8 * in_syncs * plan_share && ratio <= 1.05,
+        "gpu.sync_blocked_ratio {ratio}: expected about {:.3}",
+        in_syncs * plan_share
+    );
+}
+
+/// 100 launches, one 1 ms sync and 20 ms of host work, 250 times: rare and short syncs.
+#[test]
+fn excessive_sync_quiet_for_rare_short_syncs() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nosync", GPU_TOML);
+    let (drv, t, _) = gpu_plan(
+        &d,
+        1000,
+        "launches 100 sync stream 1 sleep 20",
+        250,
+        SETTLE,
+        4,
+    );
+    let truth = finish(drv);
+    eprintln!(
+        "observed: truth {} syncs / {} launches",
+        truth.total("cuStreamSynchronize").calls,
+        truth.total("cuLaunchKernel").calls
+    );
+    assert_not_fired(&t, "excessive_sync");
+}
+
+/// 5,000 synchronous 4 KiB host-to-device copies: small_pageable_copies fires with the exact
+/// count and size.
+#[test]
+fn small_pageable_copies_fires_for_5000_small_sync_copies() {
+    let _serial = serial();
+    let d = Daemon::start("diag-copies", GPU_TOML);
+    let (drv, t, _) = gpu_plan(&d, 1000, "htod 4K x 5000", 1, SETTLE, 10);
+    let truth = finish(drv);
+    let c = truth.total("cuMemcpyHtoD_v2");
+    let f = fired(&t, "small_pageable_copies");
+    assert_eq!(ev(f, "gpu.sync_copy_calls"), c.calls as f64);
+    assert_eq!(ev(f, "gpu.sync_copy_calls"), 5000.0);
+    assert_eq!(
+        ev(f, "gpu.sync_copy_avg_bytes"),
+        c.bytes as f64 / c.calls as f64
+    );
+    assert_eq!(ev(f, "gpu.sync_copy_avg_bytes"), 4096.0);
+    assert_eq!(ev(f, "gpu.async_copy_calls"), 0.0);
+}
+
+/// 50 asynchronous 64 MiB copies: large and asynchronous, nothing to report.
+#[test]
+fn small_pageable_copies_quiet_for_large_async_copies() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nocopies", GPU_TOML);
+    let (drv, t, _) = gpu_plan(&d, 1000, "htod_async 64M x 50", 1, SETTLE, 10);
+    let truth = finish(drv);
+    eprintln!("observed: truth {:?}", truth.total("cuMemcpyHtoDAsync_v2"));
+    assert_not_fired(&t, "small_pageable_copies");
+}
+
+/// 20 MiB allocated every 100 ms and never freed, for 6 s: gpu_memory_growth fires; live
+/// bytes are the driver's, the growth rate is 200 MiB/s.
+#[test]
+fn gpu_memory_growth_fires_for_allocations_never_freed() {
+    let _serial = serial();
+    let d = Daemon::start("diag-growth", GPU_TOML);
+    let (drv, t, took) = gpu_plan(
+        &d,
+        1000,
+        "alloc 20M sleep 100",
+        60,
+        Duration::from_millis(2 * INTERVAL_MS),
+        4,
+    );
+    let truth = finish(drv);
+    let f = fired(&t, "gpu_memory_growth");
+    let live = truth.live("device") as f64;
+    assert_eq!(live, 60.0 * 20.0 * 1048576.0);
+    assert_eq!(ev(f, "gpu.memory_live_bytes"), live);
+    assert_eq!(ev(f, "gpu.memory_allocs"), 60.0);
+    // 20 MiB per 100 ms of plan (plus the time of the calls): at most 200 MiB/s, and the
+    // window (4 s, the last 0.4 s idle) holds at least 3 s of it.
+    let rate = live / took.as_secs_f64();
+    let growth = ev(f, "gpu.memory_growth_bytes_per_second");
+    eprintln!("observed: plan {took:?}: {rate:.0} B/s of growth");
+    assert!(
+        growth >= 0.6 * rate && growth <= 1.1 * 200.0 * 1048576.0,
+        "gpu.memory_growth_bytes_per_second {growth}: expected about {rate:.0}"
+    );
+}
+
+/// The same allocations, each freed 50 ms later: live memory never grows.
+#[test]
+fn gpu_memory_growth_quiet_when_every_allocation_is_freed() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nogrowth", GPU_TOML);
+    let (drv, t, _) = gpu_plan(
+        &d,
+        1000,
+        "alloc 20M sleep 50 free all sleep 50",
+        60,
+        Duration::from_millis(2 * INTERVAL_MS),
+        4,
+    );
+    let truth = finish(drv);
+    assert_eq!(truth.live("device"), 0);
+    assert_not_fired(&t, "gpu_memory_growth");
+}
+
+// ------------------------------------------------------------------ skipped
+
+/// collective_bound needs time inside collectives: the stand-in libnccl's collectives
+/// (tests/standins/nccl.c) return at once, so it cannot be made to fire here.
+#[test]
+fn collective_bound_skipped() {
+    let nccl = fs::read_to_string(Path::new(standins::SOURCES).join("nccl.c")).expect("nccl.c");
+    let line = nccl
+        .lines()
+        .find(|l| l.contains(" ncclAllReduce,"))
+        .expect("ncclAllReduce in nccl.c");
+    if line.contains("sleep") {
+        panic!("the stand-in's ncclAllReduce sleeps now: test collective_bound ({line})");
+    }
+    eprintln!(
+        "skipped: collective_bound: the stand-in ncclAllReduce does not sleep, no collective time can be made"
+    );
+}
+
+/// network_retransmits needs lost TCP segments; loopback loses none without netem.
+#[test]
+fn network_retransmits_skipped() {
+    let config = Command::new("sh")
+        .args([
+            "-c",
+            "zcat /proc/config.gz 2>/dev/null || cat /boot/config-$(uname -r) 2>/dev/null",
+        ])
+        .output()
+        .map(|o| text(&o.stdout))
+        .unwrap_or_default();
+    let netem = config
+        .lines()
+        .find(|l| l.contains("CONFIG_NET_SCH_NETEM"))
+        .unwrap_or("CONFIG_NET_SCH_NETEM unknown")
+        .to_string();
+    eprintln!(
+        "skipped: network_retransmits: loopback needs netem to lose packets; kernel: {netem}"
+    );
+}
