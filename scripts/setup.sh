@@ -16,8 +16,9 @@ need_root() { [[ $(id -u) -eq 0 ]] || { log "run as root (apt-get, BPF)"; exit 1
 
 apt_pkgs=(build-essential pkg-config llvm-22-dev libzstd-dev zlib1g-dev curl ca-certificates)
 if (( WANT_TESTS )); then
-  # prometheus: promtool checks /metrics; bpftrace: the bench's reference; util-linux: setpriv.
-  apt_pkgs+=(prometheus bpftrace util-linux)
+  # prometheus: promtool checks /metrics; bpftrace: the bench's reference; util-linux: setpriv;
+  # chromium: headless screenshot of the HTML report (tests/tests/e2e/html.rs).
+  apt_pkgs+=(prometheus bpftrace util-linux chromium)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do

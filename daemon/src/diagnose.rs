@@ -45,6 +45,8 @@ struct RuleSpec {
     advice: Vec<String>,
     speedup: Option<String>,
     impact: Option<String>,
+    #[serde(default)]
+    suppressed_by: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -66,6 +68,8 @@ pub struct Rule {
     pub advice: Vec<String>,
     pub speedup: Option<Expr>,
     pub impact: Option<Expr>,
+    /// Rules that explain this one: when one of them fires, this finding is left out.
+    pub suppressed_by: Vec<String>,
     /// Where it came from (built-in or a file), for error messages and `ethand status`.
     pub origin: String,
 }
@@ -132,6 +136,7 @@ pub fn parse_rules(text: &str, origin: &str) -> Result<Vec<(RuleSpecState, Optio
                 advice: spec.advice,
                 speedup,
                 impact,
+                suppressed_by: spec.suppressed_by,
                 origin: origin.into(),
             }),
         ));
@@ -192,9 +197,10 @@ pub fn load_rules(dir: &Path) -> Vec<Rule> {
 /// Evaluates the rules over the tree; findings ranked by impact, highest first.
 pub fn diagnose(t: &TreeSnapshot, rules: &[Rule]) -> Vec<Finding> {
     let s = signals(t);
-    let mut out: Vec<Finding> = rules
+    let fired: Vec<&Rule> = rules.iter().filter(|r| r.when.truth(&s)).collect();
+    let mut out: Vec<Finding> = fired
         .iter()
-        .filter(|r| r.when.truth(&s))
+        .filter(|r| !r.suppressed_by.iter().any(|id| fired.iter().any(|f| &f.id == id)))
         .map(|r| {
             let evidence = r
                 .evidence
@@ -278,6 +284,7 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let w = window_ms as f64 / 1000.0;
     let sum = |f: fn(&WindowStats) -> u64| windows.iter().map(|x| f(x)).sum::<u64>() as f64;
     let tt = &t.total;
+    let mut s_launches_per_second: Option<f64> = None;
     if w > 0.0 {
         put("window_seconds", w);
         let oncpu = sum(|x| x.oncpu_ns);
@@ -296,6 +303,7 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         put("net.tx_bytes_per_second", sum(|x| x.net_tx_bytes) / w);
         put("net.rx_bytes_per_second", sum(|x| x.net_rx_bytes) / w);
         if tt.gpu.is_some() {
+            s_launches_per_second = Some(sum(|x| x.gpu_launches) / w);
             put("gpu.launches_per_second", sum(|x| x.gpu_launches) / w);
             put("gpu.sync_blocked_ratio", sum(|x| x.gpu_sync_ns) / 1e9 / w);
             put("gpu.collective_ratio", sum(|x| x.collective_ns) / 1e9 / w);
@@ -321,7 +329,14 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     if vol + invol > 0.0 {
         put("cpu.involuntary_switch_ratio", invol / (vol + invol));
     }
-    if let Some(root) = t.processes.first() {
+    // The main thread of the process that drives the GPU (most launches), else of the root.
+    let driver = t
+        .processes
+        .iter()
+        .filter(|p| p.gpu.as_ref().is_some_and(|g| g.launches > 0))
+        .max_by_key(|p| p.gpu.as_ref().map_or(0, |g| g.launches))
+        .or(t.processes.first());
+    if let Some(root) = driver {
         if let Some(main) = root.threads.iter().find(|th| th.tid == root.pid) {
             let l = life(&main.sched);
             if l > 0.0 {
@@ -366,7 +381,11 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     if let Some(g) = &tt.gpu {
         put("gpu.launches", g.launches as f64);
         put("gpu.sync_calls", g.sync.calls as f64);
-        put("gpu.syncs_per_launch", g.sync.calls as f64 / (g.launches.max(1)) as f64);
+        let spl = g.sync.calls as f64 / (g.launches.max(1)) as f64;
+        put("gpu.syncs_per_launch", spl);
+        if let Some(lps) = s_launches_per_second {
+            put("gpu.syncs_per_second", spl * lps);
+        }
         let copies = |is_async: bool| {
             g.symbols
                 .iter()
@@ -415,15 +434,14 @@ fn device_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
     if gpus.is_empty() {
         return;
     }
-    let throttled = gpus
-        .iter()
-        .filter(|g| {
-            g.throttle_reasons.as_ref().is_some_and(|r| {
-                r.iter().any(|x| x.contains("thermal") || x.contains("power") || x.contains("slowdown"))
-            })
-        })
-        .count();
-    put("gpu.throttled", throttled as f64);
+    // The software power cap is where a fully loaded GPU normally runs: counted apart.
+    let with = |pred: fn(&str) -> bool| {
+        gpus.iter()
+            .filter(|g| g.throttle_reasons.as_ref().is_some_and(|r| r.iter().any(|x| pred(x))))
+            .count() as f64
+    };
+    put("gpu.throttled", with(|x| x.contains("thermal") || x == "hw_slowdown" || x.contains("power_brake")));
+    put("gpu.power_capped", with(|x| x == "sw_power_cap"));
     if let Some(v) = gpus.iter().filter_map(|g| g.temperature_celsius).max() {
         put("gpu.temperature_max_celsius", v as f64);
     }

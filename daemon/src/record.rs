@@ -36,7 +36,8 @@ use aya::{
     },
 };
 use ethand_common::{
-    GpuOpDesc, RecordEvent, gpu_dtype, gpu_kind, record_cfg, record_drop, record_kind, record_off,
+    GpuOpDesc, RecordEvent, RecordThread, gpu_dtype, gpu_kind, record_cfg, record_drop,
+    record_kind, record_off,
 };
 use ethand_userspace_probes::{catalog::CATALOG, elf::SymbolTable, parse_maps};
 use serde_json::{Value, json};
@@ -94,7 +95,10 @@ fn tmp_path(out: &Path) -> PathBuf {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid timespec pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -119,7 +123,11 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
 
     let mut rcfg: Array<MapData, u64> =
         Array::try_from(ebpf.take_map("RECORD_CFG").context("RECORD_CFG map")?)?;
-    rcfg.set(record_cfg::SYSCALL_THRESHOLD_NS, &(o.syscall_threshold_us * 1000), 0)?;
+    rcfg.set(
+        record_cfg::SYSCALL_THRESHOLD_NS,
+        &(o.syscall_threshold_us * 1000),
+        0,
+    )?;
     let mut ops: Array<MapData, GpuOpDesc> =
         Array::try_from(ebpf.take_map("GPU_OPS").context("GPU_OPS map")?)?;
     for (i, s) in CATALOG.iter().enumerate() {
@@ -127,9 +135,16 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     }
     let mut pids_map: BpfHashMap<MapData, u32, u32> =
         BpfHashMap::try_from(ebpf.take_map("RECORD_PIDS").context("RECORD_PIDS map")?)?;
-    let mut ring = RingBuf::try_from(ebpf.take_map("RECORD_EVENTS").context("RECORD_EVENTS map")?)?;
+    let mut ring = RingBuf::try_from(
+        ebpf.take_map("RECORD_EVENTS")
+            .context("RECORD_EVENTS map")?,
+    )?;
     let drops: PerCpuArray<MapData, u64> =
         PerCpuArray::try_from(ebpf.take_map("RECORD_DROPS").context("RECORD_DROPS map")?)?;
+    let threads_map: BpfHashMap<MapData, u32, RecordThread> = BpfHashMap::try_from(
+        ebpf.take_map("RECORD_THREADS")
+            .context("RECORD_THREADS map")?,
+    )?;
 
     let t0 = monotonic_ns();
     // Fork first, then seed: a child forked meanwhile is caught by one or the other.
@@ -146,7 +161,10 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     attach_btf(ebpf, "record_sys_enter", "sys_enter", &btf)?;
     attach_btf(ebpf, "record_sys_exit", "sys_exit", &btf)?;
     let mut warnings = Vec::new();
-    for (prog, probe) in [("record_blk_start", "block_start"), ("record_blk_complete", "block_complete")] {
+    for (prog, probe) in [
+        ("record_blk_start", "block_start"),
+        ("record_blk_complete", "block_complete"),
+    ] {
         if let Err(e) = attach_classic(ebpf, prog, &c, probe) {
             eprintln!("ethand: warning: block IO not recorded: {e}");
             warnings.push(format!("block IO not recorded: {e}"));
@@ -183,6 +201,7 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     // Detach everything (the programs go with the object), then take what was left.
     drop(loaded);
     drain(&mut ring, &mut events, &mut names);
+    close_open_slices(&threads_map, t_end, &mut events);
     let dropped = drop_sum(&drops, record_drop::RINGBUF_FULL);
     let threads_full = drop_sum(&drops, record_drop::THREADS_FULL);
     let inflight_full = drop_sum(&drops, record_drop::INFLIGHT_FULL);
@@ -224,6 +243,40 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     Ok(0)
 }
 
+/// The slice each live recorded thread was in when recording stopped (running, or off CPU),
+/// cut at the end, so that the timeline does not stop at each thread's last switch.
+fn close_open_slices(
+    threads: &BpfHashMap<MapData, u32, RecordThread>,
+    t_end: u64,
+    events: &mut Vec<RecordEvent>,
+) {
+    for (tid, t) in threads.iter().filter_map(Result::ok) {
+        if !Path::new(&format!("/proc/{}/task/{tid}", t.tgid)).exists() {
+            continue; // exited: its last slice was emitted at its last switch-out
+        }
+        let (kind, start, arg0) = if t.on_ns != 0 {
+            (record_kind::ON_CPU, t.on_ns, 0)
+        } else if t.off_ns != 0 {
+            (record_kind::OFF_CPU, t.off_ns, u64::from(t.off_reason))
+        } else {
+            continue;
+        };
+        if start >= t_end {
+            continue;
+        }
+        events.push(RecordEvent {
+            kind,
+            tgid: t.tgid,
+            tid,
+            cpu: u32::MAX,
+            start_ns: start,
+            dur_ns: t_end - start,
+            arg0,
+            ..Default::default()
+        });
+    }
+}
+
 fn drop_sum(m: &PerCpuArray<MapData, u64>, idx: u32) -> u64 {
     m.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
 }
@@ -258,13 +311,16 @@ fn attach_classic(ebpf: &mut Ebpf, prog: &str, cfg: &Config, probe: &str) -> Res
         .tracepoints
         .get(probe)
         .ok_or_else(|| format!("no probes.tracepoints.{probe} configured"))?;
-    let (group, event) = tp.split_once('/').ok_or_else(|| format!("bad tracepoint {tp}"))?;
+    let (group, event) = tp
+        .split_once('/')
+        .ok_or_else(|| format!("bad tracepoint {tp}"))?;
     let p: &mut TracePoint = ebpf
         .program_mut(prog)
         .ok_or_else(|| format!("program {prog} missing"))?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| error_chain(&e))?;
-    p.load().map_err(|e| format!("loading {prog}: {}", error_chain(&e)))?;
+    p.load()
+        .map_err(|e| format!("loading {prog}: {}", error_chain(&e)))?;
     p.attach(group, event)
         .map_err(|e| format!("tracepoint/{tp}: {}", error_chain(&e)))?;
     Ok(())
@@ -277,7 +333,9 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
     let mut seen = HashSet::new();
     let mut libs = Vec::new();
     for pid in tree {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
         for lib in parse_maps(*pid, &text) {
             if seen.insert((lib.dev.clone(), lib.inode)) {
                 libs.push(lib);
@@ -295,8 +353,12 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
     };
     for name in [entry, ret] {
         let r = (|| -> anyhow::Result<()> {
-            let p: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
-            p.load().map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+            let p: &mut UProbe = ebpf
+                .program_mut(name)
+                .context("program missing")?
+                .try_into()?;
+            p.load()
+                .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
             Ok(())
         })();
         if let Err(e) = r {
@@ -341,7 +403,10 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
         };
         let r = (|| -> anyhow::Result<()> {
             for name in [entry, ret] {
-                let p: &mut UProbe = ebpf.program_mut(name).context("program missing")?.try_into()?;
+                let p: &mut UProbe = ebpf
+                    .program_mut(name)
+                    .context("program missing")?
+                    .try_into()?;
                 p.attach(points(), &lib.host_path, scope)
                     .map_err(|e| anyhow::anyhow!("{name}: {}", error_chain(&e)))?;
             }
@@ -370,8 +435,12 @@ fn process_tree(pid: u32) -> BTreeSet<u32> {
             let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
             if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
                 children.entry(ppid).or_default().push(p);
             }
@@ -396,7 +465,9 @@ struct Names {
 }
 
 fn comm(path: &str) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim_end().to_string())
+    fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 impl Names {
@@ -423,7 +494,8 @@ impl Names {
             let n = comm(&format!("/proc/{pid}/comm")).unwrap_or_else(|| format!("pid {pid}"));
             self.procs.insert(pid, n);
         }
-        let n = comm(&format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_else(|| format!("tid {tid}"));
+        let n =
+            comm(&format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_else(|| format!("tid {tid}"));
         self.threads.insert((pid, tid), n);
     }
 }
@@ -501,7 +573,10 @@ fn build_trace(
                     _ => "off-cpu",
                 };
                 let mut args = json!({"tid": e.tid});
-                if e.kind == record_kind::ON_CPU {
+                if e.cpu == u32::MAX {
+                    // Still in this state when recording stopped: cut at the end.
+                    args["cut_at_end"] = json!(true);
+                } else if e.kind == record_kind::ON_CPU {
                     args["cpu"] = json!(e.cpu);
                 } else {
                     args["woken_on_cpu"] = json!(e.cpu);
@@ -577,12 +652,22 @@ fn build_trace(
     }
     let mut meta_events: Vec<Value> = Vec::new();
     for p in &pids {
-        let n = names.procs.get(p).cloned().unwrap_or_else(|| format!("pid {p}"));
-        meta_events.push(json!({"name": "process_name", "ph": "M", "pid": p, "tid": p, "args": {"name": n}}));
+        let n = names
+            .procs
+            .get(p)
+            .cloned()
+            .unwrap_or_else(|| format!("pid {p}"));
+        meta_events.push(
+            json!({"name": "process_name", "ph": "M", "pid": p, "tid": p, "args": {"name": n}}),
+        );
         meta_events.push(json!({"name": "process_sort_index", "ph": "M", "pid": p, "tid": p, "args": {"sort_index": p}}));
     }
     for (p, t) in &threads {
-        let n = names.threads.get(&(*p, *t)).cloned().unwrap_or_else(|| format!("tid {t}"));
+        let n = names
+            .threads
+            .get(&(*p, *t))
+            .cloned()
+            .unwrap_or_else(|| format!("tid {t}"));
         meta_events.push(json!({"name": "thread_name", "ph": "M", "pid": p, "tid": t, "args": {"name": format!("{n} ({t})")}}));
         meta_events.push(json!({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": t, "args": {"sort_index": 2 * *t as u64}}));
         if sched_threads.contains(&(*p, *t)) {

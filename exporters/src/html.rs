@@ -60,6 +60,15 @@ fn count(n: u64) -> String {
     o
 }
 
+/// "1 error", "2 errors", "3 context switches".
+fn plural(n: u64, what: &str) -> String {
+    match (n, what.ends_with("ch") || what.ends_with('s')) {
+        (1, _) => format!("1 {what}"),
+        (_, true) => format!("{} {what}es", count(n)),
+        _ => format!("{} {what}s", count(n)),
+    }
+}
+
 fn bytes_f(b: f64) -> String {
     const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b;
@@ -461,13 +470,13 @@ fn summary(o: &mut String, t: &TreeSnapshot) {
     };
     tile(o, "Processes / threads", &format!("{} / {}", count(tt.processes), count(tt.threads)), "in the tree");
     tile(o, "CPU time", &dur(tt.sched.oncpu_ns), &period);
-    tile(o, "Run-queue wait", &dur(tt.sched.runq_wait_ns), &format!("{} switches", count(tt.sched.voluntary_switches + tt.sched.involuntary_switches)));
-    tile(o, "Syscalls", &count(tt.syscalls), &format!("{} errors · {}", count(tt.syscall_errors), dur(tt.syscall_time_ns)));
+    tile(o, "Run-queue wait", &dur(tt.sched.runq_wait_ns), &plural(tt.sched.voluntary_switches + tt.sched.involuntary_switches, "context switch"));
+    tile(o, "Syscalls", &count(tt.syscalls), &format!("{} · {}", plural(tt.syscall_errors, "error"), dur(tt.syscall_time_ns)));
     tile(o, "Disk read / write", &format!("{} / {}", bytes(tt.block_read_bytes), bytes(tt.block_write_bytes)), &format!("{} / {} ops", count(tt.block_read_ops), count(tt.block_write_ops)));
-    tile(o, "Network sent / received", &format!("{} / {}", bytes(n.tcp_tx_bytes + n.udp_tx_bytes), bytes(n.tcp_rx_bytes + n.udp_rx_bytes)), &format!("{} retransmits · {} resets", count(n.tcp_retransmits), count(n.tcp_resets_sent + n.tcp_resets_received)));
+    tile(o, "Network sent / received", &format!("{} / {}", bytes(n.tcp_tx_bytes + n.udp_tx_bytes), bytes(n.tcp_rx_bytes + n.udp_rx_bytes)), &format!("{} · {}", plural(n.tcp_retransmits, "retransmit"), plural(n.tcp_resets_sent + n.tcp_resets_received, "reset")));
     if let Some(g) = &tt.gpu {
-        tile(o, "GPU/NPU launches", &count(g.launches), &format!("{} graph launches", count(g.graph_launches)));
-        tile(o, "GPU/NPU sync", &dur(g.sync.time_ns), &format!("{} calls", count(g.sync.calls)));
+        tile(o, "GPU/NPU launches", &count(g.launches), &plural(g.graph_launches, "graph launch"));
+        tile(o, "GPU/NPU sync", &dur(g.sync.time_ns), &plural(g.sync.calls, "call"));
     }
     o.push_str("</div></section>\n");
 }
@@ -709,10 +718,10 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         return;
     };
     o.push_str("<div class=\"tiles\">");
-    tile(o, "Launches", &count(g.launches), &format!("{} graph launches", count(g.graph_launches)));
-    tile(o, "Host blocked in sync", &dur(g.sync.time_ns), &format!("{} calls", count(g.sync.calls)));
-    tile(o, "Collectives (host)", &dur(g.collective_time_ns()), &format!("{} communicators created", count(g.comm_inits)));
-    tile(o, "API errors", &count(g.errors), &format!("{} untracked frees", count(g.untracked_frees)));
+    tile(o, "Launches", &count(g.launches), &plural(g.graph_launches, "graph launch"));
+    tile(o, "Host blocked in sync", &dur(g.sync.time_ns), &plural(g.sync.calls, "call"));
+    tile(o, "Collectives (host)", &dur(g.collective_time_ns()), &format!("{} created", plural(g.comm_inits, "communicator")));
+    tile(o, "API errors", &count(g.errors), &format!("{} (size unknown)", plural(g.untracked_frees, "untracked free")));
     if let Some(d) = &t.total.gpu_derived {
         tile(o, "Launch rate", &format!("{} /s", num(d.launches_per_second)), &format!("last {}", dur(d.window_ms * 1_000_000)));
         tile(o, "Sync-blocked share", &pct(d.sync_blocked_ratio), "of wall time (summed over threads)");
@@ -935,14 +944,14 @@ svg .idle{font-size:13px;fill:#9ca3af}
 .stats i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:5px;vertical-align:-1px}
 .stats b{color:var(--fg);font-weight:600}
 table{border-collapse:collapse;width:100%;font-size:13px;font-variant-numeric:tabular-nums}
-th{font-size:11.5px;text-transform:uppercase;letter-spacing:.03em;color:var(--dim);font-weight:600;text-align:right;border-bottom:2px solid var(--line);padding:6px 8px;white-space:nowrap}
-td{text-align:right;padding:5px 8px;border-bottom:1px solid #f0f2f5;vertical-align:top;white-space:nowrap}
+th{font-size:11px;text-transform:uppercase;letter-spacing:.03em;color:var(--dim);font-weight:600;text-align:right;vertical-align:bottom;border-bottom:2px solid var(--line);padding:6px 7px}
+td{text-align:right;padding:5px 7px;border-bottom:1px solid #f0f2f5;vertical-align:top;white-space:nowrap}
 th.l,td.l{text-align:left}
 tbody tr:nth-child(even){background:#fafbfc}
 tbody tr:hover{background:#f1f5ff}
 .scroll{overflow-x:auto}
-td.name{white-space:normal;min-width:240px}
-.cmd{font:11.5px ui-monospace,Menlo,Consolas,monospace;color:var(--dim);word-break:break-all;white-space:normal;max-width:520px}
+td.name{white-space:normal;min-width:200px;max-width:340px}
+.cmd{font:11px ui-monospace,Menlo,Consolas,monospace;color:var(--dim);overflow-wrap:anywhere;white-space:normal}
 .branch{color:#9ca3af;margin-right:4px}
 .role{font-size:10.5px;border-radius:4px;padding:0 5px;margin-left:4px;background:#e0e7ff;color:#3730a3}
 .role.worker{background:#dcfce7;color:#166534}.role.child{background:#f3f4f6;color:#4b5563}

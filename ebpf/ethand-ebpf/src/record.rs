@@ -10,8 +10,7 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -19,8 +18,8 @@ use aya_ebpf::{
 };
 use ethand_common::{
     BlkReqKey, GpuInflightKey, GpuOpDesc, MAX_SYSCALL_NR, NO_SYSCALL, RECORD_RINGBUF_BYTES,
-    RecordBlk, RecordEvent, RecordGpuInflight, RecordThread, record_cfg, record_drop,
-    record_kind, record_off,
+    RecordBlk, RecordEvent, RecordGpuInflight, RecordThread, record_cfg, record_drop, record_kind,
+    record_off,
 };
 
 use crate::gpu::GPU_OPS;
@@ -60,7 +59,17 @@ fn recorded(tgid: u32) -> bool {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn emit(kind: u32, tgid: u32, tid: u32, start_ns: u64, dur_ns: u64, a0: u64, a1: u64, a2: u64, a3: u64) {
+fn emit(
+    kind: u32,
+    tgid: u32,
+    tid: u32,
+    start_ns: u64,
+    dur_ns: u64,
+    a0: u64,
+    a1: u64,
+    a2: u64,
+    a3: u64,
+) {
     let Some(mut e) = RECORD_EVENTS.reserve::<RecordEvent>(0) else {
         drop_count(record_drop::RINGBUF_FULL);
         return;
@@ -131,7 +140,17 @@ pub fn record_sched_switch(ctx: BtfTracePointContext) -> i32 {
         unsafe {
             if (*t).tgid == tgid {
                 if (*t).on_ns != 0 {
-                    emit(record_kind::ON_CPU, tgid, prev_tid, (*t).on_ns, now - (*t).on_ns, 0, 0, 0, 0);
+                    emit(
+                        record_kind::ON_CPU,
+                        tgid,
+                        prev_tid,
+                        (*t).on_ns,
+                        now - (*t).on_ns,
+                        0,
+                        0,
+                        0,
+                        0,
+                    );
                 }
                 (*t).on_ns = 0;
                 (*t).off_ns = now;
@@ -209,7 +228,9 @@ pub fn record_sys_exit(ctx: BtfTracePointContext) -> i32 {
     let ret: i64 = ctx.arg(1);
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    let Some(t) = RECORD_THREADS.get_ptr_mut(&tid) else { return 0 };
+    let Some(t) = RECORD_THREADS.get_ptr_mut(&tid) else {
+        return 0;
+    };
     let now = unsafe { bpf_ktime_get_ns() };
     let tgid = (pid_tgid >> 32) as u32;
     unsafe {
@@ -224,7 +245,17 @@ pub fn record_sys_exit(ctx: BtfTracePointContext) -> i32 {
             None => 0,
         };
         if dur >= threshold {
-            emit(record_kind::SYSCALL, tgid, tid, (*t).sys_start_ns, dur, nr as u64, ret as u64, 0, 0);
+            emit(
+                record_kind::SYSCALL,
+                tgid,
+                tid,
+                (*t).sys_start_ns,
+                dur,
+                nr as u64,
+                ret as u64,
+                0,
+                0,
+            );
         }
     }
     0
@@ -267,7 +298,9 @@ pub fn record_blk_start(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "block", name = "block_rq_complete")]
 pub fn record_blk_complete(ctx: TracePointContext) -> u32 {
     let key = blk_key(&ctx, tpoff!(blk_complete_dev), tpoff!(blk_complete_sector));
-    let Some(st) = (unsafe { RECORD_BLK.get(&key) }).copied() else { return 0 };
+    let Some(st) = (unsafe { RECORD_BLK.get(&key) }).copied() else {
+        return 0;
+    };
     let _ = RECORD_BLK.remove(&key);
     let now = unsafe { bpf_ktime_get_ns() };
     let nr_sector: u32 = unsafe { ctx.read_at(tpoff!(blk_complete_nr_sector)) }.unwrap_or(0);

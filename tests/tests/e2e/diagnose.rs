@@ -125,6 +125,15 @@ fn assert_near(what: &str, got: f64, want: f64, rel: f64) {
 
 // ------------------------------------------------------------------ CPU
 
+/// The workload under SCHED_FIFO (`chrt -f 1`, which execs it: same pid), so that it is
+/// "alone on its CPU" even while other work (builds) loads the machine: fair-class tasks
+/// cannot make it wait, only RT throttling (5% of each second) can.
+fn workload_alone(args: &[&str]) -> ethand_tests::Workload {
+    let mut all = vec!["-f", "1", env!("CARGO_BIN_EXE_ethand-workload")];
+    all.extend_from_slice(args);
+    ethand_tests::Workload::start("chrt", &all)
+}
+
 /// Two children pinned to one CPU, each burning 2 s of CPU: each waits for the CPU about as
 /// long as it runs. cpu_contention fires, and its run-queue ratio is the kernel's
 /// (run_delay / sum_exec_runtime of the children, read by each when done).
@@ -158,12 +167,12 @@ fn cpu_contention_fires_for_two_busy_children_on_one_cpu() {
     w.finish();
 }
 
-/// One busy loop of 3 s CPU time, not pinned: on two CPUs it always finds one free.
+/// One busy loop of 3 s CPU time, alone on a CPU (SCHED_FIFO, see [`workload_alone`]).
 #[test]
 fn cpu_contention_quiet_for_one_busy_loop() {
     let _serial = serial();
     let d = Daemon::start("diag-nocontention", "");
-    let mut w = workload(&["cpu", "3000"]);
+    let mut w = workload_alone(&["cpu", "3000"]);
     let done = w.go();
     thread::sleep(SETTLE);
     let t = snapshot(&d, w.pid, 10);
@@ -230,12 +239,13 @@ fn thread_oversubscription_quiet_for_8_sleeping_threads_per_cpu() {
     w.finish();
 }
 
-/// A moderate loop (10 ms of CPU, 10 ms asleep) for 4 s: nothing to report.
+/// A moderate loop (10 ms of CPU, 10 ms asleep) for 4 s, not made to wait by other work
+/// (SCHED_FIFO, see [`workload_alone`]): nothing to report.
 #[test]
 fn healthy_process_has_no_findings() {
     let _serial = serial();
     let d = Daemon::start("diag-healthy", "");
-    let mut w = workload(&["spin-threads", "1", "10000", "10000"]);
+    let mut w = workload_alone(&["spin-threads", "1", "10000", "10000"]);
     w.send_byte();
     thread::sleep(Duration::from_secs(4));
     let t = snapshot(&d, w.pid, 3);

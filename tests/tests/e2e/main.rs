@@ -12,6 +12,7 @@ mod cli;
 mod compare;
 mod diagnose;
 mod gpu;
+mod html;
 mod lifecycle;
 mod metrics;
 mod net;

@@ -90,7 +90,10 @@ impl Recorder {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
                 break s;
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "ethand record still running");
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "ethand record still running"
+            );
             thread::sleep(Duration::from_millis(20));
         };
         while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(200)) {
@@ -130,11 +133,13 @@ fn events(trace: &Value) -> &Vec<Value> {
 }
 
 fn f(v: &Value, k: &str) -> f64 {
-    v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"))
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }
 
 fn u(v: &Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"))
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }
 
 /// Complete events of one (pid, tid) track are in start order, and (for sched tracks) never
@@ -192,16 +197,22 @@ fn record_slow_syscalls_and_sched() {
     assert_eq!(done.u64("nanosleep"), n);
     eprintln!("observed: workload done after {:?}", t0.elapsed());
     let stdout = rec.finish();
+    let pid = w.pid as u64;
     w.finish();
     eprintln!("observed: ethand record: {}", stdout.trim());
-    assert!(stdout.contains("recorded ") && stdout.contains(" dropped)"), "{stdout}");
-    assert!(!std::path::Path::new(&format!("{}.tmp", out.display())).exists(), "FILE.tmp left");
+    assert!(
+        stdout.contains("recorded ") && stdout.contains(" dropped)"),
+        "{stdout}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("{}.tmp", out.display())).exists(),
+        "FILE.tmp left"
+    );
     let trace = load(&out);
     assert_eq!(trace["displayTimeUnit"], "ns");
     let meta = &trace["metadata"];
     assert_eq!(u(meta, "dropped"), 0, "drops: {meta}");
     assert_eq!(u(meta, "syscall_threshold_us"), threshold_us);
-    let pid = w.pid as u64;
     let sched_base = u(meta, "sched_tid_base");
     let evs = events(&trace);
 
@@ -210,18 +221,27 @@ fn record_slow_syscalls_and_sched() {
         .filter(|e| e["cat"] == "syscall" && u(e, "pid") == pid && e["name"] == "nanosleep")
         .collect();
     let durs: Vec<f64> = sleeps.iter().map(|e| f(e, "dur")).collect();
-    eprintln!("observed: {} nanosleep events, durations (us) {durs:?}", sleeps.len());
+    eprintln!(
+        "observed: {} nanosleep events, durations (us) {durs:?}",
+        sleeps.len()
+    );
     assert_eq!(sleeps.len() as u64, n, "nanosleep events");
     for e in &sleeps {
         assert_eq!(e["ph"], "X");
         assert_eq!(u(e, "tid"), pid, "single-threaded workload: tid = pid");
-        assert!(f(e, "dur") >= sleep_us as f64, "nanosleep shorter than {sleep_us} us: {e}");
+        assert!(
+            f(e, "dur") >= sleep_us as f64,
+            "nanosleep shorter than {sleep_us} us: {e}"
+        );
         assert_eq!(e["args"]["ret"], 0);
         assert_eq!(u(&e["args"], "nr"), libc::SYS_nanosleep as u64);
     }
     let syscalls: Vec<&Value> = evs.iter().filter(|e| e["cat"] == "syscall").collect();
     for e in &syscalls {
-        assert!(f(e, "dur") >= threshold_us as f64, "syscall under the threshold: {e}");
+        assert!(
+            f(e, "dur") >= threshold_us as f64,
+            "syscall under the threshold: {e}"
+        );
     }
     assert!(
         !syscalls.iter().any(|e| e["name"] == "getpid"),
@@ -240,7 +260,10 @@ fn record_slow_syscalls_and_sched() {
         u(meta, "events")
     );
     assert!(running as u64 >= n, "running slices: {running}");
-    assert!(blocked as u64 >= n, "blocked slices (each nanosleep blocks): {blocked}");
+    assert!(
+        blocked as u64 >= n,
+        "blocked slices (each nanosleep blocks): {blocked}"
+    );
     for e in &sched {
         assert_eq!(u(e, "tid"), sched_base + pid, "sched track of the thread");
         assert_eq!(u(&e["args"], "tid"), pid);
@@ -255,7 +278,8 @@ fn record_slow_syscalls_and_sched() {
         "process_name of the workload"
     );
     assert!(
-        evs.iter().any(|e| e["ph"] == "M" && e["name"] == "thread_name" && u(e, "tid") == pid),
+        evs.iter()
+            .any(|e| e["ph"] == "M" && e["name"] == "thread_name" && u(e, "tid") == pid),
         "thread_name of the workload"
     );
     assert!(
@@ -264,8 +288,9 @@ fn record_slow_syscalls_and_sched() {
     );
 }
 
-/// 100 launches and 5 stream syncs (3 ms each) through the stand-in libcuda: exactly those
-/// GPU events, syncs at least as long as the stand-in sleeps.
+/// 100 launches, 3 host-to-device copies of 4 KiB and 5 stream syncs (3 ms each) through the
+/// stand-in libcuda: exactly those GPU events, copies with their bytes, syncs at least as
+/// long as the stand-in sleeps.
 #[test]
 fn record_gpu_calls() {
     let _serial = serial();
@@ -274,7 +299,13 @@ fn record_gpu_calls() {
     let mut drv = Driver::spawn(
         s.command(
             &[Lib::Cuda],
-            &["wait_stdin", "launches 100", "sync stream 5", "wait_stdin"],
+            &[
+                "wait_stdin",
+                "launches 100",
+                "htod 4K x 3",
+                "sync stream 5",
+                "wait_stdin",
+            ],
         )
         .env(SYNC_ENV, sync_us.to_string()),
     );
@@ -284,6 +315,7 @@ fn record_gpu_calls() {
     drv.resume();
     drv.wait_for("waiting");
     let stdout = rec.finish();
+    let pid = drv.pid as u64;
     let truth = drv.finish();
     eprintln!("observed: ethand record: {}", stdout.trim());
     let trace = load(&out);
@@ -291,14 +323,12 @@ fn record_gpu_calls() {
     assert_eq!(u(meta, "dropped"), 0, "drops: {meta}");
     let libs = meta["gpu_libraries"].as_array().expect("gpu_libraries");
     assert_eq!(libs.len(), 1, "one library file attached: {libs:?}");
-    let pid = drv.pid as u64;
     let gpu: Vec<&Value> = events(&trace)
         .iter()
         .filter(|e| e["cat"] == "gpu" && u(e, "pid") == pid)
         .collect();
-    let by_cat = |c: &str| -> Vec<&&Value> {
-        gpu.iter().filter(|e| e["args"]["category"] == c).collect()
-    };
+    let by_cat =
+        |c: &str| -> Vec<&&Value> { gpu.iter().filter(|e| e["args"]["category"] == c).collect() };
     let launches = by_cat("launch");
     let syncs = by_cat("sync");
     let sync_durs: Vec<f64> = syncs.iter().map(|e| f(e, "dur")).collect();
@@ -311,9 +341,17 @@ fn record_gpu_calls() {
     );
     assert_eq!(launches.len(), 100, "launch events");
     assert_eq!(syncs.len(), 5, "sync events");
-    assert_eq!(gpu.len(), 105, "no other GPU events: {gpu:?}");
+    let copies = by_cat("copy");
+    assert_eq!(copies.len(), 3, "copy events: {copies:?}");
+    for e in &copies {
+        assert_eq!(u(&e["args"], "bytes"), 4096, "copy bytes: {e}");
+    }
+    assert_eq!(gpu.len(), 108, "no other GPU events: {gpu:?}");
     for e in &syncs {
-        assert!(f(e, "dur") >= sync_us as f64, "sync shorter than the stand-in's sleep: {e}");
+        assert!(
+            f(e, "dur") >= sync_us as f64,
+            "sync shorter than the stand-in's sleep: {e}"
+        );
         assert_eq!(e["ph"], "X");
         assert_eq!(e["args"]["library"], "libcuda");
     }
