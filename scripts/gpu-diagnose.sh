@@ -8,6 +8,8 @@ OUT=${OUT:-/tmp/gpu-diagnose}
 E=${ETHAND:-.device-bin/ethand}
 PY=${PY:-/opt/torch/.venv/bin/python}
 RUN_S=${RUN_S:-20}
+MODES=${MODES:-healthy dataloader item leak straggler}
+want() { case " $MODES " in *" $1 "*) return 0 ;; esac; return 1; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT"; exec > >(tee "$OUT/log.txt") 2>&1
 W=$(mktemp -d)
@@ -56,12 +58,13 @@ PYX
     printf '{"label":"%s","snapshot":' "$label" >> "$OUT/snapshots.json"; cat "$W/$label.json" >> "$OUT/snapshots.json"; echo "}" >> "$OUT/snapshots.json"
     wait $tp
 }
-run healthy 12 "$PY" tests/gpu/diag_workloads.py healthy "$RUN_S"
-run dataloader 12 "$PY" tests/gpu/diag_workloads.py dataloader "$RUN_S"
-run item 12 "$PY" tests/gpu/diag_workloads.py item "$RUN_S"
-run leak 12 "$PY" tests/gpu/diag_workloads.py leak "$RUN_S"
+for m in healthy dataloader item leak; do
+    want $m && run $m 12 "$PY" tests/gpu/diag_workloads.py $m "$RUN_S"
+done
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$NGPU" -ge 2 ]; then
+if ! want straggler; then
+    :
+elif [ "$NGPU" -ge 2 ]; then
     run straggler 14 /opt/torch/.venv/bin/torchrun --standalone --nproc-per-node 2 tests/gpu/diag_workloads.py straggler "$RUN_S"
 else
     echo "straggler: skipped ($NGPU GPU)"

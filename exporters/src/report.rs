@@ -686,8 +686,10 @@ pub struct Comparison {
     pub findings_remaining: Vec<(Finding, Finding)>,
 }
 
-/// Counters that have a window figure: (metric, window field, GPU counter).
-fn rate_counters() -> Vec<(&'static str, fn(&WindowStats) -> u64, bool)> {
+/// A counter that has a window figure: (metric, window field, GPU counter).
+type RateCounter = (&'static str, fn(&WindowStats) -> u64, bool);
+
+fn rate_counters() -> Vec<RateCounter> {
     vec![
         ("sched.oncpu_ns", |w| w.oncpu_ns, false),
         ("sched.offcpu_blocked_ns", |w| w.offcpu_blocked_ns, false),
@@ -745,16 +747,15 @@ impl Basis {
 struct Side<'a> {
     t: &'a TreeSnapshot,
     rows: Vec<MetricRow>,
+    /// metric -> index in `rows`
+    index: std::collections::HashMap<String, usize>,
     window: Option<WindowStats>,
     basis: Basis,
 }
 
 impl Side<'_> {
     fn value(&self, metric: &str) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|r| r.metric == metric)
-            .map(|r| r.value)
+        self.index.get(metric).map(|&i| self.rows[i].value)
     }
 
     /// Per second rate of a counter on this side's basis. A counter absent from the totals
@@ -820,9 +821,14 @@ pub fn compare(before: &TreeSnapshot, after: &TreeSnapshot) -> Comparison {
     fn side(t: &TreeSnapshot) -> Side<'_> {
         let mut rows = Vec::new();
         total_rows(t, &mut rows);
+        let mut index = std::collections::HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            index.entry(r.metric.clone()).or_insert(i);
+        }
         Side {
             t,
             rows,
+            index,
             window: tree_window(t),
             basis: Basis::None,
         }
