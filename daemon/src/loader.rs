@@ -237,7 +237,14 @@ fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
     o
 }
 
+/// Loads for the daemon: the `ethand record` ring buffer shrunk to one page (the daemon
+/// never records; the kernel would otherwise lock 8 MiB for it).
 pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
+    load_with(cfg, 4096)
+}
+
+/// Loads with the record ring buffer at `record_ring_bytes` (a power of two, >= one page).
+pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadError> {
     if let Err(e) = kernel::ensure_tracefs() {
         warn!(error = %e, "tracefs is not mounted and could not be mounted: classic tracepoints will be unsupported");
     }
@@ -254,6 +261,7 @@ pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
         .map_max_entries("BLK_STATS", m.blk_stats)
         .map_max_entries("NET_STATS", m.net_stats)
         .map_max_entries("SOCK_OWNER", m.sock_owner)
+        .map_max_entries("RECORD_EVENTS", record_ring_bytes)
         .load(BPF_OBJECT)
         .map_err(|source| LoadError::Load {
             hint: permission_hint(&source),

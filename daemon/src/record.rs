@@ -117,7 +117,7 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     c.probes.block = false;
     c.probes.net = false;
     c.probes.lifecycle = false;
-    let mut loaded = loader::load(&c)?;
+    let mut loaded = loader::load_with(&c, ethand_common::RECORD_RINGBUF_BYTES)?;
     let ebpf = &mut loaded.ebpf;
     let btf = Btf::from_sys_fs().context("kernel BTF (needed for the recording programs)")?;
 

@@ -52,7 +52,7 @@ fn count(n: u64) -> String {
     let s = n.to_string();
     let mut o = String::with_capacity(s.len() + s.len() / 3);
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             o.push(',');
         }
         o.push(ch);
@@ -262,40 +262,100 @@ fn chart(o: &mut String, title: &str, what: &str, xs: &[f64], series: &[Series],
     let max = scaled.iter().flatten().copied().fold(0.0, f64::max);
     let idle = max <= 0.0;
     let step = if idle { 0.25 } else { nice_step(max, 4.0) };
-    let ymax = if idle { 1.0 } else { (max / step).ceil().max(1.0) * step };
+    let ymax = if idle {
+        1.0
+    } else {
+        (max / step).ceil().max(1.0) * step
+    };
     let x0 = xs.first().copied().unwrap_or(-1.0).min(-1e-3);
     let (pw, ph) = (W - ML - MR, H - MT - MB);
     let px = |x: f64| ML + (x - x0) / (0.0 - x0) * pw;
     let py = |y: f64| MT + ph - (y / ymax).clamp(0.0, 1.0) * ph;
 
-    w!(o, "<figure class=\"chart\"><figcaption><b>{}</b> <span>{}</span></figcaption>", escape(title), escape(what));
-    w!(o, "<svg viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\">", escape(title));
+    w!(
+        o,
+        "<figure class=\"chart\"><figcaption><b>{}</b> <span>{}</span></figcaption>",
+        escape(title),
+        escape(what)
+    );
+    w!(
+        o,
+        "<svg viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\">",
+        escape(title)
+    );
     // Grid and y axis.
     let mut y = 0.0;
     while y <= ymax + step * 1e-6 {
         let yy = py(y);
-        w!(o, "<line class=\"grid\" x1=\"{ML}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/>", W - MR);
-        w!(o, "<text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", ML - 6.0, yy + 4.0, tick_label(y, step));
+        w!(
+            o,
+            "<line class=\"grid\" x1=\"{ML}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/>",
+            W - MR
+        );
+        w!(
+            o,
+            "<text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            ML - 6.0,
+            yy + 4.0,
+            tick_label(y, step)
+        );
         y += step;
     }
-    w!(o, "<text class=\"unit\" x=\"12\" y=\"{:.1}\" transform=\"rotate(-90 12 {:.1})\" text-anchor=\"middle\">{}</text>", MT + ph / 2.0, MT + ph / 2.0, escape(&unit));
+    w!(
+        o,
+        "<text class=\"unit\" x=\"12\" y=\"{:.1}\" transform=\"rotate(-90 12 {:.1})\" text-anchor=\"middle\">{}</text>",
+        MT + ph / 2.0,
+        MT + ph / 2.0,
+        escape(&unit)
+    );
     // X axis: seconds before the snapshot.
     let span = -x0;
-    let xstep = [0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
-        .into_iter()
-        .find(|s| span / s <= 8.0)
-        .unwrap_or(7200.0);
+    let xstep = [
+        0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    ]
+    .into_iter()
+    .find(|s| span / s <= 8.0)
+    .unwrap_or(7200.0);
     let mut x = 0.0;
     while x >= x0 - 1e-9 {
         let xx = px(x);
-        w!(o, "<line class=\"xtick\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>", MT + ph, MT + ph + 4.0);
-        let label = if x == 0.0 { "0".to_string() } else { tick_label(x, xstep) };
-        w!(o, "<text class=\"tick\" x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>", MT + ph + 16.0, label);
+        w!(
+            o,
+            "<line class=\"xtick\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
+            MT + ph,
+            MT + ph + 4.0
+        );
+        let label = if x == 0.0 {
+            "0".to_string()
+        } else {
+            tick_label(x, xstep)
+        };
+        w!(
+            o,
+            "<text class=\"tick\" x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            MT + ph + 16.0,
+            label
+        );
         x -= xstep;
     }
-    w!(o, "<line class=\"axis\" x1=\"{ML}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>", W - MR, MT + ph, MT + ph);
-    w!(o, "<line class=\"axis\" x1=\"{ML}\" x2=\"{ML}\" y1=\"{MT}\" y2=\"{:.1}\"/>", MT + ph);
-    w!(o, "<text class=\"unit\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">seconds before the snapshot</text>", ML + pw / 2.0, H - 6.0);
+    w!(
+        o,
+        "<line class=\"axis\" x1=\"{ML}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
+        W - MR,
+        MT + ph,
+        MT + ph
+    );
+    w!(
+        o,
+        "<line class=\"axis\" x1=\"{ML}\" x2=\"{ML}\" y1=\"{MT}\" y2=\"{:.1}\"/>",
+        MT + ph
+    );
+    w!(
+        o,
+        "<text class=\"unit\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">seconds before the snapshot</text>",
+        ML + pw / 2.0,
+        H - 6.0
+    );
     // Series: an area under the first, lines, points with tooltips.
     for (i, (s, vals)) in series.iter().zip(&scaled).enumerate() {
         if vals.is_empty() {
@@ -308,12 +368,31 @@ fn chart(o: &mut String, title: &str, what: &str, xs: &[f64], series: &[Series],
         }
         if i == 0 && pts.len() > 1 {
             let base = MT + ph;
-            w!(o, "<path d=\"{d} L{:.1},{base:.1} L{:.1},{base:.1} Z\" fill=\"{}\" fill-opacity=\"0.12\" stroke=\"none\"/>", pts[pts.len() - 1].0, pts[0].0, s.color);
+            w!(
+                o,
+                "<path d=\"{d} L{:.1},{base:.1} L{:.1},{base:.1} Z\" fill=\"{}\" fill-opacity=\"0.12\" stroke=\"none\"/>",
+                pts[pts.len() - 1].0,
+                pts[0].0,
+                s.color
+            );
         }
-        w!(o, "<path d=\"{d}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-linejoin=\"round\"/>", s.color);
+        w!(
+            o,
+            "<path d=\"{d}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" stroke-linejoin=\"round\"/>",
+            s.color
+        );
         if pts.len() <= 120 {
             for ((x, y), (v, t)) in pts.iter().zip(vals.iter().zip(xs)) {
-                w!(o, "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{}\" fill=\"{}\"><title>{}: {} {} at {:.1} s</title></circle>", if pts.len() == 1 { 4.0 } else { 2.2 }, s.color, s.name, tick_label(*v, step / 10.0), escape(&unit), t);
+                w!(
+                    o,
+                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{}\" fill=\"{}\"><title>{}: {} {} at {:.1} s</title></circle>",
+                    if pts.len() == 1 { 4.0 } else { 2.2 },
+                    s.color,
+                    s.name,
+                    tick_label(*v, step / 10.0),
+                    escape(&unit),
+                    t
+                );
             }
         }
     }
@@ -322,18 +401,42 @@ fn chart(o: &mut String, title: &str, what: &str, xs: &[f64], series: &[Series],
     for s in series.iter().rev() {
         let wtxt = 7.0 * s.name.chars().count() as f64 + 22.0;
         lx -= wtxt;
-        w!(o, "<rect x=\"{lx:.1}\" y=\"8\" width=\"12\" height=\"4\" rx=\"1\" fill=\"{}\"/><text class=\"legend\" x=\"{:.1}\" y=\"14\">{}</text>", s.color, lx + 16.0, s.name);
+        w!(
+            o,
+            "<rect x=\"{lx:.1}\" y=\"8\" width=\"12\" height=\"4\" rx=\"1\" fill=\"{}\"/><text class=\"legend\" x=\"{:.1}\" y=\"14\">{}</text>",
+            s.color,
+            lx + 16.0,
+            s.name
+        );
     }
     if idle {
-        w!(o, "<text class=\"idle\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no activity in the window</text>", ML + pw / 2.0, MT + ph / 2.0);
+        w!(
+            o,
+            "<text class=\"idle\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no activity in the window</text>",
+            ML + pw / 2.0,
+            MT + ph / 2.0
+        );
     }
     o.push_str("</svg><div class=\"stats\">");
     for (s, vals) in series.iter().zip(&scaled) {
         let n = vals.len().max(1) as f64;
         let avg = vals.iter().sum::<f64>() / n;
         let peak = vals.iter().copied().fold(0.0, f64::max);
-        let f = |v: f64| format!("{} {}", tick_label(v, if v.abs() >= 10.0 { 1.0 } else { 0.01 }), unit);
-        w!(o, "<span><i style=\"background:{}\"></i>{} avg <b>{}</b> · peak <b>{}</b></span>", s.color, s.name, escape(&f(avg)), escape(&f(peak)));
+        let f = |v: f64| {
+            format!(
+                "{} {}",
+                tick_label(v, if v.abs() >= 10.0 { 1.0 } else { 0.01 }),
+                unit
+            )
+        };
+        w!(
+            o,
+            "<span><i style=\"background:{}\"></i>{} avg <b>{}</b> · peak <b>{}</b></span>",
+            s.color,
+            s.name,
+            escape(&f(avg)),
+            escape(&f(peak))
+        );
     }
     o.push_str("</div></figure>\n");
 }
@@ -347,7 +450,10 @@ fn charts(o: &mut String, t: &TreeSnapshot) {
         } else {
             "The daemon had no per-interval history for this process tree yet (it was seen for less than two collection intervals). Take the snapshot again a few seconds later to get time-series charts."
         };
-        w!(o, "<div class=\"note\"><b>No time series.</b> {why}</div></section>\n");
+        w!(
+            o,
+            "<div class=\"note\"><b>No time series.</b> {why}</div></section>\n"
+        );
         return;
     }
     let last = tl.last().map_or(0, |p| p.t_unix_ms);
@@ -387,22 +493,146 @@ fn charts(o: &mut String, t: &TreeSnapshot) {
         dur(iv * 1_000_000),
         utc(last)
     );
-    chart(o, "CPU", "cores used (on-CPU time / interval)", &xs, &[Series { name: "on-CPU", color: "#2563eb", values: share(|p| p.oncpu_ns) }], Scale::Plain("cores"));
-    chart(o, "Scheduler wait", "threads runnable but waiting for a CPU (run-queue wait / interval)", &xs, &[Series { name: "run-queue wait", color: "#dc2626", values: share(|p| p.runq_wait_ns) }], Scale::Plain("threads"));
-    chart(o, "Off-CPU, blocked", "threads sleeping or waiting on I/O, locks (blocked time / interval)", &xs, &[Series { name: "blocked", color: "#7c3aed", values: share(|p| p.offcpu_blocked_ns) }], Scale::Plain("threads"));
-    chart(o, "System calls", "calls per second", &xs, &[Series { name: "syscalls", color: "#0891b2", values: rate(|p| p.syscalls) }], Scale::Plain("calls/s"));
-    chart(o, "Disk", "block I/O bytes per second", &xs, &[Series { name: "read", color: "#059669", values: rate(|p| p.block_read_bytes) }, Series { name: "write", color: "#d97706", values: rate(|p| p.block_write_bytes) }], Scale::BytesPerSec);
-    chart(o, "Network", "TCP + UDP bytes per second", &xs, &[Series { name: "received", color: "#0d9488", values: rate(|p| p.net_rx_bytes) }, Series { name: "sent", color: "#db2777", values: rate(|p| p.net_tx_bytes) }], Scale::BytesPerSec);
+    chart(
+        o,
+        "CPU",
+        "cores used (on-CPU time / interval)",
+        &xs,
+        &[Series {
+            name: "on-CPU",
+            color: "#2563eb",
+            values: share(|p| p.oncpu_ns),
+        }],
+        Scale::Plain("cores"),
+    );
+    chart(
+        o,
+        "Scheduler wait",
+        "threads runnable but waiting for a CPU (run-queue wait / interval)",
+        &xs,
+        &[Series {
+            name: "run-queue wait",
+            color: "#dc2626",
+            values: share(|p| p.runq_wait_ns),
+        }],
+        Scale::Plain("threads"),
+    );
+    chart(
+        o,
+        "Off-CPU, blocked",
+        "threads sleeping or waiting on I/O, locks (blocked time / interval)",
+        &xs,
+        &[Series {
+            name: "blocked",
+            color: "#7c3aed",
+            values: share(|p| p.offcpu_blocked_ns),
+        }],
+        Scale::Plain("threads"),
+    );
+    chart(
+        o,
+        "System calls",
+        "calls per second",
+        &xs,
+        &[Series {
+            name: "syscalls",
+            color: "#0891b2",
+            values: rate(|p| p.syscalls),
+        }],
+        Scale::Plain("calls/s"),
+    );
+    chart(
+        o,
+        "Disk",
+        "block I/O bytes per second",
+        &xs,
+        &[
+            Series {
+                name: "read",
+                color: "#059669",
+                values: rate(|p| p.block_read_bytes),
+            },
+            Series {
+                name: "write",
+                color: "#d97706",
+                values: rate(|p| p.block_write_bytes),
+            },
+        ],
+        Scale::BytesPerSec,
+    );
+    chart(
+        o,
+        "Network",
+        "TCP + UDP bytes per second",
+        &xs,
+        &[
+            Series {
+                name: "received",
+                color: "#0d9488",
+                values: rate(|p| p.net_rx_bytes),
+            },
+            Series {
+                name: "sent",
+                color: "#db2777",
+                values: rate(|p| p.net_tx_bytes),
+            },
+        ],
+        Scale::BytesPerSec,
+    );
     let gpu_active = t.total.gpu.is_some()
-        || tl.iter().any(|p| p.gpu_launches + p.gpu_sync_ns + p.gpu_copy_bytes + p.collective_ns > 0);
+        || tl
+            .iter()
+            .any(|p| p.gpu_launches + p.gpu_sync_ns + p.gpu_copy_bytes + p.collective_ns > 0);
     if gpu_active {
-        chart(o, "GPU/NPU launches", "kernel launches and operator executions per second", &xs, &[Series { name: "launches", color: "#16a34a", values: rate(|p| p.gpu_launches) }], Scale::Plain("launches/s"));
-        chart(o, "GPU/NPU host time", "share of wall time the tree's threads spent blocked in synchronization / inside collectives (summed over threads)", &xs, &[Series { name: "sync-blocked", color: "#dc2626", values: share(|p| p.gpu_sync_ns) }, Series { name: "collectives", color: "#9333ea", values: share(|p| p.collective_ns) }], Scale::Percent);
-        chart(o, "GPU/NPU copies", "bytes per second copied by runtime calls (all directions)", &xs, &[Series { name: "copies", color: "#ca8a04", values: rate(|p| p.gpu_copy_bytes) }], Scale::BytesPerSec);
+        chart(
+            o,
+            "GPU/NPU launches",
+            "kernel launches and operator executions per second",
+            &xs,
+            &[Series {
+                name: "launches",
+                color: "#16a34a",
+                values: rate(|p| p.gpu_launches),
+            }],
+            Scale::Plain("launches/s"),
+        );
+        chart(
+            o,
+            "GPU/NPU host time",
+            "share of wall time the tree's threads spent blocked in synchronization / inside collectives (summed over threads)",
+            &xs,
+            &[
+                Series {
+                    name: "sync-blocked",
+                    color: "#dc2626",
+                    values: share(|p| p.gpu_sync_ns),
+                },
+                Series {
+                    name: "collectives",
+                    color: "#9333ea",
+                    values: share(|p| p.collective_ns),
+                },
+            ],
+            Scale::Percent,
+        );
+        chart(
+            o,
+            "GPU/NPU copies",
+            "bytes per second copied by runtime calls (all directions)",
+            &xs,
+            &[Series {
+                name: "copies",
+                color: "#ca8a04",
+                values: rate(|p| p.gpu_copy_bytes),
+            }],
+            Scale::BytesPerSec,
+        );
     }
     o.push_str("</div>");
     if !gpu_active {
-        o.push_str("<p class=\"sub\">No GPU/NPU runtime calls in the window: GPU charts left out.</p>");
+        o.push_str(
+            "<p class=\"sub\">No GPU/NPU runtime calls in the window: GPU charts left out.</p>",
+        );
     }
     o.push_str("</section>\n");
 }
@@ -426,17 +656,33 @@ fn findings(o: &mut String, f: &[Finding]) {
     }
     for x in f {
         let cls = severity_class(&x.severity);
-        w!(o, "<div class=\"finding {cls}\"><div class=\"fhead\"><span class=\"badge\">{}</span><h3>{}</h3>", escape(&x.severity), escape(&x.title));
-        if let Some(s) = x.estimated_speedup {
-            if s.is_finite() {
-                w!(o, "<span class=\"speedup\" title=\"estimated speed-up if the cause is removed\">≈ {s:.2}× faster</span>");
-            }
+        w!(
+            o,
+            "<div class=\"finding {cls}\"><div class=\"fhead\"><span class=\"badge\">{}</span><h3>{}</h3>",
+            escape(&x.severity),
+            escape(&x.title)
+        );
+        if let Some(s) = x.estimated_speedup.filter(|s| s.is_finite()) {
+            w!(
+                o,
+                "<span class=\"speedup\" title=\"estimated speed-up if the cause is removed\">≈ {s:.2}× faster</span>"
+            );
         }
-        w!(o, "</div><div class=\"fmeta\">rule <code>{}</code> · impact {}</div>", escape(&x.id), pct(x.impact));
+        w!(
+            o,
+            "</div><div class=\"fmeta\">rule <code>{}</code> · impact {}</div>",
+            escape(&x.id),
+            pct(x.impact)
+        );
         if !x.evidence.is_empty() {
             o.push_str("<div class=\"evidence\">");
             for e in &x.evidence {
-                w!(o, "<div class=\"ev\"><span class=\"evv\">{}</span><span class=\"evs\">{}</span></div>", evidence_value(e.value, &e.unit), escape(&e.signal));
+                w!(
+                    o,
+                    "<div class=\"ev\"><span class=\"evv\">{}</span><span class=\"evs\">{}</span></div>",
+                    evidence_value(e.value, &e.unit),
+                    escape(&e.signal)
+                );
             }
             o.push_str("</div>");
         }
@@ -456,7 +702,10 @@ fn findings(o: &mut String, f: &[Finding]) {
 }
 
 fn tile(o: &mut String, label: &str, value: &str, sub: &str) {
-    w!(o, "<div class=\"tile\"><div class=\"tl\">{label}</div><div class=\"tv\">{value}</div><div class=\"ts\">{sub}</div></div>");
+    w!(
+        o,
+        "<div class=\"tile\"><div class=\"tl\">{label}</div><div class=\"tv\">{value}</div><div class=\"ts\">{sub}</div></div>"
+    );
 }
 
 fn summary(o: &mut String, t: &TreeSnapshot) {
@@ -468,15 +717,73 @@ fn summary(o: &mut String, t: &TreeSnapshot) {
     } else {
         "since first seen".into()
     };
-    tile(o, "Processes / threads", &format!("{} / {}", count(tt.processes), count(tt.threads)), "in the tree");
+    tile(
+        o,
+        "Processes / threads",
+        &format!("{} / {}", count(tt.processes), count(tt.threads)),
+        "in the tree",
+    );
     tile(o, "CPU time", &dur(tt.sched.oncpu_ns), &period);
-    tile(o, "Run-queue wait", &dur(tt.sched.runq_wait_ns), &plural(tt.sched.voluntary_switches + tt.sched.involuntary_switches, "context switch"));
-    tile(o, "Syscalls", &count(tt.syscalls), &format!("{} · {}", plural(tt.syscall_errors, "error"), dur(tt.syscall_time_ns)));
-    tile(o, "Disk read / write", &format!("{} / {}", bytes(tt.block_read_bytes), bytes(tt.block_write_bytes)), &format!("{} / {} ops", count(tt.block_read_ops), count(tt.block_write_ops)));
-    tile(o, "Network sent / received", &format!("{} / {}", bytes(n.tcp_tx_bytes + n.udp_tx_bytes), bytes(n.tcp_rx_bytes + n.udp_rx_bytes)), &format!("{} · {}", plural(n.tcp_retransmits, "retransmit"), plural(n.tcp_resets_sent + n.tcp_resets_received, "reset")));
+    tile(
+        o,
+        "Run-queue wait",
+        &dur(tt.sched.runq_wait_ns),
+        &plural(
+            tt.sched.voluntary_switches + tt.sched.involuntary_switches,
+            "context switch",
+        ),
+    );
+    tile(
+        o,
+        "Syscalls",
+        &count(tt.syscalls),
+        &format!(
+            "{} · {}",
+            plural(tt.syscall_errors, "error"),
+            dur(tt.syscall_time_ns)
+        ),
+    );
+    tile(
+        o,
+        "Disk read / write",
+        &format!(
+            "{} / {}",
+            bytes(tt.block_read_bytes),
+            bytes(tt.block_write_bytes)
+        ),
+        &format!(
+            "{} / {} ops",
+            count(tt.block_read_ops),
+            count(tt.block_write_ops)
+        ),
+    );
+    tile(
+        o,
+        "Network sent / received",
+        &format!(
+            "{} / {}",
+            bytes(n.tcp_tx_bytes + n.udp_tx_bytes),
+            bytes(n.tcp_rx_bytes + n.udp_rx_bytes)
+        ),
+        &format!(
+            "{} · {}",
+            plural(n.tcp_retransmits, "retransmit"),
+            plural(n.tcp_resets_sent + n.tcp_resets_received, "reset")
+        ),
+    );
     if let Some(g) = &tt.gpu {
-        tile(o, "GPU/NPU launches", &count(g.launches), &plural(g.graph_launches, "graph launch"));
-        tile(o, "GPU/NPU sync", &dur(g.sync.time_ns), &plural(g.sync.calls, "call"));
+        tile(
+            o,
+            "GPU/NPU launches",
+            &count(g.launches),
+            &plural(g.graph_launches, "graph launch"),
+        );
+        tile(
+            o,
+            "GPU/NPU sync",
+            &dur(g.sync.time_ns),
+            &plural(g.sync.calls, "call"),
+        );
     }
     o.push_str("</div></section>\n");
 }
@@ -527,11 +834,16 @@ fn disk(p: &ProcessSnapshot, op: &str) -> u64 {
 }
 
 fn gpu_copy_total(g: &GpuProcessStats) -> (u64, u64) {
-    g.copies.iter().fold((0, 0), |(c, b), x| (c + x.calls, b + x.bytes))
+    g.copies
+        .iter()
+        .fold((0, 0), |(c, b), x| (c + x.calls, b + x.bytes))
 }
 
 fn process_table(o: &mut String, t: &TreeSnapshot) {
-    let gpu_cols = t.processes.iter().any(|p| p.gpu.is_some() || !p.devices.is_empty());
+    let gpu_cols = t
+        .processes
+        .iter()
+        .any(|p| p.gpu.is_some() || !p.devices.is_empty());
     let window = t.processes.iter().any(|p| p.window.is_some());
     o.push_str("<section><h2>Process tree</h2><p class=\"sub\">Main process first, then its workers and children, indented by parent. Counters are cumulative since ethand first saw each process");
     if window {
@@ -547,8 +859,18 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
     }
     o.push_str("</tr></thead><tbody>");
     for (p, depth) in tree_order(t) {
-        let role = if depth == 0 { "main" } else if p.ppid == t.root_pid { "worker" } else { "child" };
-        let state = if p.alive { String::new() } else { "<span class=\"exited\">exited</span>".into() };
+        let role = if depth == 0 {
+            "main"
+        } else if p.ppid == t.root_pid {
+            "worker"
+        } else {
+            "child"
+        };
+        let state = if p.alive {
+            String::new()
+        } else {
+            "<span class=\"exited\">exited</span>".into()
+        };
         let cmd = p.cmdline.join(" ");
         let cmd_short: String = if cmd.chars().count() > 140 {
             cmd.chars().take(140).chain("…".chars()).collect()
@@ -560,7 +882,11 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
             "<tr><td class=\"pid\">{}</td><td class=\"l name\"><div style=\"padding-left:{}px\">{}<b>{}</b> <span class=\"role {role}\">{role}</span>{state}<div class=\"cmd\" title=\"{}\">{}</div></div></td>",
             p.pid,
             depth.min(12) * 18,
-            if depth > 0 { "<span class=\"branch\">└</span>" } else { "" },
+            if depth > 0 {
+                "<span class=\"branch\">└</span>"
+            } else {
+                ""
+            },
             escape(&p.comm),
             escape(&cmd),
             escape(&cmd_short)
@@ -568,7 +894,11 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
         w!(o, "<td>{}</td>", dur(p.sched.oncpu_ns));
         if window {
             match &p.window {
-                Some(wd) if wd.duration_ms > 0 => w!(o, "<td>{:.2} cores</td>", wd.oncpu_ns as f64 / (wd.duration_ms as f64 * 1e6)),
+                Some(wd) if wd.duration_ms > 0 => w!(
+                    o,
+                    "<td>{:.2} cores</td>",
+                    wd.oncpu_ns as f64 / (wd.duration_ms as f64 * 1e6)
+                ),
                 _ => o.push_str("<td class=\"na\">–</td>"),
             }
         }
@@ -591,9 +921,19 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
                     let (cc, cb) = gpu_copy_total(g);
                     let live: u64 = g.memory.iter().map(|m| m.live_bytes).sum();
                     let peak: u64 = g.memory.iter().map(|m| m.peak_bytes).sum();
-                    w!(o, "<td>{}</td><td>{} <span class=\"dim\">({} calls)</span></td><td>{} / {}</td>", count(g.launches), bytes(cb), count(cc), bytes(live), bytes(peak));
+                    w!(
+                        o,
+                        "<td>{}</td><td>{} <span class=\"dim\">({} calls)</span></td><td>{} / {}</td>",
+                        count(g.launches),
+                        bytes(cb),
+                        count(cc),
+                        bytes(live),
+                        bytes(peak)
+                    );
                 }
-                None => o.push_str("<td class=\"na\">–</td><td class=\"na\">–</td><td class=\"na\">–</td>"),
+                None => o.push_str(
+                    "<td class=\"na\">–</td><td class=\"na\">–</td><td class=\"na\">–</td>",
+                ),
             }
             if p.devices.is_empty() {
                 o.push_str("<td class=\"na\">–</td>");
@@ -614,7 +954,11 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
             o,
             "<p class=\"sub\">Main process: exe <code>{}</code> · cgroup <code>{}</code> · uid {}</p>",
             escape(if root.exe.is_empty() { "?" } else { &root.exe }),
-            escape(if root.cgroup.is_empty() { "unknown" } else { &root.cgroup }),
+            escape(if root.cgroup.is_empty() {
+                "unknown"
+            } else {
+                &root.cgroup
+            }),
             root.uid
         );
     }
@@ -627,13 +971,13 @@ fn threads_and_syscalls(o: &mut String, t: &TreeSnapshot) {
         .iter()
         .flat_map(|p| p.threads.iter().map(move |th| (p, th)))
         .collect();
-    threads.sort_by(|a, b| b.1.sched.oncpu_ns.cmp(&a.1.sched.oncpu_ns));
+    threads.sort_by_key(|x| std::cmp::Reverse(x.1.sched.oncpu_ns));
     let mut rows: Vec<_> = t
         .processes
         .iter()
         .flat_map(|p| p.syscalls.by_nr.iter().map(move |r| (p, r)))
         .collect();
-    rows.sort_by(|a, b| b.1.time_ns.cmp(&a.1.time_ns));
+    rows.sort_by_key(|x| std::cmp::Reverse(x.1.time_ns));
     o.push_str("<section class=\"two\"><div><h2>Top threads by CPU</h2>");
     if threads.is_empty() {
         o.push_str("<div class=\"note\">No threads recorded.</div>");
@@ -648,7 +992,11 @@ fn threads_and_syscalls(o: &mut String, t: &TreeSnapshot) {
                 p.pid,
                 th.tid,
                 escape(&th.comm),
-                if th.alive { "" } else { " <span class=\"exited\">exited</span>" },
+                if th.alive {
+                    ""
+                } else {
+                    " <span class=\"exited\">exited</span>"
+                },
                 bar(frac),
                 dur(th.sched.oncpu_ns),
                 dur(th.sched.runq_wait_ns),
@@ -658,7 +1006,11 @@ fn threads_and_syscalls(o: &mut String, t: &TreeSnapshot) {
         }
         o.push_str("</tbody></table>");
         if threads.len() > 12 {
-            w!(o, "<p class=\"sub\">{} more threads not shown.</p>", threads.len() - 12);
+            w!(
+                o,
+                "<p class=\"sub\">{} more threads not shown.</p>",
+                threads.len() - 12
+            );
         }
     }
     o.push_str("</div><div><h2>Top system calls by time</h2>");
@@ -688,7 +1040,11 @@ fn threads_and_syscalls(o: &mut String, t: &TreeSnapshot) {
 fn disks(o: &mut String, t: &TreeSnapshot) {
     let mut agg: Vec<(String, String, u64, u64, u64, u64)> = Vec::new();
     for b in t.processes.iter().flat_map(|p| &p.block) {
-        let name = if b.device_name.is_empty() { &b.device } else { &b.device_name };
+        let name = if b.device_name.is_empty() {
+            &b.device
+        } else {
+            &b.device_name
+        };
         match agg.iter_mut().find(|a| a.0 == *name && a.1 == b.op) {
             Some(a) => {
                 a.2 += b.ops;
@@ -696,17 +1052,33 @@ fn disks(o: &mut String, t: &TreeSnapshot) {
                 a.4 += b.queue_ns;
                 a.5 += b.service_ns;
             }
-            None => agg.push((name.clone(), b.op.clone(), b.ops, b.bytes, b.queue_ns, b.service_ns)),
+            None => agg.push((
+                name.clone(),
+                b.op.clone(),
+                b.ops,
+                b.bytes,
+                b.queue_ns,
+                b.service_ns,
+            )),
         }
     }
     if agg.is_empty() {
         return;
     }
-    agg.sort_by(|a, b| b.3.cmp(&a.3));
+    agg.sort_by_key(|a| std::cmp::Reverse(a.3));
     o.push_str("<section><h2>Disk I/O by device</h2><table><thead><tr><th class=\"l\">Device</th><th class=\"l\">Op</th><th>Requests</th><th>Bytes</th><th>Avg queue</th><th>Avg service</th></tr></thead><tbody>");
     for (dev, op, ops, b, q, s) in agg {
-        let avg = |x: u64| if ops == 0 { "–".to_string() } else { dur(x / ops) };
-        w!(o, "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", escape(&dev), escape(&op), count(ops), bytes(b), avg(q), avg(s));
+        let avg = |x: u64| x.checked_div(ops).map_or_else(|| "–".to_string(), dur);
+        w!(
+            o,
+            "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&dev),
+            escape(&op),
+            count(ops),
+            bytes(b),
+            avg(q),
+            avg(s)
+        );
     }
     o.push_str("</tbody></table></section>\n");
 }
@@ -718,16 +1090,60 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         return;
     };
     o.push_str("<div class=\"tiles\">");
-    tile(o, "Launches", &count(g.launches), &plural(g.graph_launches, "graph launch"));
-    tile(o, "Host blocked in sync", &dur(g.sync.time_ns), &plural(g.sync.calls, "call"));
-    tile(o, "Collectives (host)", &dur(g.collective_time_ns()), &format!("{} created", plural(g.comm_inits, "communicator")));
-    tile(o, "API errors", &count(g.errors), &format!("{} (size unknown)", plural(g.untracked_frees, "untracked free")));
+    tile(
+        o,
+        "Launches",
+        &count(g.launches),
+        &plural(g.graph_launches, "graph launch"),
+    );
+    tile(
+        o,
+        "Host blocked in sync",
+        &dur(g.sync.time_ns),
+        &plural(g.sync.calls, "call"),
+    );
+    tile(
+        o,
+        "Collectives (host)",
+        &dur(g.collective_time_ns()),
+        &format!("{} created", plural(g.comm_inits, "communicator")),
+    );
+    tile(
+        o,
+        "API errors",
+        &count(g.errors),
+        &format!(
+            "{} (size unknown)",
+            plural(g.untracked_frees, "untracked free")
+        ),
+    );
     if let Some(d) = &t.total.gpu_derived {
-        tile(o, "Launch rate", &format!("{} /s", num(d.launches_per_second)), &format!("last {}", dur(d.window_ms * 1_000_000)));
-        tile(o, "Sync-blocked share", &pct(d.sync_blocked_ratio), "of wall time (summed over threads)");
-        tile(o, "Collective share", &pct(d.collective_ratio), "of wall time");
+        tile(
+            o,
+            "Launch rate",
+            &format!("{} /s", num(d.launches_per_second)),
+            &format!("last {}", dur(d.window_ms * 1_000_000)),
+        );
+        tile(
+            o,
+            "Sync-blocked share",
+            &pct(d.sync_blocked_ratio),
+            "of wall time (summed over threads)",
+        );
+        tile(
+            o,
+            "Collective share",
+            &pct(d.collective_ratio),
+            "of wall time",
+        );
         if let Some(u) = d.device_utilization_ratio {
-            tile(o, "Device busy", &pct(u), &d.device_idle_ratio.map_or(String::new(), |i| format!("idle {}", pct(i))));
+            tile(
+                o,
+                "Device busy",
+                &pct(u),
+                &d.device_idle_ratio
+                    .map_or(String::new(), |i| format!("idle {}", pct(i))),
+            );
         }
     }
     o.push_str("</div><div class=\"two\">");
@@ -739,7 +1155,14 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         let max = g.copies.iter().map(|c| c.bytes).max().unwrap_or(1).max(1);
         o.push_str("<table><thead><tr><th class=\"l\">Direction</th><th>Calls</th><th class=\"l\">Bytes</th></tr></thead><tbody>");
         for c in &g.copies {
-            w!(o, "<tr><td class=\"l\">{}</td><td>{}</td><td class=\"l bar\" style=\"{}\">{}</td></tr>", escape(&c.direction.replace('_', " ")), count(c.calls), bar(c.bytes as f64 / max as f64 * 100.0), bytes(c.bytes));
+            w!(
+                o,
+                "<tr><td class=\"l\">{}</td><td>{}</td><td class=\"l bar\" style=\"{}\">{}</td></tr>",
+                escape(&c.direction.replace('_', " ")),
+                count(c.calls),
+                bar(c.bytes as f64 / max as f64 * 100.0),
+                bytes(c.bytes)
+            );
         }
         o.push_str("</tbody></table>");
     }
@@ -749,7 +1172,15 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
     } else {
         o.push_str("<table><thead><tr><th class=\"l\">Kind</th><th>Allocs</th><th>Frees</th><th>Live</th><th>Peak</th></tr></thead><tbody>");
         for m in &g.memory {
-            w!(o, "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", escape(&m.kind.replace('_', " ")), count(m.allocs), count(m.frees), bytes(m.live_bytes), bytes(m.peak_bytes));
+            w!(
+                o,
+                "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&m.kind.replace('_', " ")),
+                count(m.allocs),
+                count(m.frees),
+                bytes(m.live_bytes),
+                bytes(m.peak_bytes)
+            );
         }
         o.push_str("</tbody></table>");
     }
@@ -757,8 +1188,20 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
     if !g.collectives.is_empty() {
         o.push_str("<h3>Collectives</h3><table><thead><tr><th class=\"l\">Library</th><th class=\"l\">Operation</th><th>Calls</th><th>Bytes</th><th>Host time</th><th>Avg per call</th></tr></thead><tbody>");
         for c in &g.collectives {
-            let avg = if c.timed_calls == 0 { "–".into() } else { dur(c.time_ns / c.timed_calls) };
-            w!(o, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", escape(&c.library), escape(&c.operation.replace('_', " ")), count(c.calls), bytes(c.bytes), dur(c.time_ns), avg);
+            let avg = c
+                .time_ns
+                .checked_div(c.timed_calls)
+                .map_or_else(|| "–".to_string(), dur);
+            w!(
+                o,
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&c.library),
+                escape(&c.operation.replace('_', " ")),
+                count(c.calls),
+                bytes(c.bytes),
+                dur(c.time_ns),
+                avg
+            );
         }
         o.push_str("</tbody></table>");
     }
@@ -770,7 +1213,16 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
     if !ranks.is_empty() {
         o.push_str("<h3>Ranks</h3><table><thead><tr><th>PID</th><th class=\"l\">Process</th><th class=\"l\">Library</th><th>Rank</th><th>Ranks</th></tr></thead><tbody>");
         for (p, c) in ranks {
-            w!(o, "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>", p.pid, escape(&p.comm), escape(&c.library), c.rank.map_or("all (one process)".to_string(), |r| r.to_string()), c.nranks);
+            w!(
+                o,
+                "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>",
+                p.pid,
+                escape(&p.comm),
+                escape(&c.library),
+                c.rank
+                    .map_or("all (one process)".to_string(), |r| r.to_string()),
+                c.nranks
+            );
         }
         o.push_str("</tbody></table>");
     }
@@ -779,7 +1231,11 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
 
 /// Inline style of a table cell with a horizontal bar behind its text (`frac`: 0-100).
 fn bar(frac: f64) -> String {
-    let f = if frac.is_finite() { frac.clamp(0.0, 100.0) } else { 0.0 };
+    let f = if frac.is_finite() {
+        frac.clamp(0.0, 100.0)
+    } else {
+        0.0
+    };
     format!("background:linear-gradient(90deg,#dbeafe {f:.1}%,transparent {f:.1}%)")
 }
 
@@ -797,7 +1253,13 @@ fn devices(o: &mut String, d: &DevicesSnapshot, t: &TreeSnapshot) {
         o.push_str("<p class=\"sub\">Collectors: ");
         for (i, c) in d.collectors.iter().enumerate() {
             let cls = c.state.as_str();
-            w!(o, "{}<span class=\"pill {cls}\">{} {}</span>", if i > 0 { " " } else { "" }, escape(&c.name), cls);
+            w!(
+                o,
+                "{}<span class=\"pill {cls}\">{} {}</span>",
+                if i > 0 { " " } else { "" },
+                escape(&c.name),
+                cls
+            );
             if !c.detail.is_empty() {
                 w!(o, " <span class=\"dim\">{}</span>", escape(&c.detail));
             }
@@ -865,17 +1327,31 @@ fn devices(o: &mut String, d: &DevicesSnapshot, t: &TreeSnapshot) {
         o.push_str("</tbody></table></div>");
     }
     let pids: Vec<u32> = t.processes.iter().map(|p| p.pid).collect();
-    let mine: Vec<_> = d.processes.iter().filter(|p| pids.contains(&p.pid)).collect();
+    let mine: Vec<_> = d
+        .processes
+        .iter()
+        .filter(|p| pids.contains(&p.pid))
+        .collect();
     if !mine.is_empty() {
         o.push_str("<h3>Device memory held by the tree</h3><table><thead><tr><th>PID</th><th class=\"l\">Device</th><th>Memory</th><th>Utilization</th></tr></thead><tbody>");
         for p in &mine {
-            w!(o, "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>", p.pid, escape(&p.device), opt(p.memory_used_bytes, bytes), opt(p.utilization_ratio, pct));
+            w!(
+                o,
+                "<tr><td>{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>",
+                p.pid,
+                escape(&p.device),
+                opt(p.memory_used_bytes, bytes),
+                opt(p.utilization_ratio, pct)
+            );
         }
         o.push_str("</tbody></table>");
     }
     let others = d.processes.len() - mine.len();
     if others > 0 {
-        w!(o, "<p class=\"sub\">{others} other device memory holders on the node (not in this tree).</p>");
+        w!(
+            o,
+            "<p class=\"sub\">{others} other device memory holders on the node (not in this tree).</p>"
+        );
     }
     o.push_str("</section>\n");
 }
@@ -884,10 +1360,25 @@ fn probes(o: &mut String, t: &TreeSnapshot) {
     if t.probes.is_empty() {
         return;
     }
-    let attached = t.probes.iter().filter(|p| p.state == crate::snapshot::ProbeState::Attached).count();
-    w!(o, "<section><details><summary>Probes: {attached} of {} attached</summary><table><thead><tr><th class=\"l\">Probe</th><th class=\"l\">Attach point</th><th class=\"l\">State</th><th class=\"l\">Detail</th></tr></thead><tbody>", t.probes.len());
+    let attached = t
+        .probes
+        .iter()
+        .filter(|p| p.state == crate::snapshot::ProbeState::Attached)
+        .count();
+    w!(
+        o,
+        "<section><details><summary>Probes: {attached} of {} attached</summary><table><thead><tr><th class=\"l\">Probe</th><th class=\"l\">Attach point</th><th class=\"l\">State</th><th class=\"l\">Detail</th></tr></thead><tbody>",
+        t.probes.len()
+    );
     for p in &t.probes {
-        w!(o, "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>", escape(&p.name), escape(&p.attach_point), p.state.as_str(), escape(&p.detail));
+        w!(
+            o,
+            "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+            escape(&p.name),
+            escape(&p.attach_point),
+            p.state.as_str(),
+            escape(&p.detail)
+        );
     }
     o.push_str("</tbody></table></details></section>\n");
 }
@@ -976,14 +1467,39 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     o.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
     o.push_str("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">\n");
     o.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
-    w!(o, "<title>ethand report: pid {} ({})</title>\n<style>{CSS}</style></head><body>\n", t.root_pid, escape(comm));
+    w!(
+        o,
+        "<title>ethand report: pid {} ({})</title>\n<style>{CSS}</style></head><body>\n",
+        t.root_pid,
+        escape(comm)
+    );
     // Header.
-    w!(o, "<header><div class=\"in\"><span class=\"brand\">ethand report</span><h1>Process tree of <span class=\"pid\">pid {}</span> · {}</h1>", t.root_pid, escape(comm));
+    w!(
+        o,
+        "<header><div class=\"in\"><span class=\"brand\">ethand report</span><h1>Process tree of <span class=\"pid\">pid {}</span> · {}</h1>",
+        t.root_pid,
+        escape(comm)
+    );
     let cmd = root.map(|p| p.cmdline.join(" ")).unwrap_or_default();
-    w!(o, "<div class=\"cmdline\">{}</div><div class=\"meta\">", if cmd.is_empty() { "(no command line)".into() } else { escape(&cmd) });
-    w!(o, "<span>taken <b>{} UTC</b></span>", utc(t.taken_at_unix_ms));
+    w!(
+        o,
+        "<div class=\"cmdline\">{}</div><div class=\"meta\">",
+        if cmd.is_empty() {
+            "(no command line)".into()
+        } else {
+            escape(&cmd)
+        }
+    );
+    w!(
+        o,
+        "<span>taken <b>{} UTC</b></span>",
+        utc(t.taken_at_unix_ms)
+    );
     let source = if t.source == "standalone" {
-        format!("standalone measurement of <b>{}</b> (no daemon)", dur(t.measured_ms * 1_000_000))
+        format!(
+            "standalone measurement of <b>{}</b> (no daemon)",
+            dur(t.measured_ms * 1_000_000)
+        )
     } else if t.source == "daemon" {
         "from the <b>ethand daemon</b> (counters since it first saw each process)".into()
     } else {
@@ -991,17 +1507,30 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     };
     w!(o, "<span>{source}</span>");
     if !t.devices.hostname.is_empty() {
-        w!(o, "<span>host <b>{}</b></span>", escape(&t.devices.hostname));
+        w!(
+            o,
+            "<span>host <b>{}</b></span>",
+            escape(&t.devices.hostname)
+        );
     }
     if let Some(r) = root {
         if !r.cgroup.is_empty() {
             w!(o, "<span>cgroup <b>{}</b></span>", escape(&r.cgroup));
         }
         if r.start_time_unix_s > 0 {
-            w!(o, "<span>started <b>{} UTC</b></span>", utc(r.start_time_unix_s * 1000));
+            w!(
+                o,
+                "<span>started <b>{} UTC</b></span>",
+                utc(r.start_time_unix_s * 1000)
+            );
         }
     }
-    w!(o, "<span><b>{}</b> processes · <b>{}</b> threads</span>", count(t.total.processes), count(t.total.threads));
+    w!(
+        o,
+        "<span><b>{}</b> processes · <b>{}</b> threads</span>",
+        count(t.total.processes),
+        count(t.total.threads)
+    );
     o.push_str("</div></div></header>\n<main>\n");
     findings(&mut o, &t.findings);
     summary(&mut o, t);
@@ -1012,6 +1541,10 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     gpu_section(&mut o, t);
     devices(&mut o, &t.devices, t);
     probes(&mut o, t);
-    w!(o, "<footer>Generated by <b>ethand snapshot --html</b> · snapshot schema v{} · durations are host times measured with eBPF; sizes in binary units (1 KiB = 1024 B).</footer>\n</main></body></html>\n", t.schema_version);
+    w!(
+        o,
+        "<footer>Generated by <b>ethand snapshot --html</b> · snapshot schema v{} · durations are host times measured with eBPF; sizes in binary units (1 KiB = 1024 B).</footer>\n</main></body></html>\n",
+        t.schema_version
+    );
     o
 }

@@ -42,7 +42,11 @@ fn tree() -> TreeSnapshot {
         root_pid: 4242,
         taken_at_unix_ms: 1_790_000_000_000,
         measured_ms: 0,
-        processes: vec![root, proc(4300, 4242, "worker0"), proc(4400, 4300, "grandchild")],
+        processes: vec![
+            root,
+            proc(4300, 4242, "worker0"),
+            proc(4400, 4300, "grandchild"),
+        ],
         total: TreeTotals {
             processes: 3,
             threads: 3,
@@ -72,10 +76,16 @@ fn timeline(n: u64) -> Vec<TimelinePoint> {
 /// No external resources: nothing loaded from anywhere, no script.
 fn assert_self_contained(h: &str) {
     // Attribute forms only: escaped user text may say src=x but never src=" (quotes escaped).
-    for bad in ["src=\"", "href=\"", "src='", "href='", "<script", "<link", "<iframe", "<img", "url(", "@import"] {
+    for bad in [
+        "src=\"", "href=\"", "src='", "href='", "<script", "<link", "<iframe", "<img", "url(",
+        "@import",
+    ] {
         assert!(!h.contains(bad), "report contains {bad:?}");
     }
-    assert!(!h.contains("http://") && !h.contains("https://"), "report references a URL");
+    assert!(
+        !h.contains("http://") && !h.contains("https://"),
+        "report references a URL"
+    );
 }
 
 #[test]
@@ -93,7 +103,10 @@ fn escape_covers_markup_quotes_and_invalid_characters() {
 fn user_controlled_strings_are_escaped_everywhere() {
     let mut t = tree();
     t.processes[0].comm = EVIL.into();
-    t.processes[0].cmdline = vec![EVIL.into(), "\"quoted\" & 'single' \u{1b}]0;title\u{7}".into()];
+    t.processes[0].cmdline = vec![
+        EVIL.into(),
+        "\"quoted\" & 'single' \u{1b}]0;title\u{7}".into(),
+    ];
     t.processes[0].exe = EVIL.into();
     t.processes[1].comm = "\"><img src=x onerror=alert(2)>".into();
     t.processes[1].threads[0].comm = EVIL.into();
@@ -120,7 +133,10 @@ fn user_controlled_strings_are_escaped_everywhere() {
     assert!(h.contains("&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"));
     assert!(h.contains("&quot;quoted&quot; &amp; &#39;single&#39; \\u{1b}]0;title\\u{7}"));
     assert!(h.contains("/a&lt;b&gt;/c&amp;d"));
-    assert!(!h.contains('\u{1b}') && !h.contains('\u{7}'), "raw control characters");
+    assert!(
+        !h.contains('\u{1b}') && !h.contains('\u{7}'),
+        "raw control characters"
+    );
     assert_self_contained(&h);
 }
 
@@ -131,7 +147,10 @@ fn header_and_process_tree() {
     assert!(h.starts_with("<!DOCTYPE html>"));
     assert!(h.trim_end().ends_with("</html>"));
     assert!(h.contains("<title>ethand report: pid 4242 (trainer)</title>"));
-    assert!(h.contains("2026-09-21 14:13:20 UTC"), "taken-at time in UTC");
+    assert!(
+        h.contains("2026-09-21 14:13:20 UTC"),
+        "taken-at time in UTC"
+    );
     assert!(h.contains("/kubepods/pod-a&amp;b&quot;c&#39;"));
     // Depth-first with indentation: root, worker, its child.
     let (a, b, c) = (
@@ -140,8 +159,14 @@ fn header_and_process_tree() {
         h.find(">grandchild<").unwrap(),
     );
     assert!(a < b && b < c);
-    assert!(h.contains("padding-left:18px"), "workers indented one level");
-    assert!(h.contains("padding-left:36px"), "grandchildren indented two levels");
+    assert!(
+        h.contains("padding-left:18px"),
+        "workers indented one level"
+    );
+    assert!(
+        h.contains("padding-left:36px"),
+        "grandchildren indented two levels"
+    );
     assert!(h.contains("Top threads by CPU"));
     assert_self_contained(&h);
 }
@@ -153,8 +178,20 @@ fn charts_are_drawn_when_the_timeline_has_points() {
     let h = render_html(&t);
     assert!(!h.contains("No time series"));
     // CPU, run-queue, blocked, syscalls, disk, network, and the three GPU charts.
-    assert_eq!(h.matches("<svg").count(), 9, "charts: {}", h.matches("<svg").count());
-    for title in ["<b>CPU</b>", "<b>Scheduler wait</b>", "<b>Disk</b>", "<b>Network</b>", "<b>GPU/NPU launches</b>", "<b>GPU/NPU host time</b>"] {
+    assert_eq!(
+        h.matches("<svg").count(),
+        9,
+        "charts: {}",
+        h.matches("<svg").count()
+    );
+    for title in [
+        "<b>CPU</b>",
+        "<b>Scheduler wait</b>",
+        "<b>Disk</b>",
+        "<b>Network</b>",
+        "<b>GPU/NPU launches</b>",
+        "<b>GPU/NPU host time</b>",
+    ] {
         assert!(h.contains(title), "chart {title}");
     }
     assert!(h.contains(">cores</text>"), "CPU axis unit");
@@ -162,7 +199,10 @@ fn charts_are_drawn_when_the_timeline_has_points() {
     // Peak CPU 1.4 cores, disk 1 MiB/s, sync-blocked 20 %.
     assert!(h.contains("peak <b>1.40 cores</b>"), "CPU peak");
     assert!(h.contains("avg <b>1.00 MiB/s</b>"), "disk read average");
-    assert!(h.contains("avg <b>20 %</b>") || h.contains("avg <b>20.00 %</b>"), "sync share");
+    assert!(
+        h.contains("avg <b>20 %</b>") || h.contains("avg <b>20.00 %</b>"),
+        "sync share"
+    );
     assert_self_contained(&h);
 }
 
@@ -192,7 +232,10 @@ fn one_point_and_zero_intervals_do_not_break_charts() {
     }];
     let h = render_html(&t);
     assert!(h.contains("<svg"));
-    assert!(!h.contains("NaN") && !h.contains("inf"), "non-finite numbers in the SVG");
+    assert!(
+        !h.contains("NaN") && !h.contains("inf"),
+        "non-finite numbers in the SVG"
+    );
 }
 
 #[test]
@@ -243,9 +286,14 @@ fn findings_come_first_with_severity_evidence_advice_and_speedup() {
     ];
     t.timeline = timeline(3);
     let h = render_html(&t);
-    let f = h.find("GPU waits for the input pipeline").expect("finding title");
+    let f = h
+        .find("GPU waits for the input pipeline")
+        .expect("finding title");
     assert!(f < h.find("<svg").unwrap(), "findings before the charts");
-    assert!(f < h.find("<h2>Process tree</h2>").unwrap(), "findings before the process table");
+    assert!(
+        f < h.find("<h2>Process tree</h2>").unwrap(),
+        "findings before the process table"
+    );
     assert!(h.contains("class=\"finding critical\""));
     assert!(h.contains("class=\"finding warning\""));
     assert!(h.contains("62.0 %"), "ratio evidence as percent");
@@ -254,7 +302,10 @@ fn findings_come_first_with_severity_evidence_advice_and_speedup() {
     assert!(h.contains("The data loader cannot keep up."));
     assert!(h.contains("<li>Raise num_workers</li>") && h.contains("<li>Use pinned memory</li>"));
     assert!(h.contains("2.60× faster"));
-    assert!(h.find("GPU waits").unwrap() < h.find("CPU oversubscribed").unwrap(), "order kept");
+    assert!(
+        h.find("GPU waits").unwrap() < h.find("CPU oversubscribed").unwrap(),
+        "order kept"
+    );
 }
 
 #[test]
@@ -330,7 +381,10 @@ fn gpu_and_device_sections() {
     assert!(h.contains("12,345"));
     assert!(h.contains("NVIDIA H200") && h.contains("37.0 %") && h.contains("350 W"));
     assert!(h.contains("node7"));
-    assert!(h.contains("GPU launches"), "GPU columns in the process table");
+    assert!(
+        h.contains("GPU launches"),
+        "GPU columns in the process table"
+    );
     assert_self_contained(&h);
 }
 

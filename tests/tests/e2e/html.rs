@@ -82,7 +82,13 @@ fn html_report_is_self_contained_and_renders_in_a_browser() {
     let html = temp_path("html", "html");
     let _rm = RemoveOnDrop(html.clone());
     let pid = w.pid.to_string();
-    let out = d.cli(&["snapshot", "--pid", &pid, "--html", html.to_str().expect("utf-8")]);
+    let out = d.cli(&[
+        "snapshot",
+        "--pid",
+        &pid,
+        "--html",
+        html.to_str().expect("utf-8"),
+    ]);
     assert!(
         out.status.success(),
         "ethand snapshot --html failed ({}): {}",
@@ -98,12 +104,32 @@ fn html_report_is_self_contained_and_renders_in_a_browser() {
 
     let h = fs::read_to_string(&html).expect("the report file");
     let _ = fs::copy(&html, SHOWCASE_HTML);
-    eprintln!("observed: report {} bytes, {} charts", h.len(), h.matches("<svg").count());
+    eprintln!(
+        "observed: report {} bytes, {} charts",
+        h.len(),
+        h.matches("<svg").count()
+    );
     assert!(h.starts_with("<!DOCTYPE html>"), "not an HTML document");
-    assert!(h.contains(&format!("pid {pid}")), "root pid missing from the report");
-    assert!(h.contains("<svg"), "no chart: the daemon's timeline should have points");
-    for bad in ["src=\"http", "href=\"http", "src='http", "href='http", "<script", "<link"] {
-        assert!(!h.contains(bad), "report is not self-contained: contains {bad:?}");
+    assert!(
+        h.contains(&format!("pid {pid}")),
+        "root pid missing from the report"
+    );
+    assert!(
+        h.contains("<svg"),
+        "no chart: the daemon's timeline should have points"
+    );
+    for bad in [
+        "src=\"http",
+        "href=\"http",
+        "src='http",
+        "href='http",
+        "<script",
+        "<link",
+    ] {
+        assert!(
+            !h.contains(bad),
+            "report is not self-contained: contains {bad:?}"
+        );
     }
     assert!(
         !h.contains("http://") && !h.contains("https://"),
@@ -154,6 +180,14 @@ fn html_report_is_self_contained_and_renders_in_a_browser() {
         100.0 * differ,
         colours.len()
     );
-    assert!(differ > 0.02, "the screenshot is blank: {:.2} % non-background", 100.0 * differ);
-    assert!(colours.len() >= 64, "the screenshot has only {} colours", colours.len());
+    assert!(
+        differ > 0.02,
+        "the screenshot is blank: {:.2} % non-background",
+        100.0 * differ
+    );
+    assert!(
+        colours.len() >= 64,
+        "the screenshot has only {} colours",
+        colours.len()
+    );
 }
