@@ -310,15 +310,30 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
             put("gpu.memory_growth_bytes_per_second", sum(|x| x.gpu_memory_growth_bytes) / w);
         }
     }
-    // Threads: all, and those that want a CPU (running or preempted) most of their time.
-    let threads: Vec<_> = t.processes.iter().flat_map(|p| p.threads.iter()).filter(|th| th.alive).collect();
-    let life = |x: &ethand_exporters::snapshot::SchedStats| {
-        (x.oncpu_ns + x.offcpu_blocked_ns + x.offcpu_preempted_ns) as f64
+    // A thread's off-CPU time is counted when it runs again: one asleep right now would look
+    // busy. Its life is at least the span its process was observed (and alive, by age).
+    let span_ns = |p: &ProcessSnapshot| {
+        let age_ms = if p.start_time_unix_s > 0 {
+            t.taken_at_unix_ms.saturating_sub(p.start_time_unix_s * 1000)
+        } else {
+            u64::MAX
+        };
+        p.observed_ms.min(age_ms) as f64 * 1e6
     };
+    let life_in = |p: &ProcessSnapshot, x: &ethand_exporters::snapshot::SchedStats| {
+        ((x.oncpu_ns + x.offcpu_blocked_ns + x.offcpu_preempted_ns) as f64).max(span_ns(p))
+    };
+    // Threads: all, and those that want a CPU (running or preempted) most of their time.
+    let threads: Vec<(&ProcessSnapshot, &ethand_exporters::snapshot::ThreadSnapshot)> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(move |th| (p, th)))
+        .filter(|(_, th)| th.alive)
+        .collect();
     let busy = threads
         .iter()
-        .filter(|th| {
-            let l = life(&th.sched);
+        .filter(|(p, th)| {
+            let l = life_in(p, &th.sched);
             l > 0.0 && (th.sched.oncpu_ns + th.sched.offcpu_preempted_ns) as f64 / l > 0.5
         })
         .count() as f64;
@@ -338,7 +353,7 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         .or(t.processes.first());
     if let Some(root) = driver {
         if let Some(main) = root.threads.iter().find(|th| th.tid == root.pid) {
-            let l = life(&main.sched);
+            let l = life_in(root, &main.sched);
             if l > 0.0 {
                 put("cpu.main_thread_busy_ratio", main.sched.oncpu_ns as f64 / l);
             }
@@ -357,7 +372,7 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
                 .filter(|r| RW_SYSCALLS.contains(&r.name.as_str()))
                 .map(|r| r.time_ns)
                 .sum();
-            let l = p.threads.iter().map(|th| life(&th.sched)).fold(0.0, f64::max);
+            let l = p.threads.iter().map(|th| life_in(p, &th.sched)).fold(0.0, f64::max);
             (l > 0.0).then(|| rw as f64 / l)
         })
         .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));

@@ -284,16 +284,17 @@ impl Expr {
             Expr::Signal(n) => *s.get(n)?,
             Expr::Not(e) => b(!e.truth(s)),
             Expr::Neg(e) => -e.eval(s)?,
+            // Over the arguments that have a value: max(a, missing) is a.
             Expr::Call(f, args) => {
-                let mut v = args[0].eval(s)?;
-                for a in &args[1..] {
-                    let x = a.eval(s)?;
-                    v = match f {
-                        Func::Min => v.min(x),
-                        Func::Max => v.max(x),
-                    };
+                let mut v: Option<f64> = None;
+                for x in args.iter().filter_map(|a| a.eval(s)) {
+                    v = Some(match (v, f) {
+                        (None, _) => x,
+                        (Some(v), Func::Min) => v.min(x),
+                        (Some(v), Func::Max) => v.max(x),
+                    });
                 }
-                v
+                v?
             }
             Expr::Bin(l, op, r) => match op {
                 Op::Or => b(l.truth(s) || r.truth(s)),
@@ -367,6 +368,9 @@ mod tests {
         assert_eq!(parse("-b + 1e1").unwrap().eval(&s), Some(8.0));
         assert_eq!(parse("min(b, 1) + max(a.x, 0.1, 3)").unwrap().eval(&s), Some(4.0));
         assert!(parse("foo(1)").is_err());
+        // A missing argument is skipped; all missing is missing.
+        assert_eq!(parse("max(nope, 2)").unwrap().eval(&s), Some(2.0));
+        assert_eq!(parse("min(nope, nada)").unwrap().eval(&s), None);
     }
 
     #[test]

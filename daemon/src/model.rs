@@ -136,6 +136,8 @@ pub struct Proc {
     pub alive: bool,
     /// Collection round at which the process was found exited.
     pub exited_round: Option<u64>,
+    /// Wall clock (ms) of the ingest that first saw the process: its counters start there.
+    pub first_seen_unix_ms: u64,
     pub threads: BTreeMap<u32, ThreadAcc>,
     pub thread_comms: HashMap<u32, String>,
     pub dead: SchedAcc,
@@ -158,6 +160,7 @@ impl Proc {
             comm_fallback: String::new(),
             alive: true,
             exited_round: None,
+            first_seen_unix_ms: 0,
             threads: BTreeMap::new(),
             thread_comms: HashMap::new(),
             dead: SchedAcc::default(),
@@ -265,6 +268,8 @@ pub struct Model {
     /// Totals of reclaimed processes, so that per-cgroup and per-device series only grow.
     departed_cgroups: HashMap<String, snap::CgroupSnapshot>,
     departed_blk: BTreeMap<(u32, u32), RawBlk>,
+    /// Wall clock of the ingest in progress (for first-seen times).
+    now_unix_ms: u64,
 }
 
 impl Model {
@@ -295,6 +300,7 @@ impl Model {
             btime_unix_s: btime,
             departed_cgroups: HashMap::new(),
             departed_blk: BTreeMap::new(),
+            now_unix_ms: 0,
         }
     }
 
@@ -304,7 +310,9 @@ impl Model {
                 self.overflow += 1;
                 return None;
             }
-            self.procs.insert(key, Proc::new(key));
+            let mut p = Proc::new(key);
+            p.first_seen_unix_ms = self.now_unix_ms;
+            self.procs.insert(key, p);
         }
         self.procs.get_mut(&key)
     }
@@ -329,6 +337,7 @@ impl Model {
     /// Feeds one read of the kernel maps; returns what to delete from them.
     pub fn ingest(&mut self, raw: RawRead, now_unix_ms: u64) -> Reclaim {
         self.round += 1;
+        self.now_unix_ms = now_unix_ms;
         let mut reclaim = Reclaim::default();
         for (tid, t) in &raw.threads {
             let key = ProcKey {
@@ -688,6 +697,7 @@ impl Model {
             cgroup: meta.cgroup,
             uid: meta.uid,
             alive: p.alive,
+            observed_ms: self.now_unix_ms.saturating_sub(p.first_seen_unix_ms),
             sched: p.sched().to_snapshot(),
             threads: p
                 .threads

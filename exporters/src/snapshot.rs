@@ -64,6 +64,9 @@ pub struct ProcessSnapshot {
     pub uid: u32,
     /// False once the process has exited; it stays for the configured grace period.
     pub alive: bool,
+    /// How long ethand has observed the process (ms): its counters cover this span.
+    #[serde(default)]
+    pub observed_ms: u64,
     pub sched: SchedStats,
     pub threads: Vec<ThreadSnapshot>,
     pub syscalls: SyscallStats,

@@ -31,6 +31,9 @@ static volatile unsigned long standin_hits[STANDIN_MAX_HITS];
 static unsigned long long standin_window_base;
 static unsigned long long standin_window_next;
 static unsigned int standin_sync_us = STANDIN_SYNC_US_DEFAULT;
+/* Host time of each collective (ETHAND_STANDIN_COLL_US, default 0: return at once). */
+#define STANDIN_COLL_ENV "ETHAND_STANDIN_COLL_US"
+static unsigned int standin_coll_us;
 
 /* glibc passes (argc, argv, envp) to a shared object's constructors. */
 __attribute__((constructor)) static void standin_init(int argc, char **argv, char **envp) {
@@ -42,9 +45,13 @@ __attribute__((constructor)) static void standin_init(int argc, char **argv, cha
         abort();
     standin_window_base = (unsigned long long)(uintptr_t)p;
     const size_t n = strlen(STANDIN_SYNC_ENV "=");
-    for (char **e = envp; e && *e; e++)
+    const size_t m = strlen(STANDIN_COLL_ENV "=");
+    for (char **e = envp; e && *e; e++) {
         if (strncmp(*e, STANDIN_SYNC_ENV "=", n) == 0)
             standin_sync_us = (unsigned int)strtoul(*e + n, NULL, 10);
+        if (strncmp(*e, STANDIN_COLL_ENV "=", m) == 0)
+            standin_coll_us = (unsigned int)strtoul(*e + m, NULL, 10);
+    }
 }
 
 __attribute__((unused)) static unsigned long long standin_fake_addr(void) {
@@ -76,6 +83,13 @@ __attribute__((unused)) static void standin_host_free(void *p) {
 __attribute__((unused)) static void standin_sync_sleep(void) {
     struct timespec ts = {standin_sync_us / 1000000u, (long)(standin_sync_us % 1000000u) * 1000L};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+/* A collective's host time (0 by default). */
+__attribute__((unused)) static void standin_coll_sleep(void) {
+    struct timespec ts = {standin_coll_us / 1000000u, (long)(standin_coll_us % 1000000u) * 1000L};
+    while (standin_coll_us && nanosleep(&ts, &ts) == -1 && errno == EINTR) {
     }
 }
 

@@ -525,40 +525,44 @@ fn gpu_memory_growth_quiet_when_every_allocation_is_freed() {
 
 // ------------------------------------------------------------------ skipped
 
-/// collective_bound needs time inside collectives: the stand-in libnccl's collectives
-/// (tests/standins/nccl.c) return at once, so it cannot be made to fire here.
-#[test]
-fn collective_bound_skipped() {
-    let nccl = fs::read_to_string(Path::new(standins::SOURCES).join("nccl.c")).expect("nccl.c");
-    let line = nccl
-        .lines()
-        .find(|l| l.contains(" ncclAllReduce,"))
-        .expect("ncclAllReduce in nccl.c");
-    if line.contains("sleep") {
-        panic!("the stand-in's ncclAllReduce sleeps now: test collective_bound ({line})");
-    }
-    eprintln!(
-        "skipped: collective_bound: the stand-in ncclAllReduce does not sleep, no collective time can be made"
-    );
+/// 400 all-reduces of 1 Mi float32 whose host call takes 5 ms (the stand-in's
+/// ETHAND_STANDIN_COLL_US): most of the window inside collectives.
+fn nccl_plan(d: &Daemon, coll_us: u64, ops: &str, times: usize, window_s: u64) -> (Driver, TreeSnapshot) {
+    let s = standins::shared();
+    let mut plan = vec!["wait_stdin", "comm_init_rank_config 0 2"];
+    plan.extend(std::iter::repeat_n(ops, times));
+    plan.push("wait_stdin");
+    let mut cmd: Command = s.command(&[Lib::Nccl], &plan);
+    cmd.env("ETHAND_STANDIN_COLL_US", coll_us.to_string());
+    let mut drv = Driver::spawn(&mut cmd);
+    drv.wait_for("waiting");
+    wait_attached(d, &s.nccl);
+    drv.resume();
+    drv.wait_for("waiting");
+    thread::sleep(Duration::from_millis(700));
+    let t = snapshot(d, drv.pid, window_s);
+    show(&format!("gpu_driver: [{ops}] x {times} (collective {coll_us} us)"), &t);
+    (drv, t)
 }
 
-/// network_retransmits needs lost TCP segments; loopback loses none without netem.
 #[test]
-fn network_retransmits_skipped() {
-    let config = Command::new("sh")
-        .args([
-            "-c",
-            "zcat /proc/config.gz 2>/dev/null || cat /boot/config-$(uname -r) 2>/dev/null",
-        ])
-        .output()
-        .map(|o| text(&o.stdout))
-        .unwrap_or_default();
-    let netem = config
-        .lines()
-        .find(|l| l.contains("CONFIG_NET_SCH_NETEM"))
-        .unwrap_or("CONFIG_NET_SCH_NETEM unknown")
-        .to_string();
-    eprintln!(
-        "skipped: network_retransmits: loopback needs netem to lose packets; kernel: {netem}"
-    );
+fn collective_bound_fires_when_collectives_take_the_time() {
+    let _serial = serial();
+    let d = Daemon::start("diag-coll", GPU_TOML);
+    let (drv, t) = nccl_plan(&d, 5000, "allreduce 1M float32", 500, 3);
+    let truth = finish(drv);
+    let f = fired(&t, "collective_bound");
+    let calls = truth.total("ncclAllReduce").calls;
+    assert_eq!(ev(f, "gpu.collective_calls"), calls as f64);
+    assert_eq!(ev(f, "gpu.collective_bytes"), (calls * (1 << 20) * 4) as f64);
+    assert!(ev(f, "gpu.collective_ratio") > 0.3, "{f:?}");
+}
+
+#[test]
+fn collective_bound_quiet_for_quick_collectives() {
+    let _serial = serial();
+    let d = Daemon::start("diag-nocoll", GPU_TOML);
+    let (drv, t) = nccl_plan(&d, 0, "allreduce 1M float32 sleep 5", 500, 3);
+    finish(drv);
+    assert!(!ids(&t).contains(&"collective_bound"), "{:?}", ids(&t));
 }
