@@ -38,6 +38,19 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
     Ok(t)
 }
 
+/// As [`run`], and when `html` is given also writes the comparison there as HTML.
+pub fn run_with_html(html: Option<&Path>, before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
+    if let Some(out) = html {
+        if let (Ok(b), Ok(a)) = (load(before), load(after)) {
+            let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));
+            std::fs::write(out, page)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
+            eprintln!("ethand: comparison written to {}", out.display());
+        }
+    }
+    run(before, after, format)
+}
+
 /// Runs the command; returns the exit code (0, or 2 when a file is missing or not a snapshot).
 pub fn run(before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
     let (b, a) = match (load(before), load(after)) {

@@ -181,6 +181,9 @@ pub fn load_rules(dir: &Path) -> Vec<Rule> {
                     let id = match &state {
                         RuleSpecState::Enabled(id) | RuleSpecState::Disabled(id) => id.clone(),
                     };
+                    if let Some(old) = rules.iter().find(|r| r.id == id) {
+                        info!(rule = %id, replaced = %old.origin, by = %origin, "diagnosis rule overridden");
+                    }
                     rules.retain(|r| r.id != id);
                     if let Some(r) = rule {
                         rules.push(r);

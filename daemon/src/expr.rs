@@ -329,23 +329,6 @@ impl Expr {
         self.eval(s).is_some_and(|v| v != 0.0)
     }
 
-    /// Every signal name the expression reads.
-    pub fn signals(&self, out: &mut Vec<String>) {
-        match self {
-            Expr::Num(_) => {}
-            Expr::Signal(n) => {
-                if !out.contains(n) {
-                    out.push(n.clone());
-                }
-            }
-            Expr::Not(e) | Expr::Neg(e) => e.signals(out),
-            Expr::Call(_, args) => args.iter().for_each(|a| a.signals(out)),
-            Expr::Bin(l, _, r) => {
-                l.signals(out);
-                r.signals(out);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -136,6 +136,9 @@ enum Command {
         /// Print the comparison as CSV: scope,metric,unit,before,after,change,ratio.
         #[arg(long)]
         csv: bool,
+        /// Also write the comparison as one self-contained HTML page.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// Configuration helpers.
     Config {
@@ -268,7 +271,9 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             after,
             json,
             csv,
-        } => compare::run(
+            html,
+        } => compare::run_with_html(
+            html.as_deref(),
             &before,
             &after,
             if json {

@@ -1548,3 +1548,97 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     );
     o
 }
+
+/// `ethand compare --html`: the comparison as one self-contained page: what each snapshot
+/// was, the findings that went away, appeared or stayed, and every metric that changed,
+/// largest relative change first.
+pub fn render_comparison_html(c: &crate::report::Comparison) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let meta = |m: &crate::report::SnapshotMeta| {
+        format!(
+            "{} snapshot of pid {}, {} process{}, window {:.1} s{}",
+            escape(&m.source),
+            m.root_pid,
+            m.processes,
+            if m.processes == 1 { "" } else { "es" },
+            m.window_ms as f64 / 1000.0,
+            if m.measured_ms > 0 { format!(", measured {:.1} s", m.measured_ms as f64 / 1000.0) } else { String::new() }
+        )
+    };
+    let _ = write!(
+        o,
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\"><title>ethand compare</title><style>\
+body{{font-family:system-ui,sans-serif;margin:2em;color:#1d2330;background:#f5f7fb}}h1{{font-size:1.5em}}\
+table{{border-collapse:collapse;background:#fff;width:100%}}td,th{{padding:.3em .6em;border-bottom:1px solid #e3e7ef;text-align:right;font-variant-numeric:tabular-nums}}\
+td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color:#1b7f3b}}.card{{background:#fff;border-radius:8px;padding:1em;margin:1em 0;box-shadow:0 1px 3px #0002}}\
+.resolved{{border-left:6px solid #1b7f3b}}.new{{border-left:6px solid #b3261e}}.still{{border-left:6px solid #c98a00}}</style></head><body>"
+    );
+    let _ = write!(
+        o,
+        "<h1>ethand compare</h1><div class=\"card\"><b>Before:</b> {}<br><b>After:</b> {}</div>",
+        meta(&c.before),
+        meta(&c.after)
+    );
+    let finding = |o: &mut String, class: &str, label: &str, f: &crate::diagnosis::Finding, imp: String| {
+        let _ = write!(
+            o,
+            "<div class=\"card {class}\"><b>{label}</b>: {} <code>{}</code> — impact {imp}</div>",
+            escape(&f.title),
+            escape(&f.id)
+        );
+    };
+    let _ = write!(o, "<h2>Findings</h2>");
+    if c.findings_resolved.is_empty() && c.findings_new.is_empty() && c.findings_remaining.is_empty() {
+        let _ = write!(o, "<p>No findings in either snapshot.</p>");
+    }
+    for f in &c.findings_resolved {
+        finding(&mut o, "resolved", "Resolved", f, format!("{:.2} → -", f.impact));
+    }
+    for f in &c.findings_new {
+        finding(&mut o, "new", "New", f, format!("- → {:.2}", f.impact));
+    }
+    for (b, a) in &c.findings_remaining {
+        finding(&mut o, "still", "Still", a, format!("{:.2} → {:.2}", b.impact, a.impact));
+    }
+    let mut rows: Vec<&crate::report::ComparedRow> = c
+        .rows
+        .iter()
+        .filter(|r| r.before != r.after)
+        .collect();
+    let rel = |r: &crate::report::ComparedRow| match (r.before, r.after) {
+        (Some(b), Some(a)) if b != 0.0 => ((a - b) / b).abs(),
+        _ => f64::INFINITY,
+    };
+    rows.sort_by(|x, y| rel(y).partial_cmp(&rel(x)).unwrap_or(std::cmp::Ordering::Equal));
+    let num = |v: Option<f64>| v.map_or("—".to_string(), |v| {
+        if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v:.4}") }
+    });
+    let _ = write!(
+        o,
+        "<h2>Changed metrics ({} of {})</h2><table><tr><th>metric</th><th>unit</th><th>before</th><th>after</th><th>change</th><th>relative</th></tr>",
+        rows.len(),
+        c.rows.len()
+    );
+    for r in rows {
+        let (class, relative) = match (r.before, r.after) {
+            (Some(b), Some(a)) if b != 0.0 => {
+                let x = (a - b) / b;
+                (if x > 0.0 { "up" } else { "down" }, format!("{:+.1} %", 100.0 * x))
+            }
+            _ => ("", "new/gone".to_string()),
+        };
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td><td class=\"{class}\">{}</td></tr>",
+            escape(&r.metric),
+            escape(&r.unit),
+            num(r.before),
+            num(r.after),
+            num(r.change),
+            relative
+        );
+    }
+    let _ = write!(o, "</table></body></html>\n");
+    o
+}

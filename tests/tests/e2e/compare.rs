@@ -103,13 +103,22 @@ fn compare_shows_exactly_the_extra_syscalls_of_the_second_run() {
     fs::write(&fb.0, &json_b).expect("write b.json");
     let (pa, pb) = (path_str(&fa.0), path_str(&fb.0));
 
-    let out = ethand(&["compare", &pa, &pb, "--json"]);
+    let fh = RemoveOnDrop(temp_path("compare", "html"));
+    let ph = path_str(&fh.0);
+    let out = ethand(&["compare", &pa, &pb, "--json", "--html", &ph]);
     assert!(
         out.status.success(),
         "ethand compare --json failed ({}): {}",
         out.status,
         text(&out.stderr)
     );
+    // The HTML page shows the same row with the exact change.
+    let html = fs::read_to_string(&fh.0).expect("compare --html wrote its file");
+    let row_html = format!(
+        "<tr><td>syscalls.getpid.count</td><td>count</td><td>{ga}</td><td>{gb}</td><td class=\"up\">{n}</td>"
+    );
+    assert!(html.contains(&row_html), "compare --html lacks {row_html}");
+    assert!(!html.contains("http://") && !html.contains("https://"));
     let c: Comparison = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "compare --json is not a Comparison: {e}\n{}",
