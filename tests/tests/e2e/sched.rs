@@ -95,6 +95,9 @@ fn oncpu_time_matches_the_workloads_own_cpu_time() {
     let done = w.go();
     thread::sleep(SETTLE);
     let k1 = kernel_schedstat(w.pid);
+    // The workload is blocked now: k1 is final. Give the daemon a few more collections
+    // (its loop can lag behind on a loaded CI machine) before reading its figure.
+    thread::sleep(SETTLE);
     let after = d.snapshot(w.pid);
 
     let own = done.u64("cpu_ns");
