@@ -15,10 +15,15 @@ use crate::daemon::Shared;
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
     Status,
-    Snapshot { pid: u32, window_s: u64 },
+    Snapshot {
+        pid: u32,
+        window_s: u64,
+    },
     Node,
     /// Switch the GPU/NPU probing level live: "system", "process" or "op".
-    SetLevel { level: String },
+    SetLevel {
+        level: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -91,8 +96,12 @@ async fn set_level(shared: &Arc<Shared>, level: &str) -> Response {
     };
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     *shared.level_request.lock().expect("lock") = Some((level, tx));
-    match tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(10))).await {
-        Ok(Ok(Ok(msg))) => Response::Ok(serde_json::json!({ "level": level.as_str(), "message": msg })),
+    match tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(10)))
+        .await
+    {
+        Ok(Ok(Ok(msg))) => {
+            Response::Ok(serde_json::json!({ "level": level.as_str(), "message": msg }))
+        }
         Ok(Ok(Err(e))) => Response::Error(e),
         _ => Response::Error("the daemon did not apply the level within 10 s".into()),
     }

@@ -11,8 +11,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkStats, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey,
-    SyscallStats, ThreadStats, counter, lifecycle_kind,
+    BlkKey, BlkStats, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist,
+    LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
+    counter, lifecycle_kind,
 };
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;

@@ -39,7 +39,12 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
 }
 
 /// As [`run`], and when `html` is given also writes the comparison there as HTML.
-pub fn run_with_html(html: Option<&Path>, before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
+pub fn run_with_html(
+    html: Option<&Path>,
+    before: &Path,
+    after: &Path,
+    format: Format,
+) -> anyhow::Result<u8> {
     if let Some(out) = html {
         if let (Ok(b), Ok(a)) = (load(before), load(after)) {
             let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));

@@ -237,20 +237,28 @@ impl Config {
             if !["cuda", "nccl", "ascendcl", "hccl"].contains(&r.as_str()) {
                 return Err((
                     "gpu.runtimes".into(),
-                    format!("gpu.runtimes: unknown runtime {r:?} (known: cuda, nccl, ascendcl, hccl)"),
+                    format!(
+                        "gpu.runtimes: unknown runtime {r:?} (known: cuda, nccl, ascendcl, hccl)"
+                    ),
                 ));
             }
         }
         if self.gpu.rescan_interval_ms < 100 {
             return Err((
                 "gpu.rescan_interval_ms".into(),
-                format!("gpu.rescan_interval_ms = {} must be at least 100", self.gpu.rescan_interval_ms),
+                format!(
+                    "gpu.rescan_interval_ms = {} must be at least 100",
+                    self.gpu.rescan_interval_ms
+                ),
             ));
         }
         if self.devices.interval_ms < 100 {
             return Err((
                 "devices.interval_ms".into(),
-                format!("devices.interval_ms = {} must be at least 100", self.devices.interval_ms),
+                format!(
+                    "devices.interval_ms = {} must be at least 100",
+                    self.devices.interval_ms
+                ),
             ));
         }
         if self.prometheus.listen.parse::<SocketAddr>().is_err() {

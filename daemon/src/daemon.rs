@@ -34,7 +34,12 @@ pub fn unix_ms() -> u64 {
 pub struct Shared {
     pub model: Mutex<Model>,
     /// A level change asked for through the API, applied by the collection loop.
-    pub level_request: Mutex<Option<(GpuLevel, std::sync::mpsc::SyncSender<Result<String, String>>)>>,
+    pub level_request: Mutex<
+        Option<(
+            GpuLevel,
+            std::sync::mpsc::SyncSender<Result<String, String>>,
+        )>,
+    >,
     pub node: RwLock<Arc<NodeSnapshot>>,
     pub devnames: HashMap<u32, String>,
     /// Diagnosis rules (built-in plus the rules directory).
@@ -52,7 +57,9 @@ impl Shared {
                 let node = self.node.read().expect("lock").clone();
                 Response::Ok(serde_json::to_value(&*node).expect("serializable"))
             }
-            Request::SetLevel { .. } => Response::Error("set_level is answered by the API task".into()),
+            Request::SetLevel { .. } => {
+                Response::Error("set_level is answered by the API task".into())
+            }
             Request::Snapshot { pid, window_s } => {
                 let probes = self.node.read().expect("lock").ethand.probes.clone();
                 match self.tree(pid, window_s.max(1) * 1000, "daemon", 0, probes) {
@@ -157,7 +164,11 @@ fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::Gp
     if ps.iter().all(|p| p.gpu.is_none()) {
         return None;
     }
-    let window_ms = ps.iter().filter_map(|p| p.window.as_ref()).map(|w| w.duration_ms).max()?;
+    let window_ms = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.duration_ms)
+        .max()?;
     if window_ms == 0 {
         return None;
     }
@@ -172,16 +183,26 @@ fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::Gp
         .flat_map(|p| p.devices.iter())
         .filter_map(|d| d.device_utilization_ratio)
         .collect();
-    let device_utilization_ratio = (!utils.is_empty()).then(|| utils.iter().sum::<f64>() / utils.len() as f64);
+    let device_utilization_ratio =
+        (!utils.is_empty()).then(|| utils.iter().sum::<f64>() / utils.len() as f64);
     Some(ethand_exporters::gpu::GpuDerived {
         window_ms,
         launches_per_second: sum(|w| w.gpu_launches) as f64 / secs,
         sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
         collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
         copy_bytes_per_second: vec![
-            ("host_to_device".into(), sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs),
-            ("device_to_host".into(), sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs),
-            ("other".into(), sum(|w| w.gpu_copy_other_bytes) as f64 / secs),
+            (
+                "host_to_device".into(),
+                sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs,
+            ),
+            (
+                "device_to_host".into(),
+                sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs,
+            ),
+            (
+                "other".into(),
+                sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
+            ),
         ],
         device_utilization_ratio,
         device_idle_ratio: device_utilization_ratio.map(|u| (1.0 - u).max(0.0)),
@@ -213,7 +234,9 @@ impl Engine {
         }
         let progs = gpu.progs();
         for prog in [progs.entry, progs.ret] {
-            loaded.program_probe.insert(prog.into(), format!("uprobe_{prog}"));
+            loaded
+                .program_probe
+                .insert(prog.into(), format!("uprobe_{prog}"));
         }
         let d = &cfg.daemon;
         let model = Model::new(

@@ -81,7 +81,10 @@ pub enum RuleError {
 }
 
 /// Parses one rules file. Every error names the file, the rule and the field.
-pub fn parse_rules(text: &str, origin: &str) -> Result<Vec<(RuleSpecState, Option<Rule>)>, RuleError> {
+pub fn parse_rules(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<(RuleSpecState, Option<Rule>)>, RuleError> {
     let file: RuleFile = toml::from_str(text).map_err(|e| RuleError::Invalid {
         origin: origin.into(),
         msg: e.to_string().trim().replace('\n', " "),
@@ -203,7 +206,11 @@ pub fn diagnose(t: &TreeSnapshot, rules: &[Rule]) -> Vec<Finding> {
     let fired: Vec<&Rule> = rules.iter().filter(|r| r.when.truth(&s)).collect();
     let mut out: Vec<Finding> = fired
         .iter()
-        .filter(|r| !r.suppressed_by.iter().any(|id| fired.iter().any(|f| &f.id == id)))
+        .filter(|r| {
+            !r.suppressed_by
+                .iter()
+                .any(|id| fired.iter().any(|f| &f.id == id))
+        })
         .map(|r| {
             let evidence = r
                 .evidence
@@ -247,7 +254,11 @@ pub fn diagnose(t: &TreeSnapshot, rules: &[Rule]) -> Vec<Finding> {
 }
 
 fn unit_of(name: &str) -> &'static str {
-    if name.ends_with("_ratio") || name.ends_with("_spread") || name.ends_with("_min") || name.ends_with("_max") {
+    if name.ends_with("_ratio")
+        || name.ends_with("_spread")
+        || name.ends_with("_min")
+        || name.ends_with("_max")
+    {
         "ratio"
     } else if name.ends_with("_per_second") {
         "per_second"
@@ -265,8 +276,21 @@ fn unit_of(name: &str) -> &'static str {
 }
 
 const RW_SYSCALLS: &[&str] = &[
-    "read", "pread64", "readv", "preadv", "preadv2", "write", "pwrite64", "writev", "pwritev",
-    "pwritev2", "fsync", "fdatasync", "sync_file_range", "io_getevents", "io_pgetevents",
+    "read",
+    "pread64",
+    "readv",
+    "preadv",
+    "preadv2",
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "pwritev2",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "io_getevents",
+    "io_pgetevents",
     "io_uring_enter",
 ];
 
@@ -282,8 +306,16 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     put("node.cpus", cpus);
     // The window: the daemon's history, else the standalone measurement.
-    let windows: Vec<&WindowStats> = t.processes.iter().filter_map(|p| p.window.as_ref()).collect();
-    let window_ms = windows.iter().map(|w| w.duration_ms).max().unwrap_or(t.measured_ms);
+    let windows: Vec<&WindowStats> = t
+        .processes
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .collect();
+    let window_ms = windows
+        .iter()
+        .map(|w| w.duration_ms)
+        .max()
+        .unwrap_or(t.measured_ms);
     let w = window_ms as f64 / 1000.0;
     let sum = |f: fn(&WindowStats) -> u64| windows.iter().map(|x| f(x)).sum::<u64>() as f64;
     let tt = &t.total;
@@ -297,8 +329,14 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         if oncpu > 0.0 {
             put("cpu.runq_wait_ratio", runq / oncpu);
         }
-        put("io.block_read_bytes_per_second", sum(|x| x.block_read_bytes) / w);
-        put("io.block_write_bytes_per_second", sum(|x| x.block_write_bytes) / w);
+        put(
+            "io.block_read_bytes_per_second",
+            sum(|x| x.block_read_bytes) / w,
+        );
+        put(
+            "io.block_write_bytes_per_second",
+            sum(|x| x.block_write_bytes) / w,
+        );
         put(
             "io.block_bytes_per_second",
             (sum(|x| x.block_read_bytes) + sum(|x| x.block_write_bytes)) / w,
@@ -310,14 +348,18 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
             put("gpu.launches_per_second", sum(|x| x.gpu_launches) / w);
             put("gpu.sync_blocked_ratio", sum(|x| x.gpu_sync_ns) / 1e9 / w);
             put("gpu.collective_ratio", sum(|x| x.collective_ns) / 1e9 / w);
-            put("gpu.memory_growth_bytes_per_second", sum(|x| x.gpu_memory_growth_bytes) / w);
+            put(
+                "gpu.memory_growth_bytes_per_second",
+                sum(|x| x.gpu_memory_growth_bytes) / w,
+            );
         }
     }
     // A thread's off-CPU time is counted when it runs again: one asleep right now would look
     // busy. Its life is at least the span its process was observed (and alive, by age).
     let span_ns = |p: &ProcessSnapshot| {
         let age_ms = if p.start_time_unix_s > 0 {
-            t.taken_at_unix_ms.saturating_sub(p.start_time_unix_s * 1000)
+            t.taken_at_unix_ms
+                .saturating_sub(p.start_time_unix_s * 1000)
         } else {
             u64::MAX
         };
@@ -327,7 +369,10 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         ((x.oncpu_ns + x.offcpu_blocked_ns + x.offcpu_preempted_ns) as f64).max(span_ns(p))
     };
     // Threads: all, and those that want a CPU (running or preempted) most of their time.
-    let threads: Vec<(&ProcessSnapshot, &ethand_exporters::snapshot::ThreadSnapshot)> = t
+    let threads: Vec<(
+        &ProcessSnapshot,
+        &ethand_exporters::snapshot::ThreadSnapshot,
+    )> = t
         .processes
         .iter()
         .flat_map(|p| p.threads.iter().map(move |th| (p, th)))
@@ -343,7 +388,10 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     put("cpu.threads", threads.len() as f64);
     put("cpu.busy_threads", busy);
     put("cpu.threads_per_cpu", busy / cpus);
-    let (vol, invol) = (tt.sched.voluntary_switches as f64, tt.sched.involuntary_switches as f64);
+    let (vol, invol) = (
+        tt.sched.voluntary_switches as f64,
+        tt.sched.involuntary_switches as f64,
+    );
     if vol + invol > 0.0 {
         put("cpu.involuntary_switch_ratio", invol / (vol + invol));
     }
@@ -375,7 +423,11 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
                 .filter(|r| RW_SYSCALLS.contains(&r.name.as_str()))
                 .map(|r| r.time_ns)
                 .sum();
-            let l = p.threads.iter().map(|th| life_in(p, &th.sched)).fold(0.0, f64::max);
+            let l = p
+                .threads
+                .iter()
+                .map(|th| life_in(p, &th.sched))
+                .fold(0.0, f64::max);
             (l > 0.0).then(|| rw as f64 / l)
         })
         .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
@@ -388,7 +440,10 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         .flat_map(|p| p.block.iter())
         .fold((0, 0), |(o, s), b| (o + b.ops, s + b.service_ns));
     if ops > 0 {
-        put("io.block_service_seconds_per_op", svc as f64 / 1e9 / ops as f64);
+        put(
+            "io.block_service_seconds_per_op",
+            svc as f64 / 1e9 / ops as f64,
+        );
     }
     put("net.tcp_retransmits", tt.net.tcp_retransmits as f64);
     put("net.tcp_tx_bytes", tt.net.tcp_tx_bytes as f64);
@@ -417,10 +472,22 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         if sc > 0 {
             put("gpu.sync_copy_avg_bytes", sb as f64 / sc as f64);
         }
-        put("gpu.memory_live_bytes", g.memory.iter().map(|m| m.live_bytes).sum::<u64>() as f64);
-        put("gpu.memory_allocs", g.memory.iter().map(|m| m.allocs).sum::<u64>() as f64);
-        put("gpu.collective_calls", g.collectives.iter().map(|c| c.calls).sum::<u64>() as f64);
-        put("gpu.collective_bytes", g.collectives.iter().map(|c| c.bytes).sum::<u64>() as f64);
+        put(
+            "gpu.memory_live_bytes",
+            g.memory.iter().map(|m| m.live_bytes).sum::<u64>() as f64,
+        );
+        put(
+            "gpu.memory_allocs",
+            g.memory.iter().map(|m| m.allocs).sum::<u64>() as f64,
+        );
+        put(
+            "gpu.collective_calls",
+            g.collectives.iter().map(|c| c.calls).sum::<u64>() as f64,
+        );
+        put(
+            "gpu.collective_bytes",
+            g.collectives.iter().map(|c| c.bytes).sum::<u64>() as f64,
+        );
     }
     if let Some(d) = &tt.gpu_derived {
         if let Some(u) = d.device_utilization_ratio {
@@ -455,10 +522,17 @@ fn device_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
     // The software power cap is where a fully loaded GPU normally runs: counted apart.
     let with = |pred: fn(&str) -> bool| {
         gpus.iter()
-            .filter(|g| g.throttle_reasons.as_ref().is_some_and(|r| r.iter().any(|x| pred(x))))
+            .filter(|g| {
+                g.throttle_reasons
+                    .as_ref()
+                    .is_some_and(|r| r.iter().any(|x| pred(x)))
+            })
             .count() as f64
     };
-    put("gpu.throttled", with(|x| x.contains("thermal") || x == "hw_slowdown" || x.contains("power_brake")));
+    put(
+        "gpu.throttled",
+        with(|x| x.contains("thermal") || x == "hw_slowdown" || x.contains("power_brake")),
+    );
     put("gpu.power_capped", with(|x| x == "sw_power_cap"));
     if let Some(v) = gpus.iter().filter_map(|g| g.temperature_celsius).max() {
         put("gpu.temperature_max_celsius", v as f64);
@@ -468,9 +542,14 @@ fn device_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
     }
     put(
         "gpu.ecc_uncorrected_errors",
-        gpus.iter().filter_map(|g| g.ecc_uncorrected_errors).sum::<u64>() as f64,
+        gpus.iter()
+            .filter_map(|g| g.ecc_uncorrected_errors)
+            .sum::<u64>() as f64,
     );
-    put("gpu.xid_errors", gpus.iter().filter_map(|g| g.xid_errors).sum::<u64>() as f64);
+    put(
+        "gpu.xid_errors",
+        gpus.iter().filter_map(|g| g.xid_errors).sum::<u64>() as f64,
+    );
 }
 
 /// Ranks of one job inside the tree (torchrun children): how much each waits on its GPU.
@@ -510,7 +589,11 @@ fn memory_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
     let mut faults_per_s = 0.0;
     let now_s = t.taken_at_unix_ms as f64 / 1000.0;
     // Only processes /proc knows (a start time); synthetic or exited ones have none.
-    for p in t.processes.iter().filter(|p| p.alive && p.start_time_unix_s > 0) {
+    for p in t
+        .processes
+        .iter()
+        .filter(|p| p.alive && p.start_time_unix_s > 0)
+    {
         if let Ok(st) = std::fs::read_to_string(format!("/proc/{}/status", p.pid)) {
             if let Some(kb) = st
                 .lines()

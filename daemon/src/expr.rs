@@ -70,8 +70,12 @@ fn lex(s: &str) -> Result<Vec<(usize, Tok)>, ParseError> {
         }
         let start = i;
         if c.is_ascii_digit() || (c == '.' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
-            while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.' || b[i] == b'e' || b[i] == b'E'
-                || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
+            while i < b.len()
+                && (b[i].is_ascii_digit()
+                    || b[i] == b'.'
+                    || b[i] == b'e'
+                    || b[i] == b'E'
+                    || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
             {
                 i += 1;
             }
@@ -160,7 +164,11 @@ impl Parser {
         }
         None
     }
-    fn binary(&mut self, ops: &[&'static str], next: fn(&mut Self) -> Result<Expr, ParseError>) -> Result<Expr, ParseError> {
+    fn binary(
+        &mut self,
+        ops: &[&'static str],
+        next: fn(&mut Self) -> Result<Expr, ParseError>,
+    ) -> Result<Expr, ParseError> {
         let mut l = next(self)?;
         while let Some(o) = self.eat_op(ops) {
             let r = next(self)?;
@@ -328,7 +336,6 @@ impl Expr {
     pub fn truth(&self, s: &BTreeMap<String, f64>) -> bool {
         self.eval(s).is_some_and(|v| v != 0.0)
     }
-
 }
 
 #[cfg(test)]
@@ -349,7 +356,10 @@ mod tests {
         assert!(parse("!(a.x > 0.6)").unwrap().truth(&s));
         assert_eq!(parse("1 / (1 - a.x)").unwrap().eval(&s), Some(2.0));
         assert_eq!(parse("-b + 1e1").unwrap().eval(&s), Some(8.0));
-        assert_eq!(parse("min(b, 1) + max(a.x, 0.1, 3)").unwrap().eval(&s), Some(4.0));
+        assert_eq!(
+            parse("min(b, 1) + max(a.x, 0.1, 3)").unwrap().eval(&s),
+            Some(4.0)
+        );
         assert!(parse("foo(1)").is_err());
         // A missing argument is skipped; all missing is missing.
         assert_eq!(parse("max(nope, 2)").unwrap().eval(&s), Some(2.0));

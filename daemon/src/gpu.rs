@@ -16,7 +16,9 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use ethand_common::{GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem};
+use ethand_common::{
+    GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem,
+};
 use ethand_exporters::{
     gpu as g,
     snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus},
@@ -29,7 +31,10 @@ use ethand_userspace_probes::{
 };
 use tracing::{info, warn};
 
-use crate::{config::{Config, GpuLevel}, loader::error_chain};
+use crate::{
+    config::{Config, GpuLevel},
+    loader::error_chain,
+};
 
 pub const ENTRY_PROG: &str = "gpu_enter";
 pub const RETURN_PROG: &str = "gpu_return";
@@ -122,7 +127,8 @@ impl GpuProbes {
 
     fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<(), String> {
         let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(
-            ebpf.take_map("GPU_OPS").ok_or("the BPF object has no GPU_OPS map")?,
+            ebpf.take_map("GPU_OPS")
+                .ok_or("the BPF object has no GPU_OPS map")?,
         )
         .map_err(|e| error_chain(&e))?;
         for (i, s) in CATALOG.iter().enumerate() {
@@ -134,7 +140,8 @@ impl GpuProbes {
                 .ok_or(format!("program {name} missing"))?
                 .try_into()
                 .map_err(|e: ProgramError| error_chain(&e))?;
-            p.load().map_err(|e| format!("loading {name}: {}", error_chain(&e)))?;
+            p.load()
+                .map_err(|e| format!("loading {name}: {}", error_chain(&e)))?;
         }
         Ok(())
     }
@@ -188,12 +195,20 @@ impl GpuProbes {
             self.last_scan = None;
             self.tick(ebpf);
         }
-        info!(from = old.as_str(), to = level.as_str(), libraries = self.libs.len(), "GPU level changed");
+        info!(
+            from = old.as_str(),
+            to = level.as_str(),
+            libraries = self.libs.len(),
+            "GPU level changed"
+        );
         Ok(format!(
             "level {} (was {}); {} library file(s) probed",
             level.as_str(),
             old.as_str(),
-            self.libs.values().filter(|l| l.status.state == ProbeState::Attached).count()
+            self.libs
+                .values()
+                .filter(|l| l.status.state == ProbeState::Attached)
+                .count()
         ))
     }
 
@@ -209,7 +224,10 @@ impl GpuProbes {
                 let attach_point = format!("uprobe/{}", rt.library());
                 let mine: Vec<&Lib> = self.libs.values().filter(|l| l.runtime == rt).collect();
                 let (state, detail) = if !enabled {
-                    (ProbeState::Disabled, format!("gpu.runtimes does not list {:?}", rt.as_str()))
+                    (
+                        ProbeState::Disabled,
+                        format!("gpu.runtimes does not list {:?}", rt.as_str()),
+                    )
                 } else if self.level == GpuLevel::System {
                     (ProbeState::Disabled, "gpu.level = system".into())
                 } else if let Some(e) = &self.load_error {
@@ -220,7 +238,10 @@ impl GpuProbes {
                         format!("no process has loaded {} yet", rt.library()),
                     )
                 } else if mine.iter().any(|l| l.status.state == ProbeState::Attached) {
-                    let n = mine.iter().filter(|l| l.status.state == ProbeState::Attached).count();
+                    let n = mine
+                        .iter()
+                        .filter(|l| l.status.state == ProbeState::Attached)
+                        .count();
                     let failed: Vec<String> = mine
                         .iter()
                         .filter(|l| l.status.state != ProbeState::Attached)
@@ -253,7 +274,6 @@ impl GpuProbes {
             .into_iter()
             .map(|r| (r, self.runtimes.contains(&r)))
     }
-
 }
 
 /// Reads process mappings, skipping processes whose address space has not changed size since
@@ -282,7 +302,9 @@ impl MapsScanner {
             if pid == me {
                 continue;
             }
-            let Some(id) = start_and_vsize(pid) else { continue };
+            let Some(id) = start_and_vsize(pid) else {
+                continue;
+            };
             // Kernel threads have no address space.
             if id.1 == 0 {
                 continue;
@@ -386,7 +408,8 @@ fn pid_of(host_path: &std::path::Path) -> u32 {
 }
 
 fn needs_return(op: u16, level: GpuLevel) -> bool {
-    level == GpuLevel::Op || CATALOG[op as usize].desc.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0
+    level == GpuLevel::Op
+        || CATALOG[op as usize].desc.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0
 }
 
 fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
@@ -400,7 +423,11 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
         }
         None => PathBuf::from(&l.status.host_path),
     };
-    let time_flag = if level == GpuLevel::Op { GPU_COOKIE_TIME } else { 0 };
+    let time_flag = if level == GpuLevel::Op {
+        GPU_COOKIE_TIME
+    } else {
+        0
+    };
     let entry_points: Vec<UProbeAttachPoint> = l
         .resolved
         .iter()
@@ -447,7 +474,10 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
             l.status.detail = format!(
                 "{} symbols, {} timed",
                 l.resolved.len(),
-                l.resolved.iter().filter(|(op, _)| needs_return(*op, level)).count()
+                l.resolved
+                    .iter()
+                    .filter(|(op, _)| needs_return(*op, level))
+                    .count()
             );
             info!(library = %l.status.path, pid = l.status.found_in_pid, symbols = l.resolved.len(), missing = l.status.symbols_missing.len(), "attached GPU/NPU runtime probes");
         }
@@ -461,7 +491,10 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
 }
 
 fn detach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib) {
-    for (prog, link) in [(progs.entry, l.entry_link.take()), (progs.ret, l.return_link.take())] {
+    for (prog, link) in [
+        (progs.entry, l.entry_link.take()),
+        (progs.ret, l.return_link.take()),
+    ] {
         let Some(link) = link else { continue };
         if let Some(p) = ebpf.program_mut(prog) {
             if let Ok(p) = <&mut UProbe>::try_from(p) {
@@ -490,10 +523,15 @@ pub fn process_stats(
         .collect();
     let mut colls: BTreeMap<(&str, &str), g::CollectiveStats> = BTreeMap::new();
     for ((op, dir), s) in calls {
-        let Some(spec) = CATALOG.get(*op as usize) else { continue };
+        let Some(spec) = CATALOG.get(*op as usize) else {
+            continue;
+        };
         out.errors += s.errors;
         let direction = if spec.category == Category::Copy {
-            gpu_dir::NAMES.get(*dir as usize).copied().unwrap_or("default")
+            gpu_dir::NAMES
+                .get(*dir as usize)
+                .copied()
+                .unwrap_or("default")
         } else {
             ""
         };
@@ -571,7 +609,8 @@ pub fn process_stats(
         .filter(|m| m.allocs + m.frees + m.live_bytes > 0)
         .collect();
     out.collectives = colls.into_values().collect();
-    out.symbols.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.symbol.cmp(&b.symbol)));
+    out.symbols
+        .sort_by(|a, b| b.calls.cmp(&a.calls).then(a.symbol.cmp(&b.symbol)));
     Some(out)
 }
 
@@ -580,7 +619,6 @@ fn add_timed(t: &mut g::GpuTimedCalls, s: &GpuCallStats) {
     t.time_ns += s.time_ns;
     t.timed_calls += s.timed_calls;
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -602,18 +640,51 @@ mod tests {
         let op = |rt, n| op_id(rt, n).unwrap();
         let mut calls = BTreeMap::new();
         calls.insert((op(Runtime::Cuda, "cuLaunchKernel"), 0), st(10, 0, 0, 0, 0));
-        calls.insert((op(Runtime::Cuda, "cuLaunchKernel_ptsz"), 0), st(5, 0, 0, 0, 0));
+        calls.insert(
+            (op(Runtime::Cuda, "cuLaunchKernel_ptsz"), 0),
+            st(5, 0, 0, 0, 0),
+        );
         calls.insert((op(Runtime::Cuda, "cuGraphLaunch"), 0), st(2, 0, 0, 0, 0));
         // Two copy symbols in one direction sum; 2D copies carry their own direction.
-        calls.insert((op(Runtime::Cuda, "cuMemcpyHtoD_v2"), u16::from(gpu_dir::HOST_TO_DEVICE)), st(3, 0, 300, 0, 0));
-        calls.insert((op(Runtime::Cuda, "cuMemcpy2D_v2"), u16::from(gpu_dir::HOST_TO_DEVICE)), st(1, 0, 50, 0, 0));
-        calls.insert((op(Runtime::Cuda, "cuMemcpy2D_v2"), u16::from(gpu_dir::DEVICE_TO_HOST)), st(1, 0, 70, 0, 0));
+        calls.insert(
+            (
+                op(Runtime::Cuda, "cuMemcpyHtoD_v2"),
+                u16::from(gpu_dir::HOST_TO_DEVICE),
+            ),
+            st(3, 0, 300, 0, 0),
+        );
+        calls.insert(
+            (
+                op(Runtime::Cuda, "cuMemcpy2D_v2"),
+                u16::from(gpu_dir::HOST_TO_DEVICE),
+            ),
+            st(1, 0, 50, 0, 0),
+        );
+        calls.insert(
+            (
+                op(Runtime::Cuda, "cuMemcpy2D_v2"),
+                u16::from(gpu_dir::DEVICE_TO_HOST),
+            ),
+            st(1, 0, 70, 0, 0),
+        );
         // One failed allocation: counted as a call and an error, not as an allocation.
-        calls.insert((op(Runtime::Cuda, "cuMemAlloc_v2"), 0), st(4, 1, 3000, 10, 4));
+        calls.insert(
+            (op(Runtime::Cuda, "cuMemAlloc_v2"), 0),
+            st(4, 1, 3000, 10, 4),
+        );
         calls.insert((op(Runtime::Cuda, "cuMemFree_v2"), 0), st(2, 0, 1000, 0, 0));
-        calls.insert((op(Runtime::Cuda, "cuStreamSynchronize"), 0), st(6, 0, 0, 600, 6));
-        calls.insert((op(Runtime::Nccl, "ncclAllReduce"), 0), st(2, 0, 8192, 40, 2));
-        calls.insert((op(Runtime::Nccl, "ncclCommInitRankConfig"), 0), st(1, 0, 0, 0, 0));
+        calls.insert(
+            (op(Runtime::Cuda, "cuStreamSynchronize"), 0),
+            st(6, 0, 0, 600, 6),
+        );
+        calls.insert(
+            (op(Runtime::Nccl, "ncclAllReduce"), 0),
+            st(2, 0, 8192, 40, 2),
+        );
+        calls.insert(
+            (op(Runtime::Nccl, "ncclCommInitRankConfig"), 0),
+            st(1, 0, 0, 0, 0),
+        );
         let mut state = GpuProcState::default();
         state.live_bytes[0] = 2000;
         state.peak_bytes[0] = 3000;
@@ -630,12 +701,25 @@ mod tests {
         assert_eq!(g.copy_bytes("host_to_device"), 350);
         assert_eq!(g.copy_bytes("device_to_host"), 70);
         let dev = g.memory.iter().find(|m| m.kind == "device").unwrap();
-        assert_eq!((dev.allocs, dev.alloc_bytes, dev.frees, dev.freed_bytes), (3, 3000, 1, 1000));
+        assert_eq!(
+            (dev.allocs, dev.alloc_bytes, dev.frees, dev.freed_bytes),
+            (3, 3000, 1, 1000)
+        );
         assert_eq!((dev.live_bytes, dev.peak_bytes), (2000, 3000));
         assert_eq!((g.sync.calls, g.sync.time_ns), (6, 600));
         assert_eq!(g.collectives.len(), 1);
-        assert_eq!((g.collectives[0].operation.as_str(), g.collectives[0].bytes), ("all_reduce", 8192));
-        assert_eq!(g.comm, Some(g::CommRank { library: "nccl".into(), rank: Some(1), nranks: 4 }));
+        assert_eq!(
+            (g.collectives[0].operation.as_str(), g.collectives[0].bytes),
+            ("all_reduce", 8192)
+        );
+        assert_eq!(
+            g.comm,
+            Some(g::CommRank {
+                library: "nccl".into(),
+                rank: Some(1),
+                nranks: 4
+            })
+        );
         assert_eq!(g.errors, 1);
         assert_eq!(g.symbols.len(), calls.len());
     }

@@ -12,8 +12,8 @@ mod kernel;
 mod loader;
 mod model;
 mod procinfo;
-mod render;
 mod record;
+mod render;
 mod survey;
 mod syscalls_table;
 
@@ -310,7 +310,12 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
         Command::Level { level } => {
             let resp = api::call(&cfg.daemon.socket, &api::Request::SetLevel { level })
                 .await
-                .with_context(|| format!("no ethand daemon answers at {}", cfg.daemon.socket.display()))?;
+                .with_context(|| {
+                    format!(
+                        "no ethand daemon answers at {}",
+                        cfg.daemon.socket.display()
+                    )
+                })?;
             match resp {
                 api::Response::Ok(v) => {
                     println!("{}", v["message"].as_str().unwrap_or_default());

@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use ethand_common::{
-    GpuCallKey, GpuCallStats, GpuProcState, BlkKey, BlkStats as RawBlk, HIST_BUCKETS, NetStats as RawNet, ProcKey, SyscallHistKey,
-    SyscallKey, SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
+    BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, HIST_BUCKETS,
+    NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey, SyscallStats as RawSys, ThreadStats,
+    blk_op, syscall_class, thread_flags,
 };
 use ethand_exporters::snapshot as snap;
 
@@ -202,7 +203,9 @@ impl Proc {
         let mut g = [0u64; 7];
         for ((op, dir), c) in &self.gpu_calls {
             use ethand_userspace_probes::catalog::{CATALOG, Category};
-            let Some(spec) = CATALOG.get(*op as usize) else { continue };
+            let Some(spec) = CATALOG.get(*op as usize) else {
+                continue;
+            };
             match spec.category {
                 Category::Launch => g[0] += c.calls,
                 Category::Sync => g[1] += c.time_ns,

@@ -78,7 +78,11 @@ pub fn status(s: &SelfStatus) -> String {
             l.detail
         );
         if !l.symbols_missing.is_empty() {
-            let _ = writeln!(o, "            not probed: {}", l.symbols_missing.join(", "));
+            let _ = writeln!(
+                o,
+                "            not probed: {}",
+                l.symbols_missing.join(", ")
+            );
         }
     }
     let _ = writeln!(o, "\nMAP            ENTRIES   CAPACITY  FILL");
@@ -290,7 +294,13 @@ fn gpu_section(
         );
     }
     for c in &g.copies {
-        let _ = writeln!(o, "  copy {:<17} {:>9} calls {:>11}", c.direction, c.calls, bytes(c.bytes));
+        let _ = writeln!(
+            o,
+            "  copy {:<17} {:>9} calls {:>11}",
+            c.direction,
+            c.calls,
+            bytes(c.bytes)
+        );
     }
     if g.sync.calls > 0 {
         let _ = writeln!(
@@ -312,7 +322,11 @@ fn gpu_section(
         );
     }
     if g.untracked_frees > 0 {
-        let _ = writeln!(o, "  {} frees of memory allocated before ethand attached", g.untracked_frees);
+        let _ = writeln!(
+            o,
+            "  {} frees of memory allocated before ethand attached",
+            g.untracked_frees
+        );
     }
     for c in &g.collectives {
         let _ = writeln!(
@@ -328,7 +342,11 @@ fn gpu_section(
     for p in procs {
         if let Some(c) = p.gpu.as_ref().and_then(|g| g.comm.as_ref()) {
             let rank = c.rank.map_or("all".to_string(), |r| r.to_string());
-            let _ = writeln!(o, "  pid {} {} rank {} of {}", p.pid, c.library, rank, c.nranks);
+            let _ = writeln!(
+                o,
+                "  pid {} {} rank {} of {}",
+                p.pid, c.library, rank, c.nranks
+            );
         }
         for dev in &p.devices {
             let util = dev
@@ -347,9 +365,16 @@ fn gpu_section(
     }
     let mut syms: Vec<_> = g.symbols.iter().collect();
     syms.sort_by(|a, b| b.calls.cmp(&a.calls));
-    let _ = writeln!(o, "  TOP SYMBOLS                         CALLS       BYTES    HOST TIME");
+    let _ = writeln!(
+        o,
+        "  TOP SYMBOLS                         CALLS       BYTES    HOST TIME"
+    );
     for s in syms.iter().take(8) {
-        let t = if s.timed_calls > 0 { secs(s.time_ns) } else { "-".into() };
+        let t = if s.timed_calls > 0 {
+            secs(s.time_ns)
+        } else {
+            "-".into()
+        };
         let _ = writeln!(
             o,
             "  {:<32} {:>9} {:>11} {:>12}",
@@ -366,7 +391,12 @@ fn findings(o: &mut String, f: &[ethand_exporters::diagnosis::Finding]) {
         let _ = writeln!(o, "DIAGNOSIS: no bottleneck found by the rules\n");
         return;
     }
-    let _ = writeln!(o, "DIAGNOSIS ({} finding{}, highest impact first)", f.len(), if f.len() == 1 { "" } else { "s" });
+    let _ = writeln!(
+        o,
+        "DIAGNOSIS ({} finding{}, highest impact first)",
+        f.len(),
+        if f.len() == 1 { "" } else { "s" }
+    );
     for (i, x) in f.iter().enumerate() {
         let gain = x
             .estimated_speedup

@@ -27,7 +27,10 @@ pub async fn run(
     let table = SymbolTable::read(library)?;
     let names = table.names_with_prefix(prefix);
     if names.is_empty() {
-        bail!("{} exports no function starting with {prefix:?}", library.display());
+        bail!(
+            "{} exports no function starting with {prefix:?}",
+            library.display()
+        );
     }
     let resolved: Vec<(String, u64)> = table
         .resolve(names.iter().map(String::as_str))

@@ -188,11 +188,9 @@ impl GpuProcessStats {
         }
         self.errors += o.errors;
         for s in &o.symbols {
-            match self
-                .symbols
-                .iter_mut()
-                .find(|x| x.library == s.library && x.symbol == s.symbol && x.direction == s.direction)
-            {
+            match self.symbols.iter_mut().find(|x| {
+                x.library == s.library && x.symbol == s.symbol && x.direction == s.direction
+            }) {
                 Some(x) => {
                     x.calls += s.calls;
                     x.errors += s.errors;

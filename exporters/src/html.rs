@@ -1563,7 +1563,11 @@ pub fn render_comparison_html(c: &crate::report::Comparison) -> String {
             m.processes,
             if m.processes == 1 { "" } else { "es" },
             m.window_ms as f64 / 1000.0,
-            if m.measured_ms > 0 { format!(", measured {:.1} s", m.measured_ms as f64 / 1000.0) } else { String::new() }
+            if m.measured_ms > 0 {
+                format!(", measured {:.1} s", m.measured_ms as f64 / 1000.0)
+            } else {
+                String::new()
+            }
         )
     };
     let _ = write!(
@@ -1580,7 +1584,11 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
         meta(&c.before),
         meta(&c.after)
     );
-    let finding = |o: &mut String, class: &str, label: &str, f: &crate::diagnosis::Finding, imp: String| {
+    let finding = |o: &mut String,
+                   class: &str,
+                   label: &str,
+                   f: &crate::diagnosis::Finding,
+                   imp: String| {
         let _ = write!(
             o,
             "<div class=\"card {class}\"><b>{label}</b>: {} <code>{}</code> — impact {imp}</div>",
@@ -1589,31 +1597,53 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
         );
     };
     let _ = write!(o, "<h2>Findings</h2>");
-    if c.findings_resolved.is_empty() && c.findings_new.is_empty() && c.findings_remaining.is_empty() {
+    if c.findings_resolved.is_empty()
+        && c.findings_new.is_empty()
+        && c.findings_remaining.is_empty()
+    {
         let _ = write!(o, "<p>No findings in either snapshot.</p>");
     }
     for f in &c.findings_resolved {
-        finding(&mut o, "resolved", "Resolved", f, format!("{:.2} → -", f.impact));
+        finding(
+            &mut o,
+            "resolved",
+            "Resolved",
+            f,
+            format!("{:.2} → -", f.impact),
+        );
     }
     for f in &c.findings_new {
         finding(&mut o, "new", "New", f, format!("- → {:.2}", f.impact));
     }
     for (b, a) in &c.findings_remaining {
-        finding(&mut o, "still", "Still", a, format!("{:.2} → {:.2}", b.impact, a.impact));
+        finding(
+            &mut o,
+            "still",
+            "Still",
+            a,
+            format!("{:.2} → {:.2}", b.impact, a.impact),
+        );
     }
-    let mut rows: Vec<&crate::report::ComparedRow> = c
-        .rows
-        .iter()
-        .filter(|r| r.before != r.after)
-        .collect();
+    let mut rows: Vec<&crate::report::ComparedRow> =
+        c.rows.iter().filter(|r| r.before != r.after).collect();
     let rel = |r: &crate::report::ComparedRow| match (r.before, r.after) {
         (Some(b), Some(a)) if b != 0.0 => ((a - b) / b).abs(),
         _ => f64::INFINITY,
     };
-    rows.sort_by(|x, y| rel(y).partial_cmp(&rel(x)).unwrap_or(std::cmp::Ordering::Equal));
-    let num = |v: Option<f64>| v.map_or("—".to_string(), |v| {
-        if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v:.4}") }
+    rows.sort_by(|x, y| {
+        rel(y)
+            .partial_cmp(&rel(x))
+            .unwrap_or(std::cmp::Ordering::Equal)
     });
+    let num = |v: Option<f64>| {
+        v.map_or("—".to_string(), |v| {
+            if v.fract() == 0.0 && v.abs() < 1e15 {
+                format!("{}", v as i64)
+            } else {
+                format!("{v:.4}")
+            }
+        })
+    };
     let _ = write!(
         o,
         "<h2>Changed metrics ({} of {})</h2><table><tr><th>metric</th><th>unit</th><th>before</th><th>after</th><th>change</th><th>relative</th></tr>",
@@ -1624,7 +1654,10 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
         let (class, relative) = match (r.before, r.after) {
             (Some(b), Some(a)) if b != 0.0 => {
                 let x = (a - b) / b;
-                (if x > 0.0 { "up" } else { "down" }, format!("{:+.1} %", 100.0 * x))
+                (
+                    if x > 0.0 { "up" } else { "down" },
+                    format!("{:+.1} %", 100.0 * x),
+                )
             }
             _ => ("", "new/gone".to_string()),
         };

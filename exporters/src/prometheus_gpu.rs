@@ -132,12 +132,20 @@ pub(crate) fn register_process_gpu(registry: &mut Registry, procs: &[&ProcessSna
         libs.sort_unstable();
         libs.dedup();
         for lib in libs {
-            let n = g.symbols.iter().filter(|s| s.library == lib).map(|s| s.errors).sum();
+            let n = g
+                .symbols
+                .iter()
+                .filter(|s| s.library == lib)
+                .map(|s| s.errors)
+                .sum();
             errors.add(id(&[("library", lib)]), n);
         }
         for s in &g.symbols {
             api_calls.add(
-                id(&[("library", s.library.as_str()), ("symbol", s.symbol.as_str())]),
+                id(&[
+                    ("library", s.library.as_str()),
+                    ("symbol", s.symbol.as_str()),
+                ]),
                 s.calls,
             );
         }

@@ -432,10 +432,22 @@ fn gpu_process() -> ProcessSnapshot {
         launches: 1000,
         graph_launches: 3,
         copies: vec![
-            GpuCopyStats { direction: "host_to_device".into(), calls: 10, bytes: 40_960 },
-            GpuCopyStats { direction: "device_to_host".into(), calls: 2, bytes: 8_192 },
+            GpuCopyStats {
+                direction: "host_to_device".into(),
+                calls: 10,
+                bytes: 40_960,
+            },
+            GpuCopyStats {
+                direction: "device_to_host".into(),
+                calls: 2,
+                bytes: 8_192,
+            },
         ],
-        sync: GpuTimedCalls { calls: 5, time_ns: 2_500_000_000, timed_calls: 5 },
+        sync: GpuTimedCalls {
+            calls: 5,
+            time_ns: 2_500_000_000,
+            timed_calls: 5,
+        },
         memory: vec![GpuMemoryStats {
             kind: "device".into(),
             allocs: 3,
@@ -454,7 +466,11 @@ fn gpu_process() -> ProcessSnapshot {
             timed_calls: 120,
         }],
         comm_inits: 1,
-        comm: Some(CommRank { library: "nccl".into(), rank: Some(1), nranks: 2 }),
+        comm: Some(CommRank {
+            library: "nccl".into(),
+            rank: Some(1),
+            nranks: 2,
+        }),
         errors: 1,
         symbols: vec![GpuSymbolStats {
             library: "libcuda".into(),

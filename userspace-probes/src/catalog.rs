@@ -56,7 +56,16 @@ pub struct SymbolSpec {
 
 const N: u8 = GPU_ARG_NONE;
 
-const fn d(kind: u8, flags: u8, bytes_arg: u8, aux_arg: u8, aux2_arg: u8, mem: u8, dir: u8, dt: u8) -> GpuOpDesc {
+const fn d(
+    kind: u8,
+    flags: u8,
+    bytes_arg: u8,
+    aux_arg: u8,
+    aux2_arg: u8,
+    mem: u8,
+    dir: u8,
+    dt: u8,
+) -> GpuOpDesc {
     GpuOpDesc {
         kind,
         flags,
@@ -69,7 +78,13 @@ const fn d(kind: u8, flags: u8, bytes_arg: u8, aux_arg: u8, aux2_arg: u8, mem: u
     }
 }
 
-const fn s(runtime: Runtime, name: &'static str, category: Category, operation: &'static str, desc: GpuOpDesc) -> SymbolSpec {
+const fn s(
+    runtime: Runtime,
+    name: &'static str,
+    category: Category,
+    operation: &'static str,
+    desc: GpuOpDesc,
+) -> SymbolSpec {
     SymbolSpec {
         runtime,
         name,
@@ -80,43 +95,133 @@ const fn s(runtime: Runtime, name: &'static str, category: Category, operation: 
 }
 
 const fn launch(rt: Runtime, name: &'static str) -> SymbolSpec {
-    s(rt, name, Category::Launch, "", d(gpu_kind::COUNT, 0, N, N, N, 0, 0, 0))
+    s(
+        rt,
+        name,
+        Category::Launch,
+        "",
+        d(gpu_kind::COUNT, 0, N, N, N, 0, 0, 0),
+    )
 }
 const fn graph(name: &'static str) -> SymbolSpec {
-    s(Runtime::Cuda, name, Category::GraphLaunch, "", d(gpu_kind::COUNT, 0, N, N, N, 0, 0, 0))
+    s(
+        Runtime::Cuda,
+        name,
+        Category::GraphLaunch,
+        "",
+        d(gpu_kind::COUNT, 0, N, N, N, 0, 0, 0),
+    )
 }
 /// `fn(out_ptr @ out, size @ size, ...)`
 const fn alloc(rt: Runtime, name: &'static str, out: u8, size: u8, mem: u8) -> SymbolSpec {
-    s(rt, name, Category::Alloc, "", d(gpu_kind::ALLOC, gpu_flags::RET, size, out, N, mem, 0, 0))
+    s(
+        rt,
+        name,
+        Category::Alloc,
+        "",
+        d(gpu_kind::ALLOC, gpu_flags::RET, size, out, N, mem, 0, 0),
+    )
 }
 const fn register(name: &'static str) -> SymbolSpec {
-    s(Runtime::Cuda, name, Category::Alloc, "", d(gpu_kind::REGISTER, gpu_flags::RET, 1, 0, N, gpu_mem::HOST_REGISTERED, 0, 0))
+    s(
+        Runtime::Cuda,
+        name,
+        Category::Alloc,
+        "",
+        d(
+            gpu_kind::REGISTER,
+            gpu_flags::RET,
+            1,
+            0,
+            N,
+            gpu_mem::HOST_REGISTERED,
+            0,
+            0,
+        ),
+    )
 }
 const fn free(rt: Runtime, name: &'static str, mem: u8) -> SymbolSpec {
-    s(rt, name, Category::Free, "", d(gpu_kind::FREE, 0, N, 0, N, mem, 0, 0))
+    s(
+        rt,
+        name,
+        Category::Free,
+        "",
+        d(gpu_kind::FREE, 0, N, 0, N, mem, 0, 0),
+    )
 }
 const fn copy(rt: Runtime, name: &'static str, bytes: u8, dir: u8) -> SymbolSpec {
-    s(rt, name, Category::Copy, "", d(gpu_kind::COPY, 0, bytes, N, N, 0, dir, 0))
+    s(
+        rt,
+        name,
+        Category::Copy,
+        "",
+        d(gpu_kind::COPY, 0, bytes, N, N, 0, dir, 0),
+    )
 }
 const fn acl_copy(name: &'static str) -> SymbolSpec {
     // aclrtMemcpy(dst, destMax, src, count, kind[, stream])
-    s(Runtime::AscendCl, name, Category::Copy, "", d(gpu_kind::COPY, 0, 3, 4, N, 0, gpu_dir::FROM_ACL_KIND, 0))
+    s(
+        Runtime::AscendCl,
+        name,
+        Category::Copy,
+        "",
+        d(gpu_kind::COPY, 0, 3, 4, N, 0, gpu_dir::FROM_ACL_KIND, 0),
+    )
 }
 const fn copy2d(name: &'static str) -> SymbolSpec {
-    s(Runtime::Cuda, name, Category::Copy, "", d(gpu_kind::COPY_2D, 0, N, 0, N, 0, 0, 0))
+    s(
+        Runtime::Cuda,
+        name,
+        Category::Copy,
+        "",
+        d(gpu_kind::COPY_2D, 0, N, 0, N, 0, 0, 0),
+    )
 }
 const fn sync(rt: Runtime, name: &'static str) -> SymbolSpec {
-    s(rt, name, Category::Sync, "", d(gpu_kind::SYNC, gpu_flags::TIMED, N, N, N, 0, 0, 0))
+    s(
+        rt,
+        name,
+        Category::Sync,
+        "",
+        d(gpu_kind::SYNC, gpu_flags::TIMED, N, N, N, 0, 0, 0),
+    )
 }
-const fn coll(rt: Runtime, name: &'static str, op: &'static str, count: u8, dtype: u8) -> SymbolSpec {
+const fn coll(
+    rt: Runtime,
+    name: &'static str,
+    op: &'static str,
+    count: u8,
+    dtype: u8,
+) -> SymbolSpec {
     let table = match rt {
         Runtime::Hccl => gpu_dtype::HCCL,
         _ => gpu_dtype::NCCL,
     };
-    s(rt, name, Category::Collective, op, d(gpu_kind::COLLECTIVE, gpu_flags::TIMED, count, dtype, N, 0, 0, table))
+    s(
+        rt,
+        name,
+        Category::Collective,
+        op,
+        d(
+            gpu_kind::COLLECTIVE,
+            gpu_flags::TIMED,
+            count,
+            dtype,
+            N,
+            0,
+            0,
+            table,
+        ),
+    )
 }
 const fn group(name: &'static str) -> SymbolSpec {
-    s(Runtime::Nccl, name, Category::Group, "", d(gpu_kind::COUNT, gpu_flags::TIMED, N, N, N, 0, 0, 0))
+    s(
+        Runtime::Nccl,
+        name,
+        Category::Group,
+        "",
+        d(gpu_kind::COUNT, gpu_flags::TIMED, N, N, N, 0, 0, 0),
+    )
 }
 /// `dtype_table` names the library (NCCL or HCCL) so the kernel can record it with the rank.
 const fn comm_init(rt: Runtime, name: &'static str, rank: u8, nranks: u8) -> SymbolSpec {
@@ -124,12 +229,20 @@ const fn comm_init(rt: Runtime, name: &'static str, rank: u8, nranks: u8) -> Sym
         Runtime::Hccl => gpu_dtype::HCCL,
         _ => gpu_dtype::NCCL,
     };
-    s(rt, name, Category::CommInit, "", d(gpu_kind::COMM_INIT, 0, N, rank, nranks, 0, 0, lib))
+    s(
+        rt,
+        name,
+        Category::CommInit,
+        "",
+        d(gpu_kind::COMM_INIT, 0, N, rank, nranks, 0, 0, lib),
+    )
 }
 
-use gpu_dir::{DEFAULT, DEVICE_TO_DEVICE as D2D, DEVICE_TO_HOST as D2H, HOST_TO_DEVICE as H2D, PEER};
-use gpu_mem::{DEVICE, HOST_PINNED, MANAGED};
 use Runtime::{AscendCl as Acl, Cuda, Hccl, Nccl};
+use gpu_dir::{
+    DEFAULT, DEVICE_TO_DEVICE as D2D, DEVICE_TO_HOST as D2H, HOST_TO_DEVICE as H2D, PEER,
+};
+use gpu_mem::{DEVICE, HOST_PINNED, MANAGED};
 
 /// Every probed symbol. The index is the op id: append, never reorder within a release.
 pub const CATALOG: &[SymbolSpec] = &[

@@ -76,9 +76,7 @@ impl SymbolTable {
             }
         }
         let header = file.elf_header();
-        let sections = header
-            .sections(endian, data)
-            .map_err(|e| e.to_string())?;
+        let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
         let versions = sections.versions(endian, data).map_err(|e| e.to_string())?;
         // .dynsym first: it is what the dynamic linker uses; .symtab (rarely present in
         // shipped libraries) only adds names.
@@ -97,11 +95,16 @@ impl SymbolTable {
                 if bind != elf::STB_GLOBAL && bind != elf::STB_WEAK {
                     continue;
                 }
-                let Ok(name) = sym.name(endian, strings) else { continue };
-                let Ok(name) = std::str::from_utf8(name) else { continue };
+                let Ok(name) = sym.name(endian, strings) else {
+                    continue;
+                };
+                let Ok(name) = std::str::from_utf8(name) else {
+                    continue;
+                };
                 let hidden = is_dyn
                     && versions.as_ref().is_some_and(|v| {
-                        v.version_index(endian, object::read::SymbolIndex(i)).is_hidden()
+                        v.version_index(endian, object::read::SymbolIndex(i))
+                            .is_hidden()
                     });
                 let entry = (sym.st_value(endian), ifunc);
                 match out.funcs.get(name) {
@@ -127,7 +130,10 @@ impl SymbolTable {
 
     /// Resolves `names` in order: the file offset of each, or why not. Two names at one
     /// address resolve once (the first); the second is reported as its alias.
-    pub fn resolve<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, Result<u64, Unresolved>)> {
+    pub fn resolve<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<(&'a str, Result<u64, Unresolved>)> {
         let mut by_offset: HashMap<u64, &'a str> = HashMap::new();
         names
             .into_iter()
@@ -180,11 +186,14 @@ mod tests {
     /// finds `getpid`, reports a made-up name missing, and offsets fall in the file.
     #[test]
     fn resolves_libc() {
-        let path = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.exists())
-            .expect("libc.so.6");
+        let path = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("libc.so.6");
         let t = SymbolTable::read(path).unwrap();
         let len = fs::metadata(path).unwrap().len();
         let r = t.resolve(["getpid", "no_such_function_xyz", "memcpy"]);

@@ -43,10 +43,18 @@ fn build() -> Option<PathBuf> {
 #[test]
 fn weak_alias_version_and_ifunc() {
     let Some(so) = build() else {
-        panic!("cannot build the test library with cc (build-essential is installed by scripts/setup.sh)");
+        panic!(
+            "cannot build the test library with cc (build-essential is installed by scripts/setup.sh)"
+        );
     };
     let t = SymbolTable::read(&so).unwrap();
-    let r = t.resolve(["ncclAllReduce", "pncclAllReduce", "cuLaunchKernel", "cuIfunc", "cuNothing"]);
+    let r = t.resolve([
+        "ncclAllReduce",
+        "pncclAllReduce",
+        "cuLaunchKernel",
+        "cuIfunc",
+        "cuNothing",
+    ]);
     // Weak export resolves; its strong twin at the same address is reported as an alias.
     let nccl = r[0].1.clone().expect("weak symbol resolves");
     assert_eq!(r[1].1, Err(Unresolved::AliasOf("ncclAllReduce".into())));
@@ -57,6 +65,13 @@ fn weak_alias_version_and_ifunc() {
     // The default version (new_impl) wins over the hidden compat one (old_impl).
     let versioned = t.resolve(["cuMemAlloc", "new_impl", "old_impl"]);
     let chosen = versioned[0].1.clone().unwrap();
-    assert_eq!(versioned[1].1, Err(Unresolved::AliasOf("cuMemAlloc".into())));
-    assert_ne!(versioned[2].1, Err(Unresolved::AliasOf("cuMemAlloc".into())), "{chosen:#x}");
+    assert_eq!(
+        versioned[1].1,
+        Err(Unresolved::AliasOf("cuMemAlloc".into()))
+    );
+    assert_ne!(
+        versioned[2].1,
+        Err(Unresolved::AliasOf("cuMemAlloc".into())),
+        "{chosen:#x}"
+    );
 }

@@ -4,8 +4,8 @@ use ethand_exporters::{
     devices::{DevicesSnapshot, GpuDevice},
     gpu::{CommRank, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuSymbolStats, GpuTimedCalls},
     snapshot::{
-        BlockStats, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadSnapshot, TreeSnapshot,
-        WindowStats,
+        BlockStats, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadSnapshot,
+        TreeSnapshot, WindowStats,
     },
 };
 
@@ -80,9 +80,17 @@ fn tree(processes: Vec<ProcessSnapshot>) -> TreeSnapshot {
     }
 }
 
-fn with_gpu(mut t: TreeSnapshot, g: GpuProcessStats, w: WindowStats, util: Option<f64>) -> TreeSnapshot {
+fn with_gpu(
+    mut t: TreeSnapshot,
+    g: GpuProcessStats,
+    w: WindowStats,
+    util: Option<f64>,
+) -> TreeSnapshot {
     t.processes[0].gpu = Some(g.clone());
-    t.processes[0].window = Some(WindowStats { duration_ms: 10_000, ..w });
+    t.processes[0].window = Some(WindowStats {
+        duration_ms: 10_000,
+        ..w
+    });
     t.total.gpu = Some(g);
     t.total.gpu_derived = Some(GpuDerived {
         window_ms: 10_000,
@@ -107,7 +115,11 @@ fn healthy_tree_has_no_findings() {
     let t = with_gpu(
         healthy(),
         launches(100_000),
-        WindowStats { gpu_launches: 100_000, gpu_sync_ns: S / 10, ..Default::default() },
+        WindowStats {
+            gpu_launches: 100_000,
+            gpu_sync_ns: S / 10,
+            ..Default::default()
+        },
         Some(0.95),
     );
     assert!(ids(&t).is_empty(), "{:?}", ids(&t));
@@ -115,7 +127,15 @@ fn healthy_tree_has_no_findings() {
 
 #[test]
 fn input_pipeline_stall() {
-    let mut t = with_gpu(healthy(), launches(1000), WindowStats { gpu_launches: 1000, ..Default::default() }, Some(0.3));
+    let mut t = with_gpu(
+        healthy(),
+        launches(1000),
+        WindowStats {
+            gpu_launches: 1000,
+            ..Default::default()
+        },
+        Some(0.3),
+    );
     // Main thread busy 90 % of its time on the CPU (decoding batches).
     t.processes[0].threads = vec![thread(100, 9 * S, S, 0)];
     let f = diagnose(&t, &rules());
@@ -134,11 +154,27 @@ fn input_pipeline_stall() {
 
 #[test]
 fn gpu_underutilized() {
-    let mut t = with_gpu(healthy(), launches(1000), WindowStats { gpu_launches: 1000, ..Default::default() }, Some(0.3));
+    let mut t = with_gpu(
+        healthy(),
+        launches(1000),
+        WindowStats {
+            gpu_launches: 1000,
+            ..Default::default()
+        },
+        Some(0.3),
+    );
     t.processes[0].threads = vec![thread(100, S, 9 * S, 0)];
-    assert!(ids(&t).contains(&"gpu_underutilized".to_string()), "{:?}", ids(&t));
+    assert!(
+        ids(&t).contains(&"gpu_underutilized".to_string()),
+        "{:?}",
+        ids(&t)
+    );
     let mut t2 = t.clone();
-    t2.total.gpu_derived.as_mut().unwrap().device_utilization_ratio = Some(0.9);
+    t2.total
+        .gpu_derived
+        .as_mut()
+        .unwrap()
+        .device_utilization_ratio = Some(0.9);
     assert!(!ids(&t2).contains(&"gpu_underutilized".to_string()));
 }
 
@@ -146,16 +182,40 @@ fn gpu_underutilized() {
 fn excessive_sync() {
     let g = GpuProcessStats {
         launches: 1000,
-        sync: GpuTimedCalls { calls: 1000, time_ns: 5 * S, timed_calls: 1000 },
+        sync: GpuTimedCalls {
+            calls: 1000,
+            time_ns: 5 * S,
+            timed_calls: 1000,
+        },
         ..Default::default()
     };
-    let t = with_gpu(healthy(), g.clone(), WindowStats { gpu_launches: 1000, gpu_sync_ns: 5 * S, ..Default::default() }, None);
+    let t = with_gpu(
+        healthy(),
+        g.clone(),
+        WindowStats {
+            gpu_launches: 1000,
+            gpu_sync_ns: 5 * S,
+            ..Default::default()
+        },
+        None,
+    );
     assert_eq!(ids(&t), vec!["excessive_sync"]);
     // Few syncs, little time blocked: no.
     let t2 = with_gpu(
         healthy(),
-        GpuProcessStats { sync: GpuTimedCalls { calls: 1, time_ns: S / 100, timed_calls: 1 }, ..g },
-        WindowStats { gpu_launches: 1000, gpu_sync_ns: S / 100, ..Default::default() },
+        GpuProcessStats {
+            sync: GpuTimedCalls {
+                calls: 1,
+                time_ns: S / 100,
+                timed_calls: 1,
+            },
+            ..g
+        },
+        WindowStats {
+            gpu_launches: 1000,
+            gpu_sync_ns: S / 100,
+            ..Default::default()
+        },
         None,
     );
     assert!(ids(&t2).is_empty());
@@ -179,17 +239,30 @@ fn copy_symbol(name: &str, calls: u64, bytes: u64) -> GpuSymbolStats {
 fn item_per_step_is_sync_not_input_pipeline() {
     let g = GpuProcessStats {
         launches: 3_000_000,
-        sync: GpuTimedCalls { calls: 1_000_000, time_ns: S, timed_calls: 1_000_000 },
+        sync: GpuTimedCalls {
+            calls: 1_000_000,
+            time_ns: S,
+            timed_calls: 1_000_000,
+        },
         ..Default::default()
     };
     let mut t = with_gpu(
         healthy(),
         g,
-        WindowStats { gpu_launches: 528_000, gpu_sync_ns: 12 * S / 10, ..Default::default() },
+        WindowStats {
+            gpu_launches: 528_000,
+            gpu_sync_ns: 12 * S / 10,
+            ..Default::default()
+        },
         Some(0.3),
     );
     t.processes[0].threads = vec![thread(100, 10 * S, 0, 0)];
-    assert_eq!(ids(&t), vec!["excessive_sync"], "{:?}", diagnose(&t, &rules()));
+    assert_eq!(
+        ids(&t),
+        vec!["excessive_sync"],
+        "{:?}",
+        diagnose(&t, &rules())
+    );
 }
 
 /// The DataLoader loop as measured on an H200: one sync per step (the pageable batch copy),
@@ -198,38 +271,78 @@ fn item_per_step_is_sync_not_input_pipeline() {
 fn dataloader_with_a_sync_per_step_is_input_pipeline() {
     let g = GpuProcessStats {
         launches: 19_000,
-        sync: GpuTimedCalls { calls: 1_007, time_ns: S / 50, timed_calls: 1_007 },
+        sync: GpuTimedCalls {
+            calls: 1_007,
+            time_ns: S / 50,
+            timed_calls: 1_007,
+        },
         ..Default::default()
     };
     let mut t = with_gpu(
         healthy(),
         g,
-        WindowStats { gpu_launches: 19_057, gpu_sync_ns: S / 50, ..Default::default() },
+        WindowStats {
+            gpu_launches: 19_057,
+            gpu_sync_ns: S / 50,
+            ..Default::default()
+        },
         Some(0.01),
     );
     t.processes[0].threads = vec![thread(100, 92 * S / 10, 8 * S / 10, 0)];
-    assert_eq!(ids(&t), vec!["input_pipeline_stall"], "{:?}", diagnose(&t, &rules()));
+    assert_eq!(
+        ids(&t),
+        vec!["input_pipeline_stall"],
+        "{:?}",
+        diagnose(&t, &rules())
+    );
 }
 
 #[test]
 fn small_pageable_copies() {
-    let g = GpuProcessStats { symbols: vec![copy_symbol("cuMemcpyHtoD_v2", 5000, 5000 * 4096)], ..Default::default() };
+    let g = GpuProcessStats {
+        symbols: vec![copy_symbol("cuMemcpyHtoD_v2", 5000, 5000 * 4096)],
+        ..Default::default()
+    };
     let t = with_gpu(healthy(), g, WindowStats::default(), None);
     assert_eq!(ids(&t), vec!["small_pageable_copies"]);
     // The same bytes in large async copies from pinned memory: fine.
-    let g2 = GpuProcessStats { symbols: vec![copy_symbol("cuMemcpyHtoDAsync_v2", 5000, 5000 << 20)], ..Default::default() };
+    let g2 = GpuProcessStats {
+        symbols: vec![copy_symbol("cuMemcpyHtoDAsync_v2", 5000, 5000 << 20)],
+        ..Default::default()
+    };
     assert!(ids(&with_gpu(healthy(), g2, WindowStats::default(), None)).is_empty());
 }
 
 #[test]
 fn gpu_memory_growth() {
     let g = GpuProcessStats {
-        memory: vec![GpuMemoryStats { kind: "device".into(), allocs: 500, live_bytes: 2 << 30, ..Default::default() }],
+        memory: vec![GpuMemoryStats {
+            kind: "device".into(),
+            allocs: 500,
+            live_bytes: 2 << 30,
+            ..Default::default()
+        }],
         ..Default::default()
     };
-    let t = with_gpu(healthy(), g.clone(), WindowStats { gpu_memory_growth_bytes: 500 << 20, ..Default::default() }, None);
+    let t = with_gpu(
+        healthy(),
+        g.clone(),
+        WindowStats {
+            gpu_memory_growth_bytes: 500 << 20,
+            ..Default::default()
+        },
+        None,
+    );
     assert_eq!(ids(&t), vec!["gpu_memory_growth"]);
-    let t2 = with_gpu(healthy(), g, WindowStats { gpu_memory_growth_bytes: 0, ..Default::default() }, None);
+    let t2 = with_gpu(
+        healthy(),
+        g,
+        WindowStats {
+            gpu_memory_growth_bytes: 0,
+            ..Default::default()
+        },
+        None,
+    );
     assert!(ids(&t2).is_empty());
 }
 
@@ -238,7 +351,11 @@ fn cpu_contention() {
     let mut t = healthy();
     let w = t.processes[0].window.as_mut().unwrap();
     w.runq_wait_ns = 4 * S;
-    assert!(ids(&t).contains(&"cpu_contention".to_string()), "{:?}", ids(&t));
+    assert!(
+        ids(&t).contains(&"cpu_contention".to_string()),
+        "{:?}",
+        ids(&t)
+    );
     t.processes[0].window.as_mut().unwrap().runq_wait_ns = S / 100;
     assert!(ids(&t).is_empty());
 }
@@ -248,13 +365,21 @@ fn thread_oversubscription() {
     let cpus = std::thread::available_parallelism().unwrap().get() as u32;
     let mut t = healthy();
     // 4 threads per CPU, each running an eighth of the time and preempted the rest.
-    t.processes[0].threads = (0..4 * cpus).map(|i| thread(100 + i, S, 0, 7 * S)).collect();
+    t.processes[0].threads = (0..4 * cpus)
+        .map(|i| thread(100 + i, S, 0, 7 * S))
+        .collect();
     t.total.sched.voluntary_switches = 100;
     t.total.sched.involuntary_switches = 10_000;
     t.processes[0].window.as_mut().unwrap().runq_wait_ns = 7 * S;
-    assert!(ids(&t).contains(&"thread_oversubscription".to_string()), "{:?}", ids(&t));
+    assert!(
+        ids(&t).contains(&"thread_oversubscription".to_string()),
+        "{:?}",
+        ids(&t)
+    );
     // Many threads, but asleep: not oversubscribed.
-    t.processes[0].threads = (0..4 * cpus).map(|i| thread(100 + i, S / 10, 8 * S, 0)).collect();
+    t.processes[0].threads = (0..4 * cpus)
+        .map(|i| thread(100 + i, S / 10, 8 * S, 0))
+        .collect();
     assert!(!ids(&t).contains(&"thread_oversubscription".to_string()));
 }
 
@@ -263,8 +388,19 @@ fn disk_io_bound() {
     let mut t = healthy();
     let p = &mut t.processes[0];
     p.threads = vec![thread(100, S, 9 * S, 0)];
-    p.syscalls.by_nr = vec![SyscallRow { nr: 17, name: "pread64".into(), count: 1000, errors: 0, time_ns: 8 * S }];
-    p.block = vec![BlockStats { op: "read".into(), ops: 1000, bytes: 1 << 30, ..Default::default() }];
+    p.syscalls.by_nr = vec![SyscallRow {
+        nr: 17,
+        name: "pread64".into(),
+        count: 1000,
+        errors: 0,
+        time_ns: 8 * S,
+    }];
+    p.block = vec![BlockStats {
+        op: "read".into(),
+        ops: 1000,
+        bytes: 1 << 30,
+        ..Default::default()
+    }];
     p.window.as_mut().unwrap().block_read_bytes = 1 << 30;
     assert_eq!(ids(&t), vec!["disk_io_bound"]);
     // Same time in read(), but from the page cache (no disk traffic): no.
@@ -275,17 +411,41 @@ fn disk_io_bound() {
 #[test]
 fn network_retransmits() {
     let mut t = healthy();
-    t.total.net = NetStats { tcp_retransmits: 50, tcp_tx_bytes: 10 << 20, ..Default::default() };
+    t.total.net = NetStats {
+        tcp_retransmits: 50,
+        tcp_tx_bytes: 10 << 20,
+        ..Default::default()
+    };
     assert_eq!(ids(&t), vec!["network_retransmits"]);
-    t.total.net = NetStats { tcp_retransmits: 50, tcp_tx_bytes: 10 << 30, ..Default::default() };
+    t.total.net = NetStats {
+        tcp_retransmits: 50,
+        tcp_tx_bytes: 10 << 30,
+        ..Default::default()
+    };
     assert!(ids(&t).is_empty());
 }
 
 #[test]
 fn collective_bound() {
-    let t = with_gpu(healthy(), launches(10), WindowStats { collective_ns: 5 * S, ..Default::default() }, None);
+    let t = with_gpu(
+        healthy(),
+        launches(10),
+        WindowStats {
+            collective_ns: 5 * S,
+            ..Default::default()
+        },
+        None,
+    );
     assert_eq!(ids(&t), vec!["collective_bound"]);
-    let t2 = with_gpu(healthy(), launches(10), WindowStats { collective_ns: S / 2, ..Default::default() }, None);
+    let t2 = with_gpu(
+        healthy(),
+        launches(10),
+        WindowStats {
+            collective_ns: S / 2,
+            ..Default::default()
+        },
+        None,
+    );
     assert!(ids(&t2).is_empty());
 }
 
@@ -297,19 +457,43 @@ fn straggler_rank() {
         alive: true,
         gpu: Some(GpuProcessStats {
             launches: 1000,
-            comm: Some(CommRank { library: "nccl".into(), rank: Some(r), nranks: 2 }),
+            comm: Some(CommRank {
+                library: "nccl".into(),
+                rank: Some(r),
+                nranks: 2,
+            }),
             ..Default::default()
         }),
-        window: Some(WindowStats { duration_ms: 10_000, gpu_sync_ns: wait_s * S, ..Default::default() }),
+        window: Some(WindowStats {
+            duration_ms: 10_000,
+            gpu_sync_ns: wait_s * S,
+            ..Default::default()
+        }),
         ..Default::default()
     };
-    let launcher = ProcessSnapshot { pid: 10, comm: "torchrun".into(), alive: true, ..Default::default() };
+    let launcher = ProcessSnapshot {
+        pid: 10,
+        comm: "torchrun".into(),
+        alive: true,
+        ..Default::default()
+    };
     let t = tree(vec![launcher.clone(), rank(11, 0, 6), rank(12, 1, 0)]);
     let f = diagnose(&t, &rules());
     // The fast rank's long syncs are explained by the straggler: not reported on their own.
-    assert_eq!(f.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(), vec!["straggler_rank"], "{f:?}");
-    let s = f.iter().find(|f| f.id == "straggler_rank").expect("straggler");
-    let who = s.evidence.iter().find(|e| e.signal == "ranks.straggler_rank").unwrap();
+    assert_eq!(
+        f.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(),
+        vec!["straggler_rank"],
+        "{f:?}"
+    );
+    let s = f
+        .iter()
+        .find(|f| f.id == "straggler_rank")
+        .expect("straggler");
+    let who = s
+        .evidence
+        .iter()
+        .find(|e| e.signal == "ranks.straggler_rank")
+        .unwrap();
     assert_eq!(who.value, 1.0, "rank 1 waits least: it is the slow one");
     let t2 = tree(vec![launcher, rank(11, 0, 1), rank(12, 1, 1)]);
     assert!(!ids(&t2).contains(&"straggler_rank".to_string()));
@@ -347,7 +531,16 @@ fn gpu_throttling_and_errors() {
 
 #[test]
 fn findings_are_ranked_by_impact() {
-    let mut t = with_gpu(healthy(), launches(1000), WindowStats { gpu_launches: 1000, collective_ns: 4 * S, ..Default::default() }, Some(0.2));
+    let mut t = with_gpu(
+        healthy(),
+        launches(1000),
+        WindowStats {
+            gpu_launches: 1000,
+            collective_ns: 4 * S,
+            ..Default::default()
+        },
+        Some(0.2),
+    );
     t.processes[0].threads = vec![thread(100, 9 * S, S, 0)];
     let f = diagnose(&t, &rules());
     assert!(f.len() >= 2, "{f:?}");
@@ -377,7 +570,11 @@ impact = "cpu.main_thread_busy_ratio"
 "#,
     )
     .unwrap();
-    std::fs::write(dir.join("20-broken.toml"), "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n").unwrap();
+    std::fs::write(
+        dir.join("20-broken.toml"),
+        "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n",
+    )
+    .unwrap();
     let rules = load_rules(&dir);
     assert!(!rules.iter().any(|r| r.id == "cpu_contention"));
     let mut t = healthy();
@@ -389,18 +586,35 @@ impact = "cpu.main_thread_busy_ratio"
 
 #[test]
 fn broken_rules_name_file_rule_and_field() {
-    let e = parse_rules("[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n", "site.toml").unwrap_err();
+    let e = parse_rules(
+        "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n",
+        "site.toml",
+    )
+    .unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("site.toml") && msg.contains("\"x\"") && msg.contains("when"), "{msg}");
-    let e = parse_rules("[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a > 1\"\nseverity = \"huge\"\n", "f").unwrap_err();
+    assert!(
+        msg.contains("site.toml") && msg.contains("\"x\"") && msg.contains("when"),
+        "{msg}"
+    );
+    let e = parse_rules(
+        "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a > 1\"\nseverity = \"huge\"\n",
+        "f",
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("severity"), "{e}");
 }
 
 #[test]
 fn memory_pressure_condition() {
-    let rule = rules().into_iter().find(|r| r.id == "memory_pressure").unwrap();
+    let rule = rules()
+        .into_iter()
+        .find(|r| r.id == "memory_pressure")
+        .unwrap();
     let sig = |swap: f64, faults: f64| {
-        BTreeMap::from([("mem.swap_bytes".to_string(), swap), ("mem.major_faults_per_second".to_string(), faults)])
+        BTreeMap::from([
+            ("mem.swap_bytes".to_string(), swap),
+            ("mem.major_faults_per_second".to_string(), faults),
+        ])
     };
     assert!(rule.when.truth(&sig(512.0 * 1048576.0, 0.0)));
     assert!(rule.when.truth(&sig(0.0, 500.0)));

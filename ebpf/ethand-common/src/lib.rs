@@ -112,8 +112,9 @@ pub mod counter {
         "gpu_inflight_full",
     ];
     /// Which of the above mean lost data (the rest are informational).
-    pub const IS_LOSS: [bool; COUNT as usize] =
-        [true, true, true, true, true, true, true, false, false, true, true, true, true];
+    pub const IS_LOSS: [bool; COUNT as usize] = [
+        true, true, true, true, true, true, true, false, false, true, true, true, true,
+    ];
 }
 
 /// Per-thread scheduler state and counters. Key: tid (u32). Written only from the CPU the

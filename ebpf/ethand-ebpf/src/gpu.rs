@@ -5,7 +5,9 @@
 //! collectives add one more map operation. No strings, no stacks.
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
@@ -194,7 +196,9 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             }
         }
         gpu_kind::COLLECTIVE => {
-            bytes = args.get(d.bytes_arg).wrapping_mul(dtype_size(d.dtype_table, args.get(d.aux_arg)));
+            bytes = args
+                .get(d.bytes_arg)
+                .wrapping_mul(dtype_size(d.dtype_table, args.get(d.aux_arg)));
         }
         gpu_kind::ALLOC | gpu_kind::REGISTER => {
             ptr = args.get(d.aux_arg);
@@ -231,8 +235,16 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             }
         }
         gpu_kind::COMM_INIT => {
-            let nranks = if d.aux2_arg == GPU_ARG_NONE { 0 } else { args.get(d.aux2_arg) as u32 };
-            let rank = if d.aux_arg == GPU_ARG_NONE { u32::MAX } else { args.get(d.aux_arg) as u32 };
+            let nranks = if d.aux2_arg == GPU_ARG_NONE {
+                0
+            } else {
+                args.get(d.aux2_arg) as u32
+            };
+            let rank = if d.aux_arg == GPU_ARG_NONE {
+                u32::MAX
+            } else {
+                args.get(d.aux_arg) as u32
+            };
             if nranks > 0 {
                 if let Some(s) = proc_state(&pk) {
                     // Keep the largest communicator: the world, not a sub-group (the first
@@ -255,7 +267,12 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         dir: dir as u16,
         proc_start_ns: c.proc_start_ns,
     };
-    let st = get_or_insert(&GPU_CALLS, &key, &GpuCallStats::default(), counter::GPU_CALLS_FULL)?;
+    let st = get_or_insert(
+        &GPU_CALLS,
+        &key,
+        &GpuCallStats::default(),
+        counter::GPU_CALLS_FULL,
+    )?;
     unsafe {
         atomic_add(&raw mut (*st).calls, 1);
         if bytes != 0 {
@@ -312,7 +329,11 @@ fn on_return(ctx: &RetProbeContext) -> Option<()> {
         atomic_add(&raw mut (*st).timed_calls, 1);
     }
     if ok && (d.kind == gpu_kind::ALLOC || d.kind == gpu_kind::REGISTER) {
-        let ptr = if d.kind == gpu_kind::ALLOC { read_user_u64(inf.ptr) } else { inf.ptr };
+        let ptr = if d.kind == gpu_kind::ALLOC {
+            read_user_u64(inf.ptr)
+        } else {
+            inf.ptr
+        };
         if ptr == 0 {
             return Some(());
         }

@@ -519,7 +519,13 @@ fn slow_syscalls(n: u64, us: u64, fast: u64) {
     for _ in 0..n {
         // SAFETY: a valid timespec; no remainder wanted.
         check(
-            unsafe { libc::syscall(libc::SYS_nanosleep, &ts, std::ptr::null_mut::<libc::timespec>()) },
+            unsafe {
+                libc::syscall(
+                    libc::SYS_nanosleep,
+                    &ts,
+                    std::ptr::null_mut::<libc::timespec>(),
+                )
+            },
             "nanosleep",
         );
     }

@@ -527,7 +527,13 @@ fn gpu_memory_growth_quiet_when_every_allocation_is_freed() {
 
 /// 400 all-reduces of 1 Mi float32 whose host call takes 5 ms (the stand-in's
 /// ETHAND_STANDIN_COLL_US): most of the window inside collectives.
-fn nccl_plan(d: &Daemon, coll_us: u64, ops: &str, times: usize, window_s: u64) -> (Driver, TreeSnapshot) {
+fn nccl_plan(
+    d: &Daemon,
+    coll_us: u64,
+    ops: &str,
+    times: usize,
+    window_s: u64,
+) -> (Driver, TreeSnapshot) {
     let s = standins::shared();
     let mut plan = vec!["wait_stdin", "comm_init_rank_config 0 2"];
     plan.extend(std::iter::repeat_n(ops, times));
@@ -541,7 +547,10 @@ fn nccl_plan(d: &Daemon, coll_us: u64, ops: &str, times: usize, window_s: u64) -
     drv.wait_for("waiting");
     thread::sleep(Duration::from_millis(700));
     let t = snapshot(d, drv.pid, window_s);
-    show(&format!("gpu_driver: [{ops}] x {times} (collective {coll_us} us)"), &t);
+    show(
+        &format!("gpu_driver: [{ops}] x {times} (collective {coll_us} us)"),
+        &t,
+    );
     (drv, t)
 }
 
@@ -554,7 +563,10 @@ fn collective_bound_fires_when_collectives_take_the_time() {
     let f = fired(&t, "collective_bound");
     let calls = truth.total("ncclAllReduce").calls;
     assert_eq!(ev(f, "gpu.collective_calls"), calls as f64);
-    assert_eq!(ev(f, "gpu.collective_bytes"), (calls * (1 << 20) * 4) as f64);
+    assert_eq!(
+        ev(f, "gpu.collective_bytes"),
+        (calls * (1 << 20) * 4) as f64
+    );
     assert!(ev(f, "gpu.collective_ratio") > 0.3, "{f:?}");
 }
 
