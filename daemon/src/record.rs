@@ -504,32 +504,11 @@ fn us(ns: i128) -> f64 {
     ns as f64 / 1000.0
 }
 
-fn nccl_hccl_dtype_size(table: u8, t: u64) -> u64 {
-    match table {
-        gpu_dtype::NCCL => match t {
-            0 | 1 | 10 | 11 => 1,
-            6 | 9 => 2,
-            2 | 3 | 7 => 4,
-            4 | 5 | 8 => 8,
-            _ => 0,
-        },
-        gpu_dtype::HCCL => match t {
-            0 | 7 => 1,
-            1 | 3 | 8 | 11 => 2,
-            2 | 4 | 9 => 4,
-            5 | 6 | 10 => 8,
-            12 => 16,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
 /// Bytes a GPU/NPU call moved or allocated, where the catalog says which argument holds them.
 fn gpu_bytes(d: &GpuOpDesc, arg1: u64, arg2: u64) -> Option<u64> {
     match d.kind {
         gpu_kind::COPY | gpu_kind::ALLOC | gpu_kind::REGISTER => Some(arg1),
-        gpu_kind::COLLECTIVE => Some(arg1.wrapping_mul(nccl_hccl_dtype_size(d.dtype_table, arg2))),
+        gpu_kind::COLLECTIVE => Some(arg1.wrapping_mul(gpu_dtype::size(d.dtype_table, arg2))),
         _ => None,
     }
 }

@@ -347,11 +347,33 @@ pub mod gpu_dtype {
     /// `ncclDataType_t`: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64,
     /// bfloat16, float8e4m3, float8e5m2.
     pub const NCCL: u8 = 1;
-    pub const NCCL_SIZES: [u8; 12] = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
     /// `HcclDataType`: int8, int16, int32, fp16, fp32, int64, uint64, uint8, uint16, uint32,
     /// fp64, bfp16, int128.
     pub const HCCL: u8 = 2;
-    pub const HCCL_SIZES: [u8; 13] = [1, 2, 4, 2, 4, 8, 8, 1, 2, 4, 8, 2, 16];
+
+    /// Bytes of one element of data type `t` in `table` (0: unknown). A `match`, not an
+    /// array, so that the BPF programs need no read-only data for it.
+    #[inline(always)]
+    pub fn size(table: u8, t: u64) -> u64 {
+        match table {
+            NCCL => match t {
+                0 | 1 | 10 | 11 => 1,
+                6 | 9 => 2,
+                2 | 3 | 7 => 4,
+                4 | 5 | 8 => 8,
+                _ => 0,
+            },
+            HCCL => match t {
+                0 | 7 => 1,
+                1 | 3 | 8 | 11 => 2,
+                2 | 4 | 9 => 4,
+                5 | 6 | 10 => 8,
+                12 => 16,
+                _ => 0,
+            },
+            _ => 0,
+        }
+    }
 }
 
 /// Memory kinds tracked per process ([`GpuOpDesc::mem`], index into [`GpuProcState`] arrays).

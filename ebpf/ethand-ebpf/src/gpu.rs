@@ -108,28 +108,6 @@ impl Args {
     }
 }
 
-#[inline(always)]
-fn dtype_size(table: u8, t: u64) -> u64 {
-    match table {
-        gpu_dtype::NCCL => match t {
-            0 | 1 | 10 | 11 => 1,
-            6 | 9 => 2,
-            2 | 3 | 7 => 4,
-            4 | 5 | 8 => 8,
-            _ => 0,
-        },
-        gpu_dtype::HCCL => match t {
-            0 | 7 => 1,
-            1 | 3 | 8 | 11 => 2,
-            2 | 4 | 9 => 4,
-            5 | 6 | 10 => 8,
-            12 => 16,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
 /// CUmemorytype pair to direction (HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4).
 #[inline(always)]
 fn dir_2d(src: u32, dst: u32) -> u32 {
@@ -198,7 +176,7 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         gpu_kind::COLLECTIVE => {
             bytes = args
                 .get(d.bytes_arg)
-                .wrapping_mul(dtype_size(d.dtype_table, args.get(d.aux_arg)));
+                .wrapping_mul(gpu_dtype::size(d.dtype_table, args.get(d.aux_arg)));
         }
         gpu_kind::ALLOC | gpu_kind::REGISTER => {
             ptr = args.get(d.aux_arg);
