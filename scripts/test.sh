@@ -7,5 +7,7 @@ bash scripts/setup.sh --tests
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "[test] building ethand (release)" >&2
 cargo build --release --locked -p ethand
+echo "[test] building the .deb (tests/tests/package.rs installs it)" >&2
+cargo xtask deb --binary target/release/ethand
 echo "[test] cargo test (release)" >&2
 cargo test --release --locked --no-fail-fast

@@ -21,6 +21,29 @@ pub struct Config {
     pub gpu: GpuConfig,
     pub devices: DevicesConfig,
     pub diagnosis: DiagnosisConfig,
+    /// Container / pod / job / rank of processes (attribution.rs, docs/cluster.md).
+    pub attribution: crate::attribution::AttributionConfig,
+    pub otlp: OtlpConfig,
+}
+
+/// OTLP metrics export (exporters/src/otlp.rs, docs/otlp.md).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    pub enabled: bool,
+    /// Empty: the protocol's default on localhost (grpc: http://localhost:4317,
+    /// http/protobuf: http://localhost:4318/v1/metrics).
+    pub endpoint: String,
+    /// "grpc" or "http/protobuf".
+    pub protocol: String,
+    /// Sent with every export (gRPC metadata or HTTP headers).
+    pub headers: BTreeMap<String, String>,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Added to the resource (string values); they override the built-in attributes.
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Environment variable holding the Kubernetes node name (`k8s.node.name`).
+    pub node_name_env: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -270,6 +293,8 @@ impl Config {
                 ),
             ));
         }
+        self.validate_otlp()?;
+        self.attribution.validate()?;
         for (name, tp) in &self.probes.tracepoints {
             if tp.split('/').count() != 2 || tp.starts_with('/') || tp.ends_with('/') {
                 return Err((
@@ -277,6 +302,77 @@ impl Config {
                     format!("probes.tracepoints.{name} = {tp:?} is not \"group/event\""),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checked whether or not export is enabled, so that a typo shows before it is switched on.
+    fn validate_otlp(&self) -> Result<(), (String, String)> {
+        let o = &self.otlp;
+        if !["grpc", "http/protobuf"].contains(&o.protocol.as_str()) {
+            return Err((
+                "otlp.protocol".into(),
+                format!(
+                    "otlp.protocol = {:?}: expected \"grpc\" or \"http/protobuf\"",
+                    o.protocol
+                ),
+            ));
+        }
+        if !o.endpoint.is_empty()
+            && !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://"))
+        {
+            return Err((
+                "otlp.endpoint".into(),
+                format!(
+                    "otlp.endpoint = {:?} is not a URL like http://collector:4317",
+                    o.endpoint
+                ),
+            ));
+        }
+        if o.endpoint.starts_with("https://") {
+            return Err((
+                "otlp.endpoint".into(),
+                format!(
+                    "otlp.endpoint = {:?}: TLS is not built in; use http:// to a local collector or sidecar",
+                    o.endpoint
+                ),
+            ));
+        }
+        if o.interval_ms < 100 || o.interval_ms > 3_600_000 {
+            return Err((
+                "otlp.interval_ms".into(),
+                format!(
+                    "otlp.interval_ms = {} is out of range [100, 3600000]",
+                    o.interval_ms
+                ),
+            ));
+        }
+        if o.timeout_ms == 0 || o.timeout_ms > o.interval_ms {
+            return Err((
+                "otlp.timeout_ms".into(),
+                format!(
+                    "otlp.timeout_ms = {} must be in [1, otlp.interval_ms = {}]",
+                    o.timeout_ms, o.interval_ms
+                ),
+            ));
+        }
+        for (k, v) in &o.headers {
+            let bad_name = k.is_empty()
+                || !k
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if bad_name || v.bytes().any(|b| b.is_ascii_control()) {
+                return Err((
+                    format!("otlp.headers.{k}"),
+                    format!("otlp.headers.{k}: not a valid header name and value"),
+                ));
+            }
+        }
+        if o.resource_attributes.keys().any(|k| k.is_empty()) {
+            return Err((
+                "otlp.resource_attributes".into(),
+                "otlp.resource_attributes: empty attribute name".into(),
+            ));
         }
         Ok(())
     }
@@ -432,6 +528,31 @@ mod tests {
             .to_string();
         assert!(e.contains("prometheus.listen"), "{e}");
         assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn otlp_section_parses_and_bad_values_name_their_key() {
+        let c = Config::from_overlay(
+            "[otlp]\nenabled = true\nprotocol = \"http/protobuf\"\n[otlp.headers]\nauthorization = \"Bearer x\"\n[otlp.resource_attributes]\n\"deployment.environment\" = \"prod\"\n",
+            "f.toml",
+        )
+        .unwrap();
+        assert!(c.otlp.enabled);
+        assert_eq!(c.otlp.headers["authorization"], "Bearer x");
+        assert_eq!(c.otlp.resource_attributes["deployment.environment"], "prod");
+        assert_eq!(c.otlp.node_name_env, "NODE_NAME");
+        for (text, key, line) in [
+            ("[otlp]\nprotocol = \"http\"\n", "otlp.protocol", 2),
+            ("[otlp]\n\nendpoint = \"collector:4317\"\n", "otlp.endpoint", 3),
+            ("[otlp]\nendpoint = \"https://c:4317\"\n", "otlp.endpoint", 2),
+            ("[otlp]\ninterval_ms = 10\n", "otlp.interval_ms", 2),
+            ("[otlp]\ninterval_ms = 1000\ntimeout_ms = 2000\n", "otlp.timeout_ms", 3),
+            ("[otlp.headers]\n\"bad header\" = \"x\"\n", "otlp.headers.bad header", 2),
+        ] {
+            let e = Config::from_overlay(text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains(key), "{text:?}: {e}");
+            assert!(e.starts_with(&format!("f.toml:{line}:")), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Shared {
     pub devnames: HashMap<u32, String>,
     /// Diagnosis rules (built-in plus the rules directory).
     pub rules: Vec<crate::diagnose::Rule>,
+    /// OTLP export counters, set once the export has started (`[otlp] enabled`).
+    pub otlp: std::sync::OnceLock<Arc<ethand_exporters::otlp::OtlpStats>>,
 }
 
 impl Shared {
@@ -239,18 +241,20 @@ impl Engine {
                 .insert(prog.into(), format!("uprobe_{prog}"));
         }
         let d = &cfg.daemon;
-        let model = Model::new(
+        let mut model = Model::new(
             d.interval_ms,
             d.history_seconds,
             d.exit_grace_seconds,
             d.max_processes,
         );
+        model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
         let shared = Arc::new(Shared {
             model: Mutex::new(model),
             level_request: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             devnames: model::block_device_names(),
             rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
+            otlp: std::sync::OnceLock::new(),
         });
         Ok(Self {
             loaded,
@@ -321,6 +325,7 @@ impl Engine {
                     tracked_processes: model.procs.len() as u64,
                     gpu_level: self.gpu.level().as_str().into(),
                     gpu_libraries: self.gpu.libraries(),
+                    otlp: self.shared.otlp.get().map(|s| s.status()),
                 },
             }
         };
@@ -337,10 +342,84 @@ impl Engine {
     }
 }
 
+/// Tells the service manager (NOTIFY_SOCKET) about a state change; a failure only loses the
+/// notification, so it is logged and the daemon goes on.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        warn!(error = %e, "sd_notify failed");
+    }
+}
+
+impl Engine {
+    /// Detaches and unloads every program, all at once: each tracepoint detach waits for an
+    /// RCU grace period (50-70 ms measured here), so one after the other they took ~1-2 s
+    /// and delayed the exit on SIGTERM; in parallel the grace periods overlap.
+    pub fn unload_programs(&mut self) {
+        let progs: Vec<&mut aya::programs::Program> =
+            self.loaded.ebpf.programs_mut().map(|(_, p)| p).collect();
+        std::thread::scope(|s| {
+            for p in progs {
+                s.spawn(move || {
+                    use aya::programs::Program as P;
+                    let r = match p {
+                        P::TracePoint(p) => p.unload(),
+                        P::BtfTracePoint(p) => p.unload(),
+                        P::UProbe(p) => p.unload(),
+                        P::RawTracePoint(p) => p.unload(),
+                        _ => Ok(()),
+                    };
+                    if let Err(e) = r {
+                        warn!(error = %e, "unloading a program failed");
+                    }
+                });
+            }
+        });
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// Builds the OTLP exporter (`[otlp]`) over the shared snapshot; blocking (call it outside
+/// async code, e.g. in `block_in_place`).
+fn start_otlp(
+    cfg: &Config,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<ethand_exporters::otlp::OtlpExporter> {
+    use ethand_exporters::otlp::{OtlpExporter, OtlpOptions, OtlpProtocol};
+    let o = &cfg.otlp;
+    let opts = OtlpOptions {
+        endpoint: o.endpoint.clone(),
+        protocol: OtlpProtocol::parse(&o.protocol).context("otlp.protocol: validated")?,
+        headers: o.headers.clone(),
+        interval: Duration::from_millis(o.interval_ms),
+        timeout: Duration::from_millis(o.timeout_ms),
+        resource_attributes: o.resource_attributes.clone(),
+        host_name: hostname(),
+        node_name: std::env::var(&o.node_name_env)
+            .ok()
+            .filter(|s| !s.is_empty()),
+        service_version: env!("CARGO_PKG_VERSION").into(),
+        selection: PrometheusOptions {
+            top_n: cfg.prometheus.top_n,
+            pids: cfg.prometheus.pids.clone(),
+            comms: cfg.prometheus.comms.clone(),
+            cgroups: cfg.prometheus.cgroups.clone(),
+            dcgm_aliases: false,
+        },
+    };
+    let shared = shared.clone();
+    OtlpExporter::start(opts, move || shared.node.read().expect("lock").clone()).with_context(
+        || {
+            format!(
+                "cannot start the OTLP export (otlp.endpoint = {:?})",
+                o.endpoint
+            )
+        },
+    )
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
@@ -393,6 +472,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             }
         });
     }
+    // OTLP export: started once the first snapshot exists, so its first batch has data.
+    let otlp = if cfg.otlp.enabled {
+        let exporter = tokio::task::block_in_place(|| start_otlp(&cfg, &shared))?;
+        let _ = shared.otlp.set(exporter.stats());
+        info!(endpoint = %exporter.stats().status().endpoint, protocol = %cfg.otlp.protocol, interval_ms = cfg.otlp.interval_ms, "exporting OTLP metrics");
+        Some(exporter)
+    } else {
+        None
+    };
     let attached = engine
         .loaded
         .probes
@@ -400,6 +488,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .filter(|p| p.state == snap::ProbeState::Attached)
         .count();
     info!(attached, total = engine.loaded.probes.len(), socket = %cfg.daemon.socket.display(), "ready");
+    // Type=notify: systemd considers ethand started only now that probes are attached, the
+    // first snapshot exists and both servers listen. Outside systemd this does nothing.
+    let status = format!("{attached}/{} probes attached", engine.loaded.probes.len());
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    // WatchdogSec: pinged from the collection loop itself, so a stuck collection (not just a
+    // dead process) gets the daemon restarted.
+    let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
+    let mut last_ping = std::time::Instant::now();
 
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.daemon.interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -409,14 +508,38 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             _ = tick.tick() => {
                 // Map reads are blocking syscalls, but short; block_in_place keeps the servers responsive.
                 tokio::task::block_in_place(|| engine.collect());
+                if watchdog.is_some_and(|every| last_ping.elapsed() >= every) {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                    last_ping = std::time::Instant::now();
+                }
             }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
     }
     info!("shutting down");
+    notify(&[sd_notify::NotifyState::Stopping]);
+    if let Some(exporter) = otlp {
+        // One last export (one attempt, at most otlp.timeout_ms), bounded here too.
+        let limit = Duration::from_millis(cfg.otlp.timeout_ms) + Duration::from_secs(1);
+        match tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || exporter.shutdown()),
+        )
+        .await
+        {
+            Ok(Ok(Ok(()))) => info!("OTLP export flushed and stopped"),
+            Ok(Ok(Err(e))) => warn!(error = %e, "OTLP final export failed"),
+            Ok(Err(e)) => warn!(error = %e, "OTLP shutdown task failed"),
+            Err(_) => warn!(
+                limit_ms = limit.as_millis() as u64,
+                "OTLP shutdown timed out"
+            ),
+        }
+    }
     let _ = std::fs::remove_file(&cfg.daemon.socket);
     // Dropping the engine detaches every program and frees the maps.
+    engine.unload_programs();
     drop(engine);
     Ok(())
 }

@@ -328,7 +328,7 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
                 l.program_probe.insert(prog.into(), spec.name.into());
                 return status;
             }
-            Err(e) => reasons.push(format!("tp_btf/{tp}: {}", error_chain(&e))),
+            Err(e) => reasons.push(format!("tp_btf/{tp}: {}", with_cap_hint(error_chain(&e)))),
         }
     } else if spec.btf.is_some() && spec.classic.is_some() && !cfg.probes.prefer_btf {
         reasons.push("probes.prefer_btf = false".into());
@@ -336,7 +336,12 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
         reasons.push("no kernel BTF".into());
     }
     let Some(prog) = spec.classic else {
-        status.state = ProbeState::Unsupported;
+        // Refused for lack of a capability is a failure, not a kernel without the hook.
+        status.state = if reasons.iter().any(|r| r.contains(EPERM_TEXT)) {
+            ProbeState::Failed
+        } else {
+            ProbeState::Unsupported
+        };
         status.detail = reasons.join("; ");
         return status;
     };
@@ -367,11 +372,25 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
         }
         Err(e) => {
             status.state = ProbeState::Failed;
-            reasons.push(format!("tracepoint/{tp}: {}", error_chain(&e)));
+            reasons.push(format!(
+                "tracepoint/{tp}: {}",
+                with_cap_hint(error_chain(&e))
+            ));
             status.detail = reasons.join("; ");
         }
     }
     status
+}
+
+const EPERM_TEXT: &str = "Operation not permitted";
+
+/// Names the capability when the kernel said EPERM: loading and attaching tracing programs
+/// needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN).
+fn with_cap_hint(mut s: String) -> String {
+    if s.contains(EPERM_TEXT) {
+        s.push_str(" (missing capability: tracing programs need CAP_BPF and CAP_PERFMON)");
+    }
+    s
 }
 
 fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {

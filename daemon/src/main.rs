@@ -1,5 +1,6 @@
 //! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
 mod api;
+mod attribution;
 mod collector;
 mod compare;
 mod config;
@@ -140,6 +141,11 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), generated from this command line's definition.
+    #[command(hide = true)]
+    Man,
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -164,6 +170,29 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
     let cli = Cli::parse();
+    // Generated from the CLI definition; needs no configuration.
+    match &cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "ethand",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            return match man.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ethand: error: cannot write the man page: {e}");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            };
+        }
+        _ => {}
+    }
     let mut cfg = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -220,6 +249,7 @@ fn one_line(e: &anyhow::Error) -> String {
 
 async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
     match cmd {
+        Command::Completions { .. } | Command::Man => Ok(0),
         Command::Run { .. } => {
             daemon::run(cfg).await?;
             Ok(0)

@@ -273,6 +273,8 @@ pub struct Model {
     departed_blk: BTreeMap<(u32, u32), RawBlk>,
     /// Wall clock of the ingest in progress (for first-seen times).
     now_unix_ms: u64,
+    /// Container / pod / job / rank of processes (None: no attribution, as in unit tests).
+    pub attribution: Option<crate::attribution::Attributor>,
 }
 
 impl Model {
@@ -304,6 +306,7 @@ impl Model {
             departed_cgroups: HashMap::new(),
             departed_blk: BTreeMap::new(),
             now_unix_ms: 0,
+            attribution: None,
         }
     }
 
@@ -457,6 +460,10 @@ impl Model {
         }
         m.into_iter()
             .map(|(k, mut v)| {
+                v.workload = self
+                    .attribution
+                    .as_ref()
+                    .and_then(|a| a.cached_container(&k));
                 v.cgroup = k;
                 v
             })
@@ -504,6 +511,12 @@ impl Model {
         for k in stale {
             let meta = procinfo::read(k.tgid)
                 .filter(|m| self.start_matches(k.proc_start_ns, m.start_ticks));
+            let meta = meta.map(|mut m| {
+                if let Some(a) = self.attribution.as_mut() {
+                    m.workload = a.identify(k.tgid, &m.cgroup);
+                }
+                m
+            });
             let p = self.procs.get_mut(&k).expect("present");
             p.meta_stale = false;
             match meta {
@@ -685,6 +698,7 @@ impl Model {
                 }
             })
             .collect();
+        let gpu = crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref());
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,
@@ -715,7 +729,11 @@ impl Model {
             syscalls,
             block,
             net: net_snapshot(&p.net),
-            gpu: crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref()),
+            workload: crate::attribution::with_nccl_rank(
+                meta.workload,
+                gpu.as_ref().and_then(|g| g.comm.as_ref()?.rank),
+            ),
+            gpu,
             devices: Vec::new(),
             window: self.window(&p.key, window_ms),
         }
@@ -781,6 +799,7 @@ fn cgroup_totals(p: &Proc) -> snap::CgroupSnapshot {
         block_read_bytes: t[6],
         block_write_bytes: t[7],
         net: net_snapshot(&p.net),
+        workload: None,
     }
 }
 

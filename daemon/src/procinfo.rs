@@ -12,6 +12,8 @@ pub struct ProcMeta {
     pub uid: u32,
     /// Start time in clock ticks after boot (field 22 of /proc/PID/stat).
     pub start_ticks: u64,
+    /// Container, pod, job and rank (filled by the model through `attribution`).
+    pub workload: Option<ethand_exporters::snapshot::WorkloadIdentity>,
 }
 
 /// Parses /proc/PID/stat: "pid (comm) state ppid ...". comm may contain spaces and ')'.
@@ -71,6 +73,7 @@ pub fn read(pid: u32) -> Option<ProcMeta> {
         cgroup,
         uid,
         start_ticks,
+        workload: None,
     })
 }
 

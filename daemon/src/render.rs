@@ -173,7 +173,11 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         what
     );
     let _ = writeln!(o, "cmdline: {}", clean(&root.cmdline.join(" ")));
-    let _ = writeln!(o, "cgroup: {}\n", clean(&root.cgroup));
+    let _ = writeln!(o, "cgroup: {}", clean(&root.cgroup));
+    if let Some(w) = &root.workload {
+        let _ = writeln!(o, "workload: {}", clean(&crate::attribution::describe(w)));
+    }
+    o.push('\n');
     findings(&mut o, &t.findings);
     for p in &t.processes {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));

@@ -4,6 +4,7 @@ pub mod devices;
 pub mod diagnosis;
 pub mod gpu;
 pub mod html;
+pub mod otlp;
 pub mod prometheus;
 mod prometheus_devices;
 mod prometheus_gpu;

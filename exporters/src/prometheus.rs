@@ -176,6 +176,13 @@ const PROCESS_THREADS: Desc = gauge(
     "ethand_process_threads",
     "Live threads of the process (sched_process_fork, sched_process_exit).",
 );
+const PROCESS_WORKLOAD_INFO: Desc = gauge(
+    "ethand_process_workload_info",
+    "Value 1 for each process with per-process series whose container, pod, job or rank is \
+     known: labels container_id, container_runtime, pod_uid and qos_class besides the ones on \
+     every per-process series (cgroup v2 path, container runtime metadata, allow-listed \
+     environment variables, NCCL). Join on pid for series that lack them.",
+);
 
 const CGROUP_CPU: Desc = counter(
     "ethand_cgroup_cpu_seconds_total",
@@ -278,6 +285,16 @@ const OVERFLOW: Desc = counter(
     "ethand_processes_overflow_total",
     "Processes ethand did not track because its model held max_processes already.",
 );
+const OTLP_EXPORTS: Desc = counter(
+    "ethand_otlp_exports_total",
+    "OTLP export requests by result (ok, failed); each retry of a failed batch counts \
+     (0 while [otlp] is off; docs/otlp.md).",
+);
+const OTLP_DROPPED: Desc = counter(
+    "ethand_otlp_dropped_batches_total",
+    "OTLP batches dropped after their retries ran out of the export interval; counters are \
+     cumulative, so the next batch carries the totals again (docs/otlp.md).",
+);
 
 const FAMILIES: &[Desc] = &[
     PROCESS_CPU,
@@ -296,6 +313,7 @@ const FAMILIES: &[Desc] = &[
     PROCESS_TCP_CLOSED,
     PROCESS_TCP_RESETS,
     PROCESS_THREADS,
+    PROCESS_WORKLOAD_INFO,
     CGROUP_CPU,
     CGROUP_OFFCPU,
     CGROUP_RUNQ_WAIT,
@@ -318,6 +336,8 @@ const FAMILIES: &[Desc] = &[
     SELF_RSS,
     TRACKED,
     OVERFLOW,
+    OTLP_EXPORTS,
+    OTLP_DROPPED,
 ];
 
 /// The processes that get per-process series.
@@ -367,12 +387,11 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     let mut closed = Family::<u64>::new(&PROCESS_TCP_CLOSED);
     let mut resets = Family::<u64>::new(&PROCESS_TCP_RESETS);
     let mut threads = Family::<u64>::new(&PROCESS_THREADS);
+    let mut workload = Family::<u64>::new(&PROCESS_WORKLOAD_INFO);
 
     for p in procs {
-        let pid = p.pid.to_string();
-        let id = |extra: &[(&'static str, &str)]| {
-            labels(&[("pid", pid.as_str()), ("comm", p.comm.as_str())], extra)
-        };
+        let base = process_labels(p);
+        let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
         let s = &p.sched;
         cpu.add(id(&[]), Nanos(s.oncpu_ns));
         offcpu.add(id(&[("reason", "blocked")]), Nanos(s.offcpu_blocked_ns));
@@ -412,6 +431,25 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
         resets.add(id(&[("direction", "sent")]), n.tcp_resets_sent);
         resets.add(id(&[("direction", "received")]), n.tcp_resets_received);
         threads.add(id(&[]), p.threads.iter().filter(|t| t.alive).count() as u64);
+        if let Some(w) = &p.workload {
+            let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+            let (cid, rt, uid, qos) = (
+                opt(&w.container_id),
+                opt(&w.container_runtime),
+                opt(&w.pod_uid),
+                opt(&w.qos_class),
+            );
+            let extra: Vec<(&'static str, &str)> = [
+                ("container_id", cid.as_str()),
+                ("container_runtime", rt.as_str()),
+                ("pod_uid", uid.as_str()),
+                ("qos_class", qos.as_str()),
+            ]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+            workload.add(id(&extra), 1);
+        }
     }
 
     cpu.register(registry);
@@ -430,6 +468,7 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     closed.register(registry);
     resets.register(registry);
     threads.register(registry);
+    workload.register(registry);
 }
 
 fn register_cgroups(registry: &mut Registry, cgroups: &[CgroupSnapshot]) {
@@ -443,7 +482,11 @@ fn register_cgroups(registry: &mut Registry, cgroups: &[CgroupSnapshot]) {
     let mut processes = Family::<u64>::new(&CGROUP_PROCESSES);
 
     for c in cgroups {
-        let id = |extra: &[(&'static str, &str)]| labels(&[("cgroup", c.cgroup.as_str())], extra);
+        let mut base = labels(&[("cgroup", c.cgroup.as_str())], &[]);
+        if let Some(w) = &c.workload {
+            base.extend(workload_labels(w, false));
+        }
+        let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
         cpu.add(id(&[]), Nanos(c.oncpu_ns));
         offcpu.add(id(&[("reason", "blocked")]), Nanos(c.offcpu_blocked_ns));
         offcpu.add(id(&[("reason", "preempted")]), Nanos(c.offcpu_preempted_ns));
@@ -547,6 +590,13 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
     tracked.add(Labels::new(), me.tracked_processes);
     let mut overflow = Family::<u64>::new(&OVERFLOW);
     overflow.add(Labels::new(), me.processes_overflow);
+    let mut otlp_exports = Family::<u64>::new(&OTLP_EXPORTS);
+    let mut otlp_dropped = Family::<u64>::new(&OTLP_DROPPED);
+    // Always present (0 while [otlp] is off), so alerts need no absent() special case.
+    let o = me.otlp.clone().unwrap_or_default();
+    otlp_exports.add(labels(&[("result", "ok")], &[]), o.exports_ok);
+    otlp_exports.add(labels(&[("result", "failed")], &[]), o.exports_failed);
+    otlp_dropped.add(Labels::new(), o.dropped_batches);
 
     build.register(registry);
     probes.register(registry);
@@ -560,6 +610,8 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
     rss.register(registry);
     tracked.register(registry);
     overflow.register(registry);
+    otlp_exports.register(registry);
+    otlp_dropped.register(registry);
 }
 
 /// The counters behind one `syscall` label value.
@@ -627,6 +679,56 @@ fn device_label(b: &snapshot::BlockStats) -> &str {
 
 /// Label pairs in exposition order.
 pub(crate) type Labels = Vec<(&'static str, String)>;
+
+/// `pid`, `comm`, then the process's workload labels where known: `namespace`, `pod`,
+/// `container` (dcgm-exporter's names), `job_id`, `rank`. A process has one value of each, so
+/// they add no series. (`job_id`, not `job`: Prometheus' scrape target label is `job`.)
+pub(crate) fn process_labels(p: &ProcessSnapshot) -> Labels {
+    let mut l = labels(
+        &[("pid", &p.pid.to_string()), ("comm", p.comm.as_str())],
+        &[],
+    );
+    if let Some(w) = &p.workload {
+        l.extend(workload_labels(w, true));
+    }
+    l
+}
+
+/// The known Kubernetes labels of an identity, and with `job` its job and rank.
+pub(crate) fn workload_labels(w: &snapshot::WorkloadIdentity, job: bool) -> Labels {
+    let mut l = Labels::new();
+    for (k, v) in [
+        ("namespace", &w.namespace),
+        ("pod", &w.pod),
+        ("container", &w.container),
+    ] {
+        if let Some(v) = v {
+            l.push((k, v.clone()));
+        }
+    }
+    if job {
+        if let Some(j) = &w.job_id {
+            l.push(("job_id", j.clone()));
+        }
+        if let Some(r) = w.rank {
+            l.push(("rank", r.to_string()));
+        }
+    }
+    l
+}
+
+/// `base` plus `extra`; a key of `extra` already in `base` replaces its value (the collective
+/// series' `rank` is the communicator's).
+pub(crate) fn with_extra(base: &Labels, extra: &[(&'static str, &str)]) -> Labels {
+    let mut l = base.clone();
+    for &(k, v) in extra {
+        match l.iter_mut().find(|(lk, _)| *lk == k) {
+            Some(e) => e.1 = v.to_owned(),
+            None => l.push((k, v.to_owned())),
+        }
+    }
+    l
+}
 
 pub(crate) fn labels(base: &[(&'static str, &str)], extra: &[(&'static str, &str)]) -> Labels {
     base.iter()
@@ -785,5 +887,97 @@ impl Value for Hist {
         let buckets: Vec<(f64, u64)> = LE_SECONDS.iter().copied().zip(self.buckets).collect();
         let count = self.buckets.iter().fold(0u64, |c, &n| c.saturating_add(n));
         encoder.encode_histogram::<NoLabelSet>(self.sum_ns as f64 / 1e9, count, &buckets, None)
+    }
+}
+
+#[cfg(test)]
+mod workload_label_tests {
+    use super::*;
+    use crate::gpu::{CollectiveStats, CommRank, GpuProcessStats};
+    use crate::snapshot::WorkloadIdentity;
+
+    /// Workload labels on per-process and per-cgroup series; the collective series keep the
+    /// communicator's rank (one `rank` label, never two).
+    #[test]
+    fn workload_labels_on_process_and_cgroup_series() {
+        let w = WorkloadIdentity {
+            container_runtime: Some("containerd".into()),
+            container_id: Some("ab".repeat(32)),
+            container: Some("pytorch".into()),
+            pod: Some("trainer-0".into()),
+            namespace: Some("ml".into()),
+            job_id: Some("job-42".into()),
+            rank: Some(3),
+            ..Default::default()
+        };
+        let p = ProcessSnapshot {
+            pid: 7,
+            comm: "python".into(),
+            cgroup: "/kubepods/pod1/x".into(),
+            sched: snapshot::SchedStats {
+                oncpu_ns: 5,
+                ..Default::default()
+            },
+            gpu: Some(GpuProcessStats {
+                collectives: vec![CollectiveStats {
+                    library: "nccl".into(),
+                    operation: "all_reduce".into(),
+                    calls: 1,
+                    ..Default::default()
+                }],
+                comm: Some(CommRank {
+                    library: "nccl".into(),
+                    rank: Some(1),
+                    nranks: 4,
+                }),
+                ..Default::default()
+            }),
+            workload: Some(w.clone()),
+            ..Default::default()
+        };
+        let snap = NodeSnapshot {
+            processes: vec![p],
+            cgroups: vec![CgroupSnapshot {
+                cgroup: "/kubepods/pod1/x".into(),
+                workload: Some(w),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(
+            &snap,
+            &PrometheusOptions {
+                top_n: 5,
+                ..Default::default()
+            },
+        );
+        let line = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .to_string()
+        };
+        assert_eq!(
+            line("ethand_process_cpu_seconds_total{"),
+            "ethand_process_cpu_seconds_total{pid=\"7\",comm=\"python\",namespace=\"ml\",pod=\"trainer-0\",container=\"pytorch\",job_id=\"job-42\",rank=\"3\"} 5e-9"
+        );
+        let info = line("ethand_process_workload_info{");
+        assert!(
+            info.contains(&format!("container_id=\"{}\"", "ab".repeat(32))),
+            "{info}"
+        );
+        assert!(info.contains("container_runtime=\"containerd\""), "{info}");
+        let coll = line("ethand_process_collective_calls_total{");
+        assert_eq!(coll.matches("rank=").count(), 1, "{coll}");
+        assert!(
+            coll.contains("rank=\"1\"") && coll.contains("job_id=\"job-42\""),
+            "{coll}"
+        );
+        let cg = line("ethand_cgroup_cpu_seconds_total{");
+        assert!(
+            cg.contains("namespace=\"ml\",pod=\"trainer-0\",container=\"pytorch\"")
+                && !cg.contains("job_id"),
+            "{cg}"
+        );
     }
 }

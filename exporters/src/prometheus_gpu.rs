@@ -5,7 +5,7 @@
 //! symbol (under 100).
 use prometheus_client::registry::Registry;
 
-use crate::prometheus::{Desc, Family, Nanos, counter, gauge, labels};
+use crate::prometheus::{Desc, Family, Nanos, counter, gauge, process_labels, with_extra};
 use crate::snapshot::ProcessSnapshot;
 
 pub(crate) const LAUNCHES: Desc = counter(
@@ -108,10 +108,8 @@ pub(crate) fn register_process_gpu(registry: &mut Registry, procs: &[&ProcessSna
 
     for p in procs {
         let Some(g) = &p.gpu else { continue };
-        let pid = p.pid.to_string();
-        let id = |extra: &[(&'static str, &str)]| {
-            labels(&[("pid", pid.as_str()), ("comm", p.comm.as_str())], extra)
-        };
+        let base = process_labels(p);
+        let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
         launches.add(id(&[("kind", "kernel")]), g.launches);
         if g.graph_launches > 0 {
             launches.add(id(&[("kind", "graph")]), g.graph_launches);

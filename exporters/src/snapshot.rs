@@ -45,6 +45,39 @@ pub struct CgroupSnapshot {
     pub block_read_bytes: u64,
     pub block_write_bytes: u64,
     pub net: NetStats,
+    /// Container and pod of the cgroup, when its path names one (`job_id`, `rank`, `env` unset).
+    #[serde(default)]
+    pub workload: Option<WorkloadIdentity>,
+}
+
+/// Who a process works for. Container and pod come from the cgroup v2 path and the container
+/// runtime's on-disk metadata; job and rank from an allow-list of environment variables
+/// (`attribution.env_allowlist`), the rank else from NCCL. Every field is unset when unknown.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct WorkloadIdentity {
+    /// "containerd", "cri-o" or "docker".
+    pub container_runtime: Option<String>,
+    /// Full container id (64 hex digits), as the runtime and `kubectl` (after `://`) show it.
+    pub container_id: Option<String>,
+    /// Container name (Kubernetes container name, or Docker's name outside Kubernetes).
+    pub container: Option<String>,
+    /// Pod name and namespace.
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub pod_uid: Option<String>,
+    /// "guaranteed", "burstable" or "besteffort".
+    pub qos_class: Option<String>,
+    /// Job identity (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...: `attribution.job_keys`).
+    pub job_id: Option<String>,
+    /// The environment variable `job_id` came from.
+    pub job_id_source: Option<String>,
+    /// Global rank (RANK, SLURM_PROCID, ...: `attribution.rank_keys`; else NCCL's).
+    pub rank: Option<u32>,
+    /// The environment variable `rank` came from, or "nccl".
+    pub rank_source: Option<String>,
+    /// The allow-listed environment variables the process has (nothing else is ever read).
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// One process (thread group). Identity is (pid, start_time_ns): pid reuse never merges two.
@@ -78,6 +111,9 @@ pub struct ProcessSnapshot {
     pub devices: Vec<crate::gpu::ProcessDeviceUsage>,
     /// Change of the main totals over `window.duration_ms` (from the history ring).
     pub window: Option<WindowStats>,
+    /// Container, pod, job and rank (None: nothing known).
+    #[serde(default)]
+    pub workload: Option<WorkloadIdentity>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -239,6 +275,30 @@ pub struct SelfStatus {
     pub gpu_level: String,
     /// Every runtime library file found mapped, and what was attached in it.
     pub gpu_libraries: Vec<GpuLibraryStatus>,
+    /// OTLP metrics export (`[otlp]`); None when it is off.
+    #[serde(default)]
+    pub otlp: Option<OtlpStatus>,
+}
+
+/// How the OTLP export is doing (docs/otlp.md). Counters since the daemon started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct OtlpStatus {
+    pub endpoint: String,
+    /// "grpc" or "http/protobuf".
+    pub protocol: String,
+    /// Export requests the endpoint accepted.
+    pub exports_ok: u64,
+    /// Export requests that failed (each retry counts); a failed batch is retried within the
+    /// export interval.
+    pub exports_failed: u64,
+    /// Batches given up after their retries ran out of time: those points never left. Counters
+    /// are cumulative, so the next batch that arrives carries the totals again.
+    pub dropped_batches: u64,
+    /// When an export last succeeded (ms since the Unix epoch; 0: never).
+    pub last_success_unix_ms: u64,
+    /// The last failure ("" when none).
+    pub last_error: String,
 }
 
 /// One runtime library file (device + inode), probed once for every process that maps it.

@@ -225,6 +225,7 @@ fn cgroups() -> Vec<CgroupSnapshot> {
                 udp_rx_bytes: 40,
                 ..Default::default()
             },
+            workload: None,
         },
         // 200, 300 and 301 (3_000_000_100 ns of CPU, 8_192 + 4_096 + 512 bytes written,
         // 10 syscalls, 15 TCP bytes sent) plus what departed processes left behind.
@@ -244,6 +245,7 @@ fn cgroups() -> Vec<CgroupSnapshot> {
                 tcp_rx_bytes: 64,
                 ..Default::default()
             },
+            workload: None,
         },
         // kworker (400), whose cgroup could not be read.
         CgroupSnapshot {
@@ -420,7 +422,33 @@ fn device_snapshot() -> NodeSnapshot {
         ..snapshot()
     };
     s.processes.push(gpu_process());
+    s.processes.push(workload_process());
     s
+}
+
+/// A process in a Kubernetes pod with job and rank (attribution): an empty GPU section puts it
+/// in the per-process selection whatever the top-N says.
+fn workload_process() -> ProcessSnapshot {
+    ProcessSnapshot {
+        pid: 800,
+        comm: "trainer".to_owned(),
+        cgroup: "/kubepods/burstable/pod1/ctr".to_owned(),
+        alive: true,
+        gpu: Some(Default::default()),
+        workload: Some(WorkloadIdentity {
+            container_runtime: Some("containerd".to_owned()),
+            container_id: Some("ab".repeat(32)),
+            container: Some("pytorch".to_owned()),
+            pod: Some("trainer-0".to_owned()),
+            namespace: Some("ml".to_owned()),
+            pod_uid: Some("3f9c2a1e-7b4d-4c8e-9a10-5d2e6f7a8b9c".to_owned()),
+            qos_class: Some("burstable".to_owned()),
+            job_id: Some("job-42".to_owned()),
+            rank: Some(3),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// A training process: launches, copies, memory, syncs, an all-reduce, rank 1 of 2. It has
@@ -1235,4 +1263,250 @@ fn promtool_check_metrics_dcgm_aliases() {
             "promtool check metrics reported:\n{report}"
         );
     }
+}
+
+// ------------------------------------------------------------------ docs/metrics.md
+
+/// Every label ethand puts on a series, and what bounds its values. The catalog test fails
+/// when a family carries a label missing here, so the bounds cannot go stale.
+const LABEL_BOUNDS: &[(&str, &str)] = &[
+    (
+        "pid",
+        "top `prometheus.top_n` processes by CPU (default 20) plus the configured `pids`, `comms`, `cgroups`",
+    ),
+    ("comm", "one per `pid` series"),
+    (
+        "cgroup",
+        "cgroup v2 paths on the node (one per container, slice or service)",
+    ),
+    ("syscall", "8 per process (the most time) plus `other`"),
+    ("class", "7 blocking syscall classes"),
+    ("device", "block devices, or GPU/NPU devices on the node"),
+    (
+        "op",
+        "block: `read`, `write`, `flush`, `discard`, `other`; collectives: 8 operations",
+    ),
+    ("direction", "2 (network) or 6 (GPU copies)"),
+    ("state", "2 (`blocked`, `preempted`) or 4 probe states"),
+    (
+        "kind",
+        "up to 4 (GPU memory kinds, launch kinds, context switch kinds)",
+    ),
+    ("probe", "one per probe (about 30)"),
+    ("program", "one per BPF program (about 40)"),
+    ("map", "one per BPF map (about 30)"),
+    ("reason", "one per drop counter (about 10)"),
+    ("loss", "2"),
+    ("version", "1"),
+    ("library", "GPU/NPU runtime libraries attached (a few)"),
+    ("runtime", "4 (`cuda`, `nccl`, `ascendcl`, `hccl`)"),
+    (
+        "rank",
+        "one per process (its rank: RANK-like variable, else NCCL/HCCL; on collective series the communicator's)",
+    ),
+    (
+        "namespace",
+        "one per process or cgroup (its pod's namespace)",
+    ),
+    ("pod", "one per process or cgroup (its pod)"),
+    ("container", "one per process or cgroup (its container)"),
+    (
+        "job_id",
+        "one per process (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)",
+    ),
+    ("container_id", "one per process (workload info)"),
+    ("container_runtime", "3 (`containerd`, `cri-o`, `docker`)"),
+    ("pod_uid", "one per process (workload info)"),
+    ("qos_class", "3 (`guaranteed`, `burstable`, `besteffort`)"),
+    ("nranks", "one per process"),
+    ("gpu", "GPUs on the node"),
+    ("npu", "NPUs on the node"),
+    ("uuid", "one per GPU"),
+    ("UUID", "one per GPU (DCGM alias)"),
+    ("pci_bus_id", "one per GPU"),
+    ("modelName", "one per GPU (DCGM alias)"),
+    ("model", "one per device"),
+    ("Hostname", "1 (DCGM alias)"),
+    ("hostname", "1"),
+    ("link", "NVLink links per GPU (up to 18)"),
+    ("reason_name", "throttle reasons (about 10)"),
+    ("xid", "XID codes seen (a few)"),
+    ("type", "ECC: 2 (`corrected`, `uncorrected`)"),
+    ("clock", "clock domains (3)"),
+    ("driver", "1"),
+    ("result", "2 (`ok`, `failed`)"),
+    ("card", "one per NPU (DCMI card id)"),
+    ("chip", "one per NPU (DCMI chip id)"),
+    ("collector", "2 (`nvml`, `dcmi`)"),
+    (
+        "memory",
+        "4 GPU memory kinds (`device`, `managed`, `host_pinned`, `host_registered`)",
+    ),
+    ("name", "one per device (model name)"),
+    ("operation", "8 collective operations"),
+    ("protocol", "2 (`tcp`, `udp`)"),
+    (
+        "symbol",
+        "probed catalog symbols a process called (at most 92)",
+    ),
+];
+
+/// The labels of each family in a rendering that has every family (`le` left out).
+fn labels_by_family(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let families: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' ').map(|(n, _)| n))
+        .collect();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (series, labels) = match line.split_once('{') {
+            Some((series, labels)) => (series, labels),
+            None => (line.split_whitespace().next().unwrap_or(""), ""),
+        };
+        let family = families
+            .iter()
+            .find(|f| {
+                series == **f
+                    || ["_bucket", "_sum", "_count", "_total"]
+                        .iter()
+                        .any(|suffix| series == format!("{f}{suffix}"))
+            })
+            .unwrap_or_else(|| panic!("series {series} of no family"));
+        let set = out.entry(family.to_string()).or_default();
+        // name="value" pairs; values are escaped, so split on `",` boundaries.
+        let body = labels.rsplit_once('}').map_or(labels, |(b, _)| b);
+        for pair in body.split("\",") {
+            if let Some((name, _)) = pair.split_once("=\"") {
+                if name != "le" {
+                    set.insert(name.trim_start_matches(',').to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn unit_of(name: &str) -> &'static str {
+    let base = name.strip_suffix("_total").unwrap_or(name);
+    for (suffix, unit) in [
+        ("_seconds", "seconds"),
+        ("_bytes", "bytes"),
+        ("_ratio", "ratio (0-1)"),
+        ("_celsius", "celsius"),
+        ("_watts", "watts"),
+        ("_joules", "joules"),
+        ("_hertz", "hertz"),
+        ("_entries", "entries"),
+        ("_info", "info (1)"),
+    ] {
+        if base.ends_with(suffix) {
+            return unit;
+        }
+    }
+    if name.starts_with("DCGM_FI_") {
+        return "as dcgm-exporter";
+    }
+    "count"
+}
+
+/// Help text split into meaning and source: the source is the last parenthesised part.
+fn meaning_and_source(help: &str) -> (String, String) {
+    let body = help.trim_end_matches('.');
+    if body.ends_with(')') {
+        if let Some(open) = body.rfind(" (") {
+            let source = &body[open + 2..body.len() - 1];
+            return (format!("{}.", &body[..open]), source.to_string());
+        }
+    }
+    (help.to_string(), String::new())
+}
+
+fn render_doc() -> String {
+    let all = PrometheusOptions {
+        dcgm_aliases: true,
+        ..options()
+    };
+    let labels = labels_by_family(&render(&device_snapshot(), &all));
+    let mut s = String::from(
+        "# Metrics\n\nGenerated from `ethand_exporters::prometheus::metric_catalog()` and a rendering of\n\
+         every family by `UPDATE_DOCS=1 cargo test -p ethand-exporters --test prometheus metrics_doc`;\n\
+         CI fails when this file and the code disagree.\n\n\
+         Per-process series (`pid`, `comm`) exist only for the top-N processes by CPU\n\
+         (`prometheus.top_n`, default 20) plus the pids, comms and cgroups configured in\n\
+         `[prometheus]`; every process, with or without its own series, is also counted in its\n\
+         cgroup's `ethand_cgroup_*` series, which keep the totals of exited processes and so only\n\
+         grow. Histograms use 32 log2 buckets of nanoseconds, exposed in seconds.\n\n\
+         ## Label cardinality\n\n| label | values bounded by |\n|---|---|\n",
+    );
+    let used: BTreeSet<&String> = labels.values().flatten().collect();
+    for (label, bound) in LABEL_BOUNDS {
+        if used.contains(&label.to_string()) {
+            s.push_str(&format!("| `{label}` | {bound} |\n"));
+        }
+    }
+    s.push_str(
+        "\n## Families\n\n| name | type | unit | labels | meaning | source |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, kind, help) in metric_catalog() {
+        let (meaning, source) = meaning_and_source(help);
+        let ls: Vec<String> = labels
+            .get(name)
+            .map(|l| l.iter().map(|x| format!("`{x}`")).collect())
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "| `{name}` | {kind} | {} | {} | {} | {} |\n",
+            unit_of(name),
+            ls.join(", "),
+            meaning.replace('|', "\\|"),
+            source.replace('|', "\\|")
+        ));
+    }
+    s
+}
+
+#[test]
+fn metrics_doc_is_current() {
+    let all = PrometheusOptions {
+        dcgm_aliases: true,
+        ..options()
+    };
+    let labels = labels_by_family(&render(&device_snapshot(), &all));
+    for name in metric_catalog().iter().map(|c| c.0) {
+        assert!(
+            labels.contains_key(name),
+            "{name} has no series in the full rendering"
+        );
+    }
+    let bounded: BTreeSet<&str> = LABEL_BOUNDS.iter().map(|b| b.0).collect();
+    assert_eq!(
+        bounded.len(),
+        LABEL_BOUNDS.len(),
+        "a label listed twice in LABEL_BOUNDS"
+    );
+    let unbounded: BTreeSet<String> = labels
+        .iter()
+        .flat_map(|(family, ls)| {
+            ls.iter()
+                .filter(|l| !bounded.contains(l.as_str()))
+                .map(move |l| format!("{l} (of {family})"))
+        })
+        .collect();
+    assert!(
+        unbounded.is_empty(),
+        "labels without a documented bound (add them to LABEL_BOUNDS): {unbounded:?}"
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let want = render_doc();
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/metrics.md is stale: run UPDATE_DOCS=1 cargo test -p ethand-exporters --test prometheus metrics_doc"
+    );
 }

@@ -25,6 +25,7 @@ pub use ethand_exporters::snapshot::{
     TreeSnapshot,
 };
 
+pub mod prometheus_server;
 pub mod standins;
 /// The daemon's collection interval in every test.
 pub const INTERVAL_MS: u64 = 200;
@@ -141,6 +142,17 @@ impl Daemon {
     /// Starts a daemon (interval 200 ms, its own socket and /metrics port) with the keys of
     /// `extra_toml` added to its config, and waits until `ethand status` answers.
     pub fn start(name: &str, extra_toml: &str) -> Self {
+        Self::start_with(name, extra_toml, &[], &[])
+    }
+
+    /// As [`Daemon::start`], run through `wrapper` (e.g. `setpriv ...`: the program and its
+    /// arguments, ethand's command line appended) with `env` added to its environment.
+    pub fn start_with(
+        name: &str,
+        extra_toml: &str,
+        wrapper: &[String],
+        env: &[(&str, String)],
+    ) -> Self {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(
             unsafe { libc::geteuid() },
@@ -157,7 +169,16 @@ impl Daemon {
         let toml = merge_tables(&base, extra_toml);
         fs::write(&config, toml).expect("write config");
         let logf = fs::File::create(&log).expect("create log");
-        let child = Command::new(ethand_bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg(ethand_bin());
+                c
+            }
+            None => Command::new(ethand_bin()),
+        };
+        let child = cmd
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["run", "--config"])
             .arg(&config)
             .env_remove("ETHAND_CONFIG")
@@ -294,6 +315,28 @@ impl Daemon {
             "GET /metrics: {head}"
         );
         body.to_string()
+    }
+}
+
+impl Daemon {
+    /// SIGTERM, then waits up to `limit` for the exit: how long it took and the exit status,
+    /// or None if it was still running (then it is killed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<(Duration, ExitStatus)> {
+        let mut child = self.child.take()?;
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().ok().flatten() {
+                return Some((t0.elapsed(), st));
+            }
+            if t0.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 

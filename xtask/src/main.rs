@@ -2,8 +2,11 @@
 //!
 //! - `bench`: what ethand costs the workloads it watches, against no tracing and against
 //!   bpftrace doing the same accounting; writes `docs/performance.md`.
+//! - `deb`: the Debian package (binary, systemd unit, default config, rules, dashboards,
+//!   alert rules, man page, shell completions) in target/debian.
 
 mod bench;
+mod deb;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +22,8 @@ enum Command {
     /// Measure ethand's overhead per event (syscall, context switch, IO op, TCP send) against
     /// no tracing and bpftrace; print the table and write it to docs/performance.md.
     Bench(bench::BenchArgs),
+    /// Build the Debian package: target/debian/ethand_VERSION_amd64.deb.
+    Deb(deb::DebArgs),
     /// Run one benchmark workload and print its result line (the bench runs these as child
     /// processes).
     #[command(hide = true)]
@@ -28,6 +33,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
+        Command::Deb(args) => deb::run(args),
         Command::Workload(args) => bench::workloads::run(args),
     }
 }

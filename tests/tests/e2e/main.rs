@@ -7,18 +7,22 @@
 //!
 //! Needs: root, a kernel with BPF and BTF, `cargo build --release -p ethand` (or ETHAND_BIN),
 //! promtool on PATH for the /metrics test, setpriv for the capability test.
+mod attribution;
 mod block;
 mod cli;
 mod compare;
+mod dashboards;
 mod diagnose;
 mod gpu;
 mod html;
 mod lifecycle;
 mod metrics;
 mod net;
+mod otlp;
 mod probes;
 mod record;
 mod sched;
+mod service;
 mod syscalls;
 
 use ethand_tests::Workload;
