@@ -543,13 +543,31 @@ mod tests {
         assert_eq!(c.otlp.node_name_env, "NODE_NAME");
         for (text, key, line) in [
             ("[otlp]\nprotocol = \"http\"\n", "otlp.protocol", 2),
-            ("[otlp]\n\nendpoint = \"collector:4317\"\n", "otlp.endpoint", 3),
-            ("[otlp]\nendpoint = \"https://c:4317\"\n", "otlp.endpoint", 2),
+            (
+                "[otlp]\n\nendpoint = \"collector:4317\"\n",
+                "otlp.endpoint",
+                3,
+            ),
+            (
+                "[otlp]\nendpoint = \"https://c:4317\"\n",
+                "otlp.endpoint",
+                2,
+            ),
             ("[otlp]\ninterval_ms = 10\n", "otlp.interval_ms", 2),
-            ("[otlp]\ninterval_ms = 1000\ntimeout_ms = 2000\n", "otlp.timeout_ms", 3),
-            ("[otlp.headers]\n\"bad header\" = \"x\"\n", "otlp.headers.bad header", 2),
+            (
+                "[otlp]\ninterval_ms = 1000\ntimeout_ms = 2000\n",
+                "otlp.timeout_ms",
+                3,
+            ),
+            (
+                "[otlp.headers]\n\"bad header\" = \"x\"\n",
+                "otlp.headers.bad header",
+                2,
+            ),
         ] {
-            let e = Config::from_overlay(text, "f.toml").unwrap_err().to_string();
+            let e = Config::from_overlay(text, "f.toml")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(key), "{text:?}: {e}");
             assert!(e.starts_with(&format!("f.toml:{line}:")), "{text:?}: {e}");
         }

@@ -20,7 +20,6 @@
 //! Per-process points exist for the same processes as Prometheus' per-process series
 //! ([`PrometheusOptions`]: top N by CPU, GPU/NPU users, configured pids/comms/cgroups).
 use std::any::Any;
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,7 +37,7 @@ use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
-use crate::prometheus::PrometheusOptions;
+use crate::prometheus::{PrometheusOptions, select, top_syscalls};
 use crate::snapshot::{NodeSnapshot, OtlpStatus, ProbeState, ProcessSnapshot};
 
 /// First retry delay; it doubles per retry up to [`MAX_BACKOFF`].
@@ -317,32 +316,6 @@ fn workload_attributes(w: &crate::snapshot::WorkloadIdentity, out: &mut Vec<KeyV
     }
 }
 
-/// The same selection as Prometheus' per-process series (prometheus.rs `select`; a unit test
-/// compares the two): top N by recent CPU, named pids/comms/cgroups, GPU/NPU runtime users.
-fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
-    let recent_cpu =
-        |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
-    let mut ranked: Vec<usize> = (0..procs.len())
-        .filter(|&i| recent_cpu(&procs[i]) > 0)
-        .collect();
-    ranked.sort_by_key(|&i| (Reverse(recent_cpu(&procs[i])), procs[i].pid));
-    let mut picked = vec![false; procs.len()];
-    for &i in ranked.iter().take(opts.top_n) {
-        picked[i] = true;
-    }
-    let named = |p: &ProcessSnapshot| {
-        opts.pids.contains(&p.pid)
-            || opts.comms.contains(&p.comm)
-            || opts
-                .cgroups
-                .iter()
-                .any(|c| !c.is_empty() && p.cgroup.contains(c.as_str()))
-    };
-    (0..procs.len())
-        .filter(|&i| picked[i] || named(&procs[i]) || procs[i].gpu.is_some())
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // The metrics.
 
@@ -614,7 +587,7 @@ pub const METRICS: &[MetricSpec] = &[
         "System calls made by the process.",
         |v, o| for (p, id) in v.each_proc() {
             for s in top_syscalls(p) {
-                o.proc(id, &[("ethand.syscall", &s.0)], V::U(s.1))
+                o.proc(id, &[("ethand.syscall", &s.name)], V::U(s.count))
             }
         }
     ),
@@ -628,7 +601,7 @@ pub const METRICS: &[MetricSpec] = &[
         "System calls of the process that returned an error.",
         |v, o| for (p, id) in v.each_proc() {
             for s in top_syscalls(p) {
-                o.proc(id, &[("ethand.syscall", &s.0)], V::U(s.2))
+                o.proc(id, &[("ethand.syscall", &s.name)], V::U(s.errors))
             }
         }
     ),
@@ -642,7 +615,7 @@ pub const METRICS: &[MetricSpec] = &[
         "Time the process spent in system calls.",
         |v, o| for (p, id) in v.each_proc() {
             for s in top_syscalls(p) {
-                o.proc(id, &[("ethand.syscall", &s.0)], secs(s.3))
+                o.proc(id, &[("ethand.syscall", &s.name)], secs(s.time_ns))
             }
         }
     ),
@@ -1709,41 +1682,6 @@ pub const METRICS: &[MetricSpec] = &[
         |v, o| o.plain(&[], V::U(v.otlp.dropped_batches))
     ),
 ];
-
-/// (name, count, errors, time_ns) of the [`crate::prometheus::TOP_SYSCALLS`] syscalls with the
-/// most time, then "other" for the rest: the same series as /metrics (a unit test compares).
-fn top_syscalls(p: &ProcessSnapshot) -> Vec<(String, u64, u64, u64)> {
-    let s = &p.syscalls;
-    let mut rows: Vec<_> = s.by_nr.iter().collect();
-    rows.sort_by_key(|r| (Reverse(r.time_ns), r.nr));
-    let (top, rest) = rows.split_at(rows.len().min(crate::prometheus::TOP_SYSCALLS));
-    let mut out: Vec<_> = top
-        .iter()
-        .map(|r| {
-            let name = if r.name.is_empty() {
-                format!("nr_{}", r.nr)
-            } else {
-                r.name.clone()
-            };
-            (name, r.count, r.errors, r.time_ns)
-        })
-        .collect();
-    let left = |total: u64, field: fn(&crate::snapshot::SyscallRow) -> u64| {
-        let top: u64 = top.iter().map(|r| field(r)).sum();
-        let rest: u64 = rest.iter().map(|r| field(r)).sum();
-        total.saturating_sub(top).max(rest)
-    };
-    let other = (
-        "other".to_owned(),
-        left(s.count, |r| r.count),
-        left(s.errors, |r| r.errors),
-        left(s.time_ns, |r| r.time_ns),
-    );
-    if !rest.is_empty() || other.1 > 0 || other.2 > 0 || other.3 > 0 {
-        out.push(other);
-    }
-    out
-}
 
 fn device(b: &crate::snapshot::BlockStats) -> &str {
     if b.device_name.is_empty() {

@@ -48,7 +48,10 @@ pub struct PrometheusOptions {
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
 pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     let mut registry = Registry::default();
-    let selected = select(&snap.processes, opts);
+    let selected: Vec<&ProcessSnapshot> = select(&snap.processes, opts)
+        .into_iter()
+        .map(|i| &snap.processes[i])
+        .collect();
     register_processes(&mut registry, &selected);
     crate::prometheus_gpu::register_process_gpu(&mut registry, &selected);
     register_cgroups(&mut registry, &snap.cgroups);
@@ -340,8 +343,9 @@ const FAMILIES: &[Desc] = &[
     OTLP_DROPPED,
 ];
 
-/// The processes that get per-process series.
-fn select<'a>(procs: &'a [ProcessSnapshot], opts: &PrometheusOptions) -> Vec<&'a ProcessSnapshot> {
+/// The processes that get per-process series, as indexes into `procs` (OTLP exports the
+/// same selection).
+pub(crate) fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
     let recent_cpu =
         |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
     let mut ranked: Vec<usize> = (0..procs.len())
@@ -361,12 +365,9 @@ fn select<'a>(procs: &'a [ProcessSnapshot], opts: &PrometheusOptions) -> Vec<&'a
                 .iter()
                 .any(|c| !c.is_empty() && p.cgroup.contains(c.as_str()))
     };
-    procs
-        .iter()
-        .zip(picked)
-        // Processes that call GPU/NPU runtimes are few and the reason ethand runs: always in.
-        .filter(|&(p, top)| top || named(p) || p.gpu.is_some())
-        .map(|(p, _)| p)
+    // Processes that call GPU/NPU runtimes are few and the reason ethand runs: always in.
+    (0..procs.len())
+        .filter(|&i| picked[i] || named(&procs[i]) || procs[i].gpu.is_some())
         .collect()
 }
 
@@ -615,16 +616,16 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
 }
 
 /// The counters behind one `syscall` label value.
-struct SyscallSeries {
-    name: String,
-    count: u64,
-    errors: u64,
-    time_ns: u64,
+pub(crate) struct SyscallSeries {
+    pub(crate) name: String,
+    pub(crate) count: u64,
+    pub(crate) errors: u64,
+    pub(crate) time_ns: u64,
 }
 
 /// The [`TOP_SYSCALLS`] with the most time, then "other": what the process's totals leave
 /// beyond them, or the remaining rows' sum should the totals fall short of the rows.
-fn top_syscalls(p: &ProcessSnapshot) -> Vec<SyscallSeries> {
+pub(crate) fn top_syscalls(p: &ProcessSnapshot) -> Vec<SyscallSeries> {
     let s = &p.syscalls;
     let mut rows: Vec<_> = s.by_nr.iter().collect();
     rows.sort_by_key(|r| (Reverse(r.time_ns), r.nr));

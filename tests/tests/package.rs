@@ -81,7 +81,10 @@ fn deb_installs_verifies_and_removes_cleanly() {
     let deb = deb();
     let deb = deb.to_str().expect("utf-8 path");
     // The package's own metadata.
-    let info = ok("dpkg-deb", &["--field", deb, "Package", "Version", "Depends"]);
+    let info = ok(
+        "dpkg-deb",
+        &["--field", deb, "Package", "Version", "Depends"],
+    );
     eprintln!("observed: {info}");
     assert!(info.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))));
     let contents = ok("dpkg-deb", &["--contents", deb]);
@@ -152,16 +155,25 @@ fn deb_installs_verifies_and_removes_cleanly() {
 
     // Remove keeps the conffile (Debian policy); purge takes everything.
     ok("dpkg", &["--remove", "ethand"]);
-    assert!(!Path::new("/usr/bin/ethand").exists(), "binary left after remove");
+    assert!(
+        !Path::new("/usr/bin/ethand").exists(),
+        "binary left after remove"
+    );
     assert!(
         !Path::new("/lib/systemd/system/ethand.service").exists(),
         "unit left after remove"
     );
-    assert!(Path::new("/etc/ethand/ethand.toml").exists(), "conffile removed by remove");
+    assert!(
+        Path::new("/etc/ethand/ethand.toml").exists(),
+        "conffile removed by remove"
+    );
     ok("dpkg", &["--purge", "ethand"]);
     for f in FILES {
         assert!(!Path::new(f).exists(), "{f} left after purge");
     }
-    assert!(!Path::new("/etc/ethand").exists(), "/etc/ethand left after purge");
+    assert!(
+        !Path::new("/etc/ethand").exists(),
+        "/etc/ethand left after purge"
+    );
     assert!(!installed());
 }
