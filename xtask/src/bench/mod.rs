@@ -53,6 +53,43 @@ pub struct BenchArgs {
     /// Directory of the O_DIRECT test file; must be on a block device (not tmpfs).
     #[arg(long, value_name = "DIR", default_value = workloads::DEFAULT_IO_DIR)]
     io_dir: PathBuf,
+    /// The suites to run: `events` is the per-event table against bpftrace; the others are
+    /// sections after it.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Suite::ALL)]
+    suites: Vec<Suite>,
+    /// Markdown made on the GPU machine by `scripts/gpu-bench.sh` (training steps/s per
+    /// level); included as its own section of the report.
+    #[arg(long, value_name = "PATH")]
+    gpu_results: Option<PathBuf>,
+}
+
+/// The parts of the bench. Every suite interleaves its own comparisons; the report holds them
+/// all.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, clap::ValueEnum)]
+pub enum Suite {
+    /// Per-event cost of each probe family against bpftrace (the main table).
+    Events,
+    /// The daemon with 1,000 live processes and 100 births/s: its CPU share and RSS.
+    Scale,
+    /// /metrics with 10,000 series, OTLP export of the same, `ethand snapshot` latency.
+    Serving,
+    /// `ethand record`: events per second into the ring buffer before drops.
+    Record,
+}
+
+impl Suite {
+    pub const ALL: [Suite; 4] = [Suite::Events, Suite::Scale, Suite::Serving, Suite::Record];
+}
+
+/// What a suite beyond the per-event table gets to run with.
+pub struct SuiteCtx<'a> {
+    pub root: &'a Path,
+    /// None when ethand is not part of this run.
+    pub ethand: Option<&'a Path>,
+    pub bpftrace: Option<&'a Path>,
+    /// A private directory, removed after the run.
+    pub tmp: &'a Path,
+    pub quick: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -118,7 +155,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut results = Results::default();
     let mut ready_output = BTreeMap::new();
-    for round in 0..args.rounds as usize {
+    let events = args.suites.contains(&Suite::Events);
+    for round in (0..args.rounds as usize).filter(|_| events) {
         for k in 0..modes.len() {
             let mode = modes[(round + k) % modes.len()];
             eprintln!(
@@ -151,6 +189,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 
     let program_costs = match &tools.ethand {
+        Some(_) if !events => Err("the events suite was not run (--suites)".to_string()),
         Some(bin) => {
             eprintln!(
                 "[bench] BPF program run times: ethand with bpf_stats = \"always\", under getpid \
@@ -170,6 +209,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
         None => Err("ethand not run".to_string()),
     };
 
+    let ctx = SuiteCtx {
+        root: &root,
+        ethand: tools.ethand.as_deref(),
+        bpftrace: tools.bpftrace.as_deref(),
+        tmp: tmp.path(),
+        quick: args.quick,
+    };
+    let _ = &ctx;
+    let mut sections: Vec<report::Section> = Vec::new();
+    // Each suite module pushes its section here, in Suite order.
+    if let Some(path) = &args.gpu_results {
+        let markdown = fs::read_to_string(path)
+            .with_context(|| format!("reading --gpu-results {}", path.display()))?;
+        sections.push(report::Section {
+            title: "Real training on the GPU machine (scripts/gpu-bench.sh)".to_string(),
+            text: format!("(from {})", path.display()),
+            markdown,
+        });
+    }
+
     let machine = Machine::detect(&root, tools.ethand.as_deref(), tools.bpftrace.as_deref());
     let info = RunInfo {
         command: command_line(),
@@ -183,6 +242,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         machine,
         load_before,
         load_after: report::load_average(),
+        sections,
     };
     let report = Report {
         results: &results,

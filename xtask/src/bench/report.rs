@@ -122,6 +122,17 @@ pub struct RunInfo {
     /// /proc/loadavg's 1, 5 and 15 minute averages before the first run and after the last.
     pub load_before: String,
     pub load_after: String,
+    /// The suites beyond the per-event table (daemon at scale, serving, record, GPU
+    /// training), each rendered by its own module, in the order they ran.
+    pub sections: Vec<Section>,
+}
+
+/// One suite's part of the report: a `## title` and its Markdown body (tables, the command
+/// or configuration that made them, targets with PASS/FAIL), plus a terminal summary.
+pub struct Section {
+    pub title: String,
+    pub markdown: String,
+    pub text: String,
 }
 
 /// The 1, 5 and 15 minute load averages.
@@ -404,6 +415,9 @@ impl Report<'_> {
             }
             Err(why) => out += &format!("not measured: {why}\n"),
         }
+        for sec in &self.info.sections {
+            out += &format!("\n{}\n{}\n", sec.title, sec.text.trim_end());
+        }
         out
     }
 
@@ -509,7 +523,12 @@ impl Report<'_> {
             Err(why) => writeln!(s, "Not measured: {why}")?,
         }
 
-        writeln!(s, "\n## Method\n")?;
+        for sec in &info.sections {
+            writeln!(s, "\n## {}\n", sec.title)?;
+            writeln!(s, "{}", sec.markdown.trim_end())?;
+        }
+
+        writeln!(s, "\n## Method (per-event table)\n")?;
         writeln!(s, "{}", METHOD.trim())?;
 
         writeln!(s, "\n## Checks\n")?;
