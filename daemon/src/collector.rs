@@ -1,7 +1,7 @@
 //! Reads the kernel maps into a [`RawRead`], drains lifecycle events, deletes what the model
 //! reclaimed, and measures ethand's own cost. The only code that touches BPF maps.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
@@ -18,6 +18,7 @@ use ethand_common::{
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
+use crate::bpf_batch::read_all;
 use crate::{
     config::{BpfStatsMode, Config},
     model::{Model, RawRead, Reclaim},
@@ -49,6 +50,18 @@ pub struct Collector {
     capacity: HashMap<&'static str, u64>,
     pub fills: Vec<MapFill>,
     pub stats: BpfStats,
+    /// False once the kernel refused a batch lookup.
+    batch_ok: bool,
+    keys: ReadKeys,
+}
+
+/// The keys of the last read, for reclaim.
+#[derive(Default)]
+struct ReadKeys {
+    syscalls: Vec<SyscallKey>,
+    syscall_hist: Vec<SyscallHistKey>,
+    blk: Vec<BlkKey>,
+    gpu_calls: Vec<GpuCallKey>,
 }
 
 /// Turns the kernel's BPF run-time statistics on and off (daemon.bpf_stats): they cost about
@@ -165,6 +178,8 @@ impl Collector {
             ]),
             fills: Vec::new(),
             stats: BpfStats::new(cfg),
+            batch_ok: true,
+            keys: ReadKeys::default(),
         })
     }
 
@@ -192,18 +207,24 @@ impl Collector {
 
     pub fn read(&mut self) -> RawRead {
         let mut raw = RawRead::default();
-        raw.threads = self.threads.iter().filter_map(Result::ok).collect();
-        raw.syscalls = self.syscalls.iter().filter_map(Result::ok).collect();
-        raw.syscall_hist = self
-            .syscall_hist
-            .iter()
-            .filter_map(Result::ok)
+        let ok = &mut self.batch_ok;
+        raw.threads = read_all(&self.threads, ok);
+        raw.syscalls = read_all(&self.syscalls, ok);
+        raw.syscall_hist = read_all(&self.syscall_hist, ok)
+            .into_iter()
             .map(|(k, h)| (k, h.buckets))
             .collect();
-        raw.blk = self.blk_stats.iter().filter_map(Result::ok).collect();
-        raw.net = self.net_stats.iter().filter_map(Result::ok).collect();
-        raw.gpu_calls = self.gpu_calls.iter().filter_map(Result::ok).collect();
-        raw.gpu_procs = self.gpu_proc.iter().filter_map(Result::ok).collect();
+        raw.blk = read_all(&self.blk_stats, ok);
+        raw.net = read_all(&self.net_stats, ok);
+        raw.gpu_calls = read_all(&self.gpu_calls, ok);
+        raw.gpu_procs = read_all(&self.gpu_proc, ok);
+        // Reclaim deletes from these without walking the maps again.
+        self.keys = ReadKeys {
+            syscalls: raw.syscalls.iter().map(|(k, _)| *k).collect(),
+            syscall_hist: raw.syscall_hist.iter().map(|(k, _)| *k).collect(),
+            blk: raw.blk.iter().map(|(k, _)| *k).collect(),
+            gpu_calls: raw.gpu_calls.iter().map(|(k, _)| *k).collect(),
+        };
         let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
             name: name.into(),
             entries: n as u64,
@@ -234,34 +255,35 @@ impl Collector {
         if r.procs.is_empty() {
             return;
         }
-        let gone = |tgid: u32, start: u64| {
-            r.procs
-                .iter()
-                .any(|p| p.tgid == tgid && p.proc_start_ns == start)
-        };
+        let reclaimed: HashSet<(u32, u64)> =
+            r.procs.iter().map(|p| (p.tgid, p.proc_start_ns)).collect();
+        let gone = |tgid: u32, start: u64| reclaimed.contains(&(tgid, start));
         let keys: Vec<SyscallKey> = self
+            .keys
             .syscalls
-            .keys()
-            .filter_map(Result::ok)
+            .iter()
             .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
             .collect();
         for k in keys {
             let _ = self.syscalls.remove(&k);
         }
         let keys: Vec<SyscallHistKey> = self
+            .keys
             .syscall_hist
-            .keys()
-            .filter_map(Result::ok)
+            .iter()
             .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
             .collect();
         for k in keys {
             let _ = self.syscall_hist.remove(&k);
         }
         let keys: Vec<BlkKey> = self
-            .blk_stats
-            .keys()
-            .filter_map(Result::ok)
+            .keys
+            .blk
+            .iter()
             .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
             .collect();
         for k in keys {
             let _ = self.blk_stats.remove(&k);
@@ -271,10 +293,11 @@ impl Collector {
             let _ = self.gpu_proc.remove(k);
         }
         let keys: Vec<GpuCallKey> = self
+            .keys
             .gpu_calls
-            .keys()
-            .filter_map(Result::ok)
+            .iter()
             .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
             .collect();
         for k in keys {
             let _ = self.gpu_calls.remove(&k);

@@ -30,6 +30,9 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
+const SNAPSHOT_WINDOW_MS: u64 = 10_000;
+
 /// State shared between the collection loop and the servers.
 pub struct Shared {
     pub model: Mutex<Model>,
@@ -40,7 +43,12 @@ pub struct Shared {
             std::sync::mpsc::SyncSender<Result<String, String>>,
         )>,
     >,
+    /// The latest round's node-wide parts (status, devices); its process, cgroup and block
+    /// lists are empty: [`Shared::node`] fills them from the model when someone asks.
     pub node: RwLock<Arc<NodeSnapshot>>,
+    /// The full snapshot last built, for the round of `node` it was built from.
+    /// Weak: the snapshot lives only as long as a reader holds it, not between scrapes.
+    built: Mutex<(u64, std::sync::Weak<NodeSnapshot>)>,
     pub devnames: HashMap<u32, String>,
     /// Diagnosis rules (built-in plus the rules directory).
     pub rules: Vec<crate::diagnose::Rule>,
@@ -49,6 +57,37 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The full snapshot of the latest round, built at most once per round and only when
+    /// asked for: a scrape every 15 s does not pay for a snapshot of every process every
+    /// second (at 1,000+ processes that was most of the daemon's CPU time).
+    pub fn node(&self) -> Arc<NodeSnapshot> {
+        let head = self.node.read().expect("lock").clone();
+        let mut built = self.built.lock().expect("lock");
+        if built.0 == head.taken_at_unix_ms {
+            if let Some(node) = built.1.upgrade() {
+                return node;
+            }
+        }
+        let model = self.model.lock().expect("lock");
+        let mut processes: Vec<snap::ProcessSnapshot> = model
+            .procs
+            .values()
+            .map(|p| model.process_snapshot(p, SNAPSHOT_WINDOW_MS, &self.devnames))
+            .collect();
+        let cgroups = model.cgroups();
+        let block_devices = model.block_devices(&self.devnames);
+        drop(model);
+        crate::devices::join(&mut processes, &head.devices);
+        let node = Arc::new(NodeSnapshot {
+            processes,
+            cgroups,
+            block_devices,
+            ..(*head).clone()
+        });
+        *built = (head.taken_at_unix_ms, Arc::downgrade(&node));
+        node
+    }
+
     pub fn answer(&self, req: Request) -> Response {
         match req {
             Request::Status => {
@@ -56,7 +95,7 @@ impl Shared {
                 Response::Ok(serde_json::to_value(&node.ethand).expect("serializable"))
             }
             Request::Node => {
-                let node = self.node.read().expect("lock").clone();
+                let node = self.node();
                 Response::Ok(serde_json::to_value(&*node).expect("serializable"))
             }
             Request::SetLevel { .. } => {
@@ -83,29 +122,19 @@ impl Shared {
         probes: Vec<snap::ProbeStatus>,
     ) -> Option<TreeSnapshot> {
         let model = self.model.lock().expect("lock");
-        let mut all: Vec<snap::ProcessSnapshot> = model
-            .procs
-            .values()
-            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
-            .collect();
-        let order = model::tree_order(&all, pid);
-        if order.is_empty() {
+        let keys = model.tree_keys(pid);
+        if keys.is_empty() {
             return None;
         }
-        let keys: Vec<ethand_common::ProcKey> = order
+        let mut processes: Vec<snap::ProcessSnapshot> = keys
             .iter()
-            .map(|&i| ethand_common::ProcKey {
-                tgid: all[i].pid,
-                _pad0: 0,
-                proc_start_ns: all[i].start_time_ns,
-            })
+            .filter_map(|k| model.procs.get(k))
+            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
         let timeline = model.timeline(&keys, window_ms);
         drop(model);
         let node = self.node.read().expect("lock").clone();
-        crate::devices::join(&mut all, &node.devices);
-        let processes: Vec<snap::ProcessSnapshot> =
-            order.into_iter().map(|i| all[i].clone()).collect();
+        crate::devices::join(&mut processes, &node.devices);
         let mut tree = TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
@@ -220,6 +249,10 @@ pub struct Engine {
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
     pub cfg: Config,
+    /// Whether sys_exit is attached: then the model's mmap counts hint which processes the
+    /// GPU library scan must look at.
+    syscalls_attached: bool,
+    maps_changed: std::collections::HashSet<u32>,
 }
 
 impl Engine {
@@ -248,15 +281,25 @@ impl Engine {
             d.max_processes,
         );
         model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
+        model.exit_events = loaded.probes.iter().any(|p| {
+            p.name == "sched_process_exit"
+                && p.state == ethand_exporters::snapshot::ProbeState::Attached
+        });
         let shared = Arc::new(Shared {
             model: Mutex::new(model),
             level_request: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
+            built: Mutex::new((u64::MAX, std::sync::Weak::new())),
             devnames: model::block_device_names(),
             rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
             otlp: std::sync::OnceLock::new(),
         });
+        let syscalls_attached = loaded.probes.iter().any(|p| {
+            p.name == "sys_exit" && p.state == ethand_exporters::snapshot::ProbeState::Attached
+        });
         Ok(Self {
+            syscalls_attached,
+            maps_changed: Default::default(),
             loaded,
             collector,
             gpu,
@@ -275,7 +318,8 @@ impl Engine {
             let _ = reply.try_send(r);
         }
         // Attach to runtime libraries loaded since the last rescan before reading the maps.
-        self.gpu.tick(&mut self.loaded.ebpf);
+        let hints = self.syscalls_attached.then_some(&mut self.maps_changed);
+        self.gpu.tick(&mut self.loaded.ebpf, hints);
         let now = unix_ms();
         let node = {
             let mut model = self.shared.model.lock().expect("lock");
@@ -283,24 +327,18 @@ impl Engine {
             self.collector.stats.tick();
             let raw = self.collector.read();
             let reclaim = model.ingest(raw, now);
+            self.maps_changed.extend(model.maps_changed.drain());
             self.collector.reclaim(&reclaim);
-            let window_ms = 10_000;
-            let mut processes: Vec<snap::ProcessSnapshot> = model
-                .procs
-                .values()
-                .map(|p| model.process_snapshot(p, window_ms, &self.shared.devnames))
-                .collect();
             let devices = self.devices.latest();
-            crate::devices::join(&mut processes, &devices);
             let (cpu_seconds, rss_bytes) = procinfo::self_usage();
             NodeSnapshot {
                 schema_version: snap::SCHEMA_VERSION,
                 hostname: hostname(),
                 taken_at_unix_ms: now,
                 interval_ms: self.cfg.daemon.interval_ms,
-                processes,
-                cgroups: model.cgroups(),
-                block_devices: model.block_devices(&self.shared.devnames),
+                processes: Vec::new(),
+                cgroups: Vec::new(),
+                block_devices: Vec::new(),
                 devices: (*devices).clone(),
                 ethand: SelfStatus {
                     version: env!("CARGO_PKG_VERSION").into(),
@@ -412,14 +450,12 @@ fn start_otlp(
         },
     };
     let shared = shared.clone();
-    OtlpExporter::start(opts, move || shared.node.read().expect("lock").clone()).with_context(
-        || {
-            format!(
-                "cannot start the OTLP export (otlp.endpoint = {:?})",
-                o.endpoint
-            )
-        },
-    )
+    OtlpExporter::start(opts, move || shared.node()).with_context(|| {
+        format!(
+            "cannot start the OTLP export (otlp.endpoint = {:?})",
+            o.endpoint
+        )
+    })
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
@@ -452,7 +488,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let node = shared.node.read().expect("lock").clone();
+                let node = shared.node();
                 let body = render(&node, &opts);
                 async move {
                     (

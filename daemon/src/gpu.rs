@@ -151,7 +151,10 @@ impl GpuProbes {
     }
 
     /// Rescans process mappings when due and attaches to new library files.
-    pub fn tick(&mut self, ebpf: &mut Ebpf) {
+    /// `changed`: the processes whose mappings may have changed since the last scan (new,
+    /// exec'd, or mmap called), when the syscall probes can tell; None: look at all. A full
+    /// look every FULL_SCAN_EVERY scans catches what the hints could miss.
+    pub fn tick(&mut self, ebpf: &mut Ebpf, changed: Option<&mut HashSet<u32>>) {
         if self.level == GpuLevel::System || self.load_error.is_some() || self.runtimes.is_empty() {
             return;
         }
@@ -160,7 +163,17 @@ impl GpuProbes {
         }
         self.last_scan = Some(Instant::now());
         self.scans += 1;
-        for lib in self.scanner.scan(&self.runtimes) {
+        let only = match changed {
+            Some(set) if self.scans % FULL_SCAN_EVERY != 1 && !self.scanner.known.is_empty() => {
+                Some(std::mem::take(set))
+            }
+            Some(set) => {
+                set.clear();
+                None
+            }
+            None => None,
+        };
+        for lib in self.scanner.scan(&self.runtimes, only.as_ref()) {
             let key = (lib.dev.clone(), lib.inode);
             if self.libs.contains_key(&key) {
                 continue;
@@ -193,7 +206,7 @@ impl GpuProbes {
             // Libraries loaded while at `system` are found by a full scan.
             self.scanner = MapsScanner::default();
             self.last_scan = None;
-            self.tick(ebpf);
+            self.tick(ebpf, None);
         }
         info!(
             from = old.as_str(),
@@ -276,6 +289,9 @@ impl GpuProbes {
     }
 }
 
+/// Every this many scans, all processes are looked at, hints or not.
+const FULL_SCAN_EVERY: u64 = 15;
+
 /// Reads process mappings, skipping processes whose address space has not changed size since
 /// the last scan: a `dlopen` maps new memory and so changes `vsize` in `/proc/PID/stat`,
 /// one short line against the hundreds of lines of `/proc/PID/maps`.
@@ -287,30 +303,50 @@ struct MapsScanner {
 
 impl MapsScanner {
     /// Runtime libraries mapped by processes that are new or changed, one per (dev, inode).
-    fn scan(&mut self, runtimes: &[Runtime]) -> Vec<MappedLibrary> {
+    /// `only`: look at these processes alone (the others are known unchanged).
+    fn scan(&mut self, runtimes: &[Runtime], only: Option<&HashSet<u32>>) -> Vec<MappedLibrary> {
         let mut seen: HashSet<(String, u64)> = HashSet::new();
         let mut out = Vec::new();
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return out;
+        let pids: Vec<u32> = match only {
+            Some(set) => set.iter().copied().collect(),
+            None => {
+                let Ok(dir) = std::fs::read_dir("/proc") else {
+                    return out;
+                };
+                dir.flatten()
+                    .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                    .collect()
+            }
         };
         let me = std::process::id();
-        let mut alive: HashMap<u32, (u64, u64)> = HashMap::with_capacity(self.known.len());
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
+        // A full look rebuilds the known set (dropping the dead); a hinted one updates it.
+        let (mut alive, previous) = match only {
+            Some(_) => (std::mem::take(&mut self.known), HashMap::new()),
+            None => (
+                HashMap::with_capacity(self.known.len()),
+                std::mem::take(&mut self.known),
+            ),
+        };
+        for pid in pids {
             if pid == me {
                 continue;
             }
             let Some(id) = start_and_vsize(pid) else {
+                alive.remove(&pid);
                 continue;
             };
             // Kernel threads have no address space.
             if id.1 == 0 {
                 continue;
             }
-            alive.insert(pid, id);
-            if self.known.get(&pid) == Some(&id) {
+            let before = match only {
+                Some(_) => alive.insert(pid, id),
+                None => {
+                    alive.insert(pid, id);
+                    previous.get(&pid).copied()
+                }
+            };
+            if before == Some(id) {
                 continue;
             }
             // A process that exited meanwhile fails to read: it is read again if it comes back.

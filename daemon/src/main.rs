@@ -1,6 +1,7 @@
 //! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
 mod api;
 mod attribution;
+mod bpf_batch;
 mod collector;
 mod compare;
 mod config;
@@ -116,7 +117,8 @@ enum Command {
         /// How long to record: 10s, 500ms, 2m (a bare number is seconds).
         #[arg(long, default_value = "10s", value_parser = record::parse_duration)]
         duration: Duration,
-        /// Output file (written atomically: FILE.tmp, then renamed).
+        /// Output file. Streamed to FILE.tmp while recording (bounded memory), renamed to
+        /// FILE once complete; on a write error (e.g. a full disk) FILE.tmp is removed.
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
         /// Record syscalls at least this long (microseconds).

@@ -2,7 +2,7 @@
 //! kernel map contents every interval. Kernel counters are cumulative per thread / process;
 //! this module turns them into process totals that survive thread exits and map reclaiming,
 //! and keeps a short history ring for "what happened in the last N seconds".
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use ethand_common::{
     BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, HIST_BUCKETS,
@@ -12,6 +12,10 @@ use ethand_common::{
 use ethand_exporters::snapshot as snap;
 
 use crate::{procinfo, syscalls_table};
+
+/// mmap(2): a process that maps a library calls it (dlopen), so its count moving is the
+/// hint to look at the process's mappings again.
+const MMAP_NR: u32 = libc::SYS_mmap as u32;
 
 /// Number of totals per process in the history ring (order of snap::WindowStats).
 const TOTALS: usize = 18;
@@ -139,11 +143,14 @@ pub struct Proc {
     pub exited_round: Option<u64>,
     /// Wall clock (ms) of the ingest that first saw the process: its counters start there.
     pub first_seen_unix_ms: u64,
-    pub threads: BTreeMap<u32, ThreadAcc>,
+    /// Boxed: a BTreeMap leaf holds 11 values, so an unboxed ~600-byte ThreadAcc made every
+    /// process cost ~7 KB even with one thread (thousands of exited ones are kept for the grace).
+    pub threads: BTreeMap<u32, Box<ThreadAcc>>,
     pub thread_comms: HashMap<u32, String>,
     pub dead: SchedAcc,
     pub syscalls: BTreeMap<u32, RawSys>,
-    pub syscall_hist: BTreeMap<u32, [u64; HIST_BUCKETS]>,
+    /// Boxed for the same reason as `threads`.
+    pub syscall_hist: BTreeMap<u32, Box<[u64; HIST_BUCKETS]>>,
     pub blk: BTreeMap<(u32, u32), RawBlk>,
     pub net: RawNet,
     /// Per (op id, copy direction): cumulative kernel counters.
@@ -151,6 +158,11 @@ pub struct Proc {
     pub gpu_state: Option<GpuProcState>,
     /// Metadata must be (re)read: first sight or exec.
     pub meta_stale: bool,
+    /// Totals over time, for the snapshot windows and timelines.
+    history: History,
+    /// Its kernel map entries were deleted (after its exit was ingested): the model holds
+    /// the final values.
+    kernel_released: bool,
 }
 
 impl Proc {
@@ -171,6 +183,8 @@ impl Proc {
             net: RawNet::default(),
             gpu_calls: BTreeMap::new(),
             gpu_state: None,
+            history: History::default(),
+            kernel_released: false,
             meta_stale: true,
         }
     }
@@ -256,10 +270,69 @@ pub struct Reclaim {
     pub procs: Vec<ProcKey>,
 }
 
+/// Full resolution of the history for this long (ms); older points are thinned to the last
+/// one of each COARSE_MS, so that a busy process costs ~60 points, not one per interval.
+const FINE_MS: u64 = 30_000;
+const COARSE_MS: u64 = 10_000;
+
+/// Points in time (wall-clock ms, ascending) with a value each, thinned with age: every point
+/// of the last FINE_MS, the last point of each COARSE_MS bucket before that, and nothing
+/// older than the horizon except the one point that gives the value at the horizon.
+#[derive(Default)]
+struct Thinned<T> {
+    points: VecDeque<(u64, T)>,
+}
+
+impl<T> Thinned<T> {
+    fn push(&mut self, t: u64, v: T) {
+        self.points.push_back((t, v));
+    }
+
+    fn last(&self) -> Option<&(u64, T)> {
+        self.points.back()
+    }
+
+    /// The value at time `t`: the latest point at or before it.
+    fn at(&self, t: u64) -> Option<&T> {
+        let n = self.points.partition_point(|(pt, _)| *pt <= t);
+        n.checked_sub(1).map(|i| &self.points[i].1)
+    }
+
+    fn thin(&mut self, now_ms: u64, history_ms: u64) {
+        let horizon = now_ms.saturating_sub(history_ms);
+        while self.points.len() >= 2 && self.points[1].0 <= horizon {
+            self.points.pop_front();
+        }
+        let fine_from = now_ms.saturating_sub(FINE_MS);
+        let bucket = |t: u64| t / COARSE_MS;
+        let old = self.points.partition_point(|(t, _)| *t < fine_from);
+        if old < 2 {
+            return;
+        }
+        // Keep an old point if the next one is in another bucket (or is not old).
+        let mut keep: Vec<bool> = (0..old)
+            .map(|i| i + 1 >= old || bucket(self.points[i].0) != bucket(self.points[i + 1].0))
+            .collect();
+        keep.resize(self.points.len(), true);
+        let mut k = keep.into_iter();
+        self.points.retain(|_| k.next().unwrap_or(true));
+    }
+}
+
+/// One process's totals: a point only when they changed (the value holds until the next).
+type History = Thinned<[u64; TOTALS]>;
+
 pub struct Model {
-    pub procs: HashMap<ProcKey, Proc>,
-    history: VecDeque<(u64, HashMap<ProcKey, [u64; TOTALS]>)>,
-    history_len: usize,
+    pub procs: HashMap<ProcKey, Proc, foldhash::fast::RandomState>,
+    /// Processes whose mappings may have changed since the last drain (new, exec'd, or their
+    /// mmap count moved): the only ones the GPU library scan needs to look at.
+    pub maps_changed: HashSet<u32>,
+    /// The exit tracepoint is attached: exits arrive as events.
+    pub exit_events: bool,
+    /// The times of the collection rounds, thinned like every process's history, so that
+    /// windows start at a round every process has a value for.
+    rounds: Thinned<()>,
+    history_ms: u64,
     pub round: u64,
     grace_rounds: u64,
     max_processes: usize,
@@ -293,9 +366,11 @@ impl Model {
             })
             .unwrap_or(0);
         Self {
-            procs: HashMap::new(),
-            history: VecDeque::new(),
-            history_len: ((history_seconds * 1000) / interval_ms.max(1)).max(2) as usize,
+            procs: HashMap::default(),
+            maps_changed: HashSet::new(),
+            exit_events: false,
+            rounds: Thinned::default(),
+            history_ms: (history_seconds * 1000).max(2 * interval_ms),
             round: 0,
             grace_rounds: ((exit_grace_seconds * 1000) / interval_ms.max(1)).max(1),
             max_processes,
@@ -319,6 +394,7 @@ impl Model {
             let mut p = Proc::new(key);
             p.first_seen_unix_ms = self.now_unix_ms;
             self.procs.insert(key, p);
+            self.maps_changed.insert(key.tgid);
         }
         self.procs.get_mut(&key)
     }
@@ -328,6 +404,7 @@ impl Model {
         if let Some(p) = self.proc_mut(key) {
             p.meta_stale = true;
         }
+        self.maps_changed.insert(key.tgid);
     }
 
     /// A process exited (all its threads).
@@ -365,12 +442,15 @@ impl Model {
         }
         for (k, v) in raw.syscalls {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
-                p.syscalls.insert(k.nr, v);
+                let old = p.syscalls.insert(k.nr, v);
+                if k.nr == MMAP_NR && old.is_none_or(|o| o.count != v.count) {
+                    self.maps_changed.insert(k.tgid);
+                }
             }
         }
         for (k, v) in raw.syscall_hist {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
-                p.syscall_hist.insert(k.class, v);
+                p.syscall_hist.insert(k.class, Box::new(v));
             }
         }
         for (k, v) in raw.blk {
@@ -395,7 +475,10 @@ impl Model {
         }
         self.refresh_meta();
         // Processes that are gone: exited long enough ago, or vanished without an exit event.
-        let check_liveness = self.round % 10 == 0;
+        // With exit events a vanished process is rare (lost events are counted), so the
+        // check, a /proc read per process, runs less often.
+        let every = if self.exit_events { 60 } else { 10 };
+        let check_liveness = self.round % every == 0;
         let round = self.round;
         if check_liveness {
             let gone: Vec<ProcKey> = self
@@ -423,15 +506,39 @@ impl Model {
         for k in expired {
             if let Some(p) = self.procs.remove(&k) {
                 reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
-                reclaim.procs.push(k);
+                if !p.kernel_released {
+                    reclaim.procs.push(k);
+                }
                 self.depart(&p);
             }
         }
-        let point: HashMap<ProcKey, [u64; TOTALS]> =
-            self.procs.iter().map(|(k, p)| (*k, p.totals())).collect();
-        self.history.push_back((now_unix_ms, point));
-        while self.history.len() > self.history_len {
-            self.history.pop_front();
+        // An exited process's counters are final once a read after its exit is ingested
+        // (this one): free its kernel entries now rather than after the grace period, so that
+        // the maps hold live processes only (100 exits/s x 30 s filled the syscall map).
+        for p in self.procs.values_mut() {
+            if !p.kernel_released && p.exited_round.is_some_and(|r| r <= round) {
+                p.kernel_released = true;
+                reclaim.procs.push(p.key);
+            }
+        }
+        self.rounds.push(now_unix_ms, ());
+        self.rounds.thin(now_unix_ms, self.history_ms);
+        // Thinning costs a pass over a process's points: once per coarse bucket is enough.
+        let thin_now = self.rounds.points.len() < 2
+            || now_unix_ms / COARSE_MS
+                != self.rounds.points[self.rounds.points.len() - 2].0 / COARSE_MS;
+        for p in self.procs.values_mut() {
+            // Released processes are final and their last totals are already recorded.
+            if p.kernel_released && p.history.last().is_some() {
+                continue;
+            }
+            let totals = p.totals();
+            if p.history.last().is_none_or(|(_, v)| *v != totals) {
+                p.history.push(now_unix_ms, totals);
+            }
+            if thin_now {
+                p.history.thin(now_unix_ms, self.history_ms);
+            }
         }
         reclaim
     }
@@ -484,8 +591,8 @@ impl Model {
     }
 
     fn is_same_process_alive(&self, p: &Proc) -> bool {
-        match procinfo::read(p.key.tgid) {
-            Some(m) => self.start_matches(p.key.proc_start_ns, m.start_ticks),
+        match procinfo::start_ticks(p.key.tgid) {
+            Some(start_ticks) => self.start_matches(p.key.proc_start_ns, start_ticks),
             None => false,
         }
     }
@@ -548,13 +655,17 @@ impl Model {
 
     /// Change of the totals of `key` over the last `window_ms` (None without history).
     fn window(&self, key: &ProcKey, window_ms: u64) -> Option<snap::WindowStats> {
-        let (now_ms, latest) = self.history.back()?;
-        let cur = latest.get(key)?;
-        let (then_ms, old) = self
-            .history
+        let (now_ms, _) = *self.rounds.last()?;
+        let p = self.procs.get(key)?;
+        let cur = p.history.at(now_ms)?;
+        let then_ms = self
+            .rounds
+            .points
             .iter()
             .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
-            .map(|(t, m)| (*t, m.get(key).copied().unwrap_or([0; TOTALS])))?;
+            .map(|(t, _)| *t)?;
+        // A process first seen after the window started counts from zero.
+        let old = p.history.at(then_ms).copied().unwrap_or([0; TOTALS]);
         let d: Vec<u64> = cur
             .iter()
             .zip(old)
@@ -589,30 +700,35 @@ impl Model {
         keys: &[ProcKey],
         window_ms: u64,
     ) -> Vec<ethand_exporters::diagnosis::TimelinePoint> {
-        let Some((now_ms, _)) = self.history.back() else {
+        let Some(&(now_ms, _)) = self.rounds.last() else {
             return Vec::new();
         };
-        let points: Vec<&(u64, HashMap<ProcKey, [u64; TOTALS]>)> = self
-            .history
+        let hists: Vec<&History> = keys
+            .iter()
+            .filter_map(|k| self.procs.get(k).map(|p| &p.history))
+            .collect();
+        let points: Vec<(u64, [u64; TOTALS])> = self
+            .rounds
+            .points
             .iter()
             .filter(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
-            .collect();
-        let sum = |m: &HashMap<ProcKey, [u64; TOTALS]>| {
-            let mut s = [0u64; TOTALS];
-            for k in keys {
-                if let Some(v) = m.get(k) {
-                    for (a, b) in s.iter_mut().zip(v) {
-                        *a += b;
+            .map(|&(t, _)| {
+                let mut s = [0u64; TOTALS];
+                for h in &hists {
+                    if let Some(v) = h.at(t) {
+                        for (a, b) in s.iter_mut().zip(v) {
+                            *a += b;
+                        }
                     }
                 }
-            }
-            s
-        };
+                (t, s)
+            })
+            .collect();
         points
             .windows(2)
             .map(|w| {
-                let (t0, a) = (w[0].0, sum(&w[0].1));
-                let (t1, b) = (w[1].0, sum(&w[1].1));
+                let (t0, a) = (w[0].0, w[0].1);
+                let (t1, b) = (w[1].0, w[1].1);
                 let d = |i: usize| b[i].saturating_sub(a[i]);
                 ethand_exporters::diagnosis::TimelinePoint {
                     t_unix_ms: t1,
@@ -866,32 +982,68 @@ pub fn block_device_names() -> HashMap<u32, String> {
     m
 }
 
-/// The tree rooted at `root`: root first, then descendants breadth-first (by ppid).
-pub fn tree_order(procs: &[snap::ProcessSnapshot], root: u32) -> Vec<usize> {
-    let Some(r) = procs
+/// What the process tree is built from.
+pub struct TreeNode {
+    pub pid: u32,
+    pub ppid: u32,
+    pub start_ns: u64,
+    pub alive: bool,
+}
+
+/// The tree rooted at `root`: root first, then descendants breadth-first (by ppid). O(n)
+/// with a children index: the pairwise scan it replaces took hundreds of milliseconds on a
+/// node with thousands of processes.
+pub fn tree_order_of(nodes: &[TreeNode], root: u32) -> Vec<usize> {
+    let Some(r) = nodes
         .iter()
         .position(|p| p.pid == root && p.alive)
-        .or_else(|| procs.iter().position(|p| p.pid == root))
+        .or_else(|| nodes.iter().position(|p| p.pid == root))
     else {
         return Vec::new();
     };
+    let mut children: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (j, p) in nodes.iter().enumerate() {
+        children.entry(p.ppid).or_default().push(j);
+    }
+    let mut seen = vec![false; nodes.len()];
+    seen[r] = true;
     let mut out = vec![r];
     let mut i = 0;
     while i < out.len() {
-        let parent = &procs[out[i]];
-        for (j, p) in procs.iter().enumerate() {
-            // A child started after its parent (guards against pid reuse of the parent).
-            if p.ppid == parent.pid
-                && j != out[i]
-                && !out.contains(&j)
-                && p.start_time_ns >= parent.start_time_ns
-            {
-                out.push(j);
+        let parent = &nodes[out[i]];
+        if let Some(kids) = children.get(&parent.pid) {
+            for &j in kids {
+                // A child started after its parent (guards against pid reuse of the parent).
+                if !seen[j] && nodes[j].start_ns >= parent.start_ns {
+                    seen[j] = true;
+                    out.push(j);
+                }
             }
         }
         i += 1;
     }
     out
+}
+
+impl Model {
+    /// The processes of the tree rooted at `root`, root first (see [`tree_order_of`]), without
+    /// building a snapshot of every process.
+    pub fn tree_keys(&self, root: u32) -> Vec<ProcKey> {
+        let procs: Vec<&Proc> = self.procs.values().collect();
+        let nodes: Vec<TreeNode> = procs
+            .iter()
+            .map(|p| TreeNode {
+                pid: p.key.tgid,
+                ppid: p.meta.as_ref().map_or(0, |m| m.ppid),
+                start_ns: p.key.proc_start_ns,
+                alive: p.alive,
+            })
+            .collect();
+        tree_order_of(&nodes, root)
+            .into_iter()
+            .map(|i| procs[i].key)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -1091,12 +1243,17 @@ mod tests {
         let before: u64 = m.cgroups().iter().map(|c| c.oncpu_ns).sum();
         assert_eq!(before, 4000);
         m.on_exit(key);
-        // Visible for the round that sees the exit, then for one interval of grace.
+        // Visible for the round that sees the exit, then for one interval of grace; its
+        // kernel entries are freed at once (the read of that round holds its final values).
         let r = m.ingest(RawRead::default(), 1000);
-        assert!(r.procs.is_empty());
+        assert_eq!(
+            r.procs,
+            vec![key],
+            "kernel entries freed once the exit is ingested"
+        );
         assert!(!m.procs[&key].alive);
         let r = m.ingest(RawRead::default(), 2000);
-        assert_eq!(r.procs, vec![key]);
+        assert!(r.procs.is_empty(), "not freed twice");
         assert!(m.procs.is_empty());
         let after: Vec<_> = m.cgroups();
         assert_eq!(
@@ -1119,7 +1276,7 @@ mod tests {
         let mut t = th(10, 1, 0);
         t.tgid = key.tgid;
         t.proc_start_ns = key.proc_start_ns;
-        m.ingest(
+        let r = m.ingest(
             RawRead {
                 threads: vec![(4_999_999, t)],
                 ..Default::default()
@@ -1127,12 +1284,73 @@ mod tests {
             0,
         );
         assert!(!m.procs[&key].alive);
-        let r = m.ingest(RawRead::default(), 1000);
-        assert_eq!(
-            r.procs,
-            vec![key],
-            "reclaimed after the grace period, not kept forever"
+        assert_eq!(r.procs, vec![key], "its kernel entries are freed at once");
+        m.ingest(RawRead::default(), 1000);
+        assert!(
+            !m.procs.contains_key(&key),
+            "dropped from the model after the grace period, not kept forever"
         );
+    }
+
+    #[test]
+    fn thinned_history_keeps_the_values_at_kept_rounds() {
+        // A point every second for 100 s, the value changing every round; rounds alike.
+        let (mut h, mut rounds) = (Thinned::default(), Thinned::default());
+        for t in (0..=100_000u64).step_by(1000) {
+            h.push(t, t * 3);
+            rounds.push(t, ());
+            h.thin(t, 60_000);
+            rounds.thin(t, 60_000);
+        }
+        let times: Vec<u64> = rounds.points.iter().map(|(t, _)| *t).collect();
+        // Full resolution for the last 30 s, one per 10 s bucket before, back to the
+        // horizon (40 s) and the one point at or before it.
+        assert_eq!(times.iter().filter(|&&t| t >= 70_000).count(), 31);
+        assert_eq!(
+            &times[..4],
+            &[39_000, 49_000, 59_000, 69_000],
+            "older points thinned to the last of each 10 s"
+        );
+        for &t in &times {
+            assert_eq!(h.at(t), Some(&(t * 3)), "value at kept round {t}");
+        }
+        assert_eq!(h.at(38_999), None, "nothing before the horizon point");
+    }
+
+    #[test]
+    fn unchanged_totals_hold_their_value_between_points() {
+        let mut h: Thinned<u64> = Thinned::default();
+        h.push(1000, 5);
+        h.push(9000, 7);
+        assert_eq!(h.at(500), None);
+        assert_eq!(h.at(1000), Some(&5));
+        assert_eq!(h.at(8999), Some(&5));
+        assert_eq!(h.at(20_000), Some(&7));
+    }
+
+    #[test]
+    fn tree_order_is_breadth_first_and_guards_pid_reuse() {
+        let n = |pid, ppid, start_ns| TreeNode {
+            pid,
+            ppid,
+            start_ns,
+            alive: true,
+        };
+        let nodes = vec![
+            n(30, 20, 300),
+            n(10, 1, 100),
+            n(20, 10, 200),
+            n(21, 10, 210),
+            // Claims parent 10 but started before it: a reused pid's old child.
+            n(40, 10, 50),
+            n(99, 1, 5),
+        ];
+        let order: Vec<u32> = tree_order_of(&nodes, 10)
+            .into_iter()
+            .map(|i| nodes[i].pid)
+            .collect();
+        assert_eq!(order, vec![10, 20, 21, 30]);
+        assert!(tree_order_of(&nodes, 12345).is_empty());
     }
 
     #[test]

@@ -45,6 +45,13 @@ pub fn parse_uid(status: &str) -> u32 {
         .unwrap_or(u32::MAX)
 }
 
+/// The start time (clock ticks after boot) of a process, from /proc/PID/stat alone: the
+/// liveness check of every tracked process, so one small read.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&String::from_utf8_lossy(&stat)).map(|(_, _, start)| start)
+}
+
 pub fn read(pid: u32) -> Option<ProcMeta> {
     let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
     let (comm, ppid, start_ticks) = parse_stat(&String::from_utf8_lossy(&stat))?;

@@ -5,11 +5,24 @@
 //! off and attaches only the recording programs (ebpf/ethand-ebpf/src/record.rs) for the
 //! duration, so they cost nothing when nobody records. The kernel sends one `RecordEvent`
 //! per scheduler slice, slow syscall, block request and GPU/NPU runtime call of the tree
-//! through a ring buffer; this drains it every 20 ms and converts at the end.
+//! through a ring buffer; this drains it every 20 ms and streams it to disk.
 //!
-//! Trace layout (times in µs as floats from the start of the recording; ns kept as
-//! fractions):
-//! - one `pid` per process, one `tid` per thread, named from /proc (`ph: "M"`);
+//! Streaming: each drained event is converted and appended at once to FILE.tmp through a
+//! 4 MiB buffer, so memory stays bounded (~50 MB resident, mostly the loaded object and the
+//! ring buffer) whatever the duration or the event rate, and stopping costs only the last
+//! drain, the closing bytes and an fsync. On stop: the drop marker, `metadata` (counts known
+//! only then) and the closing bracket, fsync, then FILE.tmp is renamed to FILE. If writing
+//! fails (a full disk, say), recording stops, the error names FILE.tmp and how many events
+//! were written, FILE.tmp is removed and FILE is not created (exit 1): a trace under FILE's
+//! name is always complete. While recording, FILE.tmp holds one trace event per line.
+//!
+//! Trace layout (`{"traceEvents":[...],"displayTimeUnit":"ns","metadata":{...}}`; times in
+//! µs from the start of the recording, exact to the ns: three decimals):
+//! - events in the order the kernel emitted them, i.e. as each ended, not sorted by start
+//!   (Perfetto and chrome://tracing sort on import): a thread's scheduler slices come in
+//!   order, but a runtime call comes after the syscalls it contains;
+//! - one `pid` per process, one `tid` per thread, named from /proc (`ph: "M"`), written when
+//!   the process or thread is first seen (those of the tree at the start come first);
 //! - syscalls and GPU/NPU calls: complete events (`ph: "X"`) on the thread's own track
 //!   (they nest: a runtime call contains the syscalls it makes);
 //! - scheduler slices: complete events on a companion track of each thread,
@@ -19,14 +32,14 @@
 //!   process (requests overlap, which complete events on one track cannot);
 //! - drops: in `metadata.dropped` and, when non-zero, a global instant event.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     fs,
-    io::Write as _,
+    io::{BufWriter, Write as _},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use aya::{
     Btf, Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
@@ -62,8 +75,9 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
     }
     // Fail before recording if the output cannot be written.
     let tmp = tmp_path(o.output);
-    fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = record(cfg, &o, &tmp).await;
+    let file =
+        fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let result = record(cfg, &o, file, &tmp).await;
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -110,7 +124,7 @@ struct GpuLib {
     symbols: usize,
 }
 
-async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8> {
+async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> anyhow::Result<u8> {
     let mut c = cfg.clone();
     c.probes.sched = false;
     c.probes.syscalls = false;
@@ -153,10 +167,6 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     for p in &tree {
         pids_map.insert(p, &1, 0)?;
     }
-    let mut names = Names::default();
-    for p in &tree {
-        names.learn_process(*p);
-    }
     attach_btf(ebpf, "record_sched_switch", "sched_switch", &btf)?;
     attach_btf(ebpf, "record_sys_enter", "sys_enter", &btf)?;
     attach_btf(ebpf, "record_sys_exit", "sys_exit", &btf)?;
@@ -181,13 +191,16 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
         gpu_libs.len()
     );
 
-    let mut events: Vec<RecordEvent> = Vec::new();
+    let mut tw = TraceWriter::new(file, tmp, t0);
+    for p in &tree {
+        tw.learn_process(*p).map_err(|e| tw.error(e))?;
+    }
     let deadline = Instant::now() + o.duration;
     let mut interrupted = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
-        drain(&mut ring, &mut events, &mut names);
+        tw.drain(&mut ring).map_err(|e| tw.error(e))?;
         let now = Instant::now();
         if now >= deadline {
             break;
@@ -200,14 +213,16 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     let t_end = monotonic_ns();
     // Detach everything (the programs go with the object), then take what was left.
     drop(loaded);
-    drain(&mut ring, &mut events, &mut names);
-    close_open_slices(&threads_map, t_end, &mut events);
+    tw.drain(&mut ring).map_err(|e| tw.error(e))?;
+    tw.close_open_slices(&threads_map, t_end)
+        .map_err(|e| tw.error(e))?;
     let dropped = drop_sum(&drops, record_drop::RINGBUF_FULL);
     let threads_full = drop_sum(&drops, record_drop::THREADS_FULL);
     let inflight_full = drop_sum(&drops, record_drop::INFLIGHT_FULL);
     // Processes that joined the tree while recording.
     let recorded_pids: BTreeSet<u32> = pids_map.keys().filter_map(Result::ok).collect();
 
+    let events = tw.events;
     let meta = json!({
         "tool": "ethand record",
         "ethand_version": env!("CARGO_PKG_VERSION"),
@@ -218,7 +233,7 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
         "syscall_threshold_us": o.syscall_threshold_us,
         "clock": "CLOCK_MONOTONIC",
         "start_monotonic_ns": t0,
-        "events": events.len(),
+        "events": events,
         "dropped": dropped,
         "dropped_threads_table_full": threads_full,
         "dropped_inflight_table_full": inflight_full,
@@ -226,11 +241,10 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
         "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
         "warnings": warnings,
     });
-    let trace = build_trace(&events, &names, t0, t_end, dropped, meta);
-    write_atomically(tmp, o.output, &trace)?;
+    tw.finish(o.pid, t_end, dropped, &meta, o.output)?;
     println!(
         "recorded {} events ({} dropped) to {}",
-        events.len(),
+        events,
         dropped,
         o.output.display()
     );
@@ -243,54 +257,8 @@ async fn record(cfg: &Config, o: &Options<'_>, tmp: &Path) -> anyhow::Result<u8>
     Ok(0)
 }
 
-/// The slice each live recorded thread was in when recording stopped (running, or off CPU),
-/// cut at the end, so that the timeline does not stop at each thread's last switch.
-fn close_open_slices(
-    threads: &BpfHashMap<MapData, u32, RecordThread>,
-    t_end: u64,
-    events: &mut Vec<RecordEvent>,
-) {
-    for (tid, t) in threads.iter().filter_map(Result::ok) {
-        if !Path::new(&format!("/proc/{}/task/{tid}", t.tgid)).exists() {
-            continue; // exited: its last slice was emitted at its last switch-out
-        }
-        let (kind, start, arg0) = if t.on_ns != 0 {
-            (record_kind::ON_CPU, t.on_ns, 0)
-        } else if t.off_ns != 0 {
-            (record_kind::OFF_CPU, t.off_ns, u64::from(t.off_reason))
-        } else {
-            continue;
-        };
-        if start >= t_end {
-            continue;
-        }
-        events.push(RecordEvent {
-            kind,
-            tgid: t.tgid,
-            tid,
-            cpu: u32::MAX,
-            start_ns: start,
-            dur_ns: t_end - start,
-            arg0,
-            ..Default::default()
-        });
-    }
-}
-
 fn drop_sum(m: &PerCpuArray<MapData, u64>, idx: u32) -> u64 {
     m.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
-}
-
-fn drain(ring: &mut RingBuf<MapData>, out: &mut Vec<RecordEvent>, names: &mut Names) {
-    while let Some(item) = ring.next() {
-        if item.len() < size_of::<RecordEvent>() {
-            continue;
-        }
-        // SAFETY: the kernel wrote a RecordEvent (repr(C), integers only); unaligned read.
-        let e: RecordEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-        names.learn_thread(e.tgid, e.tid);
-        out.push(e);
-    }
 }
 
 fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> anyhow::Result<()> {
@@ -458,50 +426,10 @@ fn process_tree(pid: u32) -> BTreeSet<u32> {
 
 /// Process and thread names, read from /proc when first seen (a thread that exits before
 /// it is seen keeps a numbered name).
-#[derive(Default)]
-struct Names {
-    procs: BTreeMap<u32, String>,
-    threads: BTreeMap<(u32, u32), String>,
-}
-
 fn comm(path: &str) -> Option<String> {
     fs::read_to_string(path)
         .ok()
         .map(|s| s.trim_end().to_string())
-}
-
-impl Names {
-    fn learn_process(&mut self, pid: u32) {
-        if !self.procs.contains_key(&pid) {
-            if let Some(n) = comm(&format!("/proc/{pid}/comm")) {
-                self.procs.insert(pid, n);
-            }
-        }
-        if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) {
-            for e in dir.flatten() {
-                if let Some(tid) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
-                    self.learn_thread(pid, tid);
-                }
-            }
-        }
-    }
-
-    fn learn_thread(&mut self, pid: u32, tid: u32) {
-        if self.threads.contains_key(&(pid, tid)) {
-            return;
-        }
-        if !self.procs.contains_key(&pid) {
-            let n = comm(&format!("/proc/{pid}/comm")).unwrap_or_else(|| format!("pid {pid}"));
-            self.procs.insert(pid, n);
-        }
-        let n =
-            comm(&format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_else(|| format!("tid {tid}"));
-        self.threads.insert((pid, tid), n);
-    }
-}
-
-fn us(ns: i128) -> f64 {
-    ns as f64 / 1000.0
 }
 
 /// Bytes a GPU/NPU call moved or allocated, where the catalog says which argument holds them.
@@ -521,60 +449,277 @@ fn rwbs_str(v: u64) -> String {
         .collect()
 }
 
-fn build_trace(
-    events: &[RecordEvent],
-    names: &Names,
+/// A syscall's name as a JSON string.
+fn quoted_syscall(nr: u64) -> String {
+    serde_json::to_string(&syscalls_table::name(nr as u32)).unwrap_or_default()
+}
+
+/// Decimal digits of `v` (the hot path formats integers without `fmt`).
+fn push_u64(l: &mut Vec<u8>, mut v: u64) {
+    let mut d = [0u8; 20];
+    let mut i = d.len();
+    loop {
+        i -= 1;
+        d[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    l.extend_from_slice(&d[i..]);
+}
+
+fn push_i64(l: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        l.push(b'-');
+    }
+    push_u64(l, v.unsigned_abs());
+}
+
+/// ns as µs, exact (three decimals).
+fn push_us(l: &mut Vec<u8>, ns: u64) {
+    push_u64(l, ns / 1000);
+    let f = (ns % 1000) as u16;
+    l.extend_from_slice(&[
+        b'.',
+        b'0' + (f / 100) as u8,
+        b'0' + (f / 10 % 10) as u8,
+        b'0' + (f % 10) as u8,
+    ]);
+}
+
+/// µs from the start of the recording (negative for what started before).
+fn push_ts(l: &mut Vec<u8>, ns: u64, t0: u64) {
+    if ns < t0 {
+        l.push(b'-');
+        push_us(l, t0 - ns);
+    } else {
+        push_us(l, ns - t0);
+    }
+}
+
+/// Size of the output buffer: few large writes.
+const WRITE_BUF: usize = 4 << 20;
+
+/// Writes the trace to FILE.tmp while recording: each drained event is converted and
+/// appended at once (one trace event per line), so memory stays bounded by the per-thread
+/// state (names, which tracks were named), whatever the duration. Metadata records (`ph:
+/// "M"`) are written when a process, thread or scheduler track is first seen; the closing
+/// part (drop marker, `metadata`) at the end. Events are in the order the kernel emitted
+/// them (when each ended), not sorted: trace viewers sort on import.
+struct TraceWriter {
+    w: BufWriter<fs::File>,
+    tmp: PathBuf,
     t0: u64,
-    t_end: u64,
-    dropped: u64,
-    metadata: Value,
-) -> Value {
-    let mut out: Vec<Value> = Vec::with_capacity(events.len() + 2 * names.threads.len() + 4);
-    let rel = |ns: u64| us(ns as i128 - t0 as i128);
-    let mut sched_threads: BTreeSet<(u32, u32)> = BTreeSet::new();
-    let mut pids: BTreeSet<u32> = names.procs.keys().copied().collect();
-    let mut threads: BTreeSet<(u32, u32)> = names.threads.keys().copied().collect();
-    let mut sorted: Vec<&RecordEvent> = events.iter().collect();
-    sorted.sort_by_key(|e| (e.start_ns, std::cmp::Reverse(e.dur_ns)));
-    let mut block_id = 0u64;
-    for e in sorted {
-        pids.insert(e.tgid);
-        threads.insert((e.tgid, e.tid));
-        let ts = rel(e.start_ns);
-        let dur = e.dur_ns as f64 / 1000.0;
+    /// Trace events written so far (a block request is two).
+    entries: u64,
+    /// Recorded events written so far (what `recorded N events` says).
+    events: u64,
+    block_id: u64,
+    procs: HashMap<u32, String>,
+    threads: HashMap<(u32, u32), String>,
+    sched_threads: HashSet<(u32, u32)>,
+    /// Syscall names by number as JSON strings, looked up once.
+    syscall_names: Vec<Option<String>>,
+    /// The event being formatted.
+    line: Vec<u8>,
+}
+
+impl TraceWriter {
+    fn new(file: fs::File, tmp: &Path, t0: u64) -> Self {
+        Self {
+            w: BufWriter::with_capacity(WRITE_BUF, file),
+            tmp: tmp.to_path_buf(),
+            t0,
+            entries: 0,
+            events: 0,
+            block_id: 0,
+            procs: HashMap::new(),
+            threads: HashMap::new(),
+            sched_threads: HashSet::new(),
+            syscall_names: Vec::new(),
+            line: Vec::with_capacity(512),
+        }
+    }
+
+    /// What went wrong while writing, naming the file and what it had written. The caller
+    /// removes FILE.tmp: nothing half-written is left behind under FILE's name.
+    fn error(&self, e: std::io::Error) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot write {}: {e} ({} events written before the error; recording stopped, \
+             the partial file removed)",
+            self.tmp.display(),
+            self.events
+        )
+    }
+
+    /// Separator and start of the next trace event.
+    fn begin(&mut self) -> std::io::Result<()> {
+        let sep: &[u8] = if self.entries == 0 {
+            b"{\"traceEvents\":[\n"
+        } else {
+            b",\n"
+        };
+        self.entries += 1;
+        self.w.write_all(sep)
+    }
+
+    fn value(&mut self, v: &Value) -> std::io::Result<()> {
+        self.begin()?;
+        serde_json::to_writer(&mut self.w, v)?;
+        Ok(())
+    }
+
+    fn learn_process(&mut self, pid: u32) -> std::io::Result<()> {
+        if !self.procs.contains_key(&pid)
+            && let Some(n) = comm(&format!("/proc/{pid}/comm"))
+        {
+            self.new_process(pid, n)?;
+        }
+        if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) {
+            for e in dir.flatten() {
+                if let Some(tid) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+                    self.learn_thread(pid, tid)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn new_process(&mut self, pid: u32, name: String) -> std::io::Result<()> {
+        self.value(
+            &json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": name}}),
+        )?;
+        self.value(&json!({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": pid, "args": {"sort_index": pid}}))?;
+        self.procs.insert(pid, name);
+        Ok(())
+    }
+
+    fn learn_thread(&mut self, pid: u32, tid: u32) -> std::io::Result<()> {
+        if self.threads.contains_key(&(pid, tid)) {
+            return Ok(());
+        }
+        if !self.procs.contains_key(&pid) {
+            let n = comm(&format!("/proc/{pid}/comm")).unwrap_or_else(|| format!("pid {pid}"));
+            self.new_process(pid, n)?;
+        }
+        let n =
+            comm(&format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_else(|| format!("tid {tid}"));
+        self.value(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": format!("{n} ({tid})")}}))?;
+        self.value(&json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": 2 * u64::from(tid)}}))?;
+        self.threads.insert((pid, tid), n);
+        Ok(())
+    }
+
+    /// Names the scheduler track of a thread, placed right after the thread.
+    fn learn_sched(&mut self, pid: u32, tid: u32) -> std::io::Result<()> {
+        if !self.sched_threads.insert((pid, tid)) {
+            return Ok(());
+        }
+        let n = self
+            .threads
+            .get(&(pid, tid))
+            .cloned()
+            .unwrap_or_else(|| format!("tid {tid}"));
+        let st = SCHED_TID_BASE + u64::from(tid);
+        self.value(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": st, "args": {"name": format!("{n} ({tid}) sched")}}))?;
+        self.value(&json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": st, "args": {"sort_index": 2 * u64::from(tid) + 1}}))
+    }
+
+    /// Takes every event the ring buffer holds and writes it.
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> std::io::Result<()> {
+        while let Some(item) = ring.next() {
+            if item.len() < size_of::<RecordEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a RecordEvent (repr(C), integers only); unaligned read.
+            let e: RecordEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            self.event(&e)?;
+        }
+        Ok(())
+    }
+
+    /// One recorded event: one trace event (two for a block request).
+    fn event(&mut self, e: &RecordEvent) -> std::io::Result<()> {
+        self.learn_thread(e.tgid, e.tid)?;
+        self.events += 1;
         match e.kind {
             record_kind::ON_CPU | record_kind::OFF_CPU => {
-                sched_threads.insert((e.tgid, e.tid));
-                let name = match (e.kind, e.arg0) {
-                    (record_kind::ON_CPU, _) => "running",
-                    (_, record_off::BLOCKED) => "blocked",
-                    (_, record_off::PREEMPTED) => "preempted",
-                    _ => "off-cpu",
+                self.learn_sched(e.tgid, e.tid)?;
+                let name: &[u8] = match (e.kind, e.arg0) {
+                    (record_kind::ON_CPU, _) => b"running",
+                    (_, record_off::BLOCKED) => b"blocked",
+                    (_, record_off::PREEMPTED) => b"preempted",
+                    _ => b"off-cpu",
                 };
-                let mut args = json!({"tid": e.tid});
+                let l = &mut self.line;
+                l.clear();
+                l.extend_from_slice(b"{\"name\":\"");
+                l.extend_from_slice(name);
+                l.extend_from_slice(b"\",\"cat\":\"sched\",\"ph\":\"X\",\"ts\":");
+                push_ts(l, e.start_ns, self.t0);
+                l.extend_from_slice(b",\"dur\":");
+                push_us(l, e.dur_ns);
+                l.extend_from_slice(b",\"pid\":");
+                push_u64(l, e.tgid.into());
+                l.extend_from_slice(b",\"tid\":");
+                push_u64(l, SCHED_TID_BASE + u64::from(e.tid));
+                l.extend_from_slice(b",\"args\":{\"tid\":");
+                push_u64(l, e.tid.into());
                 if e.cpu == u32::MAX {
                     // Still in this state when recording stopped: cut at the end.
-                    args["cut_at_end"] = json!(true);
-                } else if e.kind == record_kind::ON_CPU {
-                    args["cpu"] = json!(e.cpu);
+                    l.extend_from_slice(b",\"cut_at_end\":true}}");
                 } else {
-                    args["woken_on_cpu"] = json!(e.cpu);
+                    l.extend_from_slice(if e.kind == record_kind::ON_CPU {
+                        b",\"cpu\":"
+                    } else {
+                        b",\"woken_on_cpu\":"
+                    });
+                    push_u64(l, e.cpu.into());
+                    l.extend_from_slice(b"}}");
                 }
-                out.push(json!({
-                    "name": name, "cat": "sched", "ph": "X", "ts": ts, "dur": dur,
-                    "pid": e.tgid, "tid": SCHED_TID_BASE + e.tid as u64, "args": args,
-                }));
+                self.begin()?;
+                self.w.write_all(&self.line)
             }
             record_kind::SYSCALL => {
                 let ret = e.arg1 as i64;
-                let mut args = json!({"nr": e.arg0, "ret": ret, "cpu": e.cpu});
-                if (-4095..0).contains(&ret) {
-                    args["errno"] = json!(-ret);
+                let l = &mut self.line;
+                l.clear();
+                l.extend_from_slice(b"{\"name\":");
+                let nr = e.arg0;
+                if nr < 4096 {
+                    let i = nr as usize;
+                    if i >= self.syscall_names.len() {
+                        self.syscall_names.resize(i + 1, None);
+                    }
+                    let n = self.syscall_names[i].get_or_insert_with(|| quoted_syscall(nr));
+                    l.extend_from_slice(n.as_bytes());
+                } else {
+                    l.extend_from_slice(quoted_syscall(nr).as_bytes());
                 }
-                out.push(json!({
-                    "name": syscalls_table::name(e.arg0 as u32), "cat": "syscall", "ph": "X",
-                    "ts": ts, "dur": dur, "pid": e.tgid, "tid": e.tid, "args": args,
-                }));
+                l.extend_from_slice(b",\"cat\":\"syscall\",\"ph\":\"X\",\"ts\":");
+                push_ts(l, e.start_ns, self.t0);
+                l.extend_from_slice(b",\"dur\":");
+                push_us(l, e.dur_ns);
+                l.extend_from_slice(b",\"pid\":");
+                push_u64(l, e.tgid.into());
+                l.extend_from_slice(b",\"tid\":");
+                push_u64(l, e.tid.into());
+                // "nr" right before "ret": the bench counts `"nr":39,"ret":`.
+                l.extend_from_slice(b",\"args\":{\"nr\":");
+                push_u64(l, nr);
+                l.extend_from_slice(b",\"ret\":");
+                push_i64(l, ret);
+                l.extend_from_slice(b",\"cpu\":");
+                push_u64(l, e.cpu.into());
+                if (-4095..0).contains(&ret) {
+                    l.extend_from_slice(b",\"errno\":");
+                    push_i64(l, -ret);
+                }
+                l.extend_from_slice(b"}}");
+                self.begin()?;
+                self.w.write_all(&self.line)
             }
             record_kind::GPU => {
                 let op = e.arg0 as usize;
@@ -592,13 +737,15 @@ fn build_trace(
                     None => (format!("op {op}"), json!({"op": op})),
                 };
                 args["cpu"] = json!(e.cpu);
-                out.push(json!({
-                    "name": name, "cat": "gpu", "ph": "X", "ts": ts, "dur": dur,
+                let rel = self.rel(e.start_ns);
+                self.value(&json!({
+                    "name": name, "cat": "gpu", "ph": "X", "ts": rel,
+                    "dur": e.dur_ns as f64 / 1000.0,
                     "pid": e.tgid, "tid": e.tid, "args": args,
-                }));
+                }))
             }
             record_kind::BLOCK => {
-                block_id += 1;
+                self.block_id += 1;
                 let dev = e.arg0 as u32;
                 let rwbs = rwbs_str(e.arg3);
                 let op = if rwbs.contains('D') {
@@ -612,74 +759,121 @@ fn build_trace(
                 } else {
                     "other"
                 };
+                let dur = e.dur_ns as f64 / 1000.0;
+                let ts = self.rel(e.start_ns);
                 let args = json!({
                     "dev": format!("{}:{}", dev >> 20, dev & 0xfffff), "sector": e.arg1,
                     "bytes": e.arg2, "rwbs": rwbs, "tid": e.tid, "dur_us": dur,
                 });
                 let name = format!("block {op}");
-                out.push(json!({
-                    "name": name, "cat": "block", "ph": "b", "id": block_id, "ts": ts,
+                let id = self.block_id;
+                self.value(&json!({
+                    "name": name, "cat": "block", "ph": "b", "id": id, "ts": ts,
                     "pid": e.tgid, "tid": e.tid, "args": args,
-                }));
-                out.push(json!({
-                    "name": name, "cat": "block", "ph": "e", "id": block_id, "ts": ts + dur,
+                }))?;
+                self.value(&json!({
+                    "name": name, "cat": "block", "ph": "e", "id": id, "ts": self.rel(e.start_ns + e.dur_ns),
                     "pid": e.tgid, "tid": e.tid,
-                }));
+                }))
             }
-            _ => {}
+            _ => Ok(()),
         }
     }
-    let mut meta_events: Vec<Value> = Vec::new();
-    for p in &pids {
-        let n = names
-            .procs
-            .get(p)
-            .cloned()
-            .unwrap_or_else(|| format!("pid {p}"));
-        meta_events.push(
-            json!({"name": "process_name", "ph": "M", "pid": p, "tid": p, "args": {"name": n}}),
-        );
-        meta_events.push(json!({"name": "process_sort_index", "ph": "M", "pid": p, "tid": p, "args": {"sort_index": p}}));
+
+    fn rel(&self, ns: u64) -> f64 {
+        (i128::from(ns) - i128::from(self.t0)) as f64 / 1000.0
     }
-    for (p, t) in &threads {
-        let n = names
-            .threads
-            .get(&(*p, *t))
-            .cloned()
-            .unwrap_or_else(|| format!("tid {t}"));
-        meta_events.push(json!({"name": "thread_name", "ph": "M", "pid": p, "tid": t, "args": {"name": format!("{n} ({t})")}}));
-        meta_events.push(json!({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": t, "args": {"sort_index": 2 * *t as u64}}));
-        if sched_threads.contains(&(*p, *t)) {
-            let st = SCHED_TID_BASE + *t as u64;
-            meta_events.push(json!({"name": "thread_name", "ph": "M", "pid": p, "tid": st, "args": {"name": format!("{n} ({t}) sched")}}));
-            meta_events.push(json!({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": st, "args": {"sort_index": 2 * *t as u64 + 1}}));
+
+    /// The slice each live recorded thread was in when recording stopped (running, or off
+    /// CPU), cut at the end, so that the timeline does not stop at each thread's last switch.
+    fn close_open_slices(
+        &mut self,
+        threads: &BpfHashMap<MapData, u32, RecordThread>,
+        t_end: u64,
+    ) -> std::io::Result<()> {
+        for (tid, t) in threads.iter().filter_map(Result::ok) {
+            if !Path::new(&format!("/proc/{}/task/{tid}", t.tgid)).exists() {
+                continue; // exited: its last slice was emitted at its last switch-out
+            }
+            let (kind, start, arg0) = if t.on_ns != 0 {
+                (record_kind::ON_CPU, t.on_ns, 0)
+            } else if t.off_ns != 0 {
+                (record_kind::OFF_CPU, t.off_ns, u64::from(t.off_reason))
+            } else {
+                continue;
+            };
+            if start >= t_end {
+                continue;
+            }
+            self.event(&RecordEvent {
+                kind,
+                tgid: t.tgid,
+                tid,
+                cpu: u32::MAX,
+                start_ns: start,
+                dur_ns: t_end - start,
+                arg0,
+                ..Default::default()
+            })?;
         }
+        Ok(())
     }
-    if dropped > 0 {
-        let root = metadata["root_pid"].clone();
-        out.push(json!({
-            "name": format!("ethand: {dropped} events dropped (ring buffer full)"),
-            "cat": "ethand", "ph": "i", "s": "g", "ts": rel(t_end), "pid": root, "tid": root,
-            "args": {"dropped": dropped},
-        }));
+
+    /// Closes the trace (drop marker, metadata), syncs it and renames FILE.tmp to FILE.
+    fn finish(
+        mut self,
+        root: u32,
+        t_end: u64,
+        dropped: u64,
+        meta: &Value,
+        out: &Path,
+    ) -> anyhow::Result<()> {
+        let r = (|| -> std::io::Result<()> {
+            if dropped > 0 {
+                let ts = self.rel(t_end);
+                self.value(&json!({
+                    "name": format!("ethand: {dropped} events dropped (ring buffer full)"),
+                    "cat": "ethand", "ph": "i", "s": "g", "ts": ts, "pid": root, "tid": root,
+                    "args": {"dropped": dropped},
+                }))?;
+            }
+            if self.entries == 0 {
+                self.w.write_all(b"{\"traceEvents\":[")?;
+            }
+            self.w
+                .write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
+            serde_json::to_writer(&mut self.w, meta)?;
+            self.w.write_all(b"}\n")?;
+            self.w.flush()?;
+            self.w.get_ref().sync_all()
+        })();
+        if let Err(e) = r {
+            return Err(self.error(e));
+        }
+        fs::rename(&self.tmp, out)
+            .with_context(|| format!("cannot rename {} to {}", self.tmp.display(), out.display()))
     }
-    meta_events.extend(out);
-    json!({"traceEvents": meta_events, "displayTimeUnit": "ns", "metadata": metadata})
 }
 
-fn write_atomically(tmp: &Path, out: &Path, trace: &Value) -> anyhow::Result<()> {
-    let r = (|| -> std::io::Result<()> {
-        let f = fs::File::create(tmp)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        serde_json::to_writer(&mut w, trace)?;
-        w.write_all(b"\n")?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        fs::rename(tmp, out)
-    })();
-    if let Err(e) = r {
-        let _ = fs::remove_file(tmp);
-        bail!("cannot write {}: {e}", out.display());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(f: impl FnOnce(&mut Vec<u8>)) -> String {
+        let mut l = Vec::new();
+        f(&mut l);
+        String::from_utf8(l).unwrap()
     }
-    Ok(())
+
+    #[test]
+    fn numbers_are_formatted_exactly() {
+        assert_eq!(s(|l| push_u64(l, 0)), "0");
+        assert_eq!(s(|l| push_u64(l, u64::MAX)), u64::MAX.to_string());
+        assert_eq!(s(|l| push_i64(l, -38)), "-38");
+        assert_eq!(s(|l| push_i64(l, i64::MIN)), i64::MIN.to_string());
+        assert_eq!(s(|l| push_us(l, 0)), "0.000");
+        assert_eq!(s(|l| push_us(l, 1_234_005)), "1234.005");
+        assert_eq!(s(|l| push_ts(l, 1_500, 2_000)), "-0.500");
+        assert_eq!(s(|l| push_ts(l, 2_000_070, 1_000)), "1999.070");
+    }
 }

@@ -1672,6 +1672,6 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
             relative
         );
     }
-    let _ = write!(o, "</table></body></html>\n");
+    let _ = writeln!(o, "</table></body></html>");
     o
 }

@@ -123,6 +123,7 @@ pub struct OtlpStats {
     exports_failed: AtomicU64,
     dropped_batches: AtomicU64,
     last_success_unix_ms: AtomicU64,
+    last_export_duration_us: AtomicU64,
     last_error: Mutex<String>,
     /// The last batch was dropped: logged once per outage.
     failing: AtomicBool,
@@ -138,6 +139,7 @@ impl OtlpStats {
             dropped_batches: self.dropped_batches.load(Ordering::Relaxed),
             last_success_unix_ms: self.last_success_unix_ms.load(Ordering::Relaxed),
             last_error: self.last_error.lock().expect("lock").clone(),
+            last_export_duration_us: self.last_export_duration_us.load(Ordering::Relaxed),
         }
     }
 }
@@ -1681,6 +1683,17 @@ pub const METRICS: &[MetricSpec] = &[
         "OTLP batches given up after their retries ran out of time.",
         |v, o| o.plain(&[], V::U(v.otlp.dropped_batches))
     ),
+    spec!(
+        "ethand.otlp.export.duration",
+        "s",
+        Gauge,
+        Float,
+        "ethand_otlp_last_export_duration_seconds",
+        "",
+        "How long the last successful export request took (encode, send, answer); as of the \
+         previous export.",
+        |v, o| o.plain(&[], V::F(v.otlp.last_export_duration_us as f64 / 1e6))
+    ),
 ];
 
 fn device(b: &crate::snapshot::BlockStats) -> &str {
@@ -1983,6 +1996,7 @@ impl RetryingExporter {
                 self.budget.saturating_sub(start.elapsed())
             };
             let attempt = self.timeout.min(left).max(Duration::from_millis(1));
+            let attempt_start = Instant::now();
             let result = rt.block_on(async {
                 match tokio::time::timeout(attempt, self.inner.export(metrics)).await {
                     Ok(r) => r,
@@ -1991,6 +2005,10 @@ impl RetryingExporter {
             });
             match result {
                 Ok(()) => {
+                    let took = attempt_start.elapsed().as_micros().max(1);
+                    self.stats
+                        .last_export_duration_us
+                        .store(took as u64, Ordering::Relaxed);
                     self.stats.exports_ok.fetch_add(1, Ordering::Relaxed);
                     self.stats
                         .last_success_unix_ms

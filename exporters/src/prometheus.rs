@@ -293,6 +293,11 @@ const OTLP_EXPORTS: Desc = counter(
     "OTLP export requests by result (ok, failed); each retry of a failed batch counts \
      (0 while [otlp] is off; docs/otlp.md).",
 );
+const OTLP_LAST_EXPORT: Desc = gauge(
+    "ethand_otlp_last_export_duration_seconds",
+    "How long the last successful OTLP export request took: encoding the batch, sending it and \
+     the endpoint's answer (0 before the first, and while [otlp] is off; docs/otlp.md).",
+);
 const OTLP_DROPPED: Desc = counter(
     "ethand_otlp_dropped_batches_total",
     "OTLP batches dropped after their retries ran out of the export interval; counters are \
@@ -341,6 +346,7 @@ const FAMILIES: &[Desc] = &[
     OVERFLOW,
     OTLP_EXPORTS,
     OTLP_DROPPED,
+    OTLP_LAST_EXPORT,
 ];
 
 /// The processes that get per-process series, as indexes into `procs` (OTLP exports the
@@ -598,6 +604,8 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
     otlp_exports.add(labels(&[("result", "ok")], &[]), o.exports_ok);
     otlp_exports.add(labels(&[("result", "failed")], &[]), o.exports_failed);
     otlp_dropped.add(Labels::new(), o.dropped_batches);
+    let mut otlp_last_export = Family::<f64>::new(&OTLP_LAST_EXPORT);
+    otlp_last_export.add(Labels::new(), o.last_export_duration_us as f64 / 1e6);
 
     build.register(registry);
     probes.register(registry);
@@ -613,6 +621,7 @@ fn register_self(registry: &mut Registry, me: &SelfStatus) {
     overflow.register(registry);
     otlp_exports.register(registry);
     otlp_dropped.register(registry);
+    otlp_last_export.register(registry);
 }
 
 /// The counters behind one `syscall` label value.

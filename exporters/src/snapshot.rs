@@ -299,6 +299,9 @@ pub struct OtlpStatus {
     pub last_success_unix_ms: u64,
     /// The last failure ("" when none).
     pub last_error: String,
+    /// How long the last successful export request took (microseconds; 0: none yet): encoding
+    /// the batch, sending it and the endpoint's answer.
+    pub last_export_duration_us: u64,
 }
 
 /// One runtime library file (device + inode), probed once for every process that maps it.

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: ethand's overhead per event against no tracing and against bpftrace.
 //!
-//! - `workloads`: the four timed loops, each run in a child process;
+//! - `workloads`: the five timed loops (and the record suite's load generator), each run in a
+//!   child process;
 //! - `modes`: what is attached while they run (nothing, ethand, bpftrace, and each tracer with
 //!   its scheduler probes only), as stop-on-drop guards;
 //! - `report`: medians, added cost, ratios, targets; the terminal table and `docs/performance.md`.
@@ -9,7 +10,10 @@
 //! reads ethand's per-program run times in one extra, untimed run.
 
 mod modes;
+mod record;
 mod report;
+mod scale;
+mod serving;
 pub mod workloads;
 
 use std::collections::BTreeMap;
@@ -61,6 +65,11 @@ pub struct BenchArgs {
     /// level); included as its own section of the report.
     #[arg(long, value_name = "PATH")]
     gpu_results: Option<PathBuf>,
+    /// Suites `scale` and `serving`: also profile the daemon with `perf record` (during the
+    /// loaded window; during the GETs of /metrics): top symbols in the report, full reports in
+    /// $TMPDIR/ethand-bench-{scale,serving}-perf.txt.
+    #[arg(long)]
+    perf: bool,
 }
 
 /// The parts of the bench. Every suite interleaves its own comparisons; the report holds them
@@ -83,10 +92,8 @@ impl Suite {
 
 /// What a suite beyond the per-event table gets to run with.
 pub struct SuiteCtx<'a> {
-    pub root: &'a Path,
     /// None when ethand is not part of this run.
     pub ethand: Option<&'a Path>,
-    pub bpftrace: Option<&'a Path>,
     /// A private directory, removed after the run.
     pub tmp: &'a Path,
     pub quick: bool,
@@ -144,13 +151,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
-    let tools = Tools { ethand, bpftrace };
     let iters = if args.quick {
         Iters::QUICK
     } else {
         Iters::FULL
     };
     let tmp = TempDir::new("ethand-bench")?;
+    // The uprobe workload's stand-in libcuda, probed by path by the bpftrace mode.
+    let cuda = if args.suites.contains(&Suite::Events) {
+        Some(workloads::build_cuda_standin(&root, tmp.path())?)
+    } else {
+        None
+    };
+    let tools = Tools {
+        ethand,
+        bpftrace,
+        cuda,
+    };
     let load_before = report::load_average();
 
     let mut results = Results::default();
@@ -165,14 +182,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 args.rounds,
                 mode.name()
             );
-            let tracer = modes::attach(mode, &tools, tmp.path())?;
+            let mut tracer = modes::attach(mode, &tools, tmp.path())?;
             if let Some(t) = &tracer {
                 ready_output
                     .entry(mode)
                     .or_insert_with(|| t.ready_output.clone());
             }
             for &w in mode.workloads() {
-                let m = workloads::measure(w, iters.of(w), &args.io_dir)?;
+                let m = modes::measure(
+                    w,
+                    iters.of(w),
+                    &args.io_dir,
+                    tracer.as_mut(),
+                    tools.cuda.as_deref(),
+                )?;
                 eprintln!(
                     "[bench]   {:<9} {:>10} ns per {}",
                     w.name(),
@@ -210,18 +233,40 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
 
     let ctx = SuiteCtx {
-        root: &root,
         ethand: tools.ethand.as_deref(),
-        bpftrace: tools.bpftrace.as_deref(),
         tmp: tmp.path(),
         quick: args.quick,
     };
-    let _ = &ctx;
     let mut sections: Vec<report::Section> = Vec::new();
     // Each suite module pushes its section here, in Suite order.
+    if args.suites.contains(&Suite::Scale) {
+        sections.push(scale::run(&ctx, args.perf).unwrap_or_else(|e| scale::failed("scale", e)));
+    }
+    if args.suites.contains(&Suite::Serving) {
+        sections
+            .push(serving::run(&ctx, args.perf).unwrap_or_else(|e| scale::failed("serving", e)));
+    }
+    if args.suites.contains(&Suite::Record) {
+        match ctx.ethand {
+            Some(_) => sections.push(record::run(&ctx)?),
+            None => eprintln!("[bench] record suite skipped: ethand not run (--modes)"),
+        }
+    }
     if let Some(path) = &args.gpu_results {
-        let markdown = fs::read_to_string(path)
+        let raw = fs::read_to_string(path)
             .with_context(|| format!("reading --gpu-results {}", path.display()))?;
+        // Nest the file under this section: drop its title, demote its headings.
+        let markdown: String = raw
+            .lines()
+            .filter(|l| !l.starts_with("# "))
+            .map(|l| {
+                if l.starts_with("##") {
+                    format!("#{l}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
         sections.push(report::Section {
             title: "Real training on the GPU machine (scripts/gpu-bench.sh)".to_string(),
             text: format!("(from {})", path.display()),

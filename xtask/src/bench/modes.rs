@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::ValueEnum;
 
-use super::workloads::Workload;
+use super::workloads::{self, Measurement, Workload};
 use serde_json::Value as Json;
 
 /// The bpftrace program of the `bpftrace` mode; [`sched_script`] derives `bpftrace-sched`'s.
@@ -26,6 +26,11 @@ pub const BPFTRACE_SCRIPT: &str = include_str!("accounting.bt");
 /// The lines around the scheduler part of [`BPFTRACE_SCRIPT`].
 const SCHED_BEGIN: &str = "// [sched]";
 const SCHED_END: &str = "// [/sched]";
+/// The lines around the uprobe part of [`BPFTRACE_SCRIPT`], and the placeholder in it that
+/// becomes the stand-in libcuda's path.
+const UPROBE_BEGIN: &str = "// [uprobe]";
+const UPROBE_END: &str = "// [/uprobe]";
+const LIBCUDA_PLACEHOLDER: &str = "LIBCUDA";
 
 /// The probe families the `ethand-sched` mode turns off (keys of `[probes]`, see
 /// daemon/src/default.toml): everything but `sched`.
@@ -37,6 +42,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a tracer may take to exit after its stop signal before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
+/// How long ethand may take to find and attach to a library a process loaded (its rescan
+/// interval is 2 s by default).
+const LIBRARY_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Mode {
@@ -95,6 +103,9 @@ impl Mode {
 pub struct Tools {
     pub ethand: Option<PathBuf>,
     pub bpftrace: Option<PathBuf>,
+    /// The stand-in libcuda of the uprobe workload (bpftrace probes it by path); None: the
+    /// uprobe part of the script is left out.
+    pub cuda: Option<PathBuf>,
 }
 
 /// Starts `mode`'s tracer and waits until it is attached; `None` for the baseline. `dir` holds
@@ -110,11 +121,72 @@ pub fn attach(mode: Mode, tools: &Tools, dir: &Path) -> Result<Option<Tracer>> {
         Mode::EthandSched => {
             start_ethand(&tool(&tools.ethand)?, dir, "", ETHAND_SCHED_ONLY).map(Some)
         }
-        Mode::Bpftrace => start_bpftrace(&tool(&tools.bpftrace)?, dir, BPFTRACE_SCRIPT).map(Some),
+        Mode::Bpftrace => start_bpftrace(
+            &tool(&tools.bpftrace)?,
+            dir,
+            &full_script(tools.cuda.as_deref())?,
+        )
+        .map(Some),
         Mode::BpftraceSched => {
             start_bpftrace(&tool(&tools.bpftrace)?, dir, &sched_script()?).map(Some)
         }
     }
+}
+
+/// [`BPFTRACE_SCRIPT`] as the `bpftrace` mode runs it: the uprobe part on `cuda` (the
+/// placeholder replaced by its path), or without the uprobe part (and its map's `clear()`)
+/// when there is no stand-in library.
+pub fn full_script(cuda: Option<&Path>) -> Result<String> {
+    with_uprobe(BPFTRACE_SCRIPT, cuda)
+}
+
+fn with_uprobe(script: &str, cuda: Option<&Path>) -> Result<String> {
+    let lines: Vec<&str> = script.lines().collect();
+    let find = |marker: &str| {
+        lines
+            .iter()
+            .position(|l| l.trim() == marker)
+            .with_context(|| format!("accounting.bt has no {marker:?} line"))
+    };
+    let (begin, end) = (find(UPROBE_BEGIN)?, find(UPROBE_END)?);
+    ensure!(
+        begin < end,
+        "accounting.bt: {UPROBE_END:?} before {UPROBE_BEGIN:?}"
+    );
+    let out = match cuda {
+        Some(lib) => {
+            let lib = lib.to_str().context("stand-in libcuda path is not UTF-8")?;
+            ensure!(
+                !lib.contains(|c: char| c.is_whitespace() || c == ':' || c == '"'),
+                "stand-in libcuda path {lib:?}: bpftrace cannot probe a path with spaces, \
+                 colons or quotes"
+            );
+            ensure!(
+                script.contains(LIBCUDA_PLACEHOLDER),
+                "accounting.bt has no {LIBCUDA_PLACEHOLDER}"
+            );
+            script.replace(LIBCUDA_PLACEHOLDER, lib)
+        }
+        None => {
+            let maps: BTreeSet<&str> = lines[begin + 1..end]
+                .iter()
+                .flat_map(|l| map_names(l))
+                .collect();
+            let kept: Vec<String> = lines[..begin]
+                .iter()
+                .chain(&lines[end + 1..])
+                .map(|l| {
+                    maps.iter().fold(l.to_string(), |l, m| {
+                        l.replace(&format!(" clear(@{m});"), "")
+                            .replace(&format!("clear(@{m}); "), "")
+                            .replace(&format!("clear(@{m});"), "")
+                    })
+                })
+                .collect();
+            kept.join("\n") + "\n"
+        }
+    };
+    Ok(out)
 }
 
 /// The scheduler part of [`BPFTRACE_SCRIPT`] as a program of its own: the lines between
@@ -200,6 +272,7 @@ fn start_ethand(bin: &Path, dir: &Path, daemon_extra: &str, sections: &str) -> R
     let mut cmd = Command::new(bin);
     cmd.arg("run").arg("--config").arg(&config);
     let mut tracer = Tracer::spawn("ethand", cmd, dir.join("ethand.log"), libc::SIGTERM)?;
+    tracer.ethand = Some((bin.to_path_buf(), socket.clone()));
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         tracer.ensure_running("before it was ready")?;
@@ -368,6 +441,49 @@ fn start_bpftrace(bin: &Path, dir: &Path, script: &str) -> Result<Tracer> {
     }
 }
 
+/// `gpu.launches` of process `pid` in a tree snapshot.
+fn launches_of(snap: &Json, pid: u32) -> Option<u64> {
+    snap.get("processes")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("pid").and_then(Json::as_u64) == Some(u64::from(pid)))?
+        .get("gpu")?
+        .get("launches")?
+        .as_u64()
+}
+
+/// Runs workload `w` under `tracer` (None: nothing attached). The uprobe workload waits until
+/// the tracer has attached to `cuda` in its process, and afterwards reads what the tracer
+/// counted; the others run as [`workloads::measure`] runs them.
+pub fn measure(
+    w: Workload,
+    iters: u64,
+    io_dir: &Path,
+    tracer: Option<&mut Tracer>,
+    cuda: Option<&Path>,
+) -> Result<Measurement> {
+    if w != Workload::Uprobe {
+        return workloads::measure(w, iters, io_dir);
+    }
+    let cuda = cuda.context("the uprobe workload needs the stand-in libcuda")?;
+    let tracer = std::cell::RefCell::new(tracer);
+    workloads::measure_handshake(
+        w,
+        iters,
+        &["--lib".as_ref(), cuda.as_os_str()],
+        |pid| match tracer.borrow_mut().as_deref_mut() {
+            Some(t) => t.wait_library(pid, cuda),
+            None => Ok(()),
+        },
+        |pid, m| {
+            if let Some(t) = tracer.borrow_mut().as_deref_mut() {
+                m.counted = t.counted_launches(pid, m.calls.unwrap_or(m.events))?;
+            }
+            Ok(())
+        },
+    )
+}
+
 /// File descriptors of `pid` that hold an attached BPF program.
 fn attach_fds(pid: u32) -> usize {
     let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -394,6 +510,8 @@ pub struct Tracer {
     log: PathBuf,
     /// What the tracer said when it became ready (`ethand status`, bpftrace's attach line).
     pub ready_output: String,
+    /// ethand's binary and API socket, when the tracer is `ethand run`.
+    ethand: Option<(PathBuf, PathBuf)>,
 }
 
 impl Tracer {
@@ -416,6 +534,7 @@ impl Tracer {
             stop_signal,
             log,
             ready_output: String::new(),
+            ethand: None,
         })
     }
 
@@ -429,6 +548,84 @@ impl Tracer {
             );
         }
         Ok(())
+    }
+
+    /// Waits until the tracer has attached to `lib`, which process `pid` has loaded. ethand
+    /// finds libraries by rescanning /proc/PID/maps (every `gpu.rescan_interval_ms`, at a
+    /// collection) and attaches once per file: ready when `gpu_libraries` of `ethand status
+    /// --json` lists the file (by inode) as attached. bpftrace attached by path at its start:
+    /// ready at once.
+    pub fn wait_library(&mut self, pid: u32, lib: &Path) -> Result<()> {
+        let Some((bin, socket)) = self.ethand.clone() else {
+            return Ok(());
+        };
+        let inode = std::os::unix::fs::MetadataExt::ino(
+            &fs::metadata(lib).with_context(|| format!("stat {}", lib.display()))?,
+        );
+        let deadline = Instant::now() + LIBRARY_TIMEOUT;
+        loop {
+            self.ensure_running("while waiting for it to attach to the stand-in libcuda")?;
+            let status = ethand_status_json(&bin, &socket)?;
+            let entry = status
+                .get("gpu_libraries")
+                .and_then(Json::as_array)
+                .and_then(|libs| {
+                    libs.iter()
+                        .find(|l| l.get("inode").and_then(Json::as_u64) == Some(inode))
+                        .cloned()
+                });
+            let state = entry
+                .as_ref()
+                .and_then(|e| e.get("state").and_then(Json::as_str));
+            if state == Some("attached") {
+                return Ok(());
+            }
+            if Instant::now() > deadline || state == Some("failed") {
+                bail!(
+                    "ethand did not attach to {} (loaded by pid {pid}) within {} s; \
+                     gpu_level {:?}, its entry in gpu_libraries: {}; its log:\n{}",
+                    lib.display(),
+                    LIBRARY_TIMEOUT.as_secs(),
+                    status.get("gpu_level"),
+                    entry.map_or_else(|| "none".to_string(), |e| e.to_string()),
+                    self.log_tail()
+                );
+            }
+            sleep(POLL);
+        }
+    }
+
+    /// What ethand counted of the kernel launches of live process `pid` (`gpu.launches` of
+    /// it in `ethand snapshot --pid PID --json`), polled until it reaches `expected` or the
+    /// next snapshots stop changing it; None for bpftrace (its maps are not read).
+    pub fn counted_launches(&mut self, pid: u32, expected: u64) -> Result<Option<u64>> {
+        let Some((bin, socket)) = self.ethand.clone() else {
+            return Ok(None);
+        };
+        // The daemon collects every daemon.interval_ms (1 s): the snapshot current when the
+        // loop ended may predate it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = Command::new(&bin)
+                .args(["snapshot", "--json", "--pid", &pid.to_string(), "--socket"])
+                .arg(&socket)
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("running {} snapshot", bin.display()))?;
+            ensure!(
+                out.status.success(),
+                "`ethand snapshot --pid {pid} --json` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            let snap: Json =
+                serde_json::from_slice(&out.stdout).context("parsing `ethand snapshot --json`")?;
+            let last = launches_of(&snap, pid);
+            if last == Some(expected) || Instant::now() > deadline {
+                return Ok(Some(last.unwrap_or(0)));
+            }
+            sleep(Duration::from_millis(250));
+        }
     }
 
     /// Stops the tracer after a run. A tracer that died during the run is an error (the run
@@ -525,6 +722,32 @@ mod tests {
              clear(@offcpu_since); clear(@offcpu_ns); clear(@switches); clear(@runq_ns); }\n"
         ));
         assert!(!sched.contains("@sys_") && !sched.contains("@blk_"));
+    }
+
+    #[test]
+    fn uprobe_part_is_substituted_or_left_out() {
+        let with = full_script(Some(Path::new("/tmp/b.1/libcuda.so.1"))).unwrap();
+        assert!(with.contains("uprobe:/tmp/b.1/libcuda.so.1:cuLaunchKernel"));
+        assert!(with.contains("clear(@launches)"));
+        assert!(!with.contains(LIBCUDA_PLACEHOLDER));
+        let without = full_script(None).unwrap();
+        assert!(!without.contains("uprobe:"), "{without}");
+        assert!(!without.contains("@launches"), "{without}");
+        assert!(without.contains("clear(@sys_start)"));
+        assert!(full_script(Some(Path::new("/tmp/a b/libcuda.so.1"))).is_err());
+        // The scheduler subset knows nothing of it.
+        assert!(!sched_script().unwrap().contains("uprobe"));
+    }
+
+    #[test]
+    fn launches_from_snapshot_json() {
+        let snap: Json = serde_json::from_str(
+            r#"{"processes": [{"pid": 5, "gpu": null}, {"pid": 7, "gpu": {"launches": 42}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(launches_of(&snap, 7), Some(42));
+        assert_eq!(launches_of(&snap, 5), None);
+        assert_eq!(launches_of(&snap, 9), None);
     }
 
     #[test]

@@ -472,14 +472,15 @@ impl Report<'_> {
         writeln!(
             s,
             "- Rounds: {}; events per run: getpid {}, ping-pong {} round trips, O_DIRECT {} ops \
-             (in `{}`), TCP {} sends of 64 KiB ({} MiB)",
+             (in `{}`), TCP {} sends of 64 KiB ({} MiB), uprobe {} cuLaunchKernel calls",
             info.rounds,
             it.getpid,
             it.pingpong,
             it.odirect,
             info.io_dir,
             it.tcp_sends,
-            it.tcp_sends * 64 / 1024
+            it.tcp_sends * 64 / 1024,
+            it.uprobe
         )?;
         for (mode, why) in &info.not_run {
             writeln!(s, "- Mode `{}` not run: {why}", mode.name())?;
@@ -543,6 +544,13 @@ impl Report<'_> {
              expected 1): {}",
             self.per_event_check(Workload::Odirect, |m| m.block_requests)
         )?;
+        writeln!(
+            s,
+            "- cuLaunchKernel calls ethand counted per call made, warm-up included (`gpu.launches` \
+             of the workload process in `ethand snapshot --pid PID --json`, read before it \
+             exits; expected 1): {}",
+            self.launch_count_check()
+        )?;
         for (mode, out) in &info.ready_output {
             writeln!(
                 s,
@@ -600,6 +608,32 @@ impl Report<'_> {
         parts.join(", ")
     }
 
+    /// `1.00 (55000 of 55000, 55000 of 55000)`: ethand's launch counts against the calls made,
+    /// per run under the ethand mode.
+    fn launch_count_check(&self) -> String {
+        if !self.ran(Mode::Ethand) {
+            return "not measured (ethand not run)".into();
+        }
+        let runs: Vec<(u64, u64)> = self
+            .results
+            .runs(Workload::Uprobe, Mode::Ethand)
+            .iter()
+            .filter_map(|m| Some((m.counted?, m.calls?)))
+            .collect();
+        if runs.is_empty() {
+            return "not measured".into();
+        }
+        let ratio = median(runs.iter().map(|&(c, n)| c as f64 / n as f64).collect());
+        let exact = runs.iter().all(|&(c, n)| c == n);
+        let each: Vec<String> = runs.iter().map(|(c, n)| format!("{c} of {n}")).collect();
+        format!(
+            "{:.2} ({}){}",
+            ratio.unwrap_or(0.0),
+            each.join(", "),
+            if exact { ", exact" } else { ", NOT exact" }
+        )
+    }
+
     fn throughput(&self) -> String {
         let mbps = |mode| {
             self.results.median_of(Workload::Tcp, mode, |m| {
@@ -625,7 +659,7 @@ impl Report<'_> {
 
 const METHOD: &str = "
 One run of `cargo xtask bench` interleaves everything: in each round, every mode is set up in
-turn (the order rotates from round to round), and under each mode the four workloads run one
+turn (the order rotates from round to round), and under each mode the five workloads run one
 after the other, each in a fresh child process (`xtask workload NAME`) that times only its
 steady loop (wall-clock). Drift of the machine over the run thus hits all modes alike.
 
@@ -667,6 +701,20 @@ and what one event is:
 - **loopback TCP**: 64 KiB `write()`s to a receiver thread over 127.0.0.1; one event is one
   send() call, and the receiver's reads (and the switches between the two threads) are part of
   its cost.
+- **uprobe**: a stand-in libcuda (`tests/standins/cuda.c`, the end-to-end tests' library,
+  compiled at bench start with `cc -O2 -fPIC -shared` as `libcuda.so.1` in the bench's temporary
+  directory) is loaded with `dlopen`, then `cuLaunchKernel` is called in a loop (a tenth as
+  warm-up, then the timed calls); one event is one call, i.e. one uprobe hit. The timing starts
+  only once the tracer has attached to that library: the workload prints `ready` after
+  `dlopen` and waits for `go` on stdin; under ethand, which finds libraries by rescanning
+  `/proc/PID/maps` (`[gpu]` `rescan_interval_ms`, 2 s by default) and attaches once per file,
+  `go` comes when `ethand status --json` lists the file (by inode) in `gpu_libraries` as
+  attached; bpftrace attached by path when it started. ethand runs at its default GPU level,
+  `process`: an entry uprobe only on launches (no uretprobe), whose program adds 1 to the
+  call count of (process, start time, op) in one hash map; the bpftrace script does
+  `@launches[pid] = count()` on an entry uprobe. After the loop, with the workload process
+  still alive, `ethand snapshot --pid PID --json` must show exactly the calls made (see
+  Checks).
 
 Noise: an added cost means something only where it exceeds its ± (IO latency on a virtual disk
 varies by far more than a tracer adds per request). Run the bench on an otherwise idle machine:
@@ -775,6 +823,7 @@ mod tests {
             program_costs,
             load_before: "0.00 0.00 0.00".into(),
             load_after: "0.00 0.00 0.00".into(),
+            sections: Vec::new(),
             machine: Machine {
                 date: "d".into(),
                 kernel: "k".into(),

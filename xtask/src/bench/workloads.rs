@@ -1,17 +1,20 @@
-//! The four workloads. Each runs in its own child process (`xtask workload NAME`), started by
-//! [`measure`], and prints one result line that [`Measurement::parse`] reads back.
+//! The five workloads of the per-event table, and the record suite's load generator. Each runs
+//! in its own child process (`xtask workload NAME`), started by [`measure`] (or
+//! [`measure_handshake`]), and prints one result line that [`Measurement::parse`] reads back.
 //!
-//! Invariant: a workload times only its steady loop; set-up (files, sockets, forks, warm-up)
-//! stays outside the timed region, so "ns per event" is the cost of the events alone.
+//! Invariant: a workload times only its steady loop; set-up (files, sockets, forks, warm-up,
+//! loading a library and waiting for the tracer to attach to it) stays outside the timed
+//! region, so "ns per event" is the cost of the events alone.
 
+use std::ffi::{CString, OsStr, c_void};
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 use std::{hint, io, mem, process, thread};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -41,14 +44,23 @@ pub enum Workload {
     /// A loopback TCP transfer in 64 KiB writes to a receiver thread on the same CPU:
     /// one event = one send().
     Tcp,
+    /// `cuLaunchKernel` of a stand-in libcuda (`--lib`), loaded with dlopen: one event = one
+    /// call, i.e. one uprobe hit. Handshake on stdin/stdout (see [`measure_handshake`]).
+    Uprobe,
+    /// The record suite's load generator, not part of the table: `--iters` getpid calls
+    /// spread over `--threads` threads (one per CPU), paced at `--rate` calls/s in total
+    /// (0: as fast as possible). Handshake as `uprobe`.
+    Paced,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    /// The workloads of the per-event table (not [`Workload::Paced`]).
+    pub const ALL: [Workload; 5] = [
         Workload::Getpid,
         Workload::Pingpong,
         Workload::Odirect,
         Workload::Tcp,
+        Workload::Uprobe,
     ];
 
     /// The name on the command line of `xtask workload`.
@@ -58,6 +70,8 @@ impl Workload {
             Workload::Pingpong => "pingpong",
             Workload::Odirect => "odirect",
             Workload::Tcp => "tcp",
+            Workload::Uprobe => "uprobe",
+            Workload::Paced => "paced",
         }
     }
 
@@ -67,6 +81,8 @@ impl Workload {
             Workload::Pingpong => "pipe ping-pong (1 CPU)",
             Workload::Odirect => "O_DIRECT 4 KiB write/read",
             Workload::Tcp => "loopback TCP, 64 KiB sends",
+            Workload::Uprobe => "uprobe: stand-in libcuda cuLaunchKernel",
+            Workload::Paced => "paced getpid (record suite)",
         }
     }
 
@@ -76,6 +92,8 @@ impl Workload {
             Workload::Pingpong => "round trip (2 switches + 4 syscalls)",
             Workload::Odirect => "IO op (1 syscall + 1 block request)",
             Workload::Tcp => "send() call",
+            Workload::Uprobe => "cuLaunchKernel call",
+            Workload::Paced => "syscall",
         }
     }
 }
@@ -88,6 +106,8 @@ pub struct Iters {
     pub odirect: u64,
     /// 64 KiB sends: 16,384 is 1 GiB.
     pub tcp_sends: u64,
+    /// cuLaunchKernel calls of the stand-in libcuda.
+    pub uprobe: u64,
 }
 
 impl Iters {
@@ -98,6 +118,8 @@ impl Iters {
         pingpong: 300_000,
         odirect: 20_000,
         tcp_sends: 16_384,
+        // A uprobe hit costs microseconds (a trap into the kernel).
+        uprobe: 500_000,
     };
     /// A smoke run: every path exercised, numbers too noisy to publish.
     pub const QUICK: Iters = Iters {
@@ -105,6 +127,7 @@ impl Iters {
         pingpong: 20_000,
         odirect: 2_000,
         tcp_sends: 2_048,
+        uprobe: 50_000,
     };
 
     pub fn of(&self, w: Workload) -> u64 {
@@ -113,6 +136,9 @@ impl Iters {
             Workload::Pingpong => self.pingpong,
             Workload::Odirect => self.odirect,
             Workload::Tcp => self.tcp_sends,
+            Workload::Uprobe => self.uprobe,
+            // Sized by the record suite itself.
+            Workload::Paced => self.getpid,
         }
     }
 }
@@ -129,6 +155,12 @@ pub struct Measurement {
     pub block_requests: Option<u64>,
     /// Bytes the receiver got (TCP).
     pub bytes: Option<u64>,
+    /// Calls the workload made in all, warm-up included (uprobe: what a tracer attached before
+    /// the warm-up should count).
+    pub calls: Option<u64>,
+    /// What the tracer counted of those calls (uprobe under ethand: `gpu.launches` of the
+    /// child in `ethand snapshot`); filled in by the bench, not by the workload.
+    pub counted: Option<u64>,
 }
 
 impl Measurement {
@@ -143,6 +175,8 @@ impl Measurement {
             ("switches", self.switches),
             ("block_requests", self.block_requests),
             ("bytes", self.bytes),
+            ("calls", self.calls),
+            ("counted", self.counted),
         ] {
             if let Some(v) = value {
                 line.push_str(&format!(" {key}={v}"));
@@ -166,6 +200,8 @@ impl Measurement {
                 "switches" => m.switches = Some(value),
                 "block_requests" => m.block_requests = Some(value),
                 "bytes" => m.bytes = Some(value),
+                "calls" => m.calls = Some(value),
+                "counted" => m.counted = Some(value),
                 _ => bail!("unknown field {key:?}"),
             }
         }
@@ -177,8 +213,14 @@ impl Measurement {
     }
 }
 
-/// Runs one workload in a child process (this same binary) and reads its result.
+/// Runs one workload in a child process (this same binary) and reads its result. For the
+/// handshake workloads (`uprobe`, `paced`), see [`measure_handshake`].
 pub fn measure(w: Workload, iters: u64, io_dir: &Path) -> Result<Measurement> {
+    ensure!(
+        !w.handshake(),
+        "workload {} needs measure_handshake",
+        w.name()
+    );
     let exe = std::env::current_exe().context("finding xtask's own binary")?;
     let out = Command::new(&exe)
         .args(["workload", w.name(), "--iters", &iters.to_string()])
@@ -202,6 +244,134 @@ pub fn measure(w: Workload, iters: u64, io_dir: &Path) -> Result<Measurement> {
     Measurement::parse(line).with_context(|| format!("workload {}'s result", w.name()))
 }
 
+impl Workload {
+    /// Whether the child waits for `go` on stdin after its set-up (see [`measure_handshake`]).
+    pub fn handshake(self) -> bool {
+        matches!(self, Workload::Uprobe | Workload::Paced)
+    }
+}
+
+/// How long a handshake child may take for its set-up, and for its timed loop.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs a handshake workload: the child (pinned, set up, e.g. the library loaded) prints
+/// `ready`, then waits for a line on stdin. `ready(pid)` runs then (e.g. waits until a tracer
+/// has attached to what the child loaded, or starts one on its pid); then the child gets `go`
+/// and runs its timed loop, prints its result line and waits for stdin to close; `done(pid, m)`
+/// runs in between (e.g. reads what a tracer counted of the live child) and may fill in
+/// `m.counted`. `args` are the child's extra arguments (`--lib PATH`, `--rate N`, ...).
+pub fn measure_handshake(
+    w: Workload,
+    iters: u64,
+    args: &[&OsStr],
+    ready: impl FnOnce(u32) -> Result<()>,
+    done: impl FnOnce(u32, &mut Measurement) -> Result<()>,
+) -> Result<Measurement> {
+    ensure!(w.handshake(), "workload {} has no handshake", w.name());
+    let exe = std::env::current_exe().context("finding xtask's own binary")?;
+    let mut child = Command::new(&exe)
+        .args(["workload", w.name(), "--iters", &iters.to_string()])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting workload {}", w.name()))?;
+    let pid = child.id();
+    let mut stdin = child.stdin.take().context("child stdin")?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let stderr = child.stderr.take().context("child stderr")?;
+    // Lines of stdout through a thread, so that waiting for them can time out.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let err_text = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+    let result = (|| -> Result<Measurement> {
+        let next_line = |what: &str| -> Result<String> {
+            rx.recv_timeout(CHILD_TIMEOUT)
+                .map_err(|_| anyhow::anyhow!("workload {} exited or hung {what}", w.name()))
+        };
+        let line = next_line("before it was ready")?;
+        ensure!(
+            line == "ready",
+            "workload {}: expected `ready`, got {line:?}",
+            w.name()
+        );
+        ready(pid)?;
+        stdin
+            .write_all(b"go\n")
+            .context("telling the workload to go")?;
+        stdin.flush()?;
+        let line = next_line("in its timed loop")?;
+        let mut m =
+            Measurement::parse(&line).with_context(|| format!("workload {}'s result", w.name()))?;
+        done(pid, &mut m)?;
+        Ok(m)
+    })();
+    // Closing stdin lets the child exit.
+    drop(stdin);
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().context("waiting for the workload")?;
+    let stderr = err_text.join().unwrap_or_default();
+    let m = result.with_context(|| format!("its stderr: {}", stderr.trim()))?;
+    ensure!(
+        status.success(),
+        "workload {} failed ({status}): {}",
+        w.name(),
+        stderr.trim()
+    );
+    Ok(m)
+}
+
+/// The file name of the stand-in libcuda: what userspace-probes recognizes as libcuda.
+pub const CUDA_STANDIN_NAME: &str = "libcuda.so.1";
+
+/// Compiles the stand-in libcuda of the end-to-end tests (tests/standins/cuda.c) into
+/// `dir/libcuda.so.1`, as tests/src/standins.rs does.
+pub fn build_cuda_standin(root: &Path, dir: &Path) -> Result<PathBuf> {
+    let src = root.join("tests").join("standins");
+    let out = dir.join(CUDA_STANDIN_NAME);
+    let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+    let res = Command::new(&cc)
+        .args([
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fno-inline",
+            "-fno-ipa-icf",
+            "-Wall",
+        ])
+        .arg(format!("-Wl,-soname,{CUDA_STANDIN_NAME}"))
+        .arg("-o")
+        .arg(&out)
+        .arg(src.join("cuda.c"))
+        .output()
+        .with_context(|| {
+            format!(
+                "running {} (a C compiler is needed for the uprobe workload)",
+                cc.to_string_lossy()
+            )
+        })?;
+    ensure!(
+        res.status.success(),
+        "compiling the stand-in libcuda ({}) failed: {}",
+        src.join("cuda.c").display(),
+        String::from_utf8_lossy(&res.stderr).trim()
+    );
+    Ok(out)
+}
+
 #[derive(clap::Args)]
 pub struct WorkloadArgs {
     #[arg(value_enum)]
@@ -212,6 +382,15 @@ pub struct WorkloadArgs {
     /// Directory of the O_DIRECT file: a real block-backed file system (not tmpfs).
     #[arg(long, default_value = DEFAULT_IO_DIR)]
     io_dir: PathBuf,
+    /// uprobe: the stand-in libcuda to dlopen.
+    #[arg(long)]
+    lib: Option<PathBuf>,
+    /// paced: getpid calls per second in total (0: as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// paced: threads, each pinned to its own CPU (the last ones allowed).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 /// The child side: runs the workload and prints its result line.
@@ -223,15 +402,177 @@ pub struct WorkloadArgs {
 pub fn run(args: WorkloadArgs) -> Result<()> {
     ensure!(args.iters > 0, "--iters must be at least 1");
     let cpus = allowed_cpus()?;
+    if args.workload == Workload::Paced {
+        return paced(args.iters, args.rate, args.threads, &cpus);
+    }
     pin_to(cpus[cpus.len() - 1])?;
     let m = match args.workload {
         Workload::Getpid => getpid(args.iters),
         Workload::Pingpong => pingpong(args.iters)?,
         Workload::Odirect => odirect(args.iters, &args.io_dir)?,
         Workload::Tcp => tcp(args.iters)?,
+        Workload::Uprobe => {
+            return uprobe(
+                args.iters,
+                args.lib.as_deref().context("uprobe needs --lib")?,
+            );
+        }
+        Workload::Paced => unreachable!(),
     };
     println!("{}", m.to_line());
     Ok(())
+}
+
+/// The child's side of the handshake: `ready`, then wait for `go`.
+fn handshake_ready() -> Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut line = String::new();
+    io::stdin()
+        .read_line(&mut line)
+        .context("waiting for `go`")?;
+    ensure!(line.trim() == "go", "expected `go` on stdin, got {line:?}");
+    Ok(())
+}
+
+/// The child's side after its timed loop: the result line, then wait until stdin closes (the
+/// bench may read what a tracer counted of this process meanwhile).
+fn handshake_result(m: &Measurement) -> Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(out, "{}", m.to_line())?;
+    out.flush()?;
+    let mut rest = String::new();
+    let _ = io::stdin().read_to_string(&mut rest);
+    Ok(())
+}
+
+/// `CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, gridDimY, gridDimZ, blockDimX,
+/// blockDimY, blockDimZ, unsigned sharedMemBytes, CUstream hStream, void **kernelParams,
+/// void **extra)`.
+type CuLaunchKernel = unsafe extern "C" fn(
+    *mut c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> i32;
+
+/// dlopen the stand-in libcuda, handshake (the tracer attaches meanwhile), then call
+/// cuLaunchKernel: a warm-up of a tenth, then `iters` timed calls.
+fn uprobe(iters: u64, lib: &Path) -> Result<()> {
+    let path = CString::new(lib.as_os_str().as_encoded_bytes()).context("library path")?;
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        bail!("dlopen {}: {}", lib.display(), why.to_string_lossy());
+    }
+    let sym = unsafe { libc::dlsym(handle, c"cuLaunchKernel".as_ptr()) };
+    ensure!(!sym.is_null(), "{} has no cuLaunchKernel", lib.display());
+    let launch: CuLaunchKernel = unsafe { mem::transmute::<*mut c_void, CuLaunchKernel>(sym) };
+    // Arguments the stand-in accepts (it reads none): a fake function handle, a 1x1x1 grid of
+    // 128 threads, the default stream, no parameters.
+    let func = 0x1000 as *mut c_void;
+    let once = || {
+        let rc = unsafe {
+            launch(
+                hint::black_box(func),
+                1,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        hint::black_box(rc) == 0
+    };
+    handshake_ready()?;
+    let warmup = iters / 10;
+    let mut ok = (0..warmup).all(|_| once());
+    let start = Instant::now();
+    ok = ok && (0..iters).all(|_| once());
+    let elapsed_ns = start.elapsed().as_nanos() as u64;
+    ensure!(ok, "cuLaunchKernel of the stand-in failed");
+    handshake_result(&Measurement {
+        elapsed_ns,
+        events: iters,
+        calls: Some(warmup + iters),
+        ..Measurement::default()
+    })
+}
+
+/// `iters` getpid calls over `threads` threads, each pinned to one of the last `threads` CPUs
+/// allowed, paced at `rate` calls/s in total (0: unpaced). Timed from `go` to the last thread's
+/// end; no warm-up (every call is an event the record suite counts).
+fn paced(iters: u64, rate: u64, threads: usize, cpus: &[usize]) -> Result<()> {
+    ensure!(
+        threads >= 1 && threads <= cpus.len(),
+        "--threads {threads}: {} CPU(s) allowed",
+        cpus.len()
+    );
+    let per_thread = iters / threads as u64;
+    ensure!(per_thread > 0, "--iters {iters} is less than --threads");
+    // Pin the main thread where the first worker runs (it only waits).
+    pin_to(cpus[cpus.len() - threads])?;
+    let spawn_worker = |k: usize, barrier: std::sync::Arc<std::sync::Barrier>| {
+        let cpu = cpus[cpus.len() - threads + k];
+        thread::spawn(move || -> Result<u64> {
+            pin_to(cpu)?;
+            barrier.wait();
+            let start = Instant::now();
+            // Paced: batches of 64 calls, each not before its time on the schedule.
+            const BATCH: u64 = 64;
+            let ns_per_call = if rate == 0 {
+                0.0
+            } else {
+                1e9 * threads as f64 / rate as f64
+            };
+            let mut done = 0;
+            while done < per_thread {
+                if rate != 0 {
+                    let due = Duration::from_nanos((done as f64 * ns_per_call) as u64);
+                    while start.elapsed() < due {
+                        hint::spin_loop();
+                    }
+                }
+                let n = BATCH.min(per_thread - done);
+                for _ in 0..n {
+                    hint::black_box(unsafe { libc::syscall(libc::SYS_getpid) });
+                }
+                done += n;
+            }
+            Ok(start.elapsed().as_nanos() as u64)
+        })
+    };
+    handshake_ready()?;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|k| spawn_worker(k, barrier.clone()))
+        .collect();
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
+    }
+    let elapsed_ns = start.elapsed().as_nanos() as u64;
+    let total = per_thread * threads as u64;
+    handshake_result(&Measurement {
+        elapsed_ns,
+        events: total,
+        calls: Some(total),
+        ..Measurement::default()
+    })
 }
 
 fn getpid(iters: u64) -> Measurement {
@@ -544,6 +885,8 @@ mod tests {
             switches: Some(2000),
             block_requests: None,
             bytes: Some(65536),
+            calls: Some(1100),
+            counted: None,
         };
         assert_eq!(Measurement::parse(&m.to_line()).unwrap(), m);
         assert!(Measurement::parse("elapsed_ns=1 events=0").is_err());
