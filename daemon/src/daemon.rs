@@ -49,6 +49,8 @@ pub struct Shared {
     /// The full snapshot last built, for the round of `node` it was built from.
     /// Weak: the snapshot lives only as long as a reader holds it, not between scrapes.
     built: Mutex<(u64, std::sync::Weak<NodeSnapshot>)>,
+    /// The exporters' snapshot of the round (see [`Shared::export_node`]).
+    exported: Mutex<Option<(u64, Arc<NodeSnapshot>)>>,
     pub devnames: HashMap<u32, String>,
     /// Diagnosis rules (built-in plus the rules directory).
     pub rules: Vec<crate::diagnose::Rule>,
@@ -85,6 +87,43 @@ impl Shared {
             ..(*head).clone()
         });
         *built = (head.taken_at_unix_ms, Arc::downgrade(&node));
+        node
+    }
+
+    /// The snapshot /metrics and OTLP read: every node-wide part, but full process snapshots
+    /// only of the processes the exporters select (top N, named, GPU users; the selection of
+    /// the result is the same set). At 4,000 tracked processes building all of them for each
+    /// scrape was 90 % of its time; kept for the round, it is small.
+    pub fn export_node(&self, selection: &PrometheusOptions) -> Arc<NodeSnapshot> {
+        let head = self.node.read().expect("lock").clone();
+        let mut cached = self.exported.lock().expect("lock");
+        if let Some((t, node)) = cached.as_ref() {
+            if *t == head.taken_at_unix_ms {
+                return node.clone();
+            }
+        }
+        let model = self.model.lock().expect("lock");
+        let procs: Vec<&model::Proc> = model.procs.values().collect();
+        let views: Vec<snap::ProcessSnapshot> = procs
+            .iter()
+            .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
+            .collect();
+        let mut processes: Vec<snap::ProcessSnapshot> =
+            ethand_exporters::prometheus::select(&views, selection)
+                .into_iter()
+                .map(|i| model.process_snapshot(procs[i], SNAPSHOT_WINDOW_MS, &self.devnames))
+                .collect();
+        let cgroups = model.cgroups();
+        let block_devices = model.block_devices(&self.devnames);
+        drop(model);
+        crate::devices::join(&mut processes, &head.devices);
+        let node = Arc::new(NodeSnapshot {
+            processes,
+            cgroups,
+            block_devices,
+            ..(*head).clone()
+        });
+        *cached = Some((head.taken_at_unix_ms, node.clone()));
         node
     }
 
@@ -290,6 +329,7 @@ impl Engine {
             level_request: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             built: Mutex::new((u64::MAX, std::sync::Weak::new())),
+            exported: Mutex::new(None),
             devnames: model::block_device_names(),
             rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
             otlp: std::sync::OnceLock::new(),
@@ -450,7 +490,8 @@ fn start_otlp(
         },
     };
     let shared = shared.clone();
-    OtlpExporter::start(opts, move || shared.node()).with_context(|| {
+    let selection = opts.selection.clone();
+    OtlpExporter::start(opts, move || shared.export_node(&selection)).with_context(|| {
         format!(
             "cannot start the OTLP export (otlp.endpoint = {:?})",
             o.endpoint
@@ -488,7 +529,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let node = shared.node();
+                let node = shared.export_node(&opts);
                 let body = render(&node, &opts);
                 async move {
                     (

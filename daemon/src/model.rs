@@ -751,6 +751,29 @@ impl Model {
             .collect()
     }
 
+    /// Just what the exporters' process selection looks at (pid, comm, cgroup, recent CPU,
+    /// GPU use): cheap, so that a scrape builds full snapshots of the selected few only.
+    pub fn selection_view(&self, p: &Proc, window_ms: u64) -> snap::ProcessSnapshot {
+        let meta = p.meta.as_ref();
+        let comm = match meta {
+            Some(m) if !m.comm.is_empty() => m.comm.clone(),
+            _ => p.comm_fallback.clone(),
+        };
+        let mut v = snap::ProcessSnapshot {
+            pid: p.key.tgid,
+            start_time_ns: p.key.proc_start_ns,
+            comm,
+            cgroup: meta.map(|m| m.cgroup.clone()).unwrap_or_default(),
+            window: self.window(&p.key, window_ms),
+            ..Default::default()
+        };
+        v.sched.oncpu_ns = p.sched().oncpu_ns;
+        if !p.gpu_calls.is_empty() || p.gpu_state.is_some() {
+            v.gpu = crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref());
+        }
+        v
+    }
+
     pub fn process_snapshot(
         &self,
         p: &Proc,

@@ -351,7 +351,9 @@ const FAMILIES: &[Desc] = &[
 
 /// The processes that get per-process series, as indexes into `procs` (OTLP exports the
 /// same selection).
-pub(crate) fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
+/// The processes that get per-process series: the top N by recent CPU, the named ones, and
+/// every GPU/NPU user. Indices into `procs`.
+pub fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
     let recent_cpu =
         |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
     let mut ranked: Vec<usize> = (0..procs.len())
