@@ -70,21 +70,12 @@ impl Shared {
                 return node;
             }
         }
-        let model = self.model.lock().expect("lock");
-        let mut processes: Vec<snap::ProcessSnapshot> = model
-            .procs
-            .values()
-            .map(|p| model.process_snapshot(p, SNAPSHOT_WINDOW_MS, &self.devnames))
-            .collect();
-        let cgroups = model.cgroups();
-        let block_devices = model.block_devices(&self.devnames);
-        drop(model);
-        crate::devices::join(&mut processes, &head.devices);
-        let node = Arc::new(NodeSnapshot {
-            processes,
-            cgroups,
-            block_devices,
-            ..(*head).clone()
+        let node = self.build_node(&head, |model| {
+            model
+                .procs
+                .values()
+                .map(|p| model.process_snapshot(p, SNAPSHOT_WINDOW_MS, &self.devnames))
+                .collect()
         });
         *built = (head.taken_at_unix_ms, Arc::downgrade(&node));
         node
@@ -102,29 +93,40 @@ impl Shared {
                 return node.clone();
             }
         }
-        let model = self.model.lock().expect("lock");
-        let procs: Vec<&model::Proc> = model.procs.values().collect();
-        let views: Vec<snap::ProcessSnapshot> = procs
-            .iter()
-            .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
-            .collect();
-        let mut processes: Vec<snap::ProcessSnapshot> =
+        let node = self.build_node(&head, |model| {
+            let procs: Vec<&model::Proc> = model.procs.values().collect();
+            let views: Vec<snap::ProcessSnapshot> = procs
+                .iter()
+                .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
+                .collect();
             ethand_exporters::prometheus::select(&views, selection)
                 .into_iter()
                 .map(|i| model.process_snapshot(procs[i], SNAPSHOT_WINDOW_MS, &self.devnames))
-                .collect();
+                .collect()
+        });
+        *cached = Some((head.taken_at_unix_ms, node.clone()));
+        node
+    }
+
+    /// The round's node-wide parts (`head`) plus the processes `processes` picks, the cgroup
+    /// and block-device sums, and the device join, from one look at the model.
+    fn build_node(
+        &self,
+        head: &NodeSnapshot,
+        processes: impl FnOnce(&Model) -> Vec<snap::ProcessSnapshot>,
+    ) -> Arc<NodeSnapshot> {
+        let model = self.model.lock().expect("lock");
+        let mut processes = processes(&model);
         let cgroups = model.cgroups();
         let block_devices = model.block_devices(&self.devnames);
         drop(model);
         crate::devices::join(&mut processes, &head.devices);
-        let node = Arc::new(NodeSnapshot {
+        Arc::new(NodeSnapshot {
             processes,
             cgroups,
             block_devices,
-            ..(*head).clone()
-        });
-        *cached = Some((head.taken_at_unix_ms, node.clone()));
-        node
+            ..head.clone()
+        })
     }
 
     pub fn answer(&self, req: Request) -> Response {

@@ -13,6 +13,7 @@
 //!
 //! Invariant: like the per-event table, a figure is printed only if measured.
 
+use super::report::median;
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -427,19 +428,6 @@ fn proc_cpu_rss(pid: u32) -> Option<(u64, u64)> {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0);
     Some((ticks * 1_000_000_000 / hz, rss))
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
 }
 
 fn fmt_rate(r: f64) -> String {
