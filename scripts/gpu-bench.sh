@@ -44,8 +44,8 @@ ROUNDS=${ROUNDS:-4}
 DDP_ROUNDS=${DDP_ROUNDS:-3}
 SEG_S=${SEG_S:-6}
 DDP_SEG_S=${DDP_SEG_S:-5}
-MODES=${MODES:-none,system,process,op,profiler}
-DDP_MODES=${DDP_MODES:-none,system,process,op}
+MODES=${MODES:-none,system,calls,process,op,profiler}
+DDP_MODES=${DDP_MODES:-none,system,calls,process,op}
 BPF_STATS=${BPF_STATS:-off}
 SKIP=${SKIP:-}
 DRY_RUN=${DRY_RUN:-0}
@@ -149,7 +149,7 @@ listen = "$LISTEN"
 level = "$3"
 EOF
 }
-for lv in system process op; do
+for lv in system calls process op; do
     write_config "$WORK/ethand-bench-$lv.toml" "$BPF_STATS" "$lv"
     write_config "$WORK/ethand-stats-$lv.toml" always "$lv"
 done

@@ -59,6 +59,21 @@ if ! bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
     --locked --no-default-features --features llvm-22
 fi
 
+# Test tools: cargo-fuzz (scripts/fuzz.sh, run with $NIGHTLY) and cargo-deny (licenses, bans,
+# sources: deny.toml). Pinned like bpf-linker; skipped when that version is already there.
+CARGO_FUZZ_VERSION=0.13.2
+CARGO_DENY_VERSION=0.20.2
+if (( WANT_TESTS )); then
+  if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+    log "cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo "+$STABLE" install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
+  fi
+  if ! cargo deny --version 2>/dev/null | grep -q "$CARGO_DENY_VERSION"; then
+    log "cargo install cargo-deny $CARGO_DENY_VERSION, about 3 min"
+    cargo "+$STABLE" install cargo-deny --version "$CARGO_DENY_VERSION" --locked
+  fi
+fi
+
 # Kernel filesystems the daemon needs.
 if [[ -z "$(ls -A /sys/kernel/tracing 2>/dev/null)" ]]; then
   mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || log "could not mount tracefs"

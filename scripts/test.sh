@@ -7,7 +7,14 @@ bash scripts/setup.sh --tests
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "[test] building ethand (release)" >&2
 cargo build --release --locked -p ethand
+# Licenses, banned/duplicate crates and sources (deny.toml); offline: the crates are fetched by
+# now. The advisories check needs GitHub (RustSec), unreachable from CI: scripts/audit.sh.
+echo "[test] cargo deny (bans, licenses, sources)" >&2
+cargo deny --locked --offline check bans licenses sources
 echo "[test] building the .deb (tests/tests/package.rs installs it)" >&2
 cargo xtask deb --binary target/release/ethand
 echo "[test] cargo test (release)" >&2
 cargo test --release --locked --no-fail-fast
+# Every parser fuzzed for a bounded time (20 s per target by default; FUZZ_SECONDS overrides).
+echo "[test] fuzzing (scripts/fuzz.sh)" >&2
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-20}"

@@ -94,7 +94,7 @@ impl Shared {
             }
         }
         let node = self.build_node(&head, |model| {
-            let procs: Vec<&model::Proc> = model.procs.values().collect();
+            let procs: Vec<&model::Proc> = model.procs.values().map(|p| &**p).collect();
             let views: Vec<snap::ProcessSnapshot> = procs
                 .iter()
                 .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
@@ -144,7 +144,13 @@ impl Shared {
             }
             Request::Snapshot { pid, window_s } => {
                 let probes = self.node.read().expect("lock").ethand.probes.clone();
-                match self.tree(pid, window_s.max(1) * 1000, "daemon", 0, probes) {
+                match self.tree(
+                    pid,
+                    window_s.clamp(1, u64::MAX / 1000) * 1000,
+                    "daemon",
+                    0,
+                    probes,
+                ) {
                     Some(t) => Response::Ok(serde_json::to_value(&t).expect("serializable")),
                     None => Response::NotFound(format!(
                         "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
@@ -186,6 +192,7 @@ impl Shared {
             processes,
             probes,
             findings: Vec::new(),
+            gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
             timeline,
             devices: node.devices.clone(),
         };
@@ -294,6 +301,9 @@ pub struct Engine {
     /// GPU library scan must look at.
     syscalls_attached: bool,
     maps_changed: std::collections::HashSet<u32>,
+    /// For `ethand status`: who may use the socket, the capabilities kept after start-up.
+    pub socket_access: String,
+    pub capabilities: Vec<String>,
 }
 
 impl Engine {
@@ -342,6 +352,8 @@ impl Engine {
         Ok(Self {
             syscalls_attached,
             maps_changed: Default::default(),
+            socket_access: String::new(),
+            capabilities: crate::privilege::names(crate::privilege::effective()),
             loaded,
             collector,
             gpu,
@@ -406,6 +418,8 @@ impl Engine {
                     gpu_level: self.gpu.level().as_str().into(),
                     gpu_libraries: self.gpu.libraries(),
                     otlp: self.shared.otlp.get().map(|s| s.status()),
+                    socket_access: self.socket_access.clone(),
+                    capabilities: self.capabilities.clone(),
                 },
             }
         };
@@ -435,8 +449,15 @@ impl Engine {
     /// RCU grace period (50-70 ms measured here), so one after the other they took ~1-2 s
     /// and delayed the exit on SIGTERM; in parallel the grace periods overlap.
     pub fn unload_programs(&mut self) {
-        let progs: Vec<&mut aya::programs::Program> =
-            self.loaded.ebpf.programs_mut().map(|(_, p)| p).collect();
+        // Programs never loaded (record programs, probes that did not attach, uprobes of a
+        // runtime no process loaded) have nothing to unload: aya would say "not loaded".
+        let progs: Vec<&mut aya::programs::Program> = self
+            .loaded
+            .ebpf
+            .programs_mut()
+            .map(|(_, p)| p)
+            .filter(|p| p.fd().is_ok())
+            .collect();
         std::thread::scope(|s| {
             for p in progs {
                 s.spawn(move || {
@@ -513,9 +534,18 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    // TLS and basic auth of /metrics: a bad web-config file stops the start, naming the file.
+    let web = if cfg.prometheus.enabled {
+        crate::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
+            .context("prometheus.web_config_file")?
+    } else {
+        crate::web_config::WebConfig::default()
+    };
     let mut engine = Engine::start(&cfg)?;
-    let api_listener = api::bind(&cfg.daemon.socket)
+    let (api_listener, access) = api::bind(&cfg.daemon.socket, &cfg.daemon.socket_group)
         .with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
+    engine.socket_access = access;
+    // The first collection attaches to the runtime libraries already loaded.
     engine.collect();
     let shared = engine.shared.clone();
     tokio::spawn(api::serve(api_listener, shared.clone()));
@@ -544,9 +574,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 }
             }),
         );
-        info!(addr = %listener.local_addr()?, "serving /metrics");
+        info!(addr = %listener.local_addr()?, scheme = %web.describe(), "serving /metrics");
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            if let Err(e) = web.serve(listener, app).await {
                 warn!(error = %e, "metrics server stopped");
             }
         });
@@ -560,6 +590,32 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    // Start-up is over: keep only the capabilities the running daemon needs, in every thread.
+    let keep = crate::privilege::runtime_caps(&cfg);
+    match tokio::task::block_in_place(|| crate::privilege::drop_to(keep)) {
+        Ok(d) => {
+            info!(
+                kept = %crate::privilege::list(d.kept),
+                dropped = %crate::privilege::list(d.dropped),
+                bounding_set = d.bounding,
+                threads = d.threads,
+                "capabilities dropped"
+            );
+            if !d.bounding && d.dropped != 0 {
+                warn!(
+                    "no CAP_SETPCAP at start-up: the bounding set keeps the dropped capabilities"
+                );
+            }
+        }
+        Err(e) => warn!(error = %e, "dropping capabilities failed"),
+    }
+    engine.capabilities = crate::privilege::names(crate::privilege::effective());
+    {
+        let mut node = shared.node.write().expect("lock");
+        let mut head = (**node).clone();
+        head.ethand.capabilities = engine.capabilities.clone();
+        *node = Arc::new(head);
+    }
     let attached = engine
         .loaded
         .probes

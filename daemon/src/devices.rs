@@ -30,6 +30,10 @@ impl DeviceSampler {
             dcmi: d.dcmi,
             nvml_library: (!d.nvml_library.is_empty()).then(|| PathBuf::from(&d.nvml_library)),
             dcmi_library: (!d.dcmi_library.is_empty()).then(|| PathBuf::from(&d.dcmi_library)),
+            nvml_cadence: dev::nvml::Cadence {
+                counters: Duration::from_millis(d.counters_interval_ms),
+                nvlink_errors: Duration::from_millis(d.nvlink_errors_interval_ms),
+            },
         };
         let interval = Duration::from_millis(d.interval_ms);
         let latest = Arc::new(RwLock::new(Arc::new(DevicesSnapshot::default())));

@@ -319,6 +319,9 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let w = window_ms as f64 / 1000.0;
     let sum = |f: fn(&WindowStats) -> u64| windows.iter().map(|x| f(x)).sum::<u64>() as f64;
     let tt = &t.total;
+    // Below level "process" launches are not probed: leave the launch signals out (unknown),
+    // so that no rule reads "0 launches" as a fact.
+    let launches_counted = !matches!(t.gpu_level.as_deref(), Some("system" | "calls"));
     let mut s_launches_per_second: Option<f64> = None;
     if w > 0.0 {
         put("window_seconds", w);
@@ -343,9 +346,11 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         );
         put("net.tx_bytes_per_second", sum(|x| x.net_tx_bytes) / w);
         put("net.rx_bytes_per_second", sum(|x| x.net_rx_bytes) / w);
-        if tt.gpu.is_some() {
+        if tt.gpu.is_some() && launches_counted {
             s_launches_per_second = Some(sum(|x| x.gpu_launches) / w);
             put("gpu.launches_per_second", sum(|x| x.gpu_launches) / w);
+        }
+        if tt.gpu.is_some() {
             put("gpu.sync_blocked_ratio", sum(|x| x.gpu_sync_ns) / 1e9 / w);
             put("gpu.collective_ratio", sum(|x| x.collective_ns) / 1e9 / w);
             put(
@@ -452,12 +457,14 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         tt.net.tcp_retransmits as f64 / (tt.net.tcp_tx_bytes as f64 / 1048576.0).max(1.0 / 1024.0),
     );
     if let Some(g) = &tt.gpu {
-        put("gpu.launches", g.launches as f64);
         put("gpu.sync_calls", g.sync.calls as f64);
-        let spl = g.sync.calls as f64 / (g.launches.max(1)) as f64;
-        put("gpu.syncs_per_launch", spl);
-        if let Some(lps) = s_launches_per_second {
-            put("gpu.syncs_per_second", spl * lps);
+        if launches_counted {
+            put("gpu.launches", g.launches as f64);
+            let spl = g.sync.calls as f64 / (g.launches.max(1)) as f64;
+            put("gpu.syncs_per_launch", spl);
+            if let Some(lps) = s_launches_per_second {
+                put("gpu.syncs_per_second", spl * lps);
+            }
         }
         let copies = |is_async: bool| {
             g.symbols

@@ -136,10 +136,17 @@ fn lex(s: &str) -> Result<Vec<(usize, Tok)>, ParseError> {
     Ok(out)
 }
 
+/// Deepest nesting of parentheses, `!` and `-` accepted: the parser and `eval` recurse once per
+/// level, and a rules file must not be able to overflow the daemon's stack.
+const MAX_NESTING: usize = 64;
+/// Most tokens in one expression: bounds the depth of left-leaning chains (`a + a + ...`) too.
+const MAX_TOKENS: usize = 1024;
+
 struct Parser {
     toks: Vec<(usize, Tok)>,
     i: usize,
     len: usize,
+    nesting: usize,
 }
 
 impl Parser {
@@ -197,13 +204,20 @@ impl Parser {
         self.binary(&["*", "/"], Self::unary)
     }
     fn unary(&mut self) -> Result<Expr, ParseError> {
-        if self.eat_op(&["!"]).is_some() {
-            return Ok(Expr::Not(Box::new(self.unary()?)));
+        // Every nested level (parenthesis, function call, `!`, `-`) passes through here.
+        if self.nesting >= MAX_NESTING {
+            return self.err(format!("nested more than {MAX_NESTING} levels deep"));
         }
-        if self.eat_op(&["-"]).is_some() {
-            return Ok(Expr::Neg(Box::new(self.unary()?)));
-        }
-        self.atom()
+        self.nesting += 1;
+        let e = if self.eat_op(&["!"]).is_some() {
+            Expr::Not(Box::new(self.unary()?))
+        } else if self.eat_op(&["-"]).is_some() {
+            Expr::Neg(Box::new(self.unary()?))
+        } else {
+            self.atom()?
+        };
+        self.nesting -= 1;
+        Ok(e)
     }
     fn atom(&mut self) -> Result<Expr, ParseError> {
         match self.peek().cloned() {
@@ -271,10 +285,17 @@ fn op_of(o: &str) -> Op {
 
 pub fn parse(s: &str) -> Result<Expr, ParseError> {
     let toks = lex(s)?;
+    if let Some((pos, _)) = toks.get(MAX_TOKENS) {
+        return Err(ParseError {
+            pos: *pos,
+            msg: format!("longer than {MAX_TOKENS} tokens"),
+        });
+    }
     let mut p = Parser {
         toks,
         i: 0,
         len: s.len(),
+        nesting: 0,
     };
     let e = p.or()?;
     if p.i != p.toks.len() {
@@ -381,5 +402,23 @@ mod tests {
         assert!(parse("a >> b").is_err());
         assert!(parse("(a > 1").unwrap_err().msg.contains(')'));
         assert!(parse("a $ b").unwrap_err().msg.contains('$'));
+    }
+
+    /// Deep nesting (in a rules file) used to overflow the stack and kill the daemon.
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        // Under the token limit, over the nesting limit.
+        let deep = format!("{}1{}", "(".repeat(500), ")".repeat(500));
+        assert!(parse(&deep).unwrap_err().msg.contains("nested"));
+        assert!(parse(&"!".repeat(1000)).unwrap_err().msg.contains("nested"));
+        assert!(parse(&"-".repeat(100_000)).is_err());
+        let ok = format!(
+            "{}1{}",
+            "(".repeat(MAX_NESTING - 1),
+            ")".repeat(MAX_NESTING - 1)
+        );
+        assert_eq!(parse(&ok).unwrap().eval(&BTreeMap::new()), Some(1.0));
+        let chain = vec!["a"; 100_000].join(" + ");
+        assert!(parse(&chain).unwrap_err().msg.contains("tokens"));
     }
 }

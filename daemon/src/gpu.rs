@@ -77,6 +77,9 @@ struct Lib {
     resolved: Vec<(u16, u64)>,
     entry_link: Option<UProbeLinkId>,
     return_link: Option<UProbeLinkId>,
+    /// (size, mtime ns) of the file when its symbols were resolved: a file rewritten in place
+    /// (same inode, `cp new old`) moves its functions, so the probes must move too.
+    stamp: Option<(u64, i128)>,
 }
 
 pub struct GpuProbes {
@@ -163,6 +166,30 @@ impl GpuProbes {
         }
         self.last_scan = Some(Instant::now());
         self.scans += 1;
+        for l in self.libs.values_mut() {
+            if l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref()) {
+                warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
+                detach(ebpf, self.progs, l);
+                let mapped = MappedLibrary {
+                    runtime: l.runtime,
+                    path: PathBuf::from(&l.status.path),
+                    host_path: PathBuf::from(&l.status.host_path),
+                    dev: l.status.dev.clone(),
+                    inode: l.status.inode,
+                };
+                let file = l.file.take().ok_or_else(String::new);
+                let mut fresh = resolve_file(&mapped, file);
+                fresh.status.found_in_pid = l.status.found_in_pid;
+                if fresh.status.state != ProbeState::Failed {
+                    attach(ebpf, self.progs, &mut fresh, self.level);
+                }
+                fresh.status.detail = format!(
+                    "rewritten in place on disk: symbols resolved again; {}",
+                    fresh.status.detail
+                );
+                *l = fresh;
+            }
+        }
         let only = match changed {
             Some(set) if self.scans % FULL_SCAN_EVERY != 1 && !self.scanner.known.is_empty() => {
                 Some(std::mem::take(set))
@@ -226,7 +253,19 @@ impl GpuProbes {
     }
 
     pub fn libraries(&self) -> Vec<GpuLibraryStatus> {
-        self.libs.values().map(|l| l.status.clone()).collect()
+        use std::os::unix::fs::MetadataExt;
+        self.libs
+            .values()
+            .map(|l| {
+                let mut s = l.status.clone();
+                // Replaced (package upgrade: rename over it) or deleted: the probes stay for the
+                // processes that still map it.
+                if l.file.as_ref().and_then(|f| f.metadata().ok()).is_some_and(|m| m.nlink() == 0) {
+                    s.detail.push_str("; file replaced or deleted on disk: still probed for the processes that map it");
+                }
+                s
+            })
+            .collect()
     }
 
     /// One status line per runtime for `ethand status` / `ethand_probe_state`.
@@ -380,7 +419,54 @@ fn start_and_vsize(pid: u32) -> Option<(u64, u64)> {
     Some((start, vsize))
 }
 
+/// (size, mtime in ns) of an open file.
+fn file_stamp(file: Option<&std::fs::File>) -> Option<(u64, i128)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file?.metadata().ok()?;
+    Some((
+        m.size(),
+        i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    ))
+}
+
+/// Opens the file `lib` describes: its path when that still is the mapped inode, else (the
+/// path was replaced since the process mapped it) the mapping itself through
+/// /proc/PID/map_files, so that symbols are read from, and probes put on, the file the
+/// process runs.
+fn open_mapped(lib: &MappedLibrary) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::MetadataExt;
+    let is_it = |m: &std::fs::Metadata| m.ino() == lib.inode;
+    let by_path = std::fs::File::open(&lib.host_path);
+    if let Ok(f) = &by_path
+        && f.metadata().is_ok_and(|m| is_it(&m))
+    {
+        return by_path.map_err(|e| e.to_string());
+    }
+    let pid = pid_of(&lib.host_path);
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/map_files")) {
+        for e in dir.flatten() {
+            if std::fs::metadata(e.path()).is_ok_and(|m| is_it(&m))
+                && let Ok(f) = std::fs::File::open(e.path())
+            {
+                return Ok(f);
+            }
+        }
+    }
+    Err(match by_path {
+        Err(e) => format!("cannot read {}: {e}", lib.host_path.display()),
+        Ok(_) => format!(
+            "{} was replaced on disk after pid {pid} mapped it (inode {}) and that mapping cannot be opened",
+            lib.host_path.display(),
+            lib.inode
+        ),
+    })
+}
+
 fn resolve(lib: &MappedLibrary) -> Lib {
+    resolve_file(lib, open_mapped(lib))
+}
+
+fn resolve_file(lib: &MappedLibrary, file: Result<std::fs::File, String>) -> Lib {
     let mut status = GpuLibraryStatus {
         runtime: lib.runtime.as_str().into(),
         path: lib.path.display().to_string(),
@@ -391,8 +477,18 @@ fn resolve(lib: &MappedLibrary) -> Lib {
         ..Default::default()
     };
     let mut resolved = Vec::new();
-    let file = std::fs::File::open(&lib.host_path).ok();
-    match SymbolTable::read(&lib.host_path) {
+    let read = match &file {
+        Ok(f) => {
+            use std::os::fd::AsRawFd;
+            let fd_path = format!("/proc/self/fd/{}", f.as_raw_fd());
+            SymbolTable::read(std::path::Path::new(&fd_path))
+                .map_err(|e| e.to_string().replace(&fd_path, &status.host_path))
+        }
+        Err(e) => Err(e.clone()),
+    };
+    let file = file.ok();
+    let stamp = file_stamp(file.as_ref());
+    match read {
         Err(e) => {
             status.state = ProbeState::Failed;
             status.detail = e.to_string();
@@ -432,6 +528,7 @@ fn resolve(lib: &MappedLibrary) -> Lib {
         resolved,
         entry_link: None,
         return_link: None,
+        stamp,
     }
 }
 
@@ -441,6 +538,18 @@ fn pid_of(host_path: &std::path::Path) -> u32 {
         .nth(2)
         .and_then(|c| c.as_os_str().to_str()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Whether `op` is probed at all at `level`: kernel launches only from `process` on.
+fn probed_at(op: u16, level: GpuLevel) -> bool {
+    match level {
+        GpuLevel::System => false,
+        GpuLevel::Calls => !matches!(
+            CATALOG[op as usize].category,
+            Category::Launch | Category::GraphLaunch
+        ),
+        GpuLevel::Process | GpuLevel::Op => true,
+    }
 }
 
 fn needs_return(op: u16, level: GpuLevel) -> bool {
@@ -467,15 +576,24 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     let entry_points: Vec<UProbeAttachPoint> = l
         .resolved
         .iter()
+        .filter(|(op, _)| probed_at(*op, level))
         .map(|(op, off)| UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(*off),
             cookie: Some(u64::from(*op) | time_flag),
         })
         .collect();
+    if entry_points.is_empty() {
+        l.status.state = ProbeState::Disabled;
+        l.status.detail = format!(
+            "only kernel launch symbols resolved: not probed at level {}",
+            level.as_str()
+        );
+        return;
+    }
     let return_points: Vec<UProbeAttachPoint> = l
         .resolved
         .iter()
-        .filter(|(op, _)| needs_return(*op, level))
+        .filter(|(op, _)| probed_at(*op, level) && needs_return(*op, level))
         .map(|(op, off)| UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(*off),
             cookie: Some(u64::from(*op)),
@@ -507,13 +625,20 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     match result {
         Ok(()) => {
             l.status.state = ProbeState::Attached;
+            let probed = l.resolved.iter().filter(|(op, _)| probed_at(*op, level));
+            let launches = l.resolved.len() - probed.clone().count();
             l.status.detail = format!(
-                "{} symbols, {} timed",
-                l.resolved.len(),
-                l.resolved
-                    .iter()
-                    .filter(|(op, _)| needs_return(*op, level))
-                    .count()
+                "{} symbols, {} timed{}",
+                probed.clone().count(),
+                probed.filter(|(op, _)| needs_return(*op, level)).count(),
+                if launches > 0 {
+                    format!(
+                        "; {launches} launch symbols not probed at level {}",
+                        level.as_str()
+                    )
+                } else {
+                    String::new()
+                }
             );
             info!(library = %l.status.path, pid = l.status.found_in_pid, symbols = l.resolved.len(), missing = l.status.symbols_missing.len(), "attached GPU/NPU runtime probes");
         }

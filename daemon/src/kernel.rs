@@ -13,6 +13,8 @@ pub enum KernelError {
     NoStruct(String),
     #[error("BTF struct {strukt} has no member {member}")]
     NoMember { strukt: String, member: String },
+    #[error("no kernel BTF: {VMLINUX_BTF}: {file}; from the kernel: {kernel}")]
+    NoBtf { file: String, kernel: String },
     #[error("tracepoint {0} not found (no {1})")]
     NoTracepoint(String, String),
     #[error("tracepoint format {path}: {reason}")]
@@ -59,12 +61,16 @@ fn find_member(btf: &Btf, members: &[btf_rs::Member], name: &str, base_bits: u32
     None
 }
 
-/// Reads the offsets the programs need from the kernel's BTF.
-pub fn kernel_offsets(btf_path: &Path) -> Result<KernelOffsets, KernelError> {
-    let btf = Btf::from_file(btf_path).map_err(|source| KernelError::Btf {
-        path: btf_path.display().to_string(),
-        source,
+/// Reads the offsets the programs need from the kernel's BTF (raw bytes of `source`).
+pub fn kernel_offsets_from(bytes: &[u8], source: &str) -> Result<KernelOffsets, KernelError> {
+    let btf = Btf::from_bytes(bytes).map_err(|e| KernelError::Btf {
+        path: source.to_string(),
+        source: e,
     })?;
+    offsets_from(&btf)
+}
+
+fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     // The run queue clock chain exists with CONFIG_FAIR_GROUP_SCHED (cfs_rq.rq).
     let rq_chain = (|| -> Result<(u32, u32, u32), KernelError> {
         Ok((
@@ -91,6 +97,130 @@ pub fn kernel_offsets(btf_path: &Path) -> Result<KernelOffsets, KernelError> {
         // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
         skip_syscall_nr: 335,
     })
+}
+
+/// The kernel's BTF and where it came from.
+pub struct KernelBtf {
+    pub bytes: Vec<u8>,
+    /// Why the file was not used, when the BTF came from the kernel instead (None: the file).
+    pub file_error: Option<String>,
+}
+
+/// BTF starts with this magic (little-endian u16 0xeB9F).
+const BTF_MAGIC: [u8; 2] = [0x9f, 0xeb];
+
+/// The kernel's own BTF: `/sys/kernel/btf/vmlinux`, else, when that file is missing or not
+/// BTF (a container without /sys/kernel/btf, a masked path), the same data straight from the
+/// kernel: the `vmlinux` object of `bpf(BPF_BTF_GET_NEXT_ID)`, read with
+/// `BPF_OBJ_GET_INFO_BY_FD` (needs CAP_SYS_ADMIN).
+pub fn vmlinux_btf() -> Result<KernelBtf, KernelError> {
+    let file_error = match fs::read(VMLINUX_BTF) {
+        Ok(b) if b.starts_with(&BTF_MAGIC) => {
+            return Ok(KernelBtf {
+                bytes: b,
+                file_error: None,
+            });
+        }
+        Ok(b) if b.is_empty() => "empty file".to_string(),
+        Ok(b) => format!("not BTF ({} bytes without the BTF magic)", b.len()),
+        Err(e) => e.to_string(),
+    };
+    match btf_from_kernel() {
+        Ok(bytes) => Ok(KernelBtf {
+            bytes,
+            file_error: Some(file_error),
+        }),
+        Err(e) => Err(KernelError::NoBtf {
+            file: file_error,
+            kernel: e.to_string(),
+        }),
+    }
+}
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
+const BPF_BTF_GET_NEXT_ID: libc::c_long = 23;
+
+/// struct bpf_btf_info.
+#[repr(C)]
+#[derive(Default)]
+struct BpfBtfInfo {
+    btf: u64,
+    btf_size: u32,
+    id: u32,
+    name: u64,
+    name_len: u32,
+    kernel_btf: u32,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut [u32]) -> std::io::Result<i64> {
+    // SAFETY: `attr` is a valid, writable bpf_attr prefix of the given size for `cmd`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr),
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The raw BTF of the kernel object named "vmlinux".
+fn btf_from_kernel() -> std::io::Result<Vec<u8>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut id = 0u32;
+    loop {
+        // { start_id, next_id, open_flags }
+        let mut attr = [id, 0, 0];
+        bpf(BPF_BTF_GET_NEXT_ID, &mut attr).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                std::io::Error::new(e.kind(), "the kernel has no vmlinux BTF object")
+            } else {
+                e
+            }
+        })?;
+        id = attr[1];
+        let fd = bpf(BPF_BTF_GET_FD_BY_ID, &mut [id, 0, 0])?;
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let info_of = |info: &mut BpfBtfInfo| -> std::io::Result<()> {
+            use std::os::fd::AsRawFd;
+            let ptr = info as *mut BpfBtfInfo as u64;
+            // { bpf_fd, info_len, info (u64) }
+            let mut attr = [
+                fd.as_raw_fd() as u32,
+                std::mem::size_of::<BpfBtfInfo>() as u32,
+                ptr as u32,
+                (ptr >> 32) as u32,
+            ];
+            bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+        };
+        let mut name = [0u8; 64];
+        let mut info = BpfBtfInfo {
+            name: name.as_mut_ptr() as u64,
+            name_len: name.len() as u32,
+            ..Default::default()
+        };
+        info_of(&mut info)?;
+        let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        if info.kernel_btf == 0 || &name[..len] != b"vmlinux" {
+            continue;
+        }
+        let mut bytes = vec![0u8; info.btf_size as usize];
+        let mut info = BpfBtfInfo {
+            btf: bytes.as_mut_ptr() as u64,
+            btf_size: bytes.len() as u32,
+            ..Default::default()
+        };
+        info_of(&mut info)?;
+        bytes.truncate(info.btf_size as usize);
+        return Ok(bytes);
+    }
 }
 
 /// One field of a tracepoint's record.
@@ -157,12 +287,13 @@ pub fn tracefs_root() -> &'static str {
     }
 }
 
-/// Mounts tracefs at /sys/kernel/tracing if nothing is there.
-pub fn ensure_tracefs() -> std::io::Result<()> {
+/// Mounts tracefs at /sys/kernel/tracing (in ethand's mount namespace) if it is mounted at
+/// neither usual place. Ok(true): ethand mounted it.
+pub fn ensure_tracefs() -> std::io::Result<bool> {
     if Path::new("/sys/kernel/tracing/events").exists()
         || Path::new("/sys/kernel/debug/tracing/events").exists()
     {
-        return Ok(());
+        return Ok(false);
     }
     let target = std::ffi::CString::new("/sys/kernel/tracing").unwrap();
     let fstype = std::ffi::CString::new("tracefs").unwrap();
@@ -177,7 +308,7 @@ pub fn ensure_tracefs() -> std::io::Result<()> {
         )
     };
     if rc == 0 {
-        Ok(())
+        Ok(true)
     } else {
         Err(std::io::Error::last_os_error())
     }
@@ -275,7 +406,7 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
         if !Path::new(VMLINUX_BTF).exists() {
             panic!("{VMLINUX_BTF} missing: ethand needs a kernel with BTF");
         }
-        let o = kernel_offsets(Path::new(VMLINUX_BTF)).unwrap();
+        let o = kernel_offsets_from(&fs::read(VMLINUX_BTF).unwrap(), VMLINUX_BTF).unwrap();
         assert_ne!(o.task_pid, 0);
         assert_eq!(
             o.task_tgid,

@@ -1,7 +1,7 @@
 //! Loads the embedded BPF object and attaches its programs probe by probe. A probe that the
 //! kernel cannot give us is reported (unsupported / failed, with the reason) and the rest
 //! carry on: nothing here is fatal except being unable to create the maps at all.
-use std::{collections::BTreeMap, path::Path};
+use std::collections::BTreeMap;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
@@ -147,6 +147,8 @@ pub struct Loaded {
     pub probes: Vec<ProbeStatus>,
     /// BPF program name -> probe name, for the cost table.
     pub program_probe: BTreeMap<String, String>,
+    /// Why classic tracepoints cannot be used: tracefs missing and not mountable.
+    pub tracefs_error: Option<String>,
 }
 
 fn family_enabled(cfg: &Config, family: &str) -> bool {
@@ -245,13 +247,39 @@ pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
 
 /// Loads with the record ring buffer at `record_ring_bytes` (a power of two, >= one page).
 pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadError> {
-    if let Err(e) = kernel::ensure_tracefs() {
-        warn!(error = %e, "tracefs is not mounted and could not be mounted: classic tracepoints will be unsupported");
+    let tracefs_error = match kernel::ensure_tracefs() {
+        Ok(true) => {
+            info!("tracefs was not mounted: mounted it at /sys/kernel/tracing");
+            None
+        }
+        Ok(false) => None,
+        Err(e) => {
+            warn!(error = %e, "tracefs is not mounted and could not be mounted: classic tracepoints will be unsupported");
+            Some(format!(
+                "tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"
+            ))
+        }
+    };
+    let kbtf = kernel::vmlinux_btf()?;
+    if let Some(why) = &kbtf.file_error {
+        warn!(file = kernel::VMLINUX_BTF, error = %why, "kernel BTF file unusable: read the kernel's BTF through bpf(BPF_BTF_GET_FD_BY_ID) instead");
     }
-    let koff: KernelOffsets = kernel::kernel_offsets(Path::new(kernel::VMLINUX_BTF))?;
+    let koff: KernelOffsets = kernel::kernel_offsets_from(&kbtf.bytes, kernel::VMLINUX_BTF)?;
+    let btf = match Btf::parse(&kbtf.bytes, aya::Endianness::default()) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            warn!(error = %e, "kernel BTF not parsed: BTF tracepoints unavailable, using classic tracepoints");
+            None
+        }
+    };
     let tpoff = tracepoint_offsets(cfg);
     let m = &cfg.maps;
-    let ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    // The same BTF for relocations (EbpfLoader::new reads only the file).
+    if let Some(b) = &btf {
+        loader.btf(b);
+    }
+    let ebpf = loader
         .override_global("KOFF", &koff, true)
         .override_global("TPOFF", &tpoff, true)
         .map_max_entries("THREADS", m.threads)
@@ -271,16 +299,17 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         ebpf,
         probes: Vec::new(),
         program_probe: BTreeMap::new(),
-    };
-    let btf = match Btf::from_sys_fs() {
-        Ok(b) => Some(b),
-        Err(e) => {
-            warn!(error = %e, "no kernel BTF: BTF tracepoints unavailable, using classic tracepoints");
-            None
-        }
+        tracefs_error,
     };
     for spec in PROBES {
-        let status = attach_probe(&mut loaded, cfg, spec, btf.as_ref());
+        let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref());
+        // Say where the BTF of a tp_btf probe came from when it was not the usual file.
+        if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {
+            status.detail = format!(
+                "kernel BTF read from the kernel: {} unusable ({why})",
+                kernel::VMLINUX_BTF
+            );
+        }
         match status.state {
             ProbeState::Attached => info!(probe = spec.name, at = %status.attach_point, "attached"),
             ProbeState::Disabled => {}
@@ -354,7 +383,10 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
     status.attach_point = format!("tracepoint/{tp}");
     if kernel::tracepoint_fields(tp).is_err() {
         status.state = ProbeState::Unsupported;
-        reasons.push(format!("tracepoint {tp} does not exist on this kernel"));
+        reasons.push(match &l.tracefs_error {
+            Some(e) => format!("tracepoint {tp}: {e}"),
+            None => format!("tracepoint {tp} does not exist on this kernel"),
+        });
         status.detail = reasons.join("; ");
         return status;
     }

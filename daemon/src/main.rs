@@ -1,35 +1,14 @@
 //! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
-mod api;
-mod attribution;
-mod bpf_batch;
-mod collector;
-mod compare;
-mod config;
-mod daemon;
-mod devices;
-mod diagnose;
-mod expr;
-mod gpu;
-mod kernel;
-mod loader;
-mod model;
-mod procinfo;
-mod record;
-mod render;
-mod survey;
-mod syscalls_table;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use config::Config;
+use ethand::{
+    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE, api, compare, config, config::Config, daemon,
+    procinfo, record, render, survey,
+};
 use ethand_exporters::snapshot::TreeSnapshot;
-
-/// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration, 3 not found.
-const EXIT_FAILURE: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-const EXIT_NOT_FOUND: u8 = 3;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -83,10 +62,11 @@ enum Command {
         duration: u64,
     },
     /// Switch the GPU/NPU probing level of the running daemon, live: system (device metrics
-    /// only, no uprobes), process (counts, bytes, memory, sync and collective time) or op
-    /// (also the host time of every probed call).
+    /// only, no uprobes), calls (memory, copies, syncs, collectives: every probed call but
+    /// kernel launches; the default), process (also kernel launches) or op (also the host
+    /// time of every probed call).
     Level {
-        #[arg(value_parser = ["system", "process", "op"])]
+        #[arg(value_parser = ["system", "calls", "process", "op"])]
         level: String,
     },
     /// Diagnostic for a library version ethand has not met: probe every exported function

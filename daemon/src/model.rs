@@ -136,7 +136,8 @@ impl ThreadAcc {
 
 pub struct Proc {
     pub key: ProcKey,
-    pub meta: Option<procinfo::ProcMeta>,
+    /// Boxed: most short-lived processes never get one (gone before /proc was read).
+    pub meta: Option<Box<procinfo::ProcMeta>>,
     pub comm_fallback: String,
     pub alive: bool,
     /// Collection round at which the process was found exited.
@@ -187,6 +188,17 @@ impl Proc {
             kernel_released: false,
             meta_stale: true,
         }
+    }
+
+    /// Once its final counters are in (exited, kernel entries released), spare capacity
+    /// goes, so that thousands kept for the grace period cost little. (Its exited threads
+    /// fold into `dead` as usual, after their second exited read.)
+    fn compact(&mut self) {
+        if self.threads.is_empty() {
+            self.threads = BTreeMap::new();
+        }
+        self.thread_comms.shrink_to_fit();
+        self.history.points.shrink_to_fit();
     }
 
     pub fn sched(&self) -> SchedAcc {
@@ -323,7 +335,9 @@ impl<T> Thinned<T> {
 type History = Thinned<[u64; TOTALS]>;
 
 pub struct Model {
-    pub procs: HashMap<ProcKey, Proc, foldhash::fast::RandomState>,
+    /// Boxed: a `Proc` is over a kilobyte and the table keeps an eighth of its slots free, so
+    /// 10,000 processes (max_processes) inline cost ~20 MB; boxed, the table is ~400 KB.
+    pub procs: HashMap<ProcKey, Box<Proc>, foldhash::fast::RandomState>,
     /// Processes whose mappings may have changed since the last drain (new, exec'd, or their
     /// mmap count moved): the only ones the GPU library scan needs to look at.
     pub maps_changed: HashSet<u32>,
@@ -336,7 +350,14 @@ pub struct Model {
     pub round: u64,
     grace_rounds: u64,
     max_processes: usize,
+    /// Distinct processes not tracked because the model was full.
     pub overflow: u64,
+    /// Those processes, with whether their exit was seen: their kernel map entries are freed
+    /// all the same (else the maps fill up with them).
+    untracked: HashMap<ProcKey, bool>,
+    /// Threads of untracked processes found exited by the last read: deleted when found
+    /// exited again (by then their final switch-out, which may recreate the entry, is past).
+    untracked_exited_threads: HashSet<u32>,
     /// CLOCK_BOOTTIME - CLOCK_MONOTONIC, to match kernel start times with /proc's.
     boot_minus_mono_ns: u64,
     clk_tck: u64,
@@ -375,6 +396,8 @@ impl Model {
             grace_rounds: ((exit_grace_seconds * 1000) / interval_ms.max(1)).max(1),
             max_processes,
             overflow: 0,
+            untracked: HashMap::new(),
+            untracked_exited_threads: HashSet::new(),
             boot_minus_mono_ns: boot.saturating_sub(mono),
             clk_tck: procinfo::clock_ticks(),
             btime_unix_s: btime,
@@ -388,15 +411,21 @@ impl Model {
     fn proc_mut(&mut self, key: ProcKey) -> Option<&mut Proc> {
         if !self.procs.contains_key(&key) {
             if self.procs.len() >= self.max_processes {
-                self.overflow += 1;
+                // Bounded: a set that large means exits went unseen; recounting is the lesser harm.
+                if self.untracked.len() >= 4 * self.max_processes.max(1024) {
+                    self.untracked.clear();
+                }
+                if self.untracked.insert(key, false).is_none() {
+                    self.overflow += 1;
+                }
                 return None;
             }
-            let mut p = Proc::new(key);
+            let mut p = Box::new(Proc::new(key));
             p.first_seen_unix_ms = self.now_unix_ms;
             self.procs.insert(key, p);
             self.maps_changed.insert(key.tgid);
         }
-        self.procs.get_mut(&key)
+        self.procs.get_mut(&key).map(|p| &mut **p)
     }
 
     /// A process exec'd: its name and command line changed.
@@ -414,6 +443,8 @@ impl Model {
             p.alive = false;
             // Counted from the round that will ingest this exit.
             p.exited_round.get_or_insert(round + 1);
+        } else if let Some(exited) = self.untracked.get_mut(&key) {
+            *exited = true;
         }
     }
 
@@ -422,6 +453,8 @@ impl Model {
         self.round += 1;
         self.now_unix_ms = now_unix_ms;
         let mut reclaim = Reclaim::default();
+        self.make_room(&mut reclaim);
+        let mut untracked_exited = HashSet::new();
         for (tid, t) in &raw.threads {
             let key = ProcKey {
                 tgid: t.tgid,
@@ -429,6 +462,13 @@ impl Model {
                 proc_start_ns: t.proc_start_ns,
             };
             let Some(p) = self.proc_mut(key) else {
+                if t.flags & thread_flags::EXITED != 0 {
+                    if self.untracked_exited_threads.contains(tid) {
+                        reclaim.threads.push((*tid, key));
+                    } else {
+                        untracked_exited.insert(*tid);
+                    }
+                }
                 continue;
             };
             let acc = p.threads.entry(*tid).or_default();
@@ -473,6 +513,7 @@ impl Model {
                 p.gpu_state = Some(v);
             }
         }
+        self.untracked_exited_threads = untracked_exited;
         self.refresh_meta();
         // Processes that are gone: exited long enough ago, or vanished without an exit event.
         // With exit events a vanished process is rare (lost events are counted), so the
@@ -492,7 +533,24 @@ impl Model {
                 p.alive = false;
                 p.exited_round = Some(round);
             }
+            // Untracked processes whose exit event was lost (ring buffer full).
+            let lost: Vec<ProcKey> = self
+                .untracked
+                .iter()
+                .filter(|(k, exited)| !**exited && !self.is_key_alive(k))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in lost {
+                self.untracked.insert(k, true);
+            }
         }
+        // Untracked processes that exited: nothing of theirs is kept, free their entries.
+        self.untracked.retain(|k, exited| {
+            if *exited {
+                reclaim.procs.push(*k);
+            }
+            !*exited
+        });
         let grace = self.grace_rounds;
         let expired: Vec<ProcKey> = self
             .procs
@@ -504,13 +562,7 @@ impl Model {
             .map(|p| p.key)
             .collect();
         for k in expired {
-            if let Some(p) = self.procs.remove(&k) {
-                reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
-                if !p.kernel_released {
-                    reclaim.procs.push(k);
-                }
-                self.depart(&p);
-            }
+            self.retire(k, &mut reclaim);
         }
         // An exited process's counters are final once a read after its exit is ingested
         // (this one): free its kernel entries now rather than after the grace period, so that
@@ -519,6 +571,7 @@ impl Model {
             if !p.kernel_released && p.exited_round.is_some_and(|r| r <= round) {
                 p.kernel_released = true;
                 reclaim.procs.push(p.key);
+                p.compact();
             }
         }
         self.rounds.push(now_unix_ms, ());
@@ -541,6 +594,42 @@ impl Model {
             }
         }
         reclaim
+    }
+
+    /// Removes a process from the model (its kernel entries go with it).
+    fn retire(&mut self, k: ProcKey, reclaim: &mut Reclaim) {
+        if let Some(p) = self.procs.remove(&k) {
+            reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
+            if !p.kernel_released {
+                reclaim.procs.push(k);
+            }
+            self.depart(&p);
+        }
+    }
+
+    /// A model three quarters full makes room for new processes: exited ones whose final
+    /// counters were read leave before their grace period ends, earliest exit first, until
+    /// it is a quarter full (or no such process is left). So a burst of short-lived processes
+    /// (10,000 per second) does not keep new long-lived ones out for the grace period; only
+    /// more than max_processes live ones overflow.
+    fn make_room(&mut self, reclaim: &mut Reclaim) {
+        if self.procs.len() < self.max_processes * 3 / 4 {
+            return;
+        }
+        let excess = self.procs.len() - self.max_processes / 4;
+        let mut done: Vec<(u64, ProcKey)> = self
+            .procs
+            .values()
+            .filter(|p| p.kernel_released)
+            .filter_map(|p| Some((p.exited_round?, p.key)))
+            .collect();
+        if done.len() > excess {
+            done.select_nth_unstable(excess);
+            done.truncate(excess);
+        }
+        for (_, k) in done {
+            self.retire(k, reclaim);
+        }
     }
 
     /// Keeps a reclaimed process's totals in its cgroup's and devices' running sums.
@@ -591,8 +680,12 @@ impl Model {
     }
 
     fn is_same_process_alive(&self, p: &Proc) -> bool {
-        match procinfo::start_ticks(p.key.tgid) {
-            Some(start_ticks) => self.start_matches(p.key.proc_start_ns, start_ticks),
+        self.is_key_alive(&p.key)
+    }
+
+    fn is_key_alive(&self, k: &ProcKey) -> bool {
+        match procinfo::start_ticks(k.tgid) {
+            Some(start_ticks) => self.start_matches(k.proc_start_ns, start_ticks),
             None => false,
         }
     }
@@ -627,7 +720,7 @@ impl Model {
             let p = self.procs.get_mut(&k).expect("present");
             p.meta_stale = false;
             match meta {
-                Some(m) => p.meta = Some(m),
+                Some(m) => p.meta = Some(Box::new(m)),
                 // Never identified: it exited before we looked (its exit event may have come
                 // before its first counters), or the pid already belongs to another process.
                 None if p.meta.is_none() => {
@@ -1052,7 +1145,7 @@ impl Model {
     /// The processes of the tree rooted at `root`, root first (see [`tree_order_of`]), without
     /// building a snapshot of every process.
     pub fn tree_keys(&self, root: u32) -> Vec<ProcKey> {
-        let procs: Vec<&Proc> = self.procs.values().collect();
+        let procs: Vec<&Proc> = self.procs.values().map(|p| &**p).collect();
         let nodes: Vec<TreeNode> = procs
             .iter()
             .map(|p| TreeNode {

@@ -85,9 +85,14 @@ pub fn read(pid: u32) -> Option<ProcMeta> {
 }
 
 pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+    // Bytes: a name is not always UTF-8 (invalid sequences become U+FFFD, as for comm).
+    fs::read(format!("/proc/{pid}/task/{tid}/comm"))
         .ok()
-        .map(|s| s.trim_end().to_string())
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .trim_end_matches('\n')
+                .to_string()
+        })
 }
 
 pub fn exists(pid: u32) -> bool {

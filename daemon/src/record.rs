@@ -427,9 +427,12 @@ fn process_tree(pid: u32) -> BTreeSet<u32> {
 /// Process and thread names, read from /proc when first seen (a thread that exits before
 /// it is seen keeps a numbered name).
 fn comm(path: &str) -> Option<String> {
-    fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim_end().to_string())
+    // Bytes: a name is not always UTF-8 (invalid sequences become U+FFFD, as in the daemon).
+    fs::read(path).ok().map(|b| {
+        String::from_utf8_lossy(&b)
+            .trim_end_matches('\n')
+            .to_string()
+    })
 }
 
 /// Bytes a GPU/NPU call moved or allocated, where the catalog says which argument holds them.

@@ -50,6 +50,12 @@ pub fn status(s: &SelfStatus) -> String {
         "tracked processes: {} (overflow {})",
         s.tracked_processes, s.processes_overflow
     );
+    if !s.socket_access.is_empty() {
+        let _ = writeln!(o, "local API socket: {}", s.socket_access);
+    }
+    if !s.capabilities.is_empty() {
+        let _ = writeln!(o, "capabilities kept: {}", s.capabilities.join(" "));
+    }
     let _ = writeln!(
         o,
         "\nPROBE                 STATE        ATTACHED TO                         DETAIL"
@@ -223,7 +229,13 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         n.tcp_resets_received
     );
     if let Some(g) = &tt.gpu {
-        gpu_section(&mut o, g, tt.gpu_derived.as_ref(), &t.processes);
+        gpu_section(
+            &mut o,
+            g,
+            tt.gpu_derived.as_ref(),
+            &t.processes,
+            t.gpu_level.as_deref(),
+        );
     }
     let mut rows: Vec<_> = t
         .processes
@@ -275,23 +287,39 @@ fn gpu_section(
     g: &ethand_exporters::gpu::GpuProcessStats,
     d: Option<&ethand_exporters::gpu::GpuDerived>,
     procs: &[ethand_exporters::snapshot::ProcessSnapshot],
+    level: Option<&str>,
 ) {
     let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
-    let _ = writeln!(
-        o,
-        "  launches {} (graph launches {}), api errors {}",
-        g.launches, g.graph_launches, g.errors
-    );
+    match level {
+        Some(l @ ("system" | "calls")) => {
+            let _ = writeln!(
+                o,
+                "  launches not counted at GPU level {l} (`ethand level process` counts them, at a cost per launch), api errors {}",
+                g.errors
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                o,
+                "  launches {} (graph launches {}), api errors {}",
+                g.launches, g.graph_launches, g.errors
+            );
+        }
+    }
     if let Some(d) = d {
         let util = match (d.device_utilization_ratio, d.device_idle_ratio) {
             (Some(u), Some(i)) => format!(", device busy {:.0}% idle {:.0}%", 100.0 * u, 100.0 * i),
             _ => String::new(),
         };
+        let launches = if matches!(level, Some("system" | "calls")) {
+            String::new()
+        } else {
+            format!(" {:.0} launches/s,", d.launches_per_second)
+        };
         let _ = writeln!(
             o,
-            "  last {:.0}s: {:.0} launches/s, host blocked in sync {:.1}% of wall time, in collectives {:.1}%{}",
+            "  last {:.0}s:{launches} host blocked in sync {:.1}% of wall time, in collectives {:.1}%{}",
             d.window_ms as f64 / 1000.0,
-            d.launches_per_second,
             100.0 * d.sync_blocked_ratio,
             100.0 * d.collective_ratio,
             util

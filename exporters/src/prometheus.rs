@@ -398,8 +398,7 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     let mut threads = Family::<u64>::new(&PROCESS_THREADS);
     let mut workload = Family::<u64>::new(&PROCESS_WORKLOAD_INFO);
 
-    for p in procs {
-        let base = process_labels(p);
+    for (p, base) in procs.iter().zip(process_label_sets(procs)) {
         let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
         let s = &p.sched;
         cpu.add(id(&[]), Nanos(s.oncpu_ns));
@@ -731,6 +730,30 @@ pub(crate) fn workload_labels(w: &snapshot::WorkloadIdentity, job: bool) -> Labe
 
 /// `base` plus `extra`; a key of `extra` already in `base` replaces its value (the collective
 /// series' `rank` is the communicator's).
+/// [`process_labels`] of each process, told apart where two would share one label set: a
+/// pid reused within the exit grace period by a process of the same name. The newest keeps
+/// the plain labels; each older one gets `start_time_ns` (as in `ethand snapshot --json`), so
+/// two processes are never summed into one series.
+pub(crate) fn process_label_sets(procs: &[&ProcessSnapshot]) -> Vec<Labels> {
+    let sets: Vec<Labels> = procs.iter().map(|p| process_labels(p)).collect();
+    let mut newest: BTreeMap<&Labels, u64> = BTreeMap::new();
+    for (l, p) in sets.iter().zip(procs) {
+        let n = newest.entry(l).or_insert(p.start_time_ns);
+        *n = (*n).max(p.start_time_ns);
+    }
+    let newest: Vec<u64> = sets.iter().map(|l| newest[l]).collect();
+    sets.into_iter()
+        .zip(procs.iter().zip(newest))
+        .map(|(l, (p, n))| {
+            if p.start_time_ns < n {
+                with_extra(&l, &[("start_time_ns", &p.start_time_ns.to_string())])
+            } else {
+                l
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn with_extra(base: &Labels, extra: &[(&'static str, &str)]) -> Labels {
     let mut l = base.clone();
     for &(k, v) in extra {

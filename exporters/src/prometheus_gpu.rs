@@ -5,14 +5,15 @@
 //! symbol (under 100).
 use prometheus_client::registry::Registry;
 
-use crate::prometheus::{Desc, Family, Nanos, counter, gauge, process_labels, with_extra};
+use crate::prometheus::{Desc, Family, Nanos, counter, gauge, process_label_sets, with_extra};
 use crate::snapshot::ProcessSnapshot;
 
 pub(crate) const LAUNCHES: Desc = counter(
     "ethand_process_gpu_launches_total",
     "Kernel launches (CUDA cuLaunchKernel*, kind=\"kernel\"), CUDA graph launches \
      (kind=\"graph\") and Ascend operator/model executions (kind=\"kernel\") by the process \
-     (uprobes on libcuda, libascendcl).",
+     (uprobes on libcuda, libascendcl); counted at GPU level process or op only, not at the \
+     default level calls.",
 );
 pub(crate) const COPY_BYTES: Desc = counter(
     "ethand_process_gpu_memcpy_bytes_total",
@@ -106,9 +107,8 @@ pub(crate) fn register_process_gpu(registry: &mut Registry, procs: &[&ProcessSna
     let mut coll_time = Family::<Nanos>::new(&COLL_TIME);
     let mut rank_info = Family::<u64>::new(&RANK_INFO);
 
-    for p in procs {
+    for (p, base) in procs.iter().zip(process_label_sets(procs)) {
         let Some(g) = &p.gpu else { continue };
-        let base = process_labels(p);
         let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
         launches.add(id(&[("kind", "kernel")]), g.launches);
         if g.graph_launches > 0 {

@@ -271,13 +271,21 @@ pub struct SelfStatus {
     /// Process entries the model dropped because it was at `max_processes`.
     pub processes_overflow: u64,
     pub tracked_processes: u64,
-    /// GPU/NPU probing level: "system", "process" or "op".
+    /// GPU/NPU probing level: "system", "calls", "process" or "op".
     pub gpu_level: String,
     /// Every runtime library file found mapped, and what was attached in it.
     pub gpu_libraries: Vec<GpuLibraryStatus>,
     /// OTLP metrics export (`[otlp]`); None when it is off.
     #[serde(default)]
     pub otlp: Option<OtlpStatus>,
+    /// Who may use the local API socket: "root and group ethand (gid N), mode 0660", or
+    /// root only and why.
+    #[serde(default)]
+    pub socket_access: String,
+    /// Capabilities kept after start-up (docs/security.md); every other one was dropped from
+    /// every thread's effective, permitted and bounding sets.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
 }
 
 /// How the OTLP export is doing (docs/otlp.md). Counters since the daemon started.
@@ -411,6 +419,11 @@ pub struct TreeSnapshot {
     /// What the diagnosis rules concluded, highest impact first; empty for a healthy tree.
     #[serde(default)]
     pub findings: Vec<crate::diagnosis::Finding>,
+    /// The GPU/NPU probing level the numbers were taken at ("system", "calls", "process",
+    /// "op"); None when unknown (older files). Below "process" kernel launches are not
+    /// counted: their 0 means "not measured".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_level: Option<String>,
     /// Per collection interval over the window, oldest first (daemon only).
     #[serde(default)]
     pub timeline: Vec<crate::diagnosis::TimelinePoint>,

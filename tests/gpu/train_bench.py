@@ -7,7 +7,9 @@ hits every mode alike. Between segments it switches the mode itself:
 
   none      the ethand daemon is not running (stopped with SIGTERM and waited for);
   system    ethand running at gpu level system  (started with that config, or `ethand level`);
-  process   ethand at level process (the default level: the one the 1 % target applies to);
+  calls     ethand at level calls (the default level: the one the 1 % target applies to; every
+            probed call but kernel launches);
+  process   ethand at level process (also kernel launches);
   op        ethand at level op;
   profiler  no ethand; torch.profiler.profile(activities=[CPU, CUDA]) around the timed steps.
 
@@ -39,8 +41,8 @@ import subprocess
 import sys
 import time
 
-MODES_ALL = ("none", "system", "process", "op", "profiler")
-ETHAND_MODES = ("system", "process", "op")
+MODES_ALL = ("none", "system", "calls", "process", "op", "profiler")
+ETHAND_MODES = ("system", "calls", "process", "op")
 T_START = time.monotonic()
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -1057,7 +1059,7 @@ def cmd_report(argv):
         L.append(f"- {k}: {v}")
     if a.extra:
         L.append("")
-    L += ["Modes: `none` (no ethand), `system` / `process` / `op` (ethand at that GPU level, switched live "
+    L += ["Modes: `none` (no ethand), `system` / `calls` / `process` / `op` (ethand at that GPU level, switched live "
           "with `ethand level`, timed only once `ethand status --json` lists this process's libcuda/libnccl "
           "files attached), `profiler` (no ethand; `torch.profiler.profile(activities=[CPU, CUDA])` around "
           "the timed steps). Modes interleaved: rounds x modes, order rotated every round; one training process "

@@ -691,3 +691,91 @@ mod tests {
         assert_eq!(r.0["b"], "x");
     }
 }
+
+impl Daemon {
+    /// SIGKILL (the daemon cleans nothing up) and reap: the exit status. Its socket, config
+    /// and log files stay until drop.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Workload {
+    /// Waits for the workload's next line, which must start with `word` (e.g. `at`, the
+    /// pause points of `ethand-load getpid-spread`), and returns its `key=value` pairs.
+    pub fn expect(&mut self, word: &str) -> Report {
+        self.expect_line(word)
+    }
+}
+
+/// Resident memory of a process (VmRSS of /proc/PID/status), bytes; 0 when unreadable.
+pub fn rss_bytes(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// GET `path` from 127.0.0.1:`port` (HTTP/1.0): (status line, body), or the I/O error.
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let resp = text(&resp);
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+impl Workload {
+    /// Starts `program` (any bytes: the path need not be UTF-8) with `argv0` as its argv[0]
+    /// and `args`, and waits for its `ready` line.
+    pub fn start_os(
+        program: &std::ffi::OsStr,
+        argv0: &std::ffi::OsStr,
+        args: &[&std::ffi::OsStr],
+    ) -> Self {
+        use std::os::unix::process::CommandExt as _;
+        let what = format!("{program:?} {args:?}");
+        let mut child = Command::new(program)
+            .arg0(argv0)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let pid = child.id();
+        let mut w = Self {
+            child,
+            stdin,
+            lines,
+            pid,
+            what,
+            ready: Report::default(),
+        };
+        w.ready = w.expect_line("ready");
+        w
+    }
+}

@@ -68,6 +68,7 @@ const FILES: &[&str] = &[
     "/usr/share/zsh/vendor-completions/_ethand",
     "/usr/share/fish/vendor_completions.d/ethand.fish",
     "/usr/share/doc/ethand/copyright",
+    "/usr/lib/sysusers.d/ethand.conf",
 ];
 
 #[test]
@@ -107,6 +108,9 @@ fn deb_installs_verifies_and_removes_cleanly() {
     for f in FILES {
         assert!(Path::new(f).exists(), "{f} missing after install");
     }
+    // The postinst created the API socket's group (daemon.socket_group).
+    let group = ok("getent", &["group", "ethand"]);
+    eprintln!("observed: group after install: {}", group.trim());
     let version = ok("/usr/bin/ethand", &["--version"]);
     eprintln!("observed: {}", version.trim());
     assert_eq!(

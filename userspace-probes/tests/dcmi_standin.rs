@@ -51,6 +51,7 @@ fn open(lib: &Path) -> (Box<dyn DeviceCollector>, String) {
         dcmi: true,
         nvml_library: None,
         dcmi_library: Some(lib.to_owned()),
+        ..Default::default()
     };
     let (mut collectors, statuses) = open_collectors(&cfg);
     // Loaded (or not): the file is no longer needed.

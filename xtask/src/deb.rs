@@ -46,8 +46,16 @@ Description: always-on eBPF observability daemon for GPU/NPU compute nodes
 
 // The maintainer scripts do what dh_installsystemd would: reload, enable and start on
 // install where systemd runs, stop before removal; nothing without systemd.
+// The group of the API socket (daemon.socket_group) is created first, with or without systemd.
 const POSTINST: &str = "#!/bin/sh
 set -e
+if [ \"$1\" = configure ] && ! getent group ethand >/dev/null; then
+    if command -v systemd-sysusers >/dev/null; then
+        systemd-sysusers /usr/lib/sysusers.d/ethand.conf
+    else
+        groupadd --system ethand
+    fi
+fi
 if [ \"$1\" = configure ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null || true
     if [ -z \"$2\" ]; then
@@ -152,6 +160,12 @@ pub fn build(root: &Path, binary: &Path, out: &Path) -> anyhow::Result<PathBuf> 
     put(
         "lib/systemd/system/ethand.service",
         &read("systemd/ethand.service")?,
+        0o644,
+    )?;
+    // Group ethand, whose members may use the API socket.
+    put(
+        "usr/lib/sysusers.d/ethand.conf",
+        &read("systemd/ethand.sysusers")?,
         0o644,
     )?;
     // The embedded defaults, documented: a conffile the admin edits.

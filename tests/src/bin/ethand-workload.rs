@@ -28,7 +28,12 @@ use std::{
 };
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // args_os: argv[0] may be any bytes (the escaping test execs this binary under a name
+    // that is not UTF-8); the arguments themselves are ASCII.
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let arg = |i: usize| -> u64 {
         args.get(i)
             .and_then(|s| s.parse().ok())

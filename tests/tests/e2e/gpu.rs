@@ -1160,6 +1160,10 @@ fn level_switch_live() {
             "launches 50",
             "htod 1K x 5",
             "wait_stdin", // D: level process again
+            "launches 60",
+            "htod 1K x 6",
+            "sync stream 3",
+            "wait_stdin", // E: level calls (every probed call but launches)
         ],
     );
     drv.wait_for("waiting");
@@ -1279,11 +1283,66 @@ fn level_switch_live() {
         (8, 2),
     );
     mm.eq("D: launches", e.launches, 80);
+
+    set_level(&d, "calls");
+    let (st, lag) = status_when(&d, |st| st.gpu_level == "calls");
+    eprintln!("observed: status shows level calls {lag:?} after `ethand level` returned");
+    mm.eq(
+        "gpu_level after `level calls`",
+        st.gpu_level.as_str(),
+        "calls",
+    );
+    let lib = lib_entries(&st, &s.cuda).first().cloned().cloned();
+    mm.eq(
+        "libcuda state at calls",
+        lib.as_ref().map(|l| l.state),
+        Some(ProbeState::Attached),
+    );
+    let detail = lib.map(|l| l.detail).unwrap_or_default();
+    eprintln!("observed: libcuda at level calls: {detail}");
+    mm.ok(
+        format!("libcuda detail at calls should say launches are not probed: {detail}"),
+        detail.contains("launch symbols not probed at level calls"),
+    );
+    let f = step(&mut drv);
+    // Launches made at level calls are not counted; copies and syncs are, exactly.
+    mm.eq(
+        "E (calls): cuLaunchKernel unchanged",
+        calls_of(&f, "cuLaunchKernel"),
+        (80, 20),
+    );
+    mm.eq("E: launches unchanged", f.launches, 80);
+    mm.eq(
+        "E: cuMemcpyHtoD_v2",
+        calls_of(&f, "cuMemcpyHtoD_v2"),
+        (14, 2),
+    );
+    mm.eq(
+        "E: cuStreamSynchronize (sync is timed at every level)",
+        calls_of(&f, "cuStreamSynchronize"),
+        (5, 5),
+    );
+    let snap = d.snapshot(drv.pid);
+    mm.eq(
+        "E: snapshot gpu_level",
+        snap.gpu_level.as_deref(),
+        Some("calls"),
+    );
+    let text_out = text(&d.cli(&["snapshot", "--pid", &drv.pid.to_string()]).stdout);
+    mm.ok(
+        format!("E: the text snapshot should say launches are not counted:\n{text_out}"),
+        text_out.contains("launches not counted at GPU level calls"),
+    );
     let t = drv.finish();
     mm.eq(
         "ground truth cuLaunchKernel (all levels)",
         t.symbol(&s.cuda, "cuLaunchKernel").calls,
-        120,
+        180,
+    );
+    mm.eq(
+        "ground truth cuMemcpyHtoD_v2 (all levels)",
+        t.symbol(&s.cuda, "cuMemcpyHtoD_v2").calls,
+        18,
     );
     print_observed("level D", &e);
     mm.assert_none("level_switch_live");

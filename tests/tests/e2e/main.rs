@@ -8,17 +8,22 @@
 //! Needs: root, a kernel with BPF and BTF, `cargo build --release -p ethand` (or ETHAND_BIN),
 //! promtool on PATH for the /metrics test, setpriv for the capability test.
 mod attribution;
+mod badinput;
 mod block;
+mod churn;
 mod cli;
 mod compare;
 mod dashboards;
 mod diagnose;
+mod escaping;
+mod faults;
 mod gpu;
 mod html;
 mod lifecycle;
 mod metrics;
 mod net;
 mod otlp;
+mod privilege;
 mod probes;
 mod record;
 mod sched;

@@ -26,15 +26,15 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Every request a receiver got, in arrival order.
 #[derive(Clone, Default)]
-struct Store(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
+pub(crate) struct Store(pub(crate) Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
 
 impl Store {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.lock().unwrap().len()
     }
 
     /// Waits until `n` more requests than `seen` have arrived.
-    fn wait_for(&self, seen: usize, n: usize) {
+    pub(crate) fn wait_for(&self, seen: usize, n: usize) {
         let t0 = Instant::now();
         while self.len() < seen + n {
             assert!(
@@ -49,7 +49,7 @@ impl Store {
 
     /// The value of `metric` at the point whose attributes include `want`, in the newest
     /// request that has one.
-    fn value(&self, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn value(&self, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
         let reqs = self.0.lock().unwrap();
         reqs.iter().rev().find_map(|r| point(r, metric, want))
     }
@@ -84,7 +84,11 @@ fn number(p: &NumberDataPoint) -> f64 {
     }
 }
 
-fn point(r: &ExportMetricsServiceRequest, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn point(
+    r: &ExportMetricsServiceRequest,
+    metric: &str,
+    want: &[(&str, &str)],
+) -> Option<f64> {
     let matches = |attrs: &[KeyValue]| {
         want.iter()
             .all(|(k, v)| attrs.iter().any(|kv| kv.key == *k && text(kv) == *v))
@@ -120,14 +124,14 @@ impl MetricsService for Store {
 }
 
 /// A gRPC OTLP receiver on 127.0.0.1:`port`, stopped on drop.
-struct GrpcReceiver {
-    store: Store,
+pub(crate) struct GrpcReceiver {
+    pub(crate) store: Store,
     rt: Option<tokio::runtime::Runtime>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl GrpcReceiver {
-    fn start(port: u16) -> Self {
+    pub(crate) fn start(port: u16) -> Self {
         let store = Store::default();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -22,8 +22,8 @@ use ethand_tests::{
 
 const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/ethand.service");
 const NOBODY: u32 = 65534;
-const GPU_TOML: &str = "[gpu]\nlevel = \"process\"\nrescan_interval_ms = 300\n";
-const LAUNCHES: u64 = 250;
+pub(crate) const GPU_TOML: &str = "[gpu]\nlevel = \"process\"\nrescan_interval_ms = 300\n";
+pub(crate) const LAUNCHES: u64 = 250;
 
 /// The unit's [Service] keys (a key given twice keeps both values, space-joined).
 fn service_keys() -> BTreeMap<String, String> {
@@ -52,7 +52,7 @@ fn service_keys() -> BTreeMap<String, String> {
 }
 
 /// CapabilityBoundingSet, which must equal AmbientCapabilities.
-fn unit_caps() -> Vec<String> {
+pub(crate) fn unit_caps() -> Vec<String> {
     let k = service_keys();
     let set = |key: &str| -> Vec<String> {
         let mut v: Vec<String> = k
@@ -73,9 +73,11 @@ fn unit_caps() -> Vec<String> {
     bounding
 }
 
-fn cap_bit(name: &str) -> u32 {
+pub(crate) fn cap_bit(name: &str) -> u32 {
     match name {
+        "CAP_CHOWN" => 0,
         "CAP_DAC_READ_SEARCH" => 2,
+        "CAP_SETPCAP" => 8,
         "CAP_SYS_PTRACE" => 19,
         "CAP_SYS_ADMIN" => 21,
         "CAP_PERFMON" => 38,
@@ -87,7 +89,7 @@ fn cap_bit(name: &str) -> u32 {
 /// setpriv arguments giving ethand what systemd gives the unit's main process: `caps` as
 /// bounding, inheritable and ambient sets, the unit's SecureBits (noroot: uid 0 gets no
 /// capability for being root), NoNewPrivileges.
-fn systemd_like(caps: &[String]) -> Vec<String> {
+pub(crate) fn systemd_like(caps: &[String]) -> Vec<String> {
     let keys = service_keys();
     let list: String = caps
         .iter()
@@ -112,7 +114,7 @@ fn systemd_like(caps: &[String]) -> Vec<String> {
     a
 }
 
-fn without(caps: &[String], drop: &[&str]) -> Vec<String> {
+pub(crate) fn without(caps: &[String], drop: &[&str]) -> Vec<String> {
     caps.iter()
         .filter(|c| !drop.contains(&c.as_str()))
         .cloned()
@@ -120,7 +122,7 @@ fn without(caps: &[String], drop: &[&str]) -> Vec<String> {
 }
 
 /// Capability sets of a process: (effective, permitted, bounding, ambient, no_new_privs).
-fn proc_caps(pid: u32) -> (u64, u64, u64, u64, bool) {
+pub(crate) fn proc_caps(pid: u32) -> (u64, u64, u64, u64, bool) {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
     let field = |k: &str| -> String {
         status
@@ -143,14 +145,14 @@ fn proc_caps(pid: u32) -> (u64, u64, u64, u64, bool) {
 /// The libcuda stand-in and the driver, copied into a directory only `nobody` may enter
 /// (0700): finding that process's library needs CAP_SYS_PTRACE (its /proc/PID/maps), opening
 /// the library CAP_DAC_READ_SEARCH.
-struct PrivateGpu {
+pub(crate) struct PrivateGpu {
     dir: PathBuf,
     lib: PathBuf,
     driver: PathBuf,
 }
 
 impl PrivateGpu {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let s = standins::shared();
         let dir = temp_path(name, "dir");
         fs::create_dir_all(&dir).expect("mkdir");
@@ -220,7 +222,7 @@ fn library_state(
 
 /// Runs nobody's GPU workload under daemon `d`: Some(launches ethand counted, true count)
 /// when its library got attached, else None with the library's state.
-fn nobody_launches(
+pub(crate) fn nobody_launches(
     d: &Daemon,
     gpu: &PrivateGpu,
 ) -> Result<(u64, u64), Option<(ProbeState, String)>> {
@@ -332,14 +334,25 @@ fn runs_with_exactly_the_units_capabilities_notify_and_watchdog() {
         .unwrap_or_else(|| panic!("STATUS is not N/M probes attached: {status:?}"));
     assert!(total >= 15 && attached == total, "READY with {status:?}");
 
-    let want: u64 = caps.iter().map(|c| 1u64 << cap_bit(c)).sum();
+    // After start-up ethand keeps a subset of the unit's set (which one: privilege.rs).
+    let unit: u64 = caps.iter().map(|c| 1u64 << cap_bit(c)).sum();
+    let want: u64 = d
+        .status()
+        .capabilities
+        .iter()
+        .map(|c| 1u64 << cap_bit(c))
+        .sum();
     let (eff, prm, bnd, amb, nnp) = proc_caps(d.pid());
     eprintln!(
-        "observed: CapEff {eff:x} CapPrm {prm:x} CapBnd {bnd:x} CapAmb {amb:x} NoNewPrivs {nnp}"
+        "observed: CapEff {eff:x} CapPrm {prm:x} CapBnd {bnd:x} CapAmb {amb:x} NoNewPrivs {nnp} (unit {unit:x})"
+    );
+    assert!(
+        want != 0 && want & !unit == 0,
+        "kept {want:x} not within the unit's {unit:x}"
     );
     assert_eq!(
         (eff, prm, bnd, amb),
-        (want, want, want, want),
+        (want, want, want, 0),
         "capability sets"
     );
     assert!(nnp, "no_new_privs not set");

@@ -81,6 +81,8 @@ pub struct DevicesConfig {
     /// DCMI library to load instead of searching for `libdcmi.so` (see
     /// [`dcmi::DEFAULT_LIBRARIES`]).
     pub dcmi_library: Option<PathBuf>,
+    /// How often NVML's expensive reads are made.
+    pub nvml_cadence: nvml::Cadence,
 }
 
 impl Default for DevicesConfig {
@@ -90,6 +92,7 @@ impl Default for DevicesConfig {
             dcmi: true,
             nvml_library: None,
             dcmi_library: None,
+            nvml_cadence: nvml::Cadence::default(),
         }
     }
 }
@@ -106,7 +109,7 @@ pub fn open_collectors(
     let mut statuses = Vec::new();
 
     if cfg.nvml {
-        match nvml::NvmlCollector::open(cfg.nvml_library.as_deref()) {
+        match nvml::NvmlCollector::open(cfg.nvml_library.as_deref(), cfg.nvml_cadence) {
             Ok(c) => {
                 statuses.push(status(nvml::NAME, CollectorState::Available, c.detail()));
                 collectors.push(Box::new(c));

@@ -117,7 +117,15 @@ pub fn attach(mode: Mode, tools: &Tools, dir: &Path) -> Result<Option<Tracer>> {
     };
     match mode {
         Mode::None => Ok(None),
-        Mode::Ethand => start_ethand(&tool(&tools.ethand)?, dir, "", "").map(Some),
+        // GPU level process: the default (calls) does not probe kernel launches, and the
+        // uprobe row measures what one probed launch costs.
+        Mode::Ethand => start_ethand(
+            &tool(&tools.ethand)?,
+            dir,
+            "",
+            "[gpu]\nlevel = \"process\"\n",
+        )
+        .map(Some),
         Mode::EthandSched => {
             start_ethand(&tool(&tools.ethand)?, dir, "", ETHAND_SCHED_ONLY).map(Some)
         }

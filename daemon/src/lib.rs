@@ -1,0 +1,29 @@
+//! The `ethand` daemon as a library: the binary (`main.rs`) parses flags and calls in here;
+//! the fuzz targets (`fuzz/`) reach the parsers (config, tracefs formats, /proc, rules,
+//! local API requests) through it.
+pub mod api;
+pub mod attribution;
+pub mod bpf_batch;
+pub mod collector;
+pub mod compare;
+pub mod config;
+pub mod daemon;
+pub mod devices;
+pub mod diagnose;
+pub mod expr;
+pub mod gpu;
+pub mod kernel;
+pub mod loader;
+pub mod model;
+pub mod privilege;
+pub mod procinfo;
+pub mod record;
+pub mod render;
+pub mod survey;
+pub mod syscalls_table;
+pub mod web_config;
+
+/// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration, 3 not found.
+pub const EXIT_FAILURE: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_NOT_FOUND: u8 = 3;

@@ -1,0 +1,406 @@
+//! Least privilege after start-up (docs/security.md, "Least privilege").
+//!
+//! Start-up needs more than running does: mounting tracefs, loading programs and creating
+//! maps, attaching the kernel probes, handing the API socket to its group. Once that is done
+//! the daemon keeps only what later work needs (uprobes on libraries loaded later, `ethand
+//! level`, /proc of every process, the sampled BPF statistics) and drops every other
+//! capability from the effective, permitted, inheritable, ambient and bounding sets of
+//! **every thread**: capabilities are per thread in Linux, and tokio's workers exist before
+//! the probes are loaded. Each thread drops its own sets in a signal handler (the way glibc
+//! applies setuid to all threads); the result is checked in /proc/self/task/*/status.
+use std::{
+    collections::HashSet,
+    sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use crate::config::{BpfStatsMode, Config};
+
+pub const CAP_CHOWN: u32 = 0;
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SETPCAP: u32 = 8;
+pub const CAP_SYS_PTRACE: u32 = 19;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// Names of every capability (bit = index), as the kernel's capability.h has them.
+const NAMES: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+pub fn cap_name(bit: u32) -> String {
+    NAMES
+        .get(bit as usize)
+        .map_or_else(|| format!("CAP_{bit}"), |n| (*n).to_string())
+}
+
+/// The names of the capabilities in `mask`, lowest bit first.
+pub fn names(mask: u64) -> Vec<String> {
+    (0..64)
+        .filter(|b| mask & (1u64 << b) != 0)
+        .map(cap_name)
+        .collect()
+}
+
+/// What the running daemon still needs, for this configuration:
+/// - CAP_PERFMON: uprobes on runtime libraries loaded after start-up and on `ethand level`
+///   (a uprobe perf event needs it; programs and maps exist already, so CAP_BPF does not).
+/// - CAP_SYS_PTRACE: /proc/PID/maps, environ, exe and root/ of other users' processes.
+/// - CAP_DAC_READ_SEARCH: opening those libraries and paths whatever their modes.
+/// - CAP_SYS_ADMIN: only with `daemon.bpf_stats = "sampled"` (BPF_ENABLE_STATS each
+///   window; "always" turns the statistics on once, at start-up, and holds them).
+pub fn runtime_caps(cfg: &Config) -> u64 {
+    let mut keep = (1u64 << CAP_SYS_PTRACE) | (1u64 << CAP_DAC_READ_SEARCH);
+    if !cfg.gpu.runtimes.is_empty() {
+        keep |= 1u64 << CAP_PERFMON;
+    }
+    if cfg.daemon.bpf_stats == BpfStatsMode::Sampled {
+        keep |= 1u64 << CAP_SYS_ADMIN;
+    }
+    keep
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error("cannot install the capability-drop signal handler: {0}")]
+    Handler(std::io::Error),
+    #[error("thread {tid} could not drop its capabilities: {source}")]
+    Thread { tid: i32, source: std::io::Error },
+    #[error("threads did not drop their capabilities within {0:?}")]
+    Timeout(Duration),
+    #[error("after the drop, thread {tid} still has CapEff {eff:x} CapPrm {prm:x} (want {want:x})")]
+    Left {
+        tid: i32,
+        eff: u64,
+        prm: u64,
+        want: u64,
+    },
+}
+
+/// What [`drop_to`] did.
+#[derive(Debug)]
+pub struct Dropped {
+    /// Effective (= permitted) set afterwards.
+    pub kept: u64,
+    /// Capabilities given up (effective or permitted before).
+    pub dropped: u64,
+    /// Whether the bounding set was reduced too (needs CAP_SETPCAP at the time).
+    pub bounding: bool,
+    pub threads: usize,
+}
+
+// The target every thread applies in the signal handler (raw syscalls only there).
+static KEEP: AtomicU64 = AtomicU64::new(0);
+static LAST_CAP: AtomicU32 = AtomicU32::new(40);
+static DROP_BOUNDING: AtomicBool = AtomicBool::new(false);
+static DONE: AtomicUsize = AtomicUsize::new(0);
+static FAILED_TID: AtomicI32 = AtomicI32::new(0);
+static FAILED_ERRNO: AtomicI32 = AtomicI32::new(0);
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// (effective, permitted) of the calling thread.
+fn capget() -> std::io::Result<(u64, u64)> {
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and a two-element data array, as capget(2) wants for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        join(data[0].effective, data[1].effective),
+        join(data[0].permitted, data[1].permitted),
+    ))
+}
+
+/// The calling thread's effective set (0 when it cannot be read).
+pub fn effective() -> u64 {
+    capget().map_or(0, |(eff, _)| eff)
+}
+
+/// Applies the target to the calling thread. Async-signal-safe: raw syscalls and atomics.
+fn apply_here() -> Result<(), i32> {
+    let keep = KEEP.load(Ordering::SeqCst);
+    if DROP_BOUNDING.load(Ordering::SeqCst) {
+        for cap in 0..=LAST_CAP.load(Ordering::SeqCst) {
+            if keep & (1u64 << cap) == 0 {
+                // SAFETY: prctl with integer arguments.
+                let rc =
+                    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+                // SAFETY: reading this thread's errno.
+                if rc != 0 && unsafe { *libc::__errno_location() } != libc::EINVAL {
+                    // SAFETY: as above.
+                    return Err(unsafe { *libc::__errno_location() });
+                }
+            }
+        }
+    }
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // Inheritable empty: the ambient set (a subset of it) empties with it.
+    let data = [
+        CapData {
+            effective: keep as u32,
+            permitted: keep as u32,
+            inheritable: 0,
+        },
+        CapData {
+            effective: (keep >> 32) as u32,
+            permitted: (keep >> 32) as u32,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and a two-element data array, as capset(2) wants for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
+    if rc != 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(())
+}
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // SAFETY: errno of this thread, saved and restored around the handler.
+    let saved = unsafe { *libc::__errno_location() };
+    if let Err(errno) = apply_here() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        FAILED_TID.store(tid, Ordering::SeqCst);
+        FAILED_ERRNO.store(errno, Ordering::SeqCst);
+    }
+    DONE.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+fn thread_ids() -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// CapEff and CapPrm of one of our threads, from /proc.
+fn thread_caps(tid: i32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let field = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    };
+    Some((field("CapEff:")?, field("CapPrm:")?))
+}
+
+/// Reduces every thread of the process to `keep` (effective = permitted = `keep`,
+/// inheritable and ambient empty, bounding = `keep` when CAP_SETPCAP allows). Capabilities
+/// not held are not gained: the result is `keep` ∩ what the process had.
+pub fn drop_to(keep: u64) -> Result<Dropped, PrivilegeError> {
+    const LIMIT: Duration = Duration::from_secs(5);
+    let (eff, prm) = capget().map_err(PrivilegeError::Handler)?;
+    let keep = keep & prm;
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    KEEP.store(keep, Ordering::SeqCst);
+    LAST_CAP.store(last_cap, Ordering::SeqCst);
+    let bounding = eff & (1u64 << CAP_SETPCAP) != 0;
+    DROP_BOUNDING.store(bounding, Ordering::SeqCst);
+    let sig = libc::SIGRTMIN() + 6;
+    // SAFETY: a zeroed sigaction with a handler that only makes raw syscalls.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+            return Err(PrivilegeError::Handler(std::io::Error::last_os_error()));
+        }
+    }
+    // SAFETY: getpid / gettid have no preconditions.
+    let (pid, me) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid) as i32) };
+    let mut handled: HashSet<i32> = HashSet::from([me]);
+    let t0 = Instant::now();
+    let mut sent = 0;
+    // Threads started meanwhile by a thread not yet reduced are caught by the next round.
+    loop {
+        let new: Vec<i32> = thread_ids()
+            .into_iter()
+            .filter(|t| !handled.contains(t))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for tid in new {
+            handled.insert(tid);
+            // SAFETY: signals one of our own threads.
+            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) } == 0 {
+                sent += 1;
+            }
+        }
+        while DONE.load(Ordering::SeqCst) < sent {
+            if t0.elapsed() > LIMIT {
+                return Err(PrivilegeError::Timeout(LIMIT));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    apply_here().map_err(|e| PrivilegeError::Thread {
+        tid: me,
+        source: std::io::Error::from_raw_os_error(e),
+    })?;
+    let failed = FAILED_TID.load(Ordering::SeqCst);
+    if failed != 0 {
+        return Err(PrivilegeError::Thread {
+            tid: failed,
+            source: std::io::Error::from_raw_os_error(FAILED_ERRNO.load(Ordering::SeqCst)),
+        });
+    }
+    let threads = thread_ids();
+    for &tid in &threads {
+        if let Some((e, p)) = thread_caps(tid) {
+            if e != keep || p != keep {
+                return Err(PrivilegeError::Left {
+                    tid,
+                    eff: e,
+                    prm: p,
+                    want: keep,
+                });
+            }
+        }
+    }
+    Ok(Dropped {
+        kept: keep,
+        dropped: (eff | prm) & !keep,
+        bounding,
+        threads: threads.len(),
+    })
+}
+
+/// One line for logs: "CAP_A, CAP_B" or "none".
+pub fn list(mask: u64) -> String {
+    let n = names(mask);
+    if n.is_empty() {
+        "none".into()
+    } else {
+        n.join(", ")
+    }
+}
+
+/// The gid of group `name`, None when there is no such group.
+pub fn group_id(name: &str) -> Option<u32> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: getgrnam_r with a zeroed group, our buffer and its length.
+    unsafe {
+        let mut grp: libc::group = std::mem::zeroed();
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        );
+        (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_kernels_numbering() {
+        assert_eq!(cap_name(CAP_BPF), "CAP_BPF");
+        assert_eq!(cap_name(CAP_PERFMON), "CAP_PERFMON");
+        assert_eq!(cap_name(CAP_SYS_ADMIN), "CAP_SYS_ADMIN");
+        assert_eq!(cap_name(CAP_SYS_PTRACE), "CAP_SYS_PTRACE");
+        assert_eq!(cap_name(CAP_SETPCAP), "CAP_SETPCAP");
+        assert_eq!(cap_name(CAP_DAC_READ_SEARCH), "CAP_DAC_READ_SEARCH");
+        assert_eq!(list(0), "none");
+        assert_eq!(
+            list((1 << CAP_CHOWN) | (1 << CAP_BPF)),
+            "CAP_CHOWN, CAP_BPF"
+        );
+    }
+
+    #[test]
+    fn kept_set_follows_the_config() {
+        let mut cfg = Config::defaults();
+        assert_eq!(
+            list(runtime_caps(&cfg)),
+            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON"
+        );
+        cfg.daemon.bpf_stats = BpfStatsMode::Off;
+        assert_eq!(
+            list(runtime_caps(&cfg)),
+            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
+        );
+    }
+}
