@@ -36,7 +36,7 @@ for target in $(cargo "+$NIGHTLY" fuzz list); do
   # -rss_limit_mb: a parser that balloons on a small input is a finding too.
   if cargo "+$NIGHTLY" fuzz run --sanitizer "$SANITIZER" --debug-assertions "$target" \
       "$work/$target/corpus" -- \
-      -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=2048 -timeout=10 \
+      -max_total_time="$SECONDS_PER_TARGET" -seed="${FUZZ_SEED:-1}" -rss_limit_mb=2048 -timeout=10 \
       -print_final_stats=1 -artifact_prefix="$work/$target/artifacts/" \
       >"$work/$target/log" 2>&1; then
     status=ok

@@ -8,8 +8,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(table) = SymbolTable::parse(data) else {
         return;
     };
+    // Names are distinct; the table may hold one name twice (versions, aliases).
     let names = table.names_with_prefix("");
-    assert_eq!(names.len(), table.len());
+    assert!(names.len() <= table.len());
     let mut wanted: Vec<&str> = names.iter().map(String::as_str).collect();
     wanted.extend(["cuLaunchKernel", "ncclAllReduce", "missing"]);
     let resolved = table.resolve(wanted.iter().copied());

@@ -90,6 +90,10 @@ pub fn parse_maps(pid: u32, text: &str) -> Vec<MappedLibrary> {
             continue;
         };
         let path = path.trim();
+        // Files are absolute; anything else ([heap], [vdso], anon names) is not a library.
+        if !path.starts_with('/') {
+            continue;
+        }
         if line.ends_with(" (deleted)") {
             continue; // replaced on disk: the next rescan finds the new file
         }
@@ -124,6 +128,14 @@ pub fn discover(pid: u32) -> Result<Vec<MappedLibrary>, DiscoveryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `procfs` fuzz target: a name that is not an absolute path is no file.
+    #[test]
+    fn relative_names_are_not_libraries() {
+        let maps =
+            "7f0000300000-7f0000400000 r-xp 00000000 fd:01 99 \u{fffd}opt/lib/libnccl.so.2\n";
+        assert!(parse_maps(42, maps).is_empty());
+    }
 
     const MAPS: &str = "\
 7f0000000000-7f0000100000 r--p 00000000 fd:01 1234 /usr/local/nvidia/lib64/libcuda.so.580.159.04
