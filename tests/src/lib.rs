@@ -435,8 +435,14 @@ impl Workload {
     /// Starts the workload and waits for its `ready` line.
     pub fn start(bin: &str, args: &[&str]) -> Self {
         let what = format!("ethand-workload {}", args.join(" "));
-        let mut child = Command::new(bin)
-            .args(args)
+        let mut cmd = Command::new(bin);
+        cmd.args(args);
+        Self::spawn(cmd, what)
+    }
+
+    /// Spawns `cmd` with piped stdin/stdout and waits for its `ready` line.
+    fn spawn(mut cmd: Command, what: String) -> Self {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -747,35 +753,8 @@ impl Workload {
     ) -> Self {
         use std::os::unix::process::CommandExt as _;
         let what = format!("{program:?} {args:?}");
-        let mut child = Command::new(program)
-            .arg0(argv0)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        let pid = child.id();
-        let mut w = Self {
-            child,
-            stdin,
-            lines,
-            pid,
-            what,
-            ready: Report::default(),
-        };
-        w.ready = w.expect_line("ready");
-        w
+        let mut cmd = Command::new(program);
+        cmd.arg0(argv0).args(args);
+        Workload::spawn(cmd, what)
     }
 }
