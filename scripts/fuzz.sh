@@ -51,8 +51,10 @@ for target in $(cargo "+$NIGHTLY" fuzz list); do
     "$cov" "$(ls "$work/$target/corpus" | wc -l)" >&2
   total=$((total + ${runs:-0}))
   if [[ $status == FAILED ]]; then
-    # The panic message, the stack and the reproducer's path.
-    grep -v '^#[0-9]' "$work/$target/log" | tail -n 40 >&2
+    # The panic message first (the stack under it can be long), then the log's end and the
+    # reproducer's path.
+    grep -A2 -m1 'panicked at' "$work/$target/log" >&2 || true
+    grep -v '^#[0-9]' "$work/$target/log" | grep -v '^ *[0-9]*: \|^ *at ' | tail -n 25 >&2
     for a in "$work/$target/artifacts"/*; do
       [[ -e "$a" ]] || continue
       mkdir -p fuzz/artifacts/"$target"

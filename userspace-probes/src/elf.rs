@@ -124,8 +124,9 @@ impl SymbolTable {
     fn file_offset(&self, vaddr: u64) -> Option<u64> {
         self.segments
             .iter()
-            .find(|(v, _, sz)| vaddr >= *v && vaddr < v + sz)
-            .map(|(v, off, _)| vaddr - v + off)
+            // Checked: a segment's fields come from an untrusted file and may sit at u64's end.
+            .find(|(v, _, sz)| vaddr >= *v && vaddr - v < *sz)
+            .and_then(|(v, off, _)| off.checked_add(vaddr - v))
     }
 
     /// Resolves `names` in order: the file offset of each, or why not. Two names at one
@@ -184,6 +185,21 @@ mod tests {
 
     /// libc is an ELF with versioned symbols (and hidden compat versions): the resolver
     /// finds `getpid`, reports a made-up name missing, and offsets fall in the file.
+    #[test]
+    fn segments_at_the_end_of_the_address_space_do_not_overflow() {
+        // Found by the elf fuzz target: vaddr + size and offset + delta past u64::MAX.
+        let mut t = SymbolTable::default();
+        t.segments.push((u64::MAX - 8, u64::MAX - 2, 64));
+        t.funcs.insert("edge".into(), (u64::MAX - 4, false));
+        t.funcs.insert("below".into(), (3, false));
+        let r = t.resolve(["edge", "below"]);
+        assert_eq!(r[0].1, Err(Unresolved::NoSegment));
+        assert_eq!(r[1].1, Err(Unresolved::NoSegment));
+        t.segments.push((0x1000, 0x200, 0x100));
+        t.funcs.insert("inside".into(), (0x1010, false));
+        assert_eq!(t.resolve(["inside"])[0].1, Ok(0x210));
+    }
+
     #[test]
     fn resolves_libc() {
         let path = [
