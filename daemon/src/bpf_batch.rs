@@ -98,3 +98,67 @@ fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
         first = false;
     }
 }
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// Deletes `keys` from a hash map with `BPF_MAP_DELETE_BATCH` (Linux 5.6+): one syscall for
+/// all of them instead of one per key. At 100 process exits a second, deleting their map
+/// entries one by one was a fifth of the daemon's CPU time. Keys already absent are skipped.
+/// Falls back to one delete per key where the kernel refuses batches (`batch_ok`).
+pub fn delete_keys<K: Pod, V: Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    keys: &[K],
+    batch_ok: &mut bool,
+) {
+    if keys.is_empty() {
+        return;
+    }
+    if *batch_ok {
+        match delete_batch(map.map(), keys) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::info!(error = %e, "BPF_MAP_DELETE_BATCH unavailable: deleting entry by entry");
+                *batch_ok = false;
+            }
+        }
+    }
+    for k in keys {
+        let _ = map.remove(k);
+    }
+}
+
+fn delete_batch<K: Pod>(map: &MapData, keys: &[K]) -> io::Result<()> {
+    let fd = map.fd().as_fd().as_raw_fd();
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let mut attr = BatchAttr {
+            keys: rest.as_ptr() as u64,
+            count: rest.len() as u32,
+            map_fd: fd as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr points at `count` keys of the map's key type, live for the call; the
+        // kernel only reads them (and writes `count` back into attr).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_DELETE_BATCH,
+                &raw mut attr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        // The kernel deletes in order and stops at the first key it cannot delete, telling
+        // how many it did: an absent key (ENOENT) is skipped, anything else is an error.
+        let done = (attr.count as usize).min(rest.len());
+        // Any other error: the caller deletes key by key (keys already gone are ignored).
+        if err.raw_os_error() != Some(libc::ENOENT) || done >= rest.len() {
+            return Err(err);
+        }
+        rest = &rest[done + 1..];
+    }
+    Ok(())
+}

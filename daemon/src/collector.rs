@@ -18,7 +18,7 @@ use ethand_common::{
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
-use crate::bpf_batch::read_all;
+use crate::bpf_batch::{delete_keys, read_all};
 use crate::{
     config::{BpfStatsMode, Config},
     model::{Model, RawRead, Reclaim},
@@ -62,7 +62,11 @@ struct ReadKeys {
     syscall_hist: Vec<SyscallHistKey>,
     blk: Vec<BlkKey>,
     gpu_calls: Vec<GpuCallKey>,
+    net: Vec<ProcKey>,
+    gpu_procs: Vec<ProcKey>,
 }
+
+type FoldSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// Turns the kernel's BPF run-time statistics on and off (daemon.bpf_stats): they cost about
 /// 100 ns per program run while on.
@@ -224,6 +228,8 @@ impl Collector {
             syscall_hist: raw.syscall_hist.iter().map(|(k, _)| *k).collect(),
             blk: raw.blk.iter().map(|(k, _)| *k).collect(),
             gpu_calls: raw.gpu_calls.iter().map(|(k, _)| *k).collect(),
+            net: raw.net.iter().map(|(k, _)| *k).collect(),
+            gpu_procs: raw.gpu_procs.iter().map(|(k, _)| *k).collect(),
         };
         let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
             name: name.into(),
@@ -244,83 +250,59 @@ impl Collector {
 
     /// Deletes reclaimed entries from the kernel maps.
     pub fn reclaim(&mut self, r: &Reclaim) {
-        for (tid, key) in &r.threads {
-            // Only if the tid still belongs to the process we reclaim for.
-            if let Ok(t) = self.threads.get(tid, 0) {
-                if t.tgid == key.tgid && t.proc_start_ns == key.proc_start_ns {
-                    let _ = self.threads.remove(tid);
-                }
-            }
-        }
+        let ok = &mut self.batch_ok;
+        // Each thread key comes from this round's read of the map, where its value named the
+        // process reclaimed; a tid reused since then (the pid space wrapping around within
+        // milliseconds) is not a case worth a lookup per thread.
+        let tids: Vec<u32> = r.threads.iter().map(|(tid, _)| *tid).collect();
+        delete_keys(&mut self.threads, &tids, ok);
         if r.procs.is_empty() {
             return;
         }
-        let reclaimed: HashSet<(u32, u64)> =
+        let reclaimed: FoldSet<(u32, u64)> =
             r.procs.iter().map(|p| (p.tgid, p.proc_start_ns)).collect();
         let gone = |tgid: u32, start: u64| reclaimed.contains(&(tgid, start));
-        let keys: Vec<SyscallKey> = self
-            .keys
-            .syscalls
-            .iter()
+        // Only keys this round's read found: no syscall for entries that do not exist.
+        let keys: Vec<SyscallKey> = (self.keys.syscalls.iter())
             .filter(|k| gone(k.tgid, k.proc_start_ns))
             .copied()
             .collect();
-        for k in keys {
-            let _ = self.syscalls.remove(&k);
-        }
-        let keys: Vec<SyscallHistKey> = self
-            .keys
-            .syscall_hist
-            .iter()
+        delete_keys(&mut self.syscalls, &keys, ok);
+        let keys: Vec<SyscallHistKey> = (self.keys.syscall_hist.iter())
             .filter(|k| gone(k.tgid, k.proc_start_ns))
             .copied()
             .collect();
-        for k in keys {
-            let _ = self.syscall_hist.remove(&k);
-        }
-        let keys: Vec<BlkKey> = self
-            .keys
-            .blk
-            .iter()
+        delete_keys(&mut self.syscall_hist, &keys, ok);
+        let keys: Vec<BlkKey> = (self.keys.blk.iter())
             .filter(|k| gone(k.tgid, k.proc_start_ns))
             .copied()
             .collect();
-        for k in keys {
-            let _ = self.blk_stats.remove(&k);
-        }
-        for k in &r.procs {
-            let _ = self.net_stats.remove(k);
-            let _ = self.gpu_proc.remove(k);
-        }
-        let keys: Vec<GpuCallKey> = self
-            .keys
-            .gpu_calls
-            .iter()
+        delete_keys(&mut self.blk_stats, &keys, ok);
+        let keys: Vec<ProcKey> = (self.keys.net.iter())
             .filter(|k| gone(k.tgid, k.proc_start_ns))
             .copied()
             .collect();
-        for k in keys {
-            let _ = self.gpu_calls.remove(&k);
-        }
+        delete_keys(&mut self.net_stats, &keys, ok);
+        let keys: Vec<ProcKey> = (self.keys.gpu_procs.iter())
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
+            .collect();
+        delete_keys(&mut self.gpu_proc, &keys, ok);
+        let keys: Vec<GpuCallKey> = (self.keys.gpu_calls.iter())
+            .filter(|k| gone(k.tgid, k.proc_start_ns))
+            .copied()
+            .collect();
+        delete_keys(&mut self.gpu_calls, &keys, ok);
         // Allocations carry only the tgid: drop those of reclaimed tgids unless a live
         // process has taken the tgid over meanwhile.
-        let tgids: Vec<u32> = r
-            .procs
-            .iter()
-            .map(|p| p.tgid)
-            .filter(|t| !std::path::Path::new(&format!("/proc/{t}")).exists())
+        let keys: Vec<GpuAllocKey> = self
+            .gpu_allocs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| reclaimed.iter().any(|(t, _)| *t == k.tgid))
+            .filter(|k| !std::path::Path::new(&format!("/proc/{}", k.tgid)).exists())
             .collect();
-        if !tgids.is_empty() {
-            let keys: Vec<GpuAllocKey> = self
-                .gpu_allocs
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| tgids.contains(&k.tgid))
-                .collect();
-            for k in keys {
-                let _ = self.gpu_allocs.remove(&k);
-            }
-        }
+        delete_keys(&mut self.gpu_allocs, &keys, ok);
     }
 
     pub fn drops(&self) -> Vec<DropCounter> {

@@ -409,23 +409,28 @@ impl Model {
     }
 
     fn proc_mut(&mut self, key: ProcKey) -> Option<&mut Proc> {
-        if !self.procs.contains_key(&key) {
-            if self.procs.len() >= self.max_processes {
-                // Bounded: a set that large means exits went unseen; recounting is the lesser harm.
-                if self.untracked.len() >= 4 * self.max_processes.max(1024) {
-                    self.untracked.clear();
+        // One hash lookup: this runs for every map entry read, every round.
+        let full = self.procs.len() >= self.max_processes;
+        match self.procs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(&mut **e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                if full {
+                    // Bounded: a set that large means exits went unseen; recounting is the
+                    // lesser harm.
+                    if self.untracked.len() >= 4 * self.max_processes.max(1024) {
+                        self.untracked.clear();
+                    }
+                    if self.untracked.insert(key, false).is_none() {
+                        self.overflow += 1;
+                    }
+                    return None;
                 }
-                if self.untracked.insert(key, false).is_none() {
-                    self.overflow += 1;
-                }
-                return None;
+                let mut p = Box::new(Proc::new(key));
+                p.first_seen_unix_ms = self.now_unix_ms;
+                self.maps_changed.insert(key.tgid);
+                Some(&mut **v.insert(p))
             }
-            let mut p = Box::new(Proc::new(key));
-            p.first_seen_unix_ms = self.now_unix_ms;
-            self.procs.insert(key, p);
-            self.maps_changed.insert(key.tgid);
         }
-        self.procs.get_mut(&key).map(|p| &mut **p)
     }
 
     /// A process exec'd: its name and command line changed.
@@ -482,15 +487,27 @@ impl Model {
         }
         for (k, v) in raw.syscalls {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
-                let old = p.syscalls.insert(k.nr, v);
-                if k.nr == MMAP_NR && old.is_none_or(|o| o.count != v.count) {
+                let changed = match p.syscalls.get_mut(&k.nr) {
+                    Some(old) => std::mem::replace(old, v).count != v.count,
+                    None => {
+                        p.syscalls.insert(k.nr, v);
+                        true
+                    }
+                };
+                if k.nr == MMAP_NR && changed {
                     self.maps_changed.insert(k.tgid);
                 }
             }
         }
         for (k, v) in raw.syscall_hist {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
-                p.syscall_hist.insert(k.class, Box::new(v));
+                // In place: a new box per histogram per round was a malloc and a free each.
+                match p.syscall_hist.get_mut(&k.class) {
+                    Some(h) => **h = v,
+                    None => {
+                        p.syscall_hist.insert(k.class, Box::new(v));
+                    }
+                }
             }
         }
         for (k, v) in raw.blk {

@@ -14,17 +14,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
-
 use crate::snapshot::{
     self, CgroupSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot, SelfStatus,
     SyscallRow,
 };
 
 /// `Content-Type` of what [`render`] returns.
-pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
 pub const TOP_SYSCALLS: usize = 8;
@@ -47,7 +43,9 @@ pub struct PrometheusOptions {
 
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
 pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
-    let mut registry = Registry::default();
+    // Sized from the selection: ~100 bytes a sample line, ~170 lines a selected process.
+    let mut registry =
+        Exposition::with_capacity(64 * 1024 + snap.processes.len().min(100_000) * 2048);
     let selected: Vec<&ProcessSnapshot> = select(&snap.processes, opts)
         .into_iter()
         .map(|i| &snap.processes[i])
@@ -58,9 +56,7 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     register_block_latency(&mut registry, &snap.block_devices);
     register_self(&mut registry, &snap.ethand);
     crate::prometheus_devices::register_devices(&mut registry, &snap.devices, opts.dcgm_aliases);
-    let mut out = String::new();
-    prometheus_text::encode(&mut out, &registry).expect("encoding into a String cannot fail");
-    out
+    registry.out
 }
 
 /// Every family [`render`] can emit: (name as exposed, type, help text).
@@ -71,6 +67,24 @@ pub fn metric_catalog() -> Vec<(&'static str, &'static str, &'static str)> {
         .chain(crate::prometheus_devices::DEVICE_FAMILIES)
         .map(|d| (d.name, d.kind.as_str(), d.help))
         .collect()
+}
+
+/// The metric types ethand exposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MetricType {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl MetricType {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -379,7 +393,7 @@ pub fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize>
         .collect()
 }
 
-fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
+fn register_processes(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
     let mut cpu = Family::<Nanos>::new(&PROCESS_CPU);
     let mut offcpu = Family::<Nanos>::new(&PROCESS_OFFCPU);
     let mut runq = Family::<Hist>::new(&PROCESS_RUNQ_WAIT);
@@ -479,7 +493,7 @@ fn register_processes(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
     workload.register(registry);
 }
 
-fn register_cgroups(registry: &mut Registry, cgroups: &[CgroupSnapshot]) {
+fn register_cgroups(registry: &mut Exposition, cgroups: &[CgroupSnapshot]) {
     let mut cpu = Family::<Nanos>::new(&CGROUP_CPU);
     let mut offcpu = Family::<Nanos>::new(&CGROUP_OFFCPU);
     let mut runq = Family::<Nanos>::new(&CGROUP_RUNQ_WAIT);
@@ -528,7 +542,7 @@ fn register_cgroups(registry: &mut Registry, cgroups: &[CgroupSnapshot]) {
     processes.register(registry);
 }
 
-fn register_block_latency(registry: &mut Registry, devices: &[snapshot::BlockStats]) {
+fn register_block_latency(registry: &mut Exposition, devices: &[snapshot::BlockStats]) {
     let mut queue = Family::<Hist>::new(&BLOCK_QUEUE);
     let mut service = Family::<Hist>::new(&BLOCK_SERVICE);
     for b in devices {
@@ -540,7 +554,7 @@ fn register_block_latency(registry: &mut Registry, devices: &[snapshot::BlockSta
     service.register(registry);
 }
 
-fn register_self(registry: &mut Registry, me: &SelfStatus) {
+fn register_self(registry: &mut Exposition, me: &SelfStatus) {
     let mut build = Family::<u64>::new(&BUILD_INFO);
     build.add(labels(&[("version", me.version.as_str())], &[]), 1);
 
@@ -793,57 +807,145 @@ impl<V: Value> Family<V> {
         self.series.entry(labels).or_default().merge(&value);
     }
 
-    pub(crate) fn register(self, registry: &mut Registry) {
-        // The client appends `_total` to counters and a full stop to help texts.
-        let name = self
-            .desc
-            .name
-            .strip_suffix("_total")
-            .unwrap_or(self.desc.name);
-        let help = self.desc.help.strip_suffix('.').unwrap_or(self.desc.help);
-        registry.register(name, help, self);
-    }
-}
-
-impl<V: Value> EncodeMetric for Family<V> {
-    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
-        for (labels, value) in &self.series {
-            value.encode(self.desc.kind, encoder.encode_family(labels)?)?;
+    /// Writes the family out (nothing when it has no series, not even its HELP and TYPE).
+    pub(crate) fn register(self, e: &mut Exposition) {
+        if self.series.is_empty() {
+            return;
         }
-        Ok(())
-    }
-
-    fn metric_type(&self) -> MetricType {
-        self.desc.kind
-    }
-
-    fn is_empty(&self) -> bool {
-        self.series.is_empty()
+        e.descriptor(self.desc);
+        for (labels, value) in &self.series {
+            e.labels.clear();
+            encode_labels(labels, &mut e.labels);
+            value.write(self.desc.name, &e.labels, &mut e.out);
+        }
     }
 }
 
-pub(crate) trait Value: Default + fmt::Debug + Send + Sync + 'static {
+/// The Prometheus text format (0.0.4), written straight into one pre-sized String.
+///
+/// prometheus-client's encoder (what this replaced; its output is the reference of the test
+/// `output_matches_prometheus_client`) encodes a series' label set again for every bucket
+/// line and formats each bucket bound anew: at 10,000 series that, the cloning around it and
+/// the output's regrowth made a scrape take 1.5 times its budget. Here a series' labels are
+/// escaped once, the bucket bounds are formatted once per process, and the output is
+/// written once.
+pub(crate) struct Exposition {
+    out: String,
+    /// The current series' label set, escaped, without braces.
+    labels: String,
+}
+
+impl Exposition {
+    fn with_capacity(bytes: usize) -> Self {
+        Self {
+            out: String::with_capacity(bytes),
+            labels: String::new(),
+        }
+    }
+
+    fn descriptor(&mut self, d: &Desc) {
+        let help = d.help.strip_suffix('.').unwrap_or(d.help);
+        let out = &mut self.out;
+        out.push_str("# HELP ");
+        out.push_str(d.name);
+        out.push(' ');
+        escape(help, false, out);
+        out.push_str(".\n# TYPE ");
+        out.push_str(d.name);
+        out.push(' ');
+        out.push_str(d.kind.as_str());
+        out.push('\n');
+    }
+}
+
+/// `k="v",k2="v2"` with the values escaped.
+fn encode_labels(labels: &Labels, out: &mut String) {
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push_str("=\"");
+        escape(v, true, out);
+        out.push('"');
+    }
+}
+
+/// The text format's escapes: backslash and newline, and in label values the double quote.
+fn escape(s: &str, quote: bool, out: &mut String) {
+    let mut last = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc = match b {
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'"' if quote => "\\\"",
+            _ => continue,
+        };
+        out.push_str(&s[last..i]);
+        out.push_str(esc);
+        last = i + 1;
+    }
+    out.push_str(&s[last..]);
+}
+
+/// `name_suffix{labels,k="v"} ` (braces only when there is a label).
+fn sample_start(
+    out: &mut String,
+    name: &str,
+    suffix: &str,
+    labels: &str,
+    extra: Option<(&str, &str)>,
+) {
+    out.push_str(name);
+    out.push_str(suffix);
+    if !labels.is_empty() || extra.is_some() {
+        out.push('{');
+        out.push_str(labels);
+        if let Some((k, v)) = extra {
+            if !labels.is_empty() {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            out.push_str(v);
+            out.push('"');
+        }
+        out.push('}');
+    }
+    out.push(' ');
+}
+
+fn write_u64(out: &mut String, v: u64) {
+    out.push_str(itoa::Buffer::new().format(v));
+    out.push('\n');
+}
+
+fn write_f64(out: &mut String, v: f64) {
+    if v.is_finite() {
+        out.push_str(dtoa::Buffer::new().format_finite(v));
+    } else if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_sign_positive() {
+        out.push_str("+Inf");
+    } else {
+        out.push_str("-Inf");
+    }
+    out.push('\n');
+}
+
+pub(crate) trait Value: Default + fmt::Debug {
     fn merge(&mut self, other: &Self);
-    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result;
-}
-
-fn encode_number<N>(kind: MetricType, mut encoder: MetricEncoder, v: N) -> fmt::Result
-where
-    N: prometheus_client::encoding::EncodeCounterValue
-        + prometheus_client::encoding::EncodeGaugeValue,
-{
-    match kind {
-        MetricType::Counter => encoder.encode_counter::<NoLabelSet, _, f64>(&v, None),
-        _ => encoder.encode_gauge(&v),
-    }
+    /// The series' sample line(s); `labels` is its escaped label set without braces.
+    fn write(&self, name: &str, labels: &str, out: &mut String);
 }
 
 impl Value for u64 {
     fn merge(&mut self, other: &Self) {
         *self = self.saturating_add(*other);
     }
-    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
-        encode_number(kind, encoder, *self)
+    fn write(&self, name: &str, labels: &str, out: &mut String) {
+        sample_start(out, name, "", labels, None);
+        write_u64(out, *self);
     }
 }
 
@@ -851,8 +953,9 @@ impl Value for f64 {
     fn merge(&mut self, other: &Self) {
         *self += other;
     }
-    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
-        encode_number(kind, encoder, *self)
+    fn write(&self, name: &str, labels: &str, out: &mut String) {
+        sample_start(out, name, "", labels, None);
+        write_f64(out, *self);
     }
 }
 
@@ -864,8 +967,8 @@ impl Value for Nanos {
     fn merge(&mut self, other: &Self) {
         self.0 = self.0.saturating_add(other.0);
     }
-    fn encode(&self, kind: MetricType, encoder: MetricEncoder) -> fmt::Result {
-        encode_number(kind, encoder, self.0 as f64 / 1e9)
+    fn write(&self, name: &str, labels: &str, out: &mut String) {
+        (self.0 as f64 / 1e9).write(name, labels, out);
     }
 }
 
@@ -876,13 +979,43 @@ struct Hist {
     sum_ns: u64,
 }
 
-/// Bucket bounds for the exposition. The kernel's last bucket also holds everything above
-/// 2^31 ns (ethand_common::log2_bucket), so its bound is +Inf, not 2^32 ns.
-static LE_SECONDS: LazyLock<Vec<f64>> = LazyLock::new(|| {
-    let mut le = snapshot::bucket_upper_bounds_seconds();
-    le[HIST_BUCKETS - 1] = f64::INFINITY;
+/// Bucket bounds for the exposition, as `le` values: client_golang's formatting (Go's
+/// `strconv.FormatFloat(v, 'g', -1, 64)`, so series match those of Go exporters). The kernel's
+/// last bucket also holds everything above 2^31 ns (ethand_common::log2_bucket), so its bound
+/// is +Inf, not 2^32 ns.
+static LE: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let mut le: Vec<String> = snapshot::bucket_upper_bounds_seconds()
+        .into_iter()
+        .map(go_float)
+        .collect();
+    le[HIST_BUCKETS - 1] = "+Inf".into();
     le
 });
+
+/// Go's shortest `%g`: exponent notation outside [1e-4, 1e6) with at least two exponent
+/// digits; whole numbers below 1e6 as integers.
+fn go_float(v: f64) -> String {
+    if !v.is_finite() {
+        return if v.is_nan() {
+            "NaN"
+        } else if v > 0.0 {
+            "+Inf"
+        } else {
+            "-Inf"
+        }
+        .into();
+    }
+    if v.fract() == 0.0 && v.abs() < 1e6 {
+        return (v as i64).to_string();
+    }
+    if (1e-4..1e6).contains(&v.abs()) {
+        return format!("{v}");
+    }
+    let sci = format!("{v:e}");
+    let (mantissa, exponent) = sci.split_once('e').expect("{:e} has an exponent");
+    let exponent: i32 = exponent.parse().expect("{:e} exponent is an integer");
+    format!("{mantissa}e{exponent:+03}")
+}
 
 impl Hist {
     fn new(counts: &[u64], sum_ns: u64) -> Self {
@@ -917,11 +1050,17 @@ impl Value for Hist {
         }
         self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
     }
-    fn encode(&self, _kind: MetricType, mut encoder: MetricEncoder) -> fmt::Result {
-        // The encoder accumulates the per-bucket counts into cumulative `le` buckets.
-        let buckets: Vec<(f64, u64)> = LE_SECONDS.iter().copied().zip(self.buckets).collect();
-        let count = self.buckets.iter().fold(0u64, |c, &n| c.saturating_add(n));
-        encoder.encode_histogram::<NoLabelSet>(self.sum_ns as f64 / 1e9, count, &buckets, None)
+    fn write(&self, name: &str, labels: &str, out: &mut String) {
+        let mut cumulative = 0u64;
+        for (le, n) in LE.iter().zip(self.buckets) {
+            cumulative = cumulative.saturating_add(n);
+            sample_start(out, name, "_bucket", labels, Some(("le", le)));
+            write_u64(out, cumulative);
+        }
+        sample_start(out, name, "_sum", labels, None);
+        write_f64(out, self.sum_ns as f64 / 1e9);
+        sample_start(out, name, "_count", labels, None);
+        write_u64(out, cumulative);
     }
 }
 
@@ -1014,5 +1153,188 @@ mod workload_label_tests {
                 && !cg.contains("job_id"),
             "{cg}"
         );
+    }
+}
+
+/// The hand-written exposition against prometheus-client's encoder, byte for byte.
+#[cfg(test)]
+mod exposition_tests {
+    use super::*;
+    use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
+    use prometheus_client::registry::Registry;
+
+    #[derive(Debug)]
+    enum Sample {
+        Int(u64),
+        Float(f64),
+        Hist(Hist),
+    }
+
+    /// A family as prometheus-client encodes it.
+    #[derive(Debug)]
+    struct Reference {
+        kind: MetricType,
+        series: Vec<(Labels, Sample)>,
+    }
+
+    impl EncodeMetric for Reference {
+        fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+            for (labels, sample) in &self.series {
+                let mut e = encoder.encode_family(labels)?;
+                match (sample, self.kind) {
+                    (Sample::Int(v), MetricType::Counter) => {
+                        e.encode_counter::<NoLabelSet, _, f64>(v, None)?
+                    }
+                    (Sample::Int(v), _) => e.encode_gauge(v)?,
+                    (Sample::Float(v), MetricType::Counter) => {
+                        e.encode_counter::<NoLabelSet, _, f64>(v, None)?
+                    }
+                    (Sample::Float(v), _) => e.encode_gauge(v)?,
+                    (Sample::Hist(h), _) => {
+                        let mut le = snapshot::bucket_upper_bounds_seconds();
+                        le[HIST_BUCKETS - 1] = f64::INFINITY;
+                        let buckets: Vec<(f64, u64)> = le.into_iter().zip(h.buckets).collect();
+                        let count = h.buckets.iter().sum();
+                        e.encode_histogram::<NoLabelSet>(
+                            h.sum_ns as f64 / 1e9,
+                            count,
+                            &buckets,
+                            None,
+                        )?
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+            match self.kind {
+                MetricType::Counter => prometheus_client::metrics::MetricType::Counter,
+                MetricType::Gauge => prometheus_client::metrics::MetricType::Gauge,
+                MetricType::Histogram => prometheus_client::metrics::MetricType::Histogram,
+            }
+        }
+    }
+
+    static INTS: Desc = counter(
+        "ethand_test_ints_total",
+        "Counts, with a backslash \\ and a\nnewline in the help.",
+    );
+    static FLOATS: Desc = gauge("ethand_test_floats", "Floats of every kind");
+    static SECONDS: Desc = counter("ethand_test_seconds_total", "Nanoseconds as seconds.");
+    static HISTS: Desc = histogram("ethand_test_latency_seconds", "Histograms.");
+
+    fn label_sets() -> Vec<Labels> {
+        vec![
+            Labels::new(),
+            labels(&[("pid", "1"), ("comm", "plain")], &[]),
+            labels(&[("pid", "2"), ("comm", "q\"uote \\back\nline")], &[]),
+            labels(&[("pid", "3"), ("comm", "")], &[("syscall", "read")]),
+            labels(&[("pid", "4"), ("comm", "ünïcode\u{fffd}\t\u{1b}")], &[]),
+        ]
+    }
+
+    #[test]
+    fn output_matches_prometheus_client() {
+        let ints = [0, 1, 42, u64::MAX];
+        let floats = [
+            0.0,
+            -0.0,
+            1.5,
+            1e-7,
+            123_456_789.123,
+            1e22,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        let sets = label_sets();
+        let mut ours = Exposition::with_capacity(0);
+        let mut registry = Registry::default();
+        let mut reference = |desc: &'static Desc, series: Vec<(Labels, Sample)>| {
+            let name = desc.name.strip_suffix("_total").unwrap_or(desc.name);
+            let help = desc.help.strip_suffix('.').unwrap_or(desc.help);
+            registry.register(
+                name,
+                help,
+                Reference {
+                    kind: desc.kind,
+                    series,
+                },
+            );
+        };
+
+        let mut fam = Family::<u64>::new(&INTS);
+        let mut refs = Vec::new();
+        for (l, v) in sets.iter().zip(ints.iter().cycle()) {
+            fam.add(l.clone(), *v);
+            refs.push((l.clone(), Sample::Int(*v)));
+        }
+        refs.sort_by(|a, b| a.0.cmp(&b.0));
+        fam.register(&mut ours);
+        reference(&INTS, refs);
+
+        let mut fam = Family::<f64>::new(&FLOATS);
+        let mut refs = Vec::new();
+        for (i, v) in floats.iter().enumerate() {
+            let l = labels(&[("i", &format!("{i:02}"))], &[]);
+            fam.add(l.clone(), *v);
+            // As added to a family: merged into a 0.0 (-0.0 becomes 0.0).
+            let mut merged = 0.0;
+            merged.merge(v);
+            refs.push((l, Sample::Float(merged)));
+        }
+        fam.register(&mut ours);
+        reference(&FLOATS, refs);
+
+        let mut fam = Family::<Nanos>::new(&SECONDS);
+        let mut refs = Vec::new();
+        for (l, ns) in sets
+            .iter()
+            .zip([0, 1, 999_999_999, 1_234_567_890_123, u64::MAX])
+        {
+            fam.add(l.clone(), Nanos(ns));
+            refs.push((l.clone(), Sample::Float(ns as f64 / 1e9)));
+        }
+        refs.sort_by(|a, b| a.0.cmp(&b.0));
+        fam.register(&mut ours);
+        reference(&SECONDS, refs);
+
+        let mut fam = Family::<Hist>::new(&HISTS);
+        let mut refs = Vec::new();
+        for (k, l) in sets.iter().enumerate() {
+            let counts: Vec<u64> = (0..HIST_BUCKETS as u64)
+                .map(|b| (b * 7 + k as u64) % 5)
+                .collect();
+            let h = Hist::new(&counts, 123_456_789 * k as u64);
+            fam.add(l.clone(), h.clone());
+            refs.push((l.clone(), Sample::Hist(h)));
+        }
+        refs.sort_by(|a, b| a.0.cmp(&b.0));
+        fam.register(&mut ours);
+        reference(&HISTS, refs);
+
+        // A family without series writes nothing, as the registry skips it.
+        Family::<u64>::new(&PROCESS_THREADS).register(&mut ours);
+
+        let mut expected = String::new();
+        prometheus_text::encode(&mut expected, &registry).unwrap();
+        assert!(expected.contains("le=\"1.024e-06\"") && expected.contains("le=\"+Inf\""));
+        for (i, (a, b)) in ours.out.lines().zip(expected.lines()).enumerate() {
+            assert_eq!(a, b, "line {i}");
+        }
+        assert_eq!(ours.out, expected);
+    }
+
+    #[test]
+    fn bucket_bounds_as_go_writes_them() {
+        assert_eq!(go_float(2e-9), "2e-09");
+        assert_eq!(go_float(0.000131072), "0.000131072");
+        assert_eq!(go_float(2.147483648), "2.147483648");
+        assert_eq!(go_float(4.0), "4");
+        assert_eq!(go_float(1e6), "1e+06");
+        assert_eq!(go_float(1.5e300), "1.5e+300");
+        assert_eq!(LE[0], "2e-09");
+        assert_eq!(LE[HIST_BUCKETS - 1], "+Inf");
     }
 }

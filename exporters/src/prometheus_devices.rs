@@ -15,7 +15,7 @@
 //! `promtool check metrics` reports; that is dcgm-exporter's name, kept on purpose.
 use std::collections::BTreeMap;
 
-use prometheus_client::registry::Registry;
+use crate::prometheus::Exposition;
 
 use crate::devices::{DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS};
 use crate::prometheus::{Desc, Family, Labels, counter, gauge, labels};
@@ -276,7 +276,7 @@ pub(crate) const DEVICE_FAMILIES: &[Desc] = &[
 ];
 
 /// Registers the device families of `d`; with `dcgm_aliases` also the `DCGM_FI_DEV_*` ones.
-pub(crate) fn register_devices(registry: &mut Registry, d: &DevicesSnapshot, dcgm_aliases: bool) {
+pub(crate) fn register_devices(registry: &mut Exposition, d: &DevicesSnapshot, dcgm_aliases: bool) {
     let mut up = Family::<u64>::new(&COLLECTOR_UP);
     for c in &d.collectors {
         up.add(
@@ -305,12 +305,12 @@ impl<V: crate::prometheus::Value> Opt<V> {
             self.0.add(labels.clone(), v);
         }
     }
-    fn register(self, registry: &mut Registry) {
+    fn register(self, registry: &mut Exposition) {
         self.0.register(registry);
     }
 }
 
-fn register_gpus(registry: &mut Registry, gpus: &[GpuDevice]) {
+fn register_gpus(registry: &mut Exposition, gpus: &[GpuDevice]) {
     let mut info = Family::<u64>::new(&GPU_INFO);
     let mut util = Opt::<f64>::new(&GPU_UTIL);
     let mut mem_util = Opt::<f64>::new(&GPU_MEM_UTIL);
@@ -403,7 +403,7 @@ fn register_gpus(registry: &mut Registry, gpus: &[GpuDevice]) {
     xid.register(registry);
 }
 
-fn register_npus(registry: &mut Registry, npus: &[NpuDevice]) {
+fn register_npus(registry: &mut Exposition, npus: &[NpuDevice]) {
     let mut info = Family::<u64>::new(&NPU_INFO);
     let mut util = Opt::<f64>::new(&NPU_AICORE_UTIL);
     let mut hbm_used = Opt::<u64>::new(&NPU_HBM_USED);
@@ -470,7 +470,7 @@ impl ProcSeries {
     }
 }
 
-fn register_processes(registry: &mut Registry, d: &DevicesSnapshot) {
+fn register_processes(registry: &mut Exposition, d: &DevicesSnapshot) {
     let mut gpu_mem = Opt::<u64>::new(&PROCESS_GPU_MEM);
     let mut gpu_util = Opt::<f64>::new(&PROCESS_GPU_UTIL);
     let mut npu_mem = Opt::<u64>::new(&PROCESS_NPU_MEM);
@@ -515,7 +515,7 @@ fn register_processes(registry: &mut Registry, d: &DevicesSnapshot) {
     npu_mem.register(registry);
 }
 
-fn register_dcgm(registry: &mut Registry, gpus: &[GpuDevice], hostname: &str) {
+fn register_dcgm(registry: &mut Exposition, gpus: &[GpuDevice], hostname: &str) {
     let mut util = Opt::<f64>::new(&DCGM_GPU_UTIL);
     let mut mem_util = Opt::<f64>::new(&DCGM_MEM_COPY_UTIL);
     let mut fb_used = Opt::<u64>::new(&DCGM_FB_USED);

@@ -3,7 +3,7 @@
 //! runtime calls is always picked (there are few: about one per accelerator). Labels are
 //! bounded by the symbol catalog: direction (6), memory kind (4), library (4), operation (8),
 //! symbol (under 100).
-use prometheus_client::registry::Registry;
+use crate::prometheus::Exposition;
 
 use crate::prometheus::{Desc, Family, Nanos, counter, gauge, process_label_sets, with_extra};
 use crate::snapshot::ProcessSnapshot;
@@ -90,7 +90,7 @@ pub(crate) const GPU_FAMILIES: &[Desc] = &[
     MEM_FREES, API_ERRORS, API_CALLS, COLL_CALLS, COLL_BYTES, COLL_TIME, RANK_INFO,
 ];
 
-pub(crate) fn register_process_gpu(registry: &mut Registry, procs: &[&ProcessSnapshot]) {
+pub(crate) fn register_process_gpu(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
     let mut launches = Family::<u64>::new(&LAUNCHES);
     let mut copy_bytes = Family::<u64>::new(&COPY_BYTES);
     let mut copy_calls = Family::<u64>::new(&COPY_CALLS);

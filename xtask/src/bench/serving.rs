@@ -202,7 +202,11 @@ fn read_message(
     let body = if let Some(len) = header("content-length") {
         let len: usize = len.parse().context("bad Content-Length")?;
         fill(buf, len)?;
-        buf.drain(..len).collect()
+        // Copied whole, not collected byte by byte: xtask runs unoptimized, where collecting a
+        // 1 MB body from an iterator took 14 ms, and was timed as part of the scrape.
+        let body = buf[..len].to_vec();
+        buf.drain(..len);
+        body
     } else if header("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
         let mut body = Vec::new();
         loop {
@@ -218,8 +222,8 @@ fn read_message(
                 .context("bad chunk size")?;
             buf.drain(..line_end + 2);
             fill(buf, size + 2)?;
-            body.extend(buf.drain(..size));
-            buf.drain(..2);
+            body.extend_from_slice(&buf[..size]);
+            buf.drain(..size + 2);
             if size == 0 {
                 break;
             }
