@@ -114,10 +114,11 @@ wait_line() {
 wait_count() {
     local f=$1 re=$2 want=$3 n=$(($4 * 10)) pid=${5:-} i=0 c
     while [ "$i" -lt "$n" ]; do
-        c=$(grep -c -E "$re" "$f" 2>/dev/null)
+        # Occurrences, not lines: two ranks writing one pipe can share a line.
+        c=$(grep -o -E "$re" "$f" 2>/dev/null | wc -l)
         [ "${c:-0}" -ge "$want" ] && return 0
         if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
-            c=$(grep -c -E "$re" "$f" 2>/dev/null)
+            c=$(grep -o -E "$re" "$f" 2>/dev/null | wc -l)
             [ "${c:-0}" -ge "$want" ] && return 0
             return 2
         fi
@@ -609,6 +610,32 @@ if daemon_alive; then
     fi
 else
     record status fail "daemon not running"
+fi
+
+# After start-up the daemon keeps only its runtime capabilities, in every thread: NVML's and
+# the device collectors' threads included (an earlier build failed to drop them in an NVML
+# thread: "dropping capabilities failed ... Operation not permitted").
+if daemon_alive; then
+    echo "--- capabilities of every daemon thread (CapEff, CapPrm, CapBnd)"
+    caps_seen=$(for t in /proc/"$DPID"/task/*; do
+        printf '%s %s %s %s %s\n' "$(basename "$t")" "$(tr -d '\n' < "$t/comm")" \
+            "$(awk '/^CapEff/{print $2}' "$t/status")" "$(awk '/^CapPrm/{print $2}' "$t/status")" \
+            "$(awk '/^CapBnd/{print $2}' "$t/status")"
+    done)
+    echo "$caps_seen"
+    distinct=$(echo "$caps_seen" | awk '{print $3}' | sort -u)
+    kept=$("$PY" -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1])).get("capabilities", [])))' \
+        "$WORK/status-after-workloads.json" 2>/dev/null)
+    echo "status says kept: $kept"
+    if grep -qi "dropping capabilities failed\|could not drop its capabilities" "$OUT/daemon.log"; then
+        record capabilities fail "the daemon log reports a failed capability drop"
+    elif [ "$(echo "$distinct" | wc -l)" -ne 1 ]; then
+        record capabilities fail "threads differ in CapEff: $(echo $distinct)"
+    elif [ "$distinct" = "000001ffffffffff" ] || [ "$distinct" = "000003ffffffffff" ]; then
+        record capabilities fail "CapEff still full ($distinct)"
+    else
+        record capabilities ok "$(echo "$caps_seen" | wc -l) threads, CapEff $distinct ($kept)"
+    fi
 fi
 
 write_outputs --quiet

@@ -183,7 +183,12 @@ fn apply_here() -> Result<(), i32> {
     let keep = KEEP.load(Ordering::SeqCst);
     if DROP_BOUNDING.load(Ordering::SeqCst) {
         for cap in 0..=LAST_CAP.load(Ordering::SeqCst) {
-            if keep & (1u64 << cap) == 0 {
+            // Only what the bounding set still holds: a thread started by an already reduced
+            // thread (a CUDA thread of NVML's, seen on a GPU host) inherits the reduced
+            // bounding set without CAP_SETPCAP, and dropping again would fail with EPERM.
+            // SAFETY: prctl with integer arguments.
+            let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
+            if keep & (1u64 << cap) == 0 && held == 1 {
                 // SAFETY: prctl with integer arguments.
                 let rc =
                     unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
@@ -387,6 +392,75 @@ mod tests {
         assert_eq!(
             list((1 << CAP_CHOWN) | (1 << CAP_BPF)),
             "CAP_CHOWN, CAP_BPF"
+        );
+    }
+
+    /// A thread born of an already reduced thread: no CAP_SETPCAP, the bounding set already
+    /// reduced. Applying the target must succeed (on a GPU host it failed with EPERM for a
+    /// CUDA thread NVML started during the drop). In a forked child: capabilities are per
+    /// thread and this one must not reduce the test harness.
+    #[test]
+    fn a_thread_born_reduced_applies_the_target() {
+        let (eff, prm) = capget().expect("capget");
+        assert!(
+            eff & (1 << CAP_SETPCAP) != 0,
+            "this test needs CAP_SETPCAP (root, as in CI)"
+        );
+        const CAP_SYS_BOOT: u32 = 22;
+        let keep = prm & !(1u64 << CAP_SYS_BOOT) & !(1u64 << CAP_SETPCAP);
+        // SAFETY: the child makes raw syscalls only, then _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: prctl with integer arguments; capset with a v3 header and two entries.
+            unsafe {
+                // The bounding set of a reduced thread: `keep` (CAP_SETPCAP goes last).
+                for cap in (0..=40u32).rev() {
+                    if keep & (1u64 << cap) == 0
+                        && libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 1
+                        && libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0
+                    {
+                        libc::_exit(101);
+                    }
+                }
+                let mut hdr = CapHeader {
+                    version: LINUX_CAPABILITY_VERSION_3,
+                    pid: 0,
+                };
+                let data = [
+                    CapData {
+                        effective: keep as u32,
+                        permitted: keep as u32,
+                        inheritable: 0,
+                    },
+                    CapData {
+                        effective: (keep >> 32) as u32,
+                        permitted: (keep >> 32) as u32,
+                        inheritable: 0,
+                    },
+                ];
+                if libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) != 0 {
+                    libc::_exit(102);
+                }
+            }
+            KEEP.store(keep, Ordering::SeqCst);
+            LAST_CAP.store(40, Ordering::SeqCst);
+            DROP_BOUNDING.store(true, Ordering::SeqCst);
+            let code = match apply_here() {
+                Ok(()) => 0,
+                Err(errno) => errno.clamp(1, 100),
+            };
+            // SAFETY: ends the child without running the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "apply_here in a reduced thread failed (1-100: errno, 101/102: set-up)"
         );
     }
 

@@ -88,7 +88,10 @@ def main():
     dist.barrier(device_ids=[local_rank])
     torch.cuda.synchronize()
 
-    print(f"ready rank={rank} pid={pid}", flush=True)
+    # One write: print() writes the text and the newline separately, and the two ranks'
+    # lines on one pipe interleaved ("ready rank=1 pid=Aready rank=0 pid=B").
+    sys.stdout.write(f"ready rank={rank} pid={pid}\n")
+    sys.stdout.flush()
     gate_ok = True
     if a.gate:
         gate_ok = wait_file(a.gate, a.gate_timeout)
