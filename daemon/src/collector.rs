@@ -68,6 +68,30 @@ struct ReadKeys {
 
 type FoldSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
+/// A map key that names its process (tgid and start time).
+trait OfProcess: Copy {
+    fn process(&self) -> (u32, u64);
+}
+
+macro_rules! of_process {
+    ($($t:ty),*) => {$(
+        impl OfProcess for $t {
+            fn process(&self) -> (u32, u64) {
+                (self.tgid, self.proc_start_ns)
+            }
+        }
+    )*};
+}
+of_process!(SyscallKey, SyscallHistKey, BlkKey, GpuCallKey, ProcKey);
+
+/// The keys in `keys` that belong to a process in `procs`.
+fn of<K: OfProcess>(keys: &[K], procs: &FoldSet<(u32, u64)>) -> Vec<K> {
+    keys.iter()
+        .filter(|k| procs.contains(&k.process()))
+        .copied()
+        .collect()
+}
+
 /// Turns the kernel's BPF run-time statistics on and off (daemon.bpf_stats): they cost about
 /// 100 ns per program run while on.
 pub struct BpfStats {
@@ -261,38 +285,14 @@ impl Collector {
         }
         let reclaimed: FoldSet<(u32, u64)> =
             r.procs.iter().map(|p| (p.tgid, p.proc_start_ns)).collect();
-        let gone = |tgid: u32, start: u64| reclaimed.contains(&(tgid, start));
         // Only keys this round's read found: no syscall for entries that do not exist.
-        let keys: Vec<SyscallKey> = (self.keys.syscalls.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.syscalls, &keys, ok);
-        let keys: Vec<SyscallHistKey> = (self.keys.syscall_hist.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.syscall_hist, &keys, ok);
-        let keys: Vec<BlkKey> = (self.keys.blk.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.blk_stats, &keys, ok);
-        let keys: Vec<ProcKey> = (self.keys.net.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.net_stats, &keys, ok);
-        let keys: Vec<ProcKey> = (self.keys.gpu_procs.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.gpu_proc, &keys, ok);
-        let keys: Vec<GpuCallKey> = (self.keys.gpu_calls.iter())
-            .filter(|k| gone(k.tgid, k.proc_start_ns))
-            .copied()
-            .collect();
-        delete_keys(&mut self.gpu_calls, &keys, ok);
+        let k = &self.keys;
+        delete_keys(&mut self.syscalls, &of(&k.syscalls, &reclaimed), ok);
+        delete_keys(&mut self.syscall_hist, &of(&k.syscall_hist, &reclaimed), ok);
+        delete_keys(&mut self.blk_stats, &of(&k.blk, &reclaimed), ok);
+        delete_keys(&mut self.net_stats, &of(&k.net, &reclaimed), ok);
+        delete_keys(&mut self.gpu_proc, &of(&k.gpu_procs, &reclaimed), ok);
+        delete_keys(&mut self.gpu_calls, &of(&k.gpu_calls, &reclaimed), ok);
         // Allocations carry only the tgid: drop those of reclaimed tgids unless a live
         // process has taken the tgid over meanwhile.
         let keys: Vec<GpuAllocKey> = self

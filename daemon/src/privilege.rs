@@ -200,11 +200,20 @@ fn apply_here() -> Result<(), i32> {
             }
         }
     }
+    if capset_to(keep) != 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's effective and permitted sets to `keep`, inheritable empty (the
+/// ambient set, a subset of it, empties with it). capset(2)'s return value; async-signal-safe.
+fn capset_to(keep: u64) -> libc::c_long {
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
-    // Inheritable empty: the ambient set (a subset of it) empties with it.
     let data = [
         CapData {
             effective: keep as u32,
@@ -218,12 +227,7 @@ fn apply_here() -> Result<(), i32> {
         },
     ];
     // SAFETY: header and a two-element data array, as capset(2) wants for version 3.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
-    if rc != 0 {
-        // SAFETY: reading this thread's errno.
-        return Err(unsafe { *libc::__errno_location() });
-    }
-    Ok(())
+    unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) }
 }
 
 extern "C" fn on_signal(_sig: libc::c_int) {
@@ -412,7 +416,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            // SAFETY: prctl with integer arguments; capset with a v3 header and two entries.
+            // SAFETY: prctl with integer arguments.
             unsafe {
                 // The bounding set of a reduced thread: `keep` (CAP_SETPCAP goes last).
                 for cap in (0..=40u32).rev() {
@@ -423,23 +427,7 @@ mod tests {
                         libc::_exit(101);
                     }
                 }
-                let mut hdr = CapHeader {
-                    version: LINUX_CAPABILITY_VERSION_3,
-                    pid: 0,
-                };
-                let data = [
-                    CapData {
-                        effective: keep as u32,
-                        permitted: keep as u32,
-                        inheritable: 0,
-                    },
-                    CapData {
-                        effective: (keep >> 32) as u32,
-                        permitted: (keep >> 32) as u32,
-                        inheritable: 0,
-                    },
-                ];
-                if libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) != 0 {
+                if capset_to(keep) != 0 {
                     libc::_exit(102);
                 }
             }
