@@ -128,6 +128,34 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `promtool check metrics` on an exposition: it must pass with no complaint (lint included).
+pub fn promtool_check(body: &str) {
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool on PATH");
+    p.stdin
+        .take()
+        .expect("piped")
+        .write_all(body.as_bytes())
+        .expect("feed promtool");
+    let out = p.wait_with_output().expect("promtool");
+    let complaints = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    eprintln!(
+        "observed: promtool {} on {} bytes: {complaints:?}",
+        out.status,
+        body.len()
+    );
+    assert!(
+        out.status.success() && complaints.trim().is_empty(),
+        "promtool check metrics: {}\n{complaints}",
+        out.status
+    );
+}
+
 /// A running `ethand run` with its own config, socket and metrics port. Stopped (SIGTERM,
 /// then SIGKILL after 10 s) and cleaned up on drop.
 pub struct Daemon {

@@ -11,15 +11,14 @@
 use std::{
     ffi::{OsStr, OsString},
     fs,
-    io::Write,
     os::unix::ffi::{OsStrExt, OsStringExt},
     path::PathBuf,
-    process::{Command, Stdio},
     thread,
 };
 
 use ethand_tests::{
-    Daemon, RemoveOnDrop, SETTLE, Workload, find_proc, free_port, serial, temp_path, text,
+    Daemon, RemoveOnDrop, SETTLE, Workload, find_proc, free_port, promtool_check, serial,
+    temp_path, text,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 
@@ -169,26 +168,7 @@ fn hostile_process_names_are_escaped_in_every_output() {
 
     // /metrics: promtool accepts it; the comm label reads back as the name.
     let body = d.metrics();
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool on PATH");
-    promtool
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(body.as_bytes())
-        .expect("feed promtool");
-    let out = promtool.wait_with_output().expect("promtool");
-    let complaints = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    eprintln!("observed: promtool {}: {complaints:?}", out.status);
-    assert!(
-        out.status.success() && complaints.trim().is_empty(),
-        "promtool check metrics: {complaints}"
-    );
+    promtool_check(&body);
 
     receiver.store.wait_for(receiver.store.len(), 2);
     for h in &procs {

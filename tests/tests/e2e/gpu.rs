@@ -12,17 +12,16 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Debug,
     fs,
-    io::Write,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
 use ethand_exporters::{gpu::GpuProcessStats, snapshot::GpuLibraryStatus};
 use ethand_tests::{
-    Daemon, INTERVAL_MS, ProbeState, SETTLE, SelfStatus, find_proc, probe, serial,
+    Daemon, INTERVAL_MS, ProbeState, SETTLE, SelfStatus, find_proc, probe, promtool_check, serial,
     standins::{self, CATALOG_RS, Driver, GroundTruth, Lib, MEM_KINDS, catalog, plan_every_symbol},
     temp_path, text,
 };
@@ -613,33 +612,6 @@ fn sample(body: &str, family: &str, labels: &[(&str, &str)]) -> Option<f64> {
         v.parse()
             .unwrap_or_else(|_| panic!("{family}: value {v:?} is not a number")),
     )
-}
-
-fn promtool_check(body: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool on PATH");
-    p.stdin
-        .take()
-        .expect("piped")
-        .write_all(body.as_bytes())
-        .expect("feed promtool");
-    let out = p.wait_with_output().expect("promtool");
-    let complaints = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    eprintln!(
-        "observed: promtool {} on {} bytes: {complaints:?}",
-        out.status,
-        body.len()
-    );
-    assert!(
-        out.status.success() && complaints.trim().is_empty(),
-        "promtool check metrics: {}\n{complaints}",
-        out.status
-    );
 }
 
 // ------------------------------------------------------------------ tests
