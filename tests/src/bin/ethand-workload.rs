@@ -27,18 +27,12 @@ use std::{
     time::Duration,
 };
 
+#[path = "shared/args.rs"]
+mod args;
+
 fn main() {
-    // args_os: argv[0] may be any bytes (the escaping test execs this binary under a name
-    // that is not UTF-8); the arguments themselves are ASCII.
-    let args: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let arg = |i: usize| -> u64 {
-        args.get(i)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| fail(&format!("argument {i} missing or not a number: {args:?}")))
-    };
+    let args = args::args();
+    let arg = |i: usize| args::number("ethand-workload", &args, i);
     match args.first().map(String::as_str) {
         Some("syscalls") => syscalls(arg(1), arg(2)),
         Some("pingpong") => pingpong(arg(1)),
