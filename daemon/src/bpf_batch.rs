@@ -3,7 +3,7 @@
 //! per-entry walk was most of the daemon's CPU time; kernels without batch operations fall
 //! back to the walk.
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{align_of, size_of};
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::Pod;
@@ -44,29 +44,57 @@ pub fn read_all<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, batch_ok: &mut boo
     map.iter().filter_map(Result::ok).collect()
 }
 
+thread_local! {
+    /// Key and value buffers of batch lookups, kept between reads: allocating (and zeroing)
+    /// a megabyte per map per interval showed up as memset and page faults at 1,000
+    /// processes. Vec<u64> keeps them 8-byte aligned for any key or value type here.
+    static SCRATCH: std::cell::RefCell<(Vec<u64>, Vec<u64>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// Grows `buf` to hold at least `n` items of `T`; returns room for how many it holds.
+fn room<T>(buf: &mut Vec<u64>, n: usize) -> usize {
+    assert!(align_of::<T>() <= align_of::<u64>());
+    let words = (n * size_of::<T>()).div_ceil(8);
+    if buf.capacity() < words {
+        buf.reserve_exact(words - buf.len());
+    }
+    buf.capacity() * 8 / size_of::<T>()
+}
+
 fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
+    SCRATCH.with_borrow_mut(|(kbuf, vbuf)| lookup_batch_into(map, kbuf, vbuf))
+}
+
+fn lookup_batch_into<K: Pod, V: Pod>(
+    map: &MapData,
+    kbuf: &mut Vec<u64>,
+    vbuf: &mut Vec<u64>,
+) -> io::Result<Vec<(K, V)>> {
     let fd = map.fd().as_fd().as_raw_fd();
-    let mut chunk = CHUNK;
-    // SAFETY: Pod types are plain integers and arrays of them: all-zero is a valid value.
-    let mut keys: Vec<K> = vec![unsafe { zeroed() }; chunk];
-    let mut values: Vec<V> = vec![unsafe { zeroed() }; chunk];
+    // The buffers only ever grow: after the first reads one call takes the whole map.
+    let mut chunk = room::<K>(kbuf, CHUNK).min(room::<V>(vbuf, CHUNK));
     let mut out = Vec::new();
     // The hash map's batch token is the bucket index to resume from (a u32).
     let mut token_in: u64 = 0;
     let mut token_out: u64 = 0;
     let mut first = true;
     loop {
+        let keys = kbuf.as_mut_ptr().cast::<K>();
+        let values = vbuf.as_mut_ptr().cast::<V>();
         let mut attr = BatchAttr {
             in_batch: if first { 0 } else { &raw const token_in as u64 },
             out_batch: &raw mut token_out as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
+            keys: keys as u64,
+            values: values as u64,
             count: chunk as u32,
             map_fd: fd as u32,
             ..Default::default()
         };
-        // SAFETY: attr points at buffers of `count` keys and values of the map's sizes (K and
-        // V are the map's key and value types) and at the tokens, all live for the call.
+        // SAFETY: attr points at buffers with room for `count` keys and values of the map's
+        // sizes (K and V are the map's key and value types) and at the tokens, all live for
+        // the call.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -77,23 +105,27 @@ fn lookup_batch<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
         };
         let err = (r < 0).then(io::Error::last_os_error);
         let n = (attr.count as usize).min(chunk);
-        match err.as_ref().and_then(io::Error::raw_os_error) {
-            None => {}
-            // The end of the map; the last entries are in the buffers.
-            Some(libc::ENOENT) => {
-                out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
-                return Ok(out);
-            }
-            // One bucket holds more entries than the buffers: retry this step, larger.
-            Some(libc::ENOSPC) if chunk < (1 << 20) => {
-                chunk *= 4;
-                keys.resize(chunk, unsafe { zeroed() });
-                values.resize(chunk, unsafe { zeroed() });
-                continue;
-            }
-            Some(_) => return Err(err.expect("set")),
+        let errno = err.as_ref().and_then(io::Error::raw_os_error);
+        // One bucket holds more entries than the buffers: retry this step, larger.
+        if errno == Some(libc::ENOSPC) && chunk < (1 << 20) {
+            chunk = room::<K>(kbuf, chunk * 4).min(room::<V>(vbuf, chunk * 4));
+            continue;
         }
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        if errno.is_some_and(|e| e != libc::ENOENT) {
+            return Err(err.expect("set"));
+        }
+        out.reserve(n);
+        // SAFETY: the kernel wrote n keys and n values at the start of the buffers (n is at
+        // most `count`); Pod types are valid for any bytes.
+        unsafe {
+            let ks = std::slice::from_raw_parts(keys, n);
+            let vs = std::slice::from_raw_parts(values, n);
+            out.extend(ks.iter().copied().zip(vs.iter().copied()));
+        }
+        // ENOENT: the end of the map; the last entries were in the buffers.
+        if errno == Some(libc::ENOENT) {
+            return Ok(out);
+        }
         token_in = token_out;
         first = false;
     }
