@@ -540,14 +540,12 @@ fn pid_of(host_path: &std::path::Path) -> u32 {
         .unwrap_or(0)
 }
 
-/// Whether `op` is probed at all at `level`: kernel launches only from `process` on.
+/// Whether `op` is probed at all at `level`: kernel launches and device-to-device async
+/// copies only from `process` on.
 fn probed_at(op: u16, level: GpuLevel) -> bool {
     match level {
         GpuLevel::System => false,
-        GpuLevel::Calls => !matches!(
-            CATALOG[op as usize].category,
-            Category::Launch | Category::GraphLaunch
-        ),
+        GpuLevel::Calls => !CATALOG[op as usize].enqueues_device_work(),
         GpuLevel::Process | GpuLevel::Op => true,
     }
 }
@@ -633,7 +631,7 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
                 probed.filter(|(op, _)| needs_return(*op, level)).count(),
                 if launches > 0 {
                     format!(
-                        "; {launches} launch symbols not probed at level {}",
+                        "; {launches} launch and device-copy symbols not probed at level {}",
                         level.as_str()
                     )
                 } else {

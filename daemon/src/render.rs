@@ -294,7 +294,7 @@ fn gpu_section(
         Some(l @ ("system" | "calls")) => {
             let _ = writeln!(
                 o,
-                "  launches not counted at GPU level {l} (`ethand level process` counts them, at a cost per launch), api errors {}",
+                "  launches and device-to-device async copies not counted at GPU level {l} (`ethand level process` counts them, at a cost per call), api errors {}",
                 g.errors
             );
         }

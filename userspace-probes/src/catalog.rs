@@ -351,6 +351,23 @@ pub const CATALOG: &[SymbolSpec] = &[
 ];
 
 /// Op id of a symbol of a runtime.
+impl SymbolSpec {
+    /// Calls that only put work on a device queue, made per kernel or per tensor: kernel and
+    /// graph launches, and asynchronous device-to-device copies (DDP copies every gradient
+    /// into its bucket: ~90 per step on a 27 M parameter model, measured on 2 x H200). Level
+    /// `calls` leaves them unprobed, since each probed call costs a uprobe trap (2-7 us) on
+    /// the launching thread. Host-blocking and host-device copies stay probed.
+    pub fn enqueues_device_work(&self) -> bool {
+        match self.category {
+            Category::Launch | Category::GraphLaunch => true,
+            Category::Copy => {
+                self.desc.dir == gpu_dir::DEVICE_TO_DEVICE && self.name.contains("Async")
+            }
+            _ => false,
+        }
+    }
+}
+
 pub fn op_id(runtime: Runtime, name: &str) -> Option<u16> {
     CATALOG
         .iter()
@@ -370,6 +387,42 @@ pub fn symbols_of(runtime: Runtime) -> impl Iterator<Item = (u16, &'static Symbo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_work_is_launches_and_device_to_device_async_copies() {
+        let enqueues =
+            |rt, name| CATALOG[op_id(rt, name).expect(name) as usize].enqueues_device_work();
+        for name in [
+            "cuLaunchKernel",
+            "cuLaunchKernelEx_ptsz",
+            "cuGraphLaunch",
+            "cuMemcpyDtoDAsync_v2",
+            "cuMemcpyDtoDAsync_v2_ptsz",
+        ] {
+            assert!(
+                enqueues(Runtime::Cuda, name),
+                "{name} should not be probed at calls"
+            );
+        }
+        // Host-blocking, host-device, peer and direction-less copies stay probed.
+        for name in [
+            "cuMemcpyDtoD_v2",
+            "cuMemcpyHtoDAsync_v2",
+            "cuMemcpyDtoHAsync_v2",
+            "cuMemcpyAsync",
+            "cuMemcpyPeerAsync",
+            "cuMemcpy2DAsync_v2",
+            "cuStreamSynchronize",
+            "cuMemAlloc_v2",
+        ] {
+            assert!(
+                !enqueues(Runtime::Cuda, name),
+                "{name} should be probed at calls"
+            );
+        }
+        assert!(!enqueues(Runtime::Nccl, "ncclAllReduce"));
+        assert!(!enqueues(Runtime::AscendCl, "aclrtMemcpyAsync"));
+    }
 
     #[test]
     fn catalog_fits_and_names_are_unique() {

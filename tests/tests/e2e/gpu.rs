@@ -1131,11 +1131,13 @@ fn level_switch_live() {
             "wait_stdin", // C: level system
             "launches 50",
             "htod 1K x 5",
+            "dtod_async 1K x 3",
             "wait_stdin", // D: level process again
             "launches 60",
             "htod 1K x 6",
+            "dtod_async 1K x 4",
             "sync stream 3",
-            "wait_stdin", // E: level calls (every probed call but launches)
+            "wait_stdin", // E: level calls (every probed call but launches and D2D async copies)
         ],
     );
     drv.wait_for("waiting");
@@ -1255,6 +1257,11 @@ fn level_switch_live() {
         (8, 2),
     );
     mm.eq("D: launches", e.launches, 80);
+    mm.eq(
+        "D (process): cuMemcpyDtoDAsync_v2",
+        calls_of(&e, "cuMemcpyDtoDAsync_v2"),
+        (3, 0),
+    );
 
     set_level(&d, "calls");
     let (st, lag) = status_when(&d, |st| st.gpu_level == "calls");
@@ -1274,7 +1281,7 @@ fn level_switch_live() {
     eprintln!("observed: libcuda at level calls: {detail}");
     mm.ok(
         format!("libcuda detail at calls should say launches are not probed: {detail}"),
-        detail.contains("launch symbols not probed at level calls"),
+        detail.contains("launch and device-copy symbols not probed at level calls"),
     );
     let f = step(&mut drv);
     // Launches made at level calls are not counted; copies and syncs are, exactly.
@@ -1290,6 +1297,11 @@ fn level_switch_live() {
         (14, 2),
     );
     mm.eq(
+        "E (calls): cuMemcpyDtoDAsync_v2 unchanged",
+        calls_of(&f, "cuMemcpyDtoDAsync_v2"),
+        (3, 0),
+    );
+    mm.eq(
         "E: cuStreamSynchronize (sync is timed at every level)",
         calls_of(&f, "cuStreamSynchronize"),
         (5, 5),
@@ -1303,7 +1315,8 @@ fn level_switch_live() {
     let text_out = text(&d.cli(&["snapshot", "--pid", &drv.pid.to_string()]).stdout);
     mm.ok(
         format!("E: the text snapshot should say launches are not counted:\n{text_out}"),
-        text_out.contains("launches not counted at GPU level calls"),
+        text_out
+            .contains("launches and device-to-device async copies not counted at GPU level calls"),
     );
     let t = drv.finish();
     mm.eq(
@@ -1315,6 +1328,11 @@ fn level_switch_live() {
         "ground truth cuMemcpyHtoD_v2 (all levels)",
         t.symbol(&s.cuda, "cuMemcpyHtoD_v2").calls,
         18,
+    );
+    mm.eq(
+        "ground truth cuMemcpyDtoDAsync_v2 (all levels)",
+        t.symbol(&s.cuda, "cuMemcpyDtoDAsync_v2").calls,
+        7,
     );
     print_observed("level D", &e);
     mm.assert_none("level_switch_live");
