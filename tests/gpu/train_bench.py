@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -609,9 +610,14 @@ class Bench:
             dstats0 = self.daemon.proc_stats() if self.is0 else None
             tr.data_wait = 0.0
             t0 = time.perf_counter()
+            # CPU time of this process (all its threads, not the DataLoader workers): what
+            # ethand's probes add in the process's own context (traps, hooks) shows here,
+            # free of the host's CPU steal and of run-queue luck that make steps/s noisy.
+            c0 = time.process_time()
             self.steps(n)
             tr.sync()
             el = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             dstats1 = self.daemon.proc_stats() if self.is0 else None
         finally:
             tx = time.perf_counter()
@@ -619,6 +625,7 @@ class Bench:
             if profiler:
                 d["profiler_exit_s"] = round(time.perf_counter() - tx, 3)
         d.update({"steps": n, "elapsed_s": round(el, 4), "steps_per_s": n / el,
+                  "cpu_ms_per_step": cpu * 1000 / n,
                   "data_wait_s": round(tr.data_wait, 4), "loss": tr.loss()})
         if dstats1:
             d["daemon"] = dict(dstats1)
@@ -682,6 +689,7 @@ class Bench:
             seg.update({"steps": n, "warmup": warmup, "steps_per_s": min(sps),
                         "steps_per_s_ranks": [round(s, 3) for s in sps],
                         "elapsed_s": max(x["elapsed_s"] for x in rs),
+                        "cpu_ms_per_step": max(x.get("cpu_ms_per_step", 0) for x in rs),
                         "data_wait_s": max(x["data_wait_s"] for x in rs),
                         "loss": rs[0]["loss"]})
             for k in ("daemon", "profiler_exit_s"):
@@ -958,6 +966,20 @@ def pct(x):
     return "—" if x is None else f"{x:+.2f} %"
 
 
+# Paired rounds needed before the verdict uses the bootstrap interval: with fewer, resampling
+# says little and the half-range rule stands.
+CI_MIN_ROUNDS = 6
+
+
+def boot_ci(xs, n=10000, alpha=0.05, seed=1):
+    """95 % percentile-bootstrap interval of the median of xs (rounds resampled with
+    replacement; fixed seed, so the report is reproducible from its JSON)."""
+    rng = random.Random(seed)
+    k = len(xs)
+    bs = sorted(statistics.median(rng.choices(xs, k=k)) for _ in range(n))
+    return bs[int(n * alpha / 2)], bs[int(n * (1 - alpha / 2)) - 1]
+
+
 def analyse(run):
     """Per mode: samples by round, medians, change vs none, paired per-round changes."""
     segs = [s for s in run.get("segments") or [] if not s.get("extra")]
@@ -990,6 +1012,17 @@ def analyse(run):
         if paired and m != "none":
             row["paired_pct"] = paired
             row["paired_median_pct"] = med(paired)
+            if len(paired) >= CI_MIN_ROUNDS:
+                row["paired_ci_pct"] = boot_ci(paired)
+        cpu = {r: sm[r]["cpu_ms_per_step"] for r in sm if sm[r].get("cpu_ms_per_step")}
+        if cpu:
+            row["cpu_ms_per_step"] = med(list(cpu.values()))
+            none_cpu = {r: s["cpu_ms_per_step"] for r, s in by.get("none", {}).items() if s.get("cpu_ms_per_step")}
+            cp = [(cpu[r] - none_cpu[r]) / none_cpu[r] * 100 for r in sorted(cpu) if r in none_cpu]
+            if cp and m != "none":
+                row["cpu_paired_median_pct"] = med(cp)
+                if len(cp) >= CI_MIN_ROUNDS:
+                    row["cpu_paired_ci_pct"] = boot_ci(cp)
         dw = [sm[r].get("data_wait_s", 0) / sm[r]["elapsed_s"] * 100 for r in sm if sm[r].get("elapsed_s")]
         row["data_wait_pct"] = med(dw)
         ds = [sm[r]["daemon"] for r in sorted(sm) if sm[r].get("daemon")]
@@ -1015,6 +1048,20 @@ def verdict(an, level, limit=1.0):
     if row is None or row.get("median") is None or an["none_median"] is None:
         return f"inconclusive (no {level} or none samples)", None
     slow = -row.get("paired_median_pct", row.get("change_pct"))  # % slower than none (paired, median)
+    if "paired_ci_pct" in row:
+        lo, hi = row["paired_ci_pct"]  # changes: negative is slower
+        slow_hi, slow_lo = -lo, -hi
+        if slow_hi <= limit:
+            v = "PASS"
+        elif slow_lo > limit:
+            v = "FAIL"
+        else:
+            v = "inconclusive"
+        return (f"{v} ({level} is {abs(slow):.2f} % {'slower' if slow >= 0 else 'faster'} than none "
+                f"(median of {len(row['paired_pct'])} per-round paired changes); 95 % bootstrap interval of "
+                f"that median: {slow_lo:+.2f} % to {slow_hi:+.2f} % slower; PASS needs the whole interval "
+                f"<= {limit:g} %, FAIL all of it > {limit:g} %; half the spread of the none rounds, the rule "
+                f"for fewer than {CI_MIN_ROUNDS} rounds, is ±{noise:.2f} %)"), slow
     if noise is None:
         return (f"inconclusive (one none round: no noise estimate; {level} is {abs(slow):.2f} % "
                 f"{'slower' if slow >= 0 else 'faster'})"), slow
@@ -1064,7 +1111,9 @@ def cmd_report(argv):
           "files attached), `profiler` (no ethand; `torch.profiler.profile(activities=[CPU, CUDA])` around "
           "the timed steps). Modes interleaved: rounds x modes, order rotated every round; one training process "
           "for all rounds. Change vs none: from the medians; paired: per round, mode vs that round's none, "
-          "then the median (drift cancels). Noise: half the range of the none rounds, relative to their median.", ""]
+          "then the median (drift cancels). Verdict: with at least 6 paired rounds, from the 95 % percentile-"
+          "bootstrap interval of that median (PASS: the whole interval is at most 1 % slower); with fewer, "
+          "from the noise, half the range of the none rounds relative to their median.", ""]
     out = {"generated_unix": time.time(), "command": a.command, "gpus": a.gpus, "runs": runs, "analysis": {}}
     for label, run in runs.items():
         meta, plan = run.get("meta") or {}, run.get("plan") or {}
@@ -1092,17 +1141,25 @@ def cmd_report(argv):
             out["analysis"][label] = an
             rounds = sorted({r for row in an["rows"] for r in row["samples"]})
             L.append("| mode | median steps/s | per round (" + ", ".join(f"r{r}" for r in rounds) + ") | change vs none "
-                     "| paired change (median; per round) | data wait | daemon RSS max / CPU | failed |")
-            L.append("|---|---|---|---|---|---|---|---|")
+                     "| paired change (median; per round) | process CPU per step (paired change) | data wait "
+                     "| daemon RSS max / CPU | failed |")
+            L.append("|---|---|---|---|---|---|---|---|---|")
             for row in an["rows"]:
                 samp = " / ".join(fmt(row["samples"].get(r), 2) for r in rounds)
                 paired = ("—" if "paired_pct" not in row else
-                          f"{pct(row['paired_median_pct'])}; " + " ".join(f"{x:+.1f}" for x in row["paired_pct"]))
+                          f"{pct(row['paired_median_pct'])}"
+                          + (" (95 % CI {:+.2f} to {:+.2f})".format(*row["paired_ci_pct"]) if "paired_ci_pct" in row else "")
+                          + "; " + " ".join(f"{x:+.1f}" for x in row["paired_pct"]))
                 dmn = ("—" if "daemon_rss_mib_max" not in row else
                        f"{row['daemon_rss_mib_max']:.0f} MiB / {fmt(row.get('daemon_cpu_pct'), 1)} % of a core")
                 extra = f" (profiler exit {row['profiler_exit_s']:.1f} s)" if "profiler_exit_s" in row else ""
+                cpu = ("—" if "cpu_ms_per_step" not in row else
+                       f"{row['cpu_ms_per_step']:.2f} ms"
+                       + (f" ({pct(row['cpu_paired_median_pct'])}" if "cpu_paired_median_pct" in row else "")
+                       + (", 95 % CI {:+.2f} to {:+.2f}".format(*row["cpu_paired_ci_pct"]) if "cpu_paired_ci_pct" in row else "")
+                       + (")" if "cpu_paired_median_pct" in row else ""))
                 L.append(f"| {row['mode']} | {fmt(row['median'], 2)} | {samp} | "
-                         f"{'—' if row['mode'] == 'none' else pct(row.get('change_pct'))} | {paired} | "
+                         f"{'—' if row['mode'] == 'none' else pct(row.get('change_pct'))} | {paired} | {cpu} | "
                          f"{fmt(row.get('data_wait_pct'), 1)} % | {dmn}{extra} | {len(row['failed']) or ''} |")
             L.append("")
             lv = meta.get("default_level") or "process"
