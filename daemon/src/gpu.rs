@@ -583,7 +583,7 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     if entry_points.is_empty() {
         l.status.state = ProbeState::Disabled;
         l.status.detail = format!(
-            "only kernel launch symbols resolved: not probed at level {}",
+            "only launch and device-copy symbols resolved: not probed at level {}",
             level.as_str()
         );
         return;
@@ -624,14 +624,14 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
         Ok(()) => {
             l.status.state = ProbeState::Attached;
             let probed = l.resolved.iter().filter(|(op, _)| probed_at(*op, level));
-            let launches = l.resolved.len() - probed.clone().count();
+            let unprobed = l.resolved.len() - probed.clone().count();
             l.status.detail = format!(
                 "{} symbols, {} timed{}",
                 probed.clone().count(),
                 probed.filter(|(op, _)| needs_return(*op, level)).count(),
-                if launches > 0 {
+                if unprobed > 0 {
                     format!(
-                        "; {launches} launch and device-copy symbols not probed at level {}",
+                        "; {unprobed} launch and device-copy symbols not probed at level {}",
                         level.as_str()
                     )
                 } else {

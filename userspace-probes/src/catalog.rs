@@ -350,7 +350,6 @@ pub const CATALOG: &[SymbolSpec] = &[
     comm_init(Hccl, "HcclCommInitClusterInfo", 1, N),
 ];
 
-/// Op id of a symbol of a runtime.
 impl SymbolSpec {
     /// Calls that only put work on a device queue, made per kernel or per tensor: kernel and
     /// graph launches, and asynchronous device-to-device copies (DDP copies every gradient
@@ -368,6 +367,7 @@ impl SymbolSpec {
     }
 }
 
+/// Op id of a symbol of a runtime.
 pub fn op_id(runtime: Runtime, name: &str) -> Option<u16> {
     CATALOG
         .iter()
