@@ -227,7 +227,6 @@ impl Collector {
             match e.kind {
                 lifecycle_kind::EXEC => model.on_exec(key),
                 lifecycle_kind::EXIT => model.on_exit(key),
-                // New processes need no action: they appear with their first counters.
                 _ => {}
             }
         }

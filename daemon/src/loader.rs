@@ -123,12 +123,6 @@ const PROBES: &[ProbeSpec] = &[
     },
     ProbeSpec {
         family: "lifecycle",
-        name: "sched_process_fork",
-        btf: Some(("sched_process_fork", "sched_process_fork")),
-        classic: None,
-    },
-    ProbeSpec {
-        family: "lifecycle",
         name: "sched_process_exec",
         btf: None,
         classic: Some("sched_process_exec"),

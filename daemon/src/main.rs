@@ -145,11 +145,15 @@ enum ConfigCommand {
 
 fn main() -> ExitCode {
     // Two malloc arenas: glibc's default (8 per core) lets each tokio and collector thread
-    // keep its own free memory resident.
+    // keep its own free memory resident. A fixed mmap threshold: glibc raises it (up to
+    // 32 MiB) after the first large buffer is freed, and from then on every round's map-read
+    // and snapshot buffers came from the heap and stayed resident after use (RSS 50.7 MB
+    // against 40 MB under 10,000 process births/s at the default interval).
     // SAFETY: mallopt before any other thread exists.
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
     }
     let cli = Cli::parse();
     // Generated from the CLI definition; needs no configuration.

@@ -191,7 +191,7 @@ const PROCESS_TCP_RESETS: Desc = counter(
 );
 const PROCESS_THREADS: Desc = gauge(
     "ethand_process_threads",
-    "Live threads of the process (sched_process_fork, sched_process_exit).",
+    "Live threads of the process (sched_wakeup_new, sched_switch, sched_process_exit).",
 );
 const PROCESS_WORKLOAD_INFO: Desc = gauge(
     "ethand_process_workload_info",

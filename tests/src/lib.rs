@@ -398,7 +398,8 @@ impl Drop for Daemon {
 }
 
 /// `base` with the keys of `extra` added, table by table (both are "[table]" headers followed
-/// by `key = value` lines; TOML allows each header only once).
+/// by `key = value` lines; TOML allows each header and key only once): a key of `extra` that
+/// `base` has replaces it.
 pub fn merge_tables(base: &str, extra: &str) -> String {
     let mut tables: Vec<(String, Vec<String>)> = Vec::new();
     for text in [base, extra] {
@@ -413,7 +414,11 @@ pub fn merge_tables(base: &str, extra: &str) -> String {
                 let Some((_, lines)) = tables.iter_mut().find(|(h, _)| *h == current) else {
                     panic!("config line {line:?} before any [table]");
                 };
-                lines.push(line.to_string());
+                let key = |l: &str| l.split('=').next().unwrap_or("").trim().to_string();
+                match lines.iter_mut().find(|l| key(l) == key(line)) {
+                    Some(l) => *l = line.to_string(),
+                    None => lines.push(line.to_string()),
+                }
             }
         }
     }
@@ -716,6 +721,15 @@ mod tests {
             m,
             "[daemon]\na = 1\n\n[prometheus]\nb = 2\nc = 3\n\n[probes.tracepoints]\nd = \"x/y\"\n"
         );
+    }
+
+    #[test]
+    fn merge_tables_extra_key_replaces_the_base_one() {
+        let m = merge_tables(
+            "[daemon]\ninterval_ms = 200\nsocket = \"s\"\n",
+            "[daemon]\ninterval_ms = 1000\n",
+        );
+        assert_eq!(m, "[daemon]\ninterval_ms = 1000\nsocket = \"s\"\n");
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub mod blk_op {
 
 /// Kinds of [`LifecycleEvent`].
 pub mod lifecycle_kind {
-    pub const FORK: u32 = 1;
+    // 1 was FORK: births need no event (a process appears with its first counters).
     pub const EXEC: u32 = 2;
     pub const EXIT: u32 = 3;
 }
@@ -290,19 +290,14 @@ pub struct NetStats {
     pub tcp_resets_received: u64,
 }
 
-/// Sent through the LIFECYCLE ring buffer on process fork, exec and exit.
+/// Sent through the LIFECYCLE ring buffer on process exec and exit. Only what userspace needs
+/// to find the process: under churn (10,000 exits/s) every byte here is ring buffer room.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LifecycleEvent {
     pub kind: u32,
-    /// For FORK: the child's pid; otherwise the process.
     pub tgid: u32,
-    /// For FORK: the parent's tgid.
-    pub ppid: u32,
-    pub _pad0: u32,
-    pub ts_ns: u64,
     pub proc_start_ns: u64,
-    pub comm: [u8; 16],
 }
 
 /// How one probed runtime-library symbol is accounted ([`GpuOpDesc::kind`]).
@@ -696,7 +691,7 @@ mod tests {
         assert_eq!(size_of::<BlkKey>(), 24);
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
-        assert_eq!(size_of::<LifecycleEvent>(), 48);
+        assert_eq!(size_of::<LifecycleEvent>(), 16);
         assert_eq!(size_of::<KernelOffsets>(), 48);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);

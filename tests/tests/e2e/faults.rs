@@ -458,13 +458,12 @@ const CLASSIC_ONLY: [&str; 11] = [
     "sched_process_exit",
 ];
 /// Probes on BTF tracepoints (no tracefs needed).
-const BTF_PROBES: [&str; 6] = [
+const BTF_PROBES: [&str; 5] = [
     "sched_switch",
     "sched_wakeup",
     "sched_wakeup_new",
     "sys_enter",
     "sys_exit",
-    "sched_process_fork",
 ];
 
 /// tracefs unmounted in the daemon's mount namespace. As root ethand mounts it there itself
