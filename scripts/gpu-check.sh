@@ -593,6 +593,9 @@ nccl_step
 
 # ============================================================================== (e)
 section "(e) ethand status, /metrics, NVML vs nvidia-smi"
+# Devices are sampled every second ([devices] interval_ms): wait two samples so that the idle
+# reading is not one taken while the last workload's CUDA context (~530 MiB) still existed.
+sleep 2
 if daemon_alive; then
     save_status after-workloads && py_cmp status "$WORK/status-after-workloads.json"
     if fetch_metrics "$WORK/metrics-idle.txt"; then

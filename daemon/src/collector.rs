@@ -211,6 +211,13 @@ impl Collector {
         })
     }
 
+    /// A second descriptor of the lifecycle ring buffer, to wait on: it becomes readable when
+    /// the kernel side asks for an early drain (a quarter full).
+    pub fn lifecycle_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd as _;
+        self.lifecycle.as_fd().try_clone_to_owned()
+    }
+
     /// Applies pending lifecycle events to the model.
     pub fn drain_lifecycle(&mut self, model: &mut Model) {
         while let Some(item) = self.lifecycle.next() {

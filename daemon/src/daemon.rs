@@ -33,10 +33,6 @@ pub fn unix_ms() -> u64 {
 /// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
 const SNAPSHOT_WINDOW_MS: u64 = 10_000;
 
-/// How often the lifecycle ring buffer is drained between collection rounds: ten times a
-/// second keeps 10,000 exits/s at a tenth of its room (a few µs per drain when idle).
-const LIFECYCLE_DRAIN_MS: u64 = 100;
-
 /// State shared between the collection loop and the servers.
 pub struct Shared {
     pub model: Mutex<Model>,
@@ -368,9 +364,9 @@ impl Engine {
         })
     }
 
-    /// Applies the lifecycle events pending in the ring buffer. Called every
-    /// [`LIFECYCLE_DRAIN_MS`] between collection rounds so that a burst of exits does not
-    /// overflow the buffer while the round waits for its tick.
+    /// Applies the lifecycle events pending in the ring buffer. Called between collection
+    /// rounds when the kernel side asks (the buffer a quarter full), so that a burst of exits
+    /// does not overflow it while the round waits for its tick.
     pub fn drain_lifecycle(&mut self) {
         let mut model = self.shared.model.lock().expect("lock");
         self.collector.drain_lifecycle(&mut model);
@@ -649,8 +645,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.daemon.interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut drain = tokio::time::interval(Duration::from_millis(LIFECYCLE_DRAIN_MS));
-    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Readable when the kernel side wakes it (lifecycle.rs); without it the rounds still drain.
+    let mut lifecycle = match engine.collector.lifecycle_fd().and_then(|fd| {
+        // SAFETY: the AsyncFd owns this descriptor; it stays open, and the same, until the
+        // AsyncFd is dropped.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| e.into_parts().1)
+    }) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            warn!(error = %e, "cannot wait on the lifecycle ring buffer: it is drained once per round only");
+            None
+        }
+    };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
@@ -662,7 +671,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     last_ping = std::time::Instant::now();
                 }
             }
-            _ = drain.tick() => engine.drain_lifecycle(),
+            ready = async {
+                match &lifecycle {
+                    Some(fd) => fd.readable().await,
+                    None => std::future::pending().await,
+                }
+            } => match ready {
+                Ok(mut guard) => {
+                    engine.drain_lifecycle();
+                    guard.clear_ready();
+                }
+                Err(e) => {
+                    warn!(error = %e, "waiting on the lifecycle ring buffer failed: it is drained once per round only");
+                    lifecycle = None;
+                }
+            },
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }

@@ -4,11 +4,14 @@
 //! exits. Thread exits only mark the thread's entry so that userspace reads its final
 //! counters before deleting it.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::bpf_get_current_pid_tgid,
+    macros::tracepoint,
+    programs::TracePointContext,
 };
 use ethand_common::{LifecycleEvent, counter, lifecycle_kind, thread_flags};
 
-use crate::maps::{LIFECYCLE, THREADS, bump, current_ctx};
+use crate::maps::{LIFECYCLE, LIFECYCLE_WAKEUP_BYTES, THREADS, bump, current_ctx};
 use crate::tpoff;
 
 #[inline(always)]
@@ -22,7 +25,15 @@ fn emit(kind: u32, tgid: u32, proc_start_ns: u64) {
         tgid,
         proc_start_ns,
     });
-    e.submit(0);
+    // Userspace drains at every collection round; it is woken in between only when a burst
+    // of exits has filled a quarter of the buffer. Waking it per event (the default) would
+    // cost a wakeup per exit, and a fixed drain timer costs an idle daemon ten wakeups a second.
+    let flags = if LIFECYCLE.query(BPF_RB_AVAIL_DATA as u64) >= LIFECYCLE_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    e.submit(flags as u64);
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]

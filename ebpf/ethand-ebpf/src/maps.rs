@@ -116,10 +116,13 @@ pub static NET_STATS: HashMap<ProcKey, NetStats> = HashMap::with_max_entries(163
 /// TCP socket -> owning process, so that softirq-context events (retransmits) find their owner.
 #[map]
 pub static SOCK_OWNER: LruHashMap<u64, ProcKey> = LruHashMap::with_max_entries(65536, 0);
-/// 512 KiB: 21,000 exits (24 bytes with the header), two seconds of 10,000 exits/s between
-/// drains (every 100 ms) that a stalled daemon may miss.
+/// 512 KiB: 21,000 exits (24 bytes with the header), two seconds of 10,000 exits/s.
 #[map]
-pub static LIFECYCLE: RingBuf = RingBuf::with_byte_size(512 * 1024, 0);
+pub static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_BYTES as u32, 0);
+const LIFECYCLE_BYTES: u64 = 512 * 1024;
+/// Pending bytes at which a lifecycle event wakes userspace to drain before its next round:
+/// a quarter of the buffer, so a stalled or slow round still has three quarters to go.
+pub const LIFECYCLE_WAKEUP_BYTES: u64 = LIFECYCLE_BYTES / 4;
 /// Drop and mismatch counters, indexed by ethand_common::counter.
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

@@ -329,6 +329,50 @@ fn pid_series(body: &str, family: &str, pid: u32, label: &str) -> Vec<(String, f
         .collect()
 }
 
+/// 10,000 process exits per second while the daemon reads its maps only every 5 s: 50,000
+/// exit events a round, more than the lifecycle ring buffer holds (21,000). The kernel side
+/// wakes the daemon to drain early, so none is lost (`lifecycle_ringbuf_full` stays 0; the
+/// build before that change lost 230,708 here).
+#[test]
+fn exit_events_are_not_lost_between_slow_rounds() {
+    let _serial = serial();
+    let d = Daemon::start("churn-slow", "[daemon]\ninterval_ms = 5000\n");
+    let mut churn = load(&[
+        "churn",
+        &(CHURN_RATE * 102 / 100).to_string(),
+        "12",
+        "4",
+        "vfork",
+    ]);
+    churn.send_byte();
+    let done = churn.expect("done");
+    let spawned = done.u64("spawned");
+    // One more round, so that every event has been drained and counted.
+    thread::sleep(Duration::from_millis(6000));
+    let st = d.status();
+    let lost = |reason: &str| {
+        st.dropped
+            .iter()
+            .find(|x| x.reason == reason)
+            .map_or(0, |x| x.count)
+    };
+    eprintln!(
+        "observed: {spawned} processes in {:.1} s; lifecycle_ringbuf_full {}",
+        done.u64("forker_ns") as f64 / 1e9,
+        lost("lifecycle_ringbuf_full")
+    );
+    assert!(
+        spawned >= 100_000,
+        "the churn made only {spawned} processes: too few to overflow a 5 s round"
+    );
+    assert_eq!(
+        lost("lifecycle_ringbuf_full"),
+        0,
+        "exit events lost between rounds"
+    );
+    churn.finish();
+}
+
 /// Process A (pid P) makes exactly a getpid() and exits; process B is created with the same
 /// pid P (clone3 set_tid) right after A was reaped and makes b. ethand shows two processes with
 /// pid P, different start times, exactly a and b, never a + b: in the snapshot and in /metrics.
