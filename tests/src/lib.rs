@@ -386,15 +386,28 @@ impl Drop for Daemon {
         }
         if thread::panicking() {
             eprintln!(
-                "---- ethand log ({}) ----\n{}",
+                "---- ethand log ({}), routine lines left out ----\n{}",
                 self.log.display(),
-                self.log_text()
+                log_excerpt(&self.log_text())
             );
         }
         for p in [&self.socket, &self.config, &self.log] {
             let _ = fs::remove_file(p);
         }
     }
+}
+
+/// A failed test's daemon log, short enough that CI's truncated output keeps the other
+/// failures: without the per-probe "attached" lines, each line cut at 300 characters.
+fn log_excerpt(log: &str) -> String {
+    log.lines()
+        .filter(|l| !(l.contains(" INFO ") && l.contains(": attached probe=")))
+        .map(|l| match l.char_indices().nth(300) {
+            Some((i, _)) => format!("{} [...]", &l[..i]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `base` with the keys of `extra` added, table by table (both are "[table]" headers followed

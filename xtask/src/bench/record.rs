@@ -353,15 +353,18 @@ impl RecordProc {
         let sent = Instant::now();
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
         let deadline = sent + FINISH_TIMEOUT;
-        // wait4 rather than Child::wait: it also gives the peak RSS (ru_maxrss, kB), reached
-        // while the trace is converted to JSON.
-        let (status, peak_rss_kb) = loop {
+        // The peak RSS is VmHWM, read until it exits, not wait4's ru_maxrss: a child
+        // spawned with vfork semantics (Rust's posix_spawn) counts this process's own peak.
+        let mut peak_rss_kb = vm_hwm_kb(pid).unwrap_or(0);
+        let status = loop {
+            if let Some(kb) = vm_hwm_kb(pid) {
+                peak_rss_kb = peak_rss_kb.max(kb);
+            }
             let mut status = 0;
-            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-            let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, libc::WNOHANG, &mut ru) };
-            ensure!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
+            let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+            ensure!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
             if r > 0 {
-                break (status, ru.ru_maxrss as u64);
+                break status;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -428,6 +431,18 @@ fn proc_cpu_rss(pid: u32) -> Option<(u64, u64)> {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0);
     Some((ticks * 1_000_000_000 / hz, rss))
+}
+
+/// VmHWM (kB) of process `pid`; None once it has exited.
+fn vm_hwm_kb(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn fmt_rate(r: f64) -> String {
@@ -603,7 +618,7 @@ fn section(
          record` process while recording, per event recorded: draining the ring buffer and \
          converting and writing each event to the trace file as it comes (streamed). *write \
          after stop*: from SIGINT to its exit: the last drain, closing the JSON, fsync and \
-         rename. *RSS*: VmRSS just before SIGINT, and the peak (`ru_maxrss`); bounded, not \
+         rename. *RSS*: VmRSS just before SIGINT, and the peak (VmHWM until exit); bounded, not \
          growing with the number of events.\n\n",
     );
     md.push_str(&format!("{cost_line}\n\n"));
