@@ -74,10 +74,10 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     // The run queue clock chain exists with CONFIG_FAIR_GROUP_SCHED (cfs_rq.rq).
     let rq_chain = (|| -> Result<(u32, u32, u32), KernelError> {
         Ok((
-            member_offset(&btf, "task_struct", "se")?
-                + member_offset(&btf, "sched_entity", "cfs_rq")?,
-            member_offset(&btf, "cfs_rq", "rq")?,
-            member_offset(&btf, "rq", "clock")?,
+            member_offset(btf, "task_struct", "se")?
+                + member_offset(btf, "sched_entity", "cfs_rq")?,
+            member_offset(btf, "cfs_rq", "rq")?,
+            member_offset(btf, "rq", "clock")?,
         ))
     })();
     let rq_chain = rq_chain.ok();
@@ -87,16 +87,46 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         cfs_rq_rq,
         rq_clock,
         sched_clock_from_rq: u32::from(rq_chain.is_some()),
-        task_pid: member_offset(&btf, "task_struct", "pid")?,
-        task_tgid: member_offset(&btf, "task_struct", "tgid")?,
-        task_group_leader: member_offset(&btf, "task_struct", "group_leader")?,
-        task_start_time: member_offset(&btf, "task_struct", "start_time")?,
-        task_real_parent: member_offset(&btf, "task_struct", "real_parent")?,
-        task_comm: member_offset(&btf, "task_struct", "comm")?,
-        pt_regs_syscall_nr: member_offset(&btf, "pt_regs", "orig_ax")?,
+        task_pid: member_offset(btf, "task_struct", "pid")?,
+        task_tgid: member_offset(btf, "task_struct", "tgid")?,
+        task_group_leader: member_offset(btf, "task_struct", "group_leader")?,
+        task_start_time: member_offset(btf, "task_struct", "start_time")?,
         // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
         skip_syscall_nr: 335,
+        ..block_offsets(btf).unwrap_or_default()
     })
+}
+
+/// What the BTF block programs read; None (block IO on the classic tracepoints) when the
+/// kernel's `struct request` or `enum req_flag_bits` lacks any of it.
+fn block_offsets(btf: &Btf) -> Option<KernelOffsets> {
+    let preflush_bit = enum_value(btf, "req_flag_bits", "__REQ_PREFLUSH")?;
+    Some(KernelOffsets {
+        request_q: member_offset(btf, "request", "q").ok()?,
+        request_data_len: member_offset(btf, "request", "__data_len").ok()?,
+        request_cmd_flags: member_offset(btf, "request", "cmd_flags").ok()?,
+        request_queue_disk: member_offset(btf, "request_queue", "disk").ok()?,
+        gendisk_major: member_offset(btf, "gendisk", "major").ok()?,
+        gendisk_first_minor: member_offset(btf, "gendisk", "first_minor").ok()?,
+        req_preflush: 1u32.checked_shl(preflush_bit)?,
+        blk_btf: 1,
+        ..Default::default()
+    })
+}
+
+/// The value of enumerator `name` of `enum enum_name`.
+fn enum_value(btf: &Btf, enum_name: &str, name: &str) -> Option<u32> {
+    btf.resolve_types_by_name(enum_name)
+        .ok()?
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Enum(e) => e
+                .members
+                .iter()
+                .find(|m| btf.resolve_name(*m).is_ok_and(|n| n == name))
+                .map(|m| m.val()),
+            _ => None,
+        })
 }
 
 /// The kernel's BTF and where it came from.
@@ -413,7 +443,19 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
             o.task_pid + 4,
             "pid and tgid are adjacent in task_struct"
         );
-        assert_eq!(o.pt_regs_syscall_nr, 15 * 8, "x86_64 pt_regs.orig_ax");
+        assert_eq!(
+            o.blk_btf, 1,
+            "6.x kernels have every struct request member read"
+        );
+        assert_eq!(o.request_q, 0, "struct request starts with its queue");
+        assert_eq!(
+            o.gendisk_first_minor,
+            o.gendisk_major + 4,
+            "int major, first_minor"
+        );
+        // REQ_PREFLUSH follows the 8 op bits and the failfast (3), sync, meta, prio,
+        // nomerge, idle, integrity and FUA flags.
+        assert_eq!(o.req_preflush, 1 << 18, "REQ_PREFLUSH");
         assert_eq!(
             o.sched_clock_from_rq, 1,
             "CI kernels have CONFIG_FAIR_GROUP_SCHED"

@@ -70,19 +70,19 @@ const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
         family: "block",
         name: "block_start",
-        btf: None,
+        btf: Some(("block_start_btf", "block_io_start")),
         classic: Some("block_start"),
     },
     ProbeSpec {
         family: "block",
         name: "block_issue",
-        btf: None,
+        btf: Some(("block_issue_btf", "block_rq_issue")),
         classic: Some("block_issue"),
     },
     ProbeSpec {
         family: "block",
         name: "block_complete",
-        btf: None,
+        btf: Some(("block_complete_btf", "block_rq_complete")),
         classic: Some("block_complete"),
     },
     ProbeSpec {
@@ -295,8 +295,15 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         program_probe: BTreeMap::new(),
         tracefs_error,
     };
+    let block_btf_refused = match (&btf, cfg.probes.block && cfg.probes.prefer_btf) {
+        (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),
+        _ => None,
+    };
     for spec in PROBES {
-        let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref());
+        let refused = (spec.family == "block")
+            .then_some(block_btf_refused.as_deref())
+            .flatten();
+        let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref(), refused);
         // Say where the BTF of a tp_btf probe came from when it was not the usual file.
         if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {
             status.detail = format!(
@@ -328,7 +335,33 @@ fn permission_hint(e: &aya::EbpfError) -> &'static str {
     }
 }
 
-fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf>) -> ProbeStatus {
+/// The block programs share their requests in flight, keyed by address (BTF) or by start
+/// sector (classic), so the three are of one kind: BTF when every one loads. Why not, or
+/// None.
+fn block_btf_refused(ebpf: &mut Ebpf, koff: &KernelOffsets, btf: &Btf) -> Option<String> {
+    if koff.blk_btf == 0 {
+        return Some("kernel BTF lacks a struct request member the BTF block programs read".into());
+    }
+    for spec in PROBES.iter().filter(|s| s.family == "block") {
+        let (prog, tp) = spec.btf?;
+        if let Err(e) = load_btf(ebpf, prog, tp, btf) {
+            return Some(format!(
+                "tp_btf/{tp}: {} (all three block probes use one kind)",
+                with_cap_hint(error_chain(&e))
+            ));
+        }
+    }
+    None
+}
+
+/// `btf_refused`: why this probe may not use its BTF program (see [`block_btf_refused`]).
+fn attach_probe(
+    l: &mut Loaded,
+    cfg: &Config,
+    spec: &ProbeSpec,
+    btf: Option<&Btf>,
+    btf_refused: Option<&str>,
+) -> ProbeStatus {
     let mut status = ProbeStatus {
         name: spec.name.into(),
         ..Default::default()
@@ -339,7 +372,9 @@ fn attach_probe(l: &mut Loaded, cfg: &Config, spec: &ProbeSpec, btf: Option<&Btf
         return status;
     }
     let mut reasons = Vec::new();
-    if let (Some((prog, tp)), true, Some(btf)) = (
+    if let Some(why) = btf_refused {
+        reasons.push(why.to_string());
+    } else if let (Some((prog, tp)), true, Some(btf)) = (
         spec.btf,
         cfg.probes.prefer_btf || spec.classic.is_none(),
         btf,
@@ -419,12 +454,23 @@ fn with_cap_hint(mut s: String) -> String {
     s
 }
 
-fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {
+fn load_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {
     let p: &mut BtfTracePoint = ebpf
         .program_mut(prog)
         .ok_or(ProgramError::NotLoaded)?
         .try_into()?;
-    p.load(tp, btf)?;
+    if p.fd().is_err() {
+        p.load(tp, btf)?;
+    }
+    Ok(())
+}
+
+fn attach_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {
+    load_btf(ebpf, prog, tp, btf)?;
+    let p: &mut BtfTracePoint = ebpf
+        .program_mut(prog)
+        .ok_or(ProgramError::NotLoaded)?
+        .try_into()?;
     p.attach()?;
     Ok(())
 }

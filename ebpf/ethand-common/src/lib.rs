@@ -215,13 +215,20 @@ impl BlkReqState {
     pub const OP_UNKNOWN: u32 = u32::MAX;
 }
 
-/// An in-flight block request, keyed by (dev, sector).
+/// An in-flight block request. The BTF programs key it by the address of its `struct
+/// request` (`dev` = [`BlkReqKey::BY_ADDRESS`]), which no merge changes; the classic
+/// tracepoints carry no address and key it by (dev, start sector).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BlkReqKey {
     pub dev: u32,
     pub _pad0: u32,
+    /// The start sector, or the request's address.
     pub sector: u64,
+}
+
+impl BlkReqKey {
+    pub const BY_ADDRESS: u32 = u32::MAX;
 }
 
 #[repr(C)]
@@ -528,10 +535,6 @@ pub struct KernelOffsets {
     pub task_tgid: u32,
     pub task_group_leader: u32,
     pub task_start_time: u32,
-    pub task_real_parent: u32,
-    pub task_comm: u32,
-    /// `struct pt_regs` offset of the syscall number (orig_ax on x86_64).
-    pub pt_regs_syscall_nr: u32,
     /// Syscall number that is not a syscall: the uretprobe return trampoline (335 on x86_64).
     pub skip_syscall_nr: u32,
     /// `task_struct.se.cfs_rq`, `cfs_rq.rq` and `rq.clock`: the scheduler programs read their
@@ -542,6 +545,18 @@ pub struct KernelOffsets {
     /// 1 when the three offsets above were found (CONFIG_FAIR_GROUP_SCHED); 0: the
     /// scheduler programs use the monotonic clock.
     pub sched_clock_from_rq: u32,
+    /// What the BTF block programs read of a `struct request`: its size and flags, and its
+    /// disk's dev_t through `request.q->disk->{major, first_minor}`.
+    pub request_q: u32,
+    pub request_data_len: u32,
+    pub request_cmd_flags: u32,
+    pub request_queue_disk: u32,
+    pub gendisk_major: u32,
+    pub gendisk_first_minor: u32,
+    /// `REQ_PREFLUSH`: 1 << `__REQ_PREFLUSH` of `enum req_flag_bits`.
+    pub req_preflush: u32,
+    /// 1 when every block offset above was found; 0: block IO uses the classic tracepoints.
+    pub blk_btf: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -692,7 +707,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 48);
+        assert_eq!(size_of::<KernelOffsets>(), 68);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

@@ -1,13 +1,181 @@
 //! Block IO per device and submitting process: ops, bytes, queue time (request created to
-//! issued to the driver) and service time (issued to completed). Classic tracepoints: block
-//! events are rare enough that their cost does not matter, and their records carry dev/sector.
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+//! issued to the driver) and service time (issued to completed).
+//!
+//! Two implementations of the same three probes; the loader picks one for all three. The
+//! `tp_btf` programs (preferred) key a request in flight by the address of its `struct
+//! request`: a merge that moves the request's start sector (a bio merged in front of it)
+//! cannot lose it, and an entry left by a request that never completes (merged into
+//! another) is overwritten when the kernel reuses the struct, so it cannot fill the map.
+//! The classic tracepoints carry no address and key by (dev, start sector): the fallback.
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use ethand_common::{BlkKey, BlkReqKey, BlkReqState, HIST_BUCKETS, blk_op, counter, log2_bucket};
 
 use crate::maps::{
-    BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, bump, current_ctx, get_or_insert,
+    BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, btf_ptr, btf_u32, bump, current_ctx,
+    get_or_insert,
 };
-use crate::tpoff;
+use crate::{koff, tpoff};
+
+/// The request was created by the thread running now: remember who and when.
+#[inline(always)]
+fn on_start(key: &BlkReqKey, op: u32) {
+    let Some(c) = current_ctx() else { return };
+    let st = BlkReqState {
+        tgid: c.tgid,
+        op,
+        proc_start_ns: c.proc_start_ns,
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        issue_ns: 0,
+    };
+    if BLK_INFLIGHT.insert(key, &st, 0).is_err() {
+        bump(counter::BLK_INFLIGHT_FULL);
+    }
+}
+
+/// Handed to the driver. A request not seen at start (a flush, or one started before
+/// attach) is charged to whoever issues it.
+#[inline(always)]
+fn on_issue(key: &BlkReqKey, op: u32) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(st) = BLK_INFLIGHT.get_ptr_mut(key) {
+        unsafe { (*st).issue_ns = now };
+        return;
+    }
+    let Some(c) = current_ctx() else { return };
+    let st = BlkReqState {
+        tgid: c.tgid,
+        op,
+        proc_start_ns: c.proc_start_ns,
+        start_ns: now,
+        issue_ns: now,
+    };
+    if BLK_INFLIGHT.insert(key, &st, 0).is_err() {
+        bump(counter::BLK_INFLIGHT_FULL);
+    }
+}
+
+/// Adds `bytes` completed on `dev` to the request's process; `last` (the request is done):
+/// also the op and its queue and service times.
+#[inline(always)]
+fn account(dev: u32, st: &BlkReqState, op: u32, bytes: u64, last: bool) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let skey = BlkKey {
+        dev,
+        tgid: st.tgid,
+        proc_start_ns: st.proc_start_ns,
+        op,
+        _pad0: 0,
+    };
+    let Some(s) = get_or_insert(&BLK_STATS, &skey, &ZERO_BLK_STATS, counter::BLK_STATS_FULL) else {
+        return;
+    };
+    unsafe { atomic_add(&raw mut (*s).bytes, bytes) };
+    if !last {
+        return;
+    }
+    let issue = if st.issue_ns != 0 {
+        st.issue_ns
+    } else {
+        st.start_ns
+    };
+    let queue = issue.saturating_sub(st.start_ns);
+    let service = now.saturating_sub(issue);
+    unsafe {
+        atomic_add(&raw mut (*s).ops, 1);
+        atomic_add(&raw mut (*s).queue_ns, queue);
+        atomic_add(&raw mut (*s).service_ns, service);
+        let qb = log2_bucket(queue) & (HIST_BUCKETS - 1);
+        atomic_add((*s).queue_hist.as_mut_ptr().add(qb), 1);
+        let sb = log2_bucket(service) & (HIST_BUCKETS - 1);
+        atomic_add((*s).service_hist.as_mut_ptr().add(sb), 1);
+    }
+}
+
+// ---- tp_btf: requests keyed by address ----
+
+#[inline(always)]
+fn rq_key(rq: *const u8) -> BlkReqKey {
+    BlkReqKey {
+        dev: BlkReqKey::BY_ADDRESS,
+        _pad0: 0,
+        sector: rq as u64,
+    }
+}
+
+/// The dev_t the block tracepoints report: MKDEV(disk->major, disk->first_minor).
+#[inline(always)]
+fn rq_dev(rq: *const u8) -> u32 {
+    let q = btf_ptr(rq, koff!(request_q));
+    let disk = btf_ptr(q, koff!(request_queue_disk));
+    (btf_u32(disk, koff!(gendisk_major)) << 20) | btf_u32(disk, koff!(gendisk_first_minor))
+}
+
+/// The op as the tracepoints' rwbs string gives it (see [`op_of`]): an empty request with
+/// the preflush flag is a cache flush.
+#[inline(always)]
+fn rq_op(rq: *const u8) -> u32 {
+    // REQ_OP_* values are kernel ABI (include/linux/blk_types.h).
+    const REQ_OP_MASK: u32 = 0xff;
+    const REQ_OP_READ: u32 = 0;
+    const REQ_OP_WRITE: u32 = 1;
+    const REQ_OP_FLUSH: u32 = 2;
+    const REQ_OP_DISCARD: u32 = 3;
+    const REQ_OP_SECURE_ERASE: u32 = 5;
+    let flags = btf_u32(rq, koff!(request_cmd_flags));
+    let preflush = flags & koff!(req_preflush) != 0;
+    if preflush && btf_u32(rq, koff!(request_data_len)) == 0 {
+        return blk_op::FLUSH;
+    }
+    match flags & REQ_OP_MASK {
+        REQ_OP_READ => blk_op::READ,
+        REQ_OP_WRITE => blk_op::WRITE,
+        REQ_OP_DISCARD | REQ_OP_SECURE_ERASE => blk_op::DISCARD,
+        REQ_OP_FLUSH => blk_op::FLUSH,
+        _ if preflush => blk_op::FLUSH,
+        _ => blk_op::OTHER,
+    }
+}
+
+#[btf_tracepoint(function = "block_io_start")]
+pub fn block_start_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    on_start(&rq_key(rq), rq_op(rq));
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_issue_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    on_issue(&rq_key(rq), rq_op(rq));
+    0
+}
+
+/// `block_rq_complete(rq, error, nr_bytes)` fires before the request's size is reduced by
+/// `nr_bytes`: a driver that completes a request in parts leaves it in flight until the
+/// part that reaches its size.
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_complete_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let nr_bytes: u32 = ctx.arg(2);
+    let key = rq_key(rq);
+    let Some(st) = BLK_INFLIGHT.get_ptr_mut(&key) else {
+        bump(counter::BLK_COMPLETE_UNMATCHED);
+        return 0;
+    };
+    let st = unsafe { *st };
+    let last = nr_bytes >= btf_u32(rq, koff!(request_data_len));
+    if last {
+        let _ = BLK_INFLIGHT.remove(&key);
+    }
+    account(rq_dev(rq), &st, st.op, nr_bytes as u64, last);
+    0
+}
+
+// ---- classic tracepoints: requests keyed by (dev, start sector) ----
 
 #[inline(always)]
 fn req_key(ctx: &TracePointContext, dev_off: usize, sector_off: usize) -> BlkReqKey {
@@ -24,7 +192,6 @@ fn req_key(ctx: &TracePointContext, dev_off: usize, sector_off: usize) -> BlkReq
 #[tracepoint(category = "block", name = "block_io_start")]
 pub fn block_start(ctx: TracePointContext) -> u32 {
     let key = req_key(&ctx, tpoff!(blk_start_dev), tpoff!(blk_start_sector));
-    let Some(c) = current_ctx() else { return 0 };
     let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_start_rwbs)) }.unwrap_or([0; 8]);
     let bytes: u32 = unsafe { ctx.read_at(tpoff!(blk_start_bytes)) }.unwrap_or(0);
     // An empty request with the preflush flag ("FWS", 0 bytes) is a cache flush.
@@ -33,46 +200,20 @@ pub fn block_start(ctx: TracePointContext) -> u32 {
     } else {
         op_of(&rwbs)
     };
-    let st = BlkReqState {
-        tgid: c.tgid,
-        op,
-        proc_start_ns: c.proc_start_ns,
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        issue_ns: 0,
-    };
-    if BLK_INFLIGHT.insert(&key, &st, 0).is_err() {
-        bump(counter::BLK_INFLIGHT_FULL);
-    }
+    on_start(&key, op);
     0
 }
 
 #[tracepoint(category = "block", name = "block_rq_issue")]
 pub fn block_issue(ctx: TracePointContext) -> u32 {
     let key = req_key(&ctx, tpoff!(blk_issue_dev), tpoff!(blk_issue_sector));
-    let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(st) = BLK_INFLIGHT.get_ptr_mut(&key) {
-        unsafe { (*st).issue_ns = now };
-        return 0;
-    }
-    // Not seen at start (e.g. a flush, or started before attach): charge whoever issues it.
-    let Some(c) = current_ctx() else { return 0 };
-    let st = BlkReqState {
-        tgid: c.tgid,
-        op: BlkReqState::OP_UNKNOWN,
-        proc_start_ns: c.proc_start_ns,
-        start_ns: now,
-        issue_ns: now,
-    };
-    if BLK_INFLIGHT.insert(&key, &st, 0).is_err() {
-        bump(counter::BLK_INFLIGHT_FULL);
-    }
+    on_issue(&key, BlkReqState::OP_UNKNOWN);
     0
 }
 
 #[tracepoint(category = "block", name = "block_rq_complete")]
 pub fn block_complete(ctx: TracePointContext) -> u32 {
     let key = req_key(&ctx, tpoff!(blk_complete_dev), tpoff!(blk_complete_sector));
-    let now = unsafe { bpf_ktime_get_ns() };
     let Some(st) = BLK_INFLIGHT.get_ptr_mut(&key) else {
         bump(counter::BLK_COMPLETE_UNMATCHED);
         return 0;
@@ -88,33 +229,7 @@ pub fn block_complete(ctx: TracePointContext) -> u32 {
         let rwbs: [u8; 8] = unsafe { ctx.read_at(tpoff!(blk_complete_rwbs)) }.unwrap_or([0; 8]);
         op_of(&rwbs)
     };
-    let issue = if st.issue_ns != 0 {
-        st.issue_ns
-    } else {
-        st.start_ns
-    };
-    let queue = issue.saturating_sub(st.start_ns);
-    let service = now.saturating_sub(issue);
-    let skey = BlkKey {
-        dev: key.dev,
-        tgid: st.tgid,
-        proc_start_ns: st.proc_start_ns,
-        op,
-        _pad0: 0,
-    };
-    let Some(s) = get_or_insert(&BLK_STATS, &skey, &ZERO_BLK_STATS, counter::BLK_STATS_FULL) else {
-        return 0;
-    };
-    unsafe {
-        atomic_add(&raw mut (*s).ops, 1);
-        atomic_add(&raw mut (*s).bytes, nr_sector as u64 * 512);
-        atomic_add(&raw mut (*s).queue_ns, queue);
-        atomic_add(&raw mut (*s).service_ns, service);
-        let qb = log2_bucket(queue) & (HIST_BUCKETS - 1);
-        atomic_add((*s).queue_hist.as_mut_ptr().add(qb), 1);
-        let sb = log2_bucket(service) & (HIST_BUCKETS - 1);
-        atomic_add((*s).service_hist.as_mut_ptr().add(sb), 1);
-    }
+    account(key.dev, &st, op, nr_sector as u64 * 512, true);
     0
 }
 

@@ -17,14 +17,19 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     task_tgid: 0,
     task_group_leader: 0,
     task_start_time: 0,
-    task_real_parent: 0,
-    task_comm: 0,
-    pt_regs_syscall_nr: 0,
     skip_syscall_nr: u32::MAX,
     task_se_cfs_rq: 0,
     cfs_rq_rq: 0,
     rq_clock: 0,
     sched_clock_from_rq: 0,
+    request_q: 0,
+    request_data_len: 0,
+    request_cmd_flags: 0,
+    request_queue_disk: 0,
+    gendisk_major: 0,
+    gendisk_first_minor: 0,
+    req_preflush: 0,
+    blk_btf: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -81,6 +86,20 @@ macro_rules! tpoff {
         let v = unsafe { core::ptr::read_volatile(&raw const $crate::maps::TPOFF.$f) };
         v as usize
     }};
+}
+
+/// Loads a u32 field of a BTF-typed kernel pointer (a tp_btf argument) directly: the offset
+/// comes from frozen read-only data, so the verifier knows it and checks it against BTF,
+/// and no bpf_probe_read call is needed (a NULL pointer reads as 0).
+#[inline(always)]
+pub fn btf_u32(p: *const u8, off: u32) -> u32 {
+    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
+}
+
+/// Loads a pointer field of a BTF-typed kernel pointer (see [`btf_u32`]).
+#[inline(always)]
+pub fn btf_ptr(p: *const u8, off: u32) -> *const u8 {
+    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const *const u8) }
 }
 
 /// Zeroed values to insert from: map values too big for the 512-byte BPF stack.

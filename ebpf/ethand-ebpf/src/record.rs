@@ -23,6 +23,7 @@ use ethand_common::{
 };
 
 use crate::gpu::GPU_OPS;
+use crate::maps::btf_u32;
 use crate::{koff, tpoff};
 
 /// No preallocation: the daemon loads this object too, and must not pay for these maps.
@@ -87,11 +88,6 @@ fn emit(
         arg3: a3,
     });
     e.submit(0);
-}
-
-#[inline(always)]
-fn btf_u32(p: *const u8, off: u32) -> u32 {
-    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
 }
 
 /// The entry of a recorded thread: found, or created when its process is recorded. An entry

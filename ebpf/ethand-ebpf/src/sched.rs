@@ -10,21 +10,8 @@ use aya_ebpf::{
 };
 use ethand_common::{HIST_BUCKETS, NO_SYSCALL, ThreadStats, counter, log2_bucket, thread_flags};
 
-use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, bump, proc_start_of};
+use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, btf_ptr, btf_u32, bump, proc_start_of};
 use crate::{koff, tpoff};
-
-/// Loads a u32 field of a BTF-typed kernel pointer (a tp_btf argument) directly: the offset
-/// comes from frozen read-only data, so the verifier knows it and checks it against BTF,
-/// and no bpf_probe_read call is needed.
-#[inline(always)]
-fn btf_u32(p: *const u8, off: u32) -> u32 {
-    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
-}
-
-#[inline(always)]
-fn btf_ptr(p: *const u8, off: u32) -> *const u8 {
-    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const *const u8) }
-}
 
 /// "Now" for the scheduler programs. With BTF, the clock of `task`'s run queue
 /// (`task->se.cfs_rq->rq->clock`), which the scheduler has just updated: three loads instead

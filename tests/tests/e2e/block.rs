@@ -1,7 +1,9 @@
 //! Block IO per process and device.
 use std::path::Path;
 
-use ethand_tests::{Daemon, ProcessSnapshot, RemoveOnDrop, disk_of, measure, serial};
+use ethand_tests::{
+    Daemon, ProbeState, ProcessSnapshot, RemoveOnDrop, disk_of, measure, probe, serial,
+};
 
 use crate::workload;
 
@@ -17,17 +19,41 @@ fn block_sum(p: &ProcessSnapshot, device: &str, op: &str) -> (u64, u64) {
 /// way on the disk behind /var/tmp, at least 8 requests each, and every request in the queue
 /// and service histograms. (The workload overwrites a file it wrote and fsynced during setup
 /// and does not fsync in the measured phase: see `blockio` in the workload for why.)
+///
+/// Run with the BTF block programs (the default, which key requests by address) here, and
+/// with the classic tracepoints in `probes::classic_tracepoints_when_btf_is_not_preferred`.
 #[test]
 fn direct_io_bytes_are_exact() {
     let _serial = serial();
+    let d = Daemon::start("blockio", "");
+    let status = d.status();
+    for (name, at) in [
+        ("block_start", "tp_btf/block_io_start"),
+        ("block_issue", "tp_btf/block_rq_issue"),
+        ("block_complete", "tp_btf/block_rq_complete"),
+    ] {
+        let p = probe(&status.probes, name);
+        assert_eq!(
+            (p.state, p.attach_point.as_str()),
+            (ProbeState::Attached, at),
+            "{name}: {p:?}"
+        );
+    }
+    assert_direct_io_exact(&d, "btf");
+}
+
+/// The O_DIRECT workload under daemon `d`: exact bytes each way, every request timed.
+pub fn assert_direct_io_exact(d: &Daemon, tag: &str) {
     let dir = Path::new("/var/tmp");
     let dev = disk_of(dir);
-    let file = dir.join(format!("ethand-test-blockio-{}.dat", std::process::id()));
+    let file = dir.join(format!(
+        "ethand-test-blockio-{tag}-{}.dat",
+        std::process::id()
+    ));
     let _cleanup = RemoveOnDrop(file.clone());
-    let d = Daemon::start("blockio", "");
     let mib = 8u64;
     let mut w = workload(&["blockio", file.to_str().expect("utf-8"), &mib.to_string()]);
-    let m = measure(&d, &mut w);
+    let m = measure(d, &mut w);
     let total = mib << 20;
     assert_eq!(
         (m.done.u64("written"), m.done.u64("read")),

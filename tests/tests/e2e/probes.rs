@@ -24,18 +24,18 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
     let _serial = serial();
     let d = Daemon::start(
         "unsupported",
-        "[probes.tracepoints]\nblock_start = \"block/no_such_event\"\n",
+        "[probes.tracepoints]\nsock_send_length = \"sock/no_such_event\"\n",
     );
     let status = d.status();
-    let p = probe(&status.probes, "block_start");
+    let p = probe(&status.probes, "sock_send_length");
     eprintln!(
-        "observed: block_start {:?} at {:?}: {:?}",
+        "observed: sock_send_length {:?} at {:?}: {:?}",
         p.state, p.attach_point, p.detail
     );
-    assert_eq!(p.state, ProbeState::Unsupported, "block_start: {p:?}");
+    assert_eq!(p.state, ProbeState::Unsupported, "sock_send_length: {p:?}");
     assert!(
-        p.detail.contains("block/no_such_event"),
-        "block_start's detail does not name the tracepoint: {:?}",
+        p.detail.contains("sock/no_such_event"),
+        "sock_send_length's detail does not name the tracepoint: {:?}",
         p.detail
     );
     // The kernel probes; GPU uprobes wait for a runtime library and device collectors for a
@@ -44,15 +44,16 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
         .probes
         .iter()
         .filter(|q| !q.name.starts_with("uprobe_") && !q.name.starts_with("collector_"))
-        .filter(|q| q.name != "block_start" && q.state != ProbeState::Attached)
+        .filter(|q| q.name != "sock_send_length" && q.state != ProbeState::Attached)
         .collect();
     assert!(others.is_empty(), "other probes not attached: {others:?}");
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
 }
 
-/// prefer_btf = false: scheduler and syscall probes run on the classic tracepoints and
-/// counting stays exact (syscalls, and context switches against the kernel's counters).
+/// prefer_btf = false: scheduler, syscall and block probes run on the classic tracepoints
+/// and counting stays exact (syscalls, context switches against the kernel's counters, and
+/// O_DIRECT bytes).
 #[test]
 fn classic_tracepoints_when_btf_is_not_preferred() {
     let _serial = serial();
@@ -63,6 +64,9 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
         ("sched_wakeup", "tracepoint/sched/sched_wakeup"),
         ("sys_enter", "tracepoint/raw_syscalls/sys_enter"),
         ("sys_exit", "tracepoint/raw_syscalls/sys_exit"),
+        ("block_start", "tracepoint/block/block_io_start"),
+        ("block_issue", "tracepoint/block/block_rq_issue"),
+        ("block_complete", "tracepoint/block/block_rq_complete"),
     ] {
         let p = probe(&status.probes, name);
         eprintln!("observed: {name} {:?} at {:?}", p.state, p.attach_point);
@@ -75,4 +79,5 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
     crate::sched::assert_ping_pong(&d, 1000);
+    crate::block::assert_direct_io_exact(&d, "classic");
 }
