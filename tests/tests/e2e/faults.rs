@@ -444,10 +444,7 @@ fn kernel_probes(st: &SelfStatus) -> Vec<&ethand_tests::ProbeStatus> {
 }
 
 /// Probes that exist only as classic tracepoints (need tracefs for their field offsets).
-const CLASSIC_ONLY: [&str; 11] = [
-    "block_start",
-    "block_issue",
-    "block_complete",
+const CLASSIC_ONLY: [&str; 8] = [
     "sock_send_length",
     "sock_recv_length",
     "inet_sock_set_state",
@@ -458,12 +455,15 @@ const CLASSIC_ONLY: [&str; 11] = [
     "sched_process_exit",
 ];
 /// Probes on BTF tracepoints (no tracefs needed).
-const BTF_PROBES: [&str; 5] = [
+const BTF_PROBES: [&str; 8] = [
     "sched_switch",
     "sched_wakeup",
     "sched_wakeup_new",
     "sys_enter",
     "sys_exit",
+    "block_start",
+    "block_issue",
+    "block_complete",
 ];
 
 /// tracefs unmounted in the daemon's mount namespace. As root ethand mounts it there itself
