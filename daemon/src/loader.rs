@@ -300,9 +300,9 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         _ => None,
     };
     for spec in PROBES {
-        let refused = (spec.family == "block")
-            .then_some(block_btf_refused.as_deref())
-            .flatten();
+        let refused = block_btf_refused
+            .as_deref()
+            .filter(|_| spec.family == "block");
         let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref(), refused);
         // Say where the BTF of a tp_btf probe came from when it was not the usual file.
         if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {

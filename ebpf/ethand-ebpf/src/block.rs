@@ -37,9 +37,10 @@ fn on_start(key: &BlkReqKey, op: u32) {
 }
 
 /// Handed to the driver. A request not seen at start (a flush, or one started before
-/// attach) is charged to whoever issues it.
+/// attach) is charged to whoever issues it, with the op `op()` reads (only then: the issue
+/// of a request seen at start reads nothing).
 #[inline(always)]
-fn on_issue(key: &BlkReqKey, op: u32) {
+fn on_issue(key: &BlkReqKey, op: impl Fn() -> u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(st) = BLK_INFLIGHT.get_ptr_mut(key) {
         unsafe { (*st).issue_ns = now };
@@ -48,7 +49,7 @@ fn on_issue(key: &BlkReqKey, op: u32) {
     let Some(c) = current_ctx() else { return };
     let st = BlkReqState {
         tgid: c.tgid,
-        op,
+        op: op(),
         proc_start_ns: c.proc_start_ns,
         start_ns: now,
         issue_ns: now,
@@ -150,7 +151,7 @@ pub fn block_start_btf(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn block_issue_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
-    on_issue(&rq_key(rq), rq_op(rq));
+    on_issue(&rq_key(rq), || rq_op(rq));
     0
 }
 
@@ -207,7 +208,7 @@ pub fn block_start(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "block", name = "block_rq_issue")]
 pub fn block_issue(ctx: TracePointContext) -> u32 {
     let key = req_key(&ctx, tpoff!(blk_issue_dev), tpoff!(blk_issue_sector));
-    on_issue(&key, BlkReqState::OP_UNKNOWN);
+    on_issue(&key, || BlkReqState::OP_UNKNOWN);
     0
 }
 

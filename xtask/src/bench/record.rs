@@ -355,9 +355,9 @@ impl RecordProc {
         let deadline = sent + FINISH_TIMEOUT;
         // The peak RSS is VmHWM, read until it exits, not wait4's ru_maxrss: a child
         // spawned with vfork semantics (Rust's posix_spawn) counts this process's own peak.
-        let mut peak_rss_kb = vm_hwm_kb(pid).unwrap_or(0);
+        let mut peak_rss_kb = status_kb(pid, "VmHWM:").unwrap_or(0);
         let status = loop {
-            if let Some(kb) = vm_hwm_kb(pid) {
+            if let Some(kb) = status_kb(pid, "VmHWM:") {
                 peak_rss_kb = peak_rss_kb.max(kb);
             }
             let mut status = 0;
@@ -424,21 +424,16 @@ fn proc_cpu_rss(pid: u32) -> Option<(u64, u64)> {
     // Fields 14 and 15 of stat; `rest` starts at field 3.
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0);
+    let rss = status_kb(pid, "VmRSS:").unwrap_or(0);
     Some((ticks * 1_000_000_000 / hz, rss))
 }
 
-/// VmHWM (kB) of process `pid`; None once it has exited.
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
+/// A kB field of /proc/PID/status ("VmRSS:", "VmHWM:"); None once the process has exited.
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
