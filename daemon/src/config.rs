@@ -162,6 +162,10 @@ pub struct ProbesConfig {
     pub net: bool,
     pub lifecycle: bool,
     pub prefer_btf: bool,
+    /// Sum a thread's repeated calls of one syscall in the kernel and add them to the maps
+    /// in one update (ebpf/ethand-ebpf/src/syscalls.rs); effective only while the
+    /// sched_switch and sched_process_exit probes, which flush the sums, are attached.
+    pub syscall_batching: bool,
     /// Probe name -> "group/event".
     pub tracepoints: BTreeMap<String, String>,
 }

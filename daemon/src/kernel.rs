@@ -93,8 +93,28 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         task_start_time: member_offset(btf, "task_struct", "start_time")?,
         // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
         skip_syscall_nr: 335,
+        sock_protocol: sock_protocol_offset(btf).unwrap_or(0),
+        net_btf: u32::from(sock_protocol_offset(btf).is_some()),
         ..block_offsets(btf).unwrap_or_default()
     })
+}
+
+/// `sock.sk_protocol`, when it is a whole u16 (kernels since 5.6; before, a bitfield that a
+/// 16-bit load would misread).
+fn sock_protocol_offset(btf: &Btf) -> Option<u32> {
+    let types = btf.resolve_types_by_name("sock").ok()?;
+    let st = types.into_iter().find_map(|t| match t {
+        Type::Struct(s) if !s.members.is_empty() => Some(s),
+        _ => None,
+    })?;
+    let m = st
+        .members
+        .iter()
+        .find(|m| btf.resolve_name(*m).is_ok_and(|n| n == "sk_protocol"))?;
+    if m.bitfield_size().is_some_and(|b| b != 0) || m.bit_offset() % 16 != 0 {
+        return None;
+    }
+    Some(m.bit_offset() / 8)
 }
 
 /// What the BTF block programs read; None (block IO on the classic tracepoints) when the
@@ -461,5 +481,7 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
             "CI kernels have CONFIG_FAIR_GROUP_SCHED"
         );
         assert_ne!(o.rq_clock, 0);
+        assert_eq!(o.net_btf, 1, "6.x kernels have a u16 sock.sk_protocol");
+        assert_ne!(o.sock_protocol, 0);
     }
 }

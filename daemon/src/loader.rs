@@ -88,37 +88,37 @@ const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
         family: "net",
         name: "sock_send_length",
-        btf: None,
+        btf: Some(("sock_send_length_btf", "sock_send_length")),
         classic: Some("sock_send_length"),
     },
     ProbeSpec {
         family: "net",
         name: "sock_recv_length",
-        btf: None,
+        btf: Some(("sock_recv_length_btf", "sock_recv_length")),
         classic: Some("sock_recv_length"),
     },
     ProbeSpec {
         family: "net",
         name: "inet_sock_set_state",
-        btf: None,
+        btf: Some(("inet_sock_set_state_btf", "inet_sock_set_state")),
         classic: Some("inet_sock_set_state"),
     },
     ProbeSpec {
         family: "net",
         name: "tcp_retransmit_skb",
-        btf: None,
+        btf: Some(("tcp_retransmit_skb_btf", "tcp_retransmit_skb")),
         classic: Some("tcp_retransmit_skb"),
     },
     ProbeSpec {
         family: "net",
         name: "tcp_send_reset",
-        btf: None,
+        btf: Some(("tcp_send_reset_btf", "tcp_send_reset")),
         classic: Some("tcp_send_reset"),
     },
     ProbeSpec {
         family: "net",
         name: "tcp_receive_reset",
-        btf: None,
+        btf: Some(("tcp_receive_reset_btf", "tcp_receive_reset")),
         classic: Some("tcp_receive_reset"),
     },
     ProbeSpec {
@@ -299,10 +299,14 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),
         _ => None,
     };
+    let net_btf_refused = (koff.net_btf == 0)
+        .then_some("kernel BTF lacks a u16 sock.sk_protocol, which the BTF socket programs read");
     for spec in PROBES {
-        let refused = block_btf_refused
-            .as_deref()
-            .filter(|_| spec.family == "block");
+        let refused = match spec.name {
+            _ if spec.family == "block" => block_btf_refused.as_deref(),
+            "sock_send_length" | "sock_recv_length" | "inet_sock_set_state" => net_btf_refused,
+            _ => None,
+        };
         let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref(), refused);
         // Say where the BTF of a tp_btf probe came from when it was not the usual file.
         if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {
@@ -320,7 +324,42 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         }
         loaded.probes.push(status);
     }
+    set_syscall_batching(&mut loaded, cfg);
     Ok(loaded)
+}
+
+/// Turns syscall batching on when configured and every probe that flushes a batch is
+/// attached: sched_switch (a thread switched out) and sched_process_exit (a thread exits).
+/// Without them a batch could sit in a CPU's context indefinitely.
+fn set_syscall_batching(loaded: &mut Loaded, cfg: &Config) {
+    let attached = |name: &str| {
+        loaded
+            .probes
+            .iter()
+            .any(|p| p.name == name && p.state == ProbeState::Attached)
+    };
+    if !cfg.probes.syscall_batching || !attached("sys_exit") {
+        return;
+    }
+    let missing: Vec<&str> = ["sched_switch", "sched_process_exit"]
+        .into_iter()
+        .filter(|p| !attached(p))
+        .collect();
+    if !missing.is_empty() {
+        info!(
+            ?missing,
+            "syscall batching off: the probes that flush batches are not attached"
+        );
+        return;
+    }
+    let Some(map) = loaded.ebpf.map_mut("SYSCALL_BATCHING") else {
+        warn!("syscall batching off: map SYSCALL_BATCHING missing");
+        return;
+    };
+    match aya::maps::Array::<_, u32>::try_from(map).and_then(|mut a| a.set(0, &1, 0)) {
+        Ok(()) => info!("syscall batching on"),
+        Err(e) => warn!(error = %e, "syscall batching off: cannot set SYSCALL_BATCHING"),
+    }
 }
 
 fn permission_hint(e: &aya::EbpfError) -> &'static str {

@@ -487,6 +487,17 @@ impl Model {
         }
         for (k, v) in raw.syscalls {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
+                if p.kernel_released {
+                    // Created again after its entries were freed: a batch of syscalls that
+                    // the kernel flushed after the exit event (another thread of the process
+                    // still exiting). Its values are what came since: add them, free it again.
+                    let old = p.syscalls.entry(k.nr).or_default();
+                    old.count += v.count;
+                    old.errors += v.errors;
+                    old.time_ns += v.time_ns;
+                    reclaim.procs.push(p.key);
+                    continue;
+                }
                 let changed = match p.syscalls.get_mut(&k.nr) {
                     Some(old) => std::mem::replace(old, v).count != v.count,
                     None => {
@@ -1321,6 +1332,46 @@ mod tests {
         assert!(p.threads.is_empty());
         assert_eq!(p.sched().oncpu_ns, 950);
         assert_eq!(p.sched().runq_wait_hist[3], 2);
+    }
+
+    #[test]
+    fn syscalls_flushed_after_release_add_to_the_final_counts() {
+        // The test process stands in for the live process (start time 0: not checked), so
+        // that reading its metadata does not find it gone.
+        let mut m = Model::new(1000, 60, 30, 100);
+        let me = std::process::id();
+        let key = ProcKey {
+            tgid: me,
+            _pad0: 0,
+            proc_start_ns: 0,
+        };
+        let read = |count, time_ns| RawRead {
+            syscalls: vec![(
+                SyscallKey {
+                    tgid: me,
+                    nr: 39,
+                    proc_start_ns: 0,
+                },
+                RawSys {
+                    count,
+                    errors: 0,
+                    time_ns,
+                },
+            )],
+            ..Default::default()
+        };
+        m.ingest(read(100, 1000), 0);
+        m.on_exit(key);
+        let r = m.ingest(read(120, 1200), 1000);
+        assert_eq!(r.procs, vec![key], "entries freed after the exit's read");
+        // Another exiting thread's batch, flushed after that: a new entry holding only it.
+        let r = m.ingest(read(7, 70), 2000);
+        assert_eq!(r.procs, vec![key], "the recreated entry is freed too");
+        let s = m.procs[&key].syscalls[&39];
+        assert_eq!((s.count, s.time_ns), (127, 1270));
+        let r = m.ingest(RawRead::default(), 3000);
+        assert!(r.procs.is_empty());
+        assert_eq!(m.procs[&key].syscalls[&39].count, 127);
     }
 
     #[test]

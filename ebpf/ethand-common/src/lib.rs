@@ -158,6 +158,20 @@ pub struct CpuCtx {
     pub proc_start_ns: u64,
     pub sys_start_ns: u64,
     pub sys_nr: u32,
+    /// Calls of one syscall in a row by this thread, summed here and not yet added to
+    /// SYSCALLS (syscall batching; `pend_count` 0: nothing pending). They belong to the
+    /// thread this context describes: every change of that thread flushes them first.
+    pub pend_nr: u32,
+    pub pend_time_ns: u64,
+    /// When the first pending call returned: bounds how late userspace sees them.
+    pub pend_since_ns: u64,
+    pub pend_count: u32,
+    pub pend_errors: u32,
+    /// The run's latest latency-histogram bucket and how many calls of the run landed in
+    /// it in a row (`pend_hist_count` 0: none pending); class as in `SyscallHistKey`.
+    pub pend_hist_class: u32,
+    pub pend_hist_bucket: u32,
+    pub pend_hist_count: u32,
     pub _pad0: u32,
 }
 
@@ -557,6 +571,11 @@ pub struct KernelOffsets {
     pub req_preflush: u32,
     /// 1 when every block offset above was found; 0: block IO uses the classic tracepoints.
     pub blk_btf: u32,
+    /// `sock.sk_protocol` (a u16): what the BTF socket programs read to tell TCP from UDP.
+    pub sock_protocol: u32,
+    /// 1 when `sock_protocol` was found (a plain u16, not the bitfield of kernels before
+    /// 5.6); 0: the socket probes use the classic tracepoints.
+    pub net_btf: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -695,7 +714,7 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 11 + 8 + 4 * HIST_BUCKETS);
-        assert_eq!(size_of::<CpuCtx>(), 32);
+        assert_eq!(size_of::<CpuCtx>(), 64);
         assert_eq!(size_of::<ProcKey>(), 16);
         assert_eq!(size_of::<SyscallKey>(), 16);
         assert_eq!(size_of::<SyscallStats>(), 24);
@@ -707,7 +726,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 68);
+        assert_eq!(size_of::<KernelOffsets>(), 76);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

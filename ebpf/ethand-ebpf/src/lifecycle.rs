@@ -49,6 +49,11 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
+    // The exiting thread's batched syscalls, before the exit event makes userspace read its
+    // process's final counters.
+    if let Some(c) = current_ctx() {
+        crate::syscalls::flush_pending_syscalls(c);
+    }
     if let Some(t) = THREADS.get_ptr_mut(&tid) {
         unsafe { (*t).flags |= thread_flags::EXITED };
     }

@@ -30,6 +30,8 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     gendisk_first_minor: 0,
     req_preflush: 0,
     blk_btf: 0,
+    sock_protocol: 0,
+    net_btf: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -96,6 +98,12 @@ pub fn btf_u32(p: *const u8, off: u32) -> u32 {
     unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
 }
 
+/// Loads a u16 field of a BTF-typed kernel pointer (see [`btf_u32`]).
+#[inline(always)]
+pub fn btf_u16(p: *const u8, off: u32) -> u16 {
+    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u16) }
+}
+
 /// Loads a pointer field of a BTF-typed kernel pointer (see [`btf_u32`]).
 #[inline(always)]
 pub fn btf_ptr(p: *const u8, off: u32) -> *const u8 {
@@ -121,6 +129,10 @@ pub static CPU_CTX: PerCpuArray<CpuCtx> = PerCpuArray::with_max_entries(1, 0);
 pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(32768, 0);
 #[map]
 pub static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(65536, 0);
+/// Entry 0: 1 when syscall batching is on (ethand-ebpf/src/syscalls.rs); set by userspace
+/// after attaching, only when the scheduler and exit probes that flush batches are attached.
+#[map]
+pub static SYSCALL_BATCHING: Array<u32> = Array::with_max_entries(1, 0);
 /// Syscall number -> histogram class (ethand_common::syscall_class); filled by the loader.
 #[map]
 pub static SYSCALL_CLASS: Array<u32> = Array::with_max_entries(MAX_SYSCALL_NR, 0);
@@ -190,6 +202,7 @@ pub fn current_ctx() -> Option<&'static mut CpuCtx> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     if ctx.tid != tid {
+        crate::syscalls::flush_pending_syscalls(ctx);
         ctx.tid = tid;
         ctx.tgid = (pid_tgid >> 32) as u32;
         ctx.proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);

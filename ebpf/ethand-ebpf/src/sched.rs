@@ -141,6 +141,8 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
         return;
     };
     let cpu = unsafe { &mut *cpu };
+    // prev's batched syscalls: the context is about to describe another thread.
+    crate::syscalls::flush_pending_syscalls(cpu);
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
 

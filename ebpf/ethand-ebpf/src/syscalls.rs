@@ -2,19 +2,33 @@
 //! for the blocking classes. Enter and exit touch only the per-CPU context (the in-flight
 //! syscall rides with the thread across CPUs through the scheduler programs); exit does one
 //! hash lookup per syscall, plus one for the blocking classes.
+//!
+//! Syscall batching (on when the scheduler and exit probes are attached): calls of one
+//! syscall in a row by one thread (a `sched_yield` spin, a `read` loop) are summed in the
+//! per-CPU context and added to SYSCALLS in one update, so a repeated call costs no hash
+//! lookup and no atomics. The sum is flushed when the thread makes another syscall, is
+//! switched out or exits, and after [`BATCH_MAX_CALLS`] calls or [`BATCH_MAX_AGE_NS`]: a
+//! thread that keeps running shows its latest run of one syscall at most 10 ms late.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use ethand_common::{
-    HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, SyscallHistKey, SyscallKey, SyscallStats, counter,
-    log2_bucket,
+    CpuCtx, HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, SyscallHistKey, SyscallKey, SyscallStats,
+    counter, log2_bucket,
 };
 
 use crate::maps::{
-    SYSCALL_CLASS, SYSCALL_HIST, SYSCALLS, ZERO_HIST, atomic_add, bump, current_ctx, get_or_insert,
+    SYSCALL_BATCHING, SYSCALL_CLASS, SYSCALL_HIST, SYSCALLS, ZERO_HIST, atomic_add, bump,
+    current_ctx, get_or_insert,
 };
+
+/// Flush a batch after this many calls...
+const BATCH_MAX_CALLS: u32 = 4096;
+/// ...or once its first call is this old (checked at each call; a thread that stops making
+/// syscalls flushes at its next switch-out).
+const BATCH_MAX_AGE_NS: u64 = 10_000_000;
 use crate::{koff, tpoff};
 
 #[btf_tracepoint(function = "sys_enter")]
@@ -74,9 +88,105 @@ fn on_exit(nr: Option<i64>, ret: i64) {
     let nr = ctx.sys_nr as i64;
     ctx.sys_nr = NO_SYSCALL;
     let dur = now.saturating_sub(ctx.sys_start_ns);
+    let error = u32::from((-4095..0).contains(&ret));
+    let class = match SYSCALL_CLASS.get(nr as u32) {
+        Some(c) => *c,
+        None => 0,
+    };
+    let bucket = (log2_bucket(dur) & (HIST_BUCKETS - 1)) as u32;
+    if SYSCALL_BATCHING.get(0).is_some_and(|on| *on != 0) {
+        if ctx.pend_count != 0 && ctx.pend_nr == nr as u32 {
+            ctx.pend_count += 1;
+            ctx.pend_time_ns += dur;
+            ctx.pend_errors += error;
+            // Calls of a run often take alike: their latency bucket is batched too, until
+            // one lands in another bucket.
+            if class != 0 {
+                if ctx.pend_hist_count != 0 && ctx.pend_hist_bucket == bucket {
+                    ctx.pend_hist_count += 1;
+                } else {
+                    flush_pending_hist(ctx);
+                    ctx.pend_hist_class = class;
+                    ctx.pend_hist_bucket = bucket;
+                    ctx.pend_hist_count = 1;
+                }
+            }
+            if ctx.pend_count >= BATCH_MAX_CALLS
+                || now.wrapping_sub(ctx.pend_since_ns) >= BATCH_MAX_AGE_NS
+            {
+                flush_pending_syscalls(ctx);
+            }
+        } else {
+            flush_pending_syscalls(ctx);
+            ctx.pend_nr = nr as u32;
+            ctx.pend_count = 1;
+            ctx.pend_time_ns = dur;
+            ctx.pend_errors = error;
+            ctx.pend_since_ns = now;
+            if class != 0 {
+                ctx.pend_hist_class = class;
+                ctx.pend_hist_bucket = bucket;
+                ctx.pend_hist_count = 1;
+            }
+        }
+    } else {
+        add_syscalls(ctx, nr as u32, 1, dur, error);
+        if class != 0 {
+            add_hist(ctx, class, bucket, 1);
+        }
+    }
+}
+
+/// Adds the context's pending batch (see the module comment) to SYSCALLS. Called before
+/// anything changes which thread the context describes.
+#[inline(always)]
+pub fn flush_pending_syscalls(ctx: &mut CpuCtx) {
+    if ctx.pend_count == 0 {
+        return;
+    }
+    add_syscalls(
+        ctx,
+        ctx.pend_nr,
+        ctx.pend_count,
+        ctx.pend_time_ns,
+        ctx.pend_errors,
+    );
+    ctx.pend_count = 0;
+    flush_pending_hist(ctx);
+}
+
+#[inline(always)]
+fn flush_pending_hist(ctx: &mut CpuCtx) {
+    if ctx.pend_hist_count == 0 {
+        return;
+    }
+    add_hist(
+        ctx,
+        ctx.pend_hist_class,
+        ctx.pend_hist_bucket,
+        ctx.pend_hist_count,
+    );
+    ctx.pend_hist_count = 0;
+}
+
+#[inline(always)]
+fn add_hist(ctx: &CpuCtx, class: u32, bucket: u32, count: u32) {
+    let hkey = SyscallHistKey {
+        tgid: ctx.tgid,
+        class,
+        proc_start_ns: ctx.proc_start_ns,
+    };
+    if let Some(h) = get_or_insert(&SYSCALL_HIST, &hkey, &ZERO_HIST, counter::SYSCALL_HIST_FULL) {
+        let b = bucket as usize & (HIST_BUCKETS - 1);
+        unsafe { atomic_add((*h).buckets.as_mut_ptr().add(b), u64::from(count)) };
+    }
+}
+
+#[inline(always)]
+fn add_syscalls(ctx: &CpuCtx, nr: u32, count: u32, time_ns: u64, errors: u32) {
     let key = SyscallKey {
         tgid: ctx.tgid,
-        nr: nr as u32,
+        nr,
         proc_start_ns: ctx.proc_start_ns,
     };
     if let Some(s) = get_or_insert(
@@ -86,27 +196,11 @@ fn on_exit(nr: Option<i64>, ret: i64) {
         counter::SYSCALLS_FULL,
     ) {
         unsafe {
-            atomic_add(&raw mut (*s).count, 1);
-            atomic_add(&raw mut (*s).time_ns, dur);
-            if (-4095..0).contains(&ret) {
-                atomic_add(&raw mut (*s).errors, 1);
+            atomic_add(&raw mut (*s).count, u64::from(count));
+            atomic_add(&raw mut (*s).time_ns, time_ns);
+            if errors != 0 {
+                atomic_add(&raw mut (*s).errors, u64::from(errors));
             }
         }
-    }
-    let class = match SYSCALL_CLASS.get(nr as u32) {
-        Some(c) => *c,
-        None => 0,
-    };
-    if class == 0 {
-        return;
-    }
-    let hkey = SyscallHistKey {
-        tgid: ctx.tgid,
-        class,
-        proc_start_ns: ctx.proc_start_ns,
-    };
-    if let Some(h) = get_or_insert(&SYSCALL_HIST, &hkey, &ZERO_HIST, counter::SYSCALL_HIST_FULL) {
-        let b = log2_bucket(dur) & (HIST_BUCKETS - 1);
-        unsafe { atomic_add((*h).buckets.as_mut_ptr().add(b), 1) };
     }
 }

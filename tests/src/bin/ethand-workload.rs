@@ -17,6 +17,8 @@
 //!   cpu MS                       busy loop for MS ms of CPU time
 //!   runq MS                      two children pinned to one CPU, each burning MS ms of CPU
 //!   getpid-loop                  after `go`, getpid() in a loop until a second byte (`stop`)
+//!   getpid-exit THREADS N M      after `go`, THREADS threads make N getpid() each and end; after
+//!                                stdin closes, M getpid() and _exit(0) (no other syscall between)
 //!   net-server UDP_N             (internal) the receiving side of `net`
 //!   spin-threads N BURN_US SLEEP_US  after `go`, N threads burning BURN_US, sleeping SLEEP_US, until `stop`
 //!   readloop FILE MIB MS direct|cached  1 MiB preads of a MIB MiB file for MS ms (O_DIRECT or page cache)
@@ -49,6 +51,7 @@ fn main() {
         Some("cpu") => cpu(arg(1)),
         Some("runq") => runq(arg(1)),
         Some("getpid-loop") => getpid_loop(),
+        Some("getpid-exit") => getpid_exit(arg(1), arg(2), arg(3)),
         Some("slow-syscalls") => slow_syscalls(arg(1), arg(2), arg(3)),
         Some("spin-threads") => spin_threads(arg(1), arg(2), arg(3)),
         Some("readloop") => readloop(
@@ -503,6 +506,35 @@ fn getpid_loop() {
     wait_go(); // consume the `stop` byte
     say(&format!("done getpid={calls}"));
     wait_release();
+}
+
+/// `getpid-exit THREADS N M`: the last syscalls of threads (and of the process) before
+/// they exit are a run of one syscall, which syscall batching holds in the kernel until the
+/// exit flushes it.
+fn getpid_exit(threads: u64, n: u64, m: u64) {
+    say("ready");
+    wait_go();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..n {
+                    // SAFETY: no preconditions.
+                    unsafe { libc::syscall(libc::SYS_getpid) };
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("getpid thread");
+    }
+    say(&format!("done getpid={}", threads * n));
+    wait_release();
+    for _ in 0..m {
+        // SAFETY: no preconditions.
+        unsafe { libc::syscall(libc::SYS_getpid) };
+    }
+    // SAFETY: ends the process at once: exit_group is the only syscall after the getpids.
+    unsafe { libc::_exit(0) }
 }
 
 /// `slow-syscalls N US FAST` (for `ethand record`): after `go`, N nanosleep() of US

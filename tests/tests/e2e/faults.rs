@@ -444,18 +444,9 @@ fn kernel_probes(st: &SelfStatus) -> Vec<&ethand_tests::ProbeStatus> {
 }
 
 /// Probes that exist only as classic tracepoints (need tracefs for their field offsets).
-const CLASSIC_ONLY: [&str; 8] = [
-    "sock_send_length",
-    "sock_recv_length",
-    "inet_sock_set_state",
-    "tcp_retransmit_skb",
-    "tcp_send_reset",
-    "tcp_receive_reset",
-    "sched_process_exec",
-    "sched_process_exit",
-];
+const CLASSIC_ONLY: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
 /// Probes on BTF tracepoints (no tracefs needed).
-const BTF_PROBES: [&str; 8] = [
+const BTF_PROBES: [&str; 14] = [
     "sched_switch",
     "sched_wakeup",
     "sched_wakeup_new",
@@ -464,6 +455,12 @@ const BTF_PROBES: [&str; 8] = [
     "block_start",
     "block_issue",
     "block_complete",
+    "sock_send_length",
+    "sock_recv_length",
+    "inet_sock_set_state",
+    "tcp_retransmit_skb",
+    "tcp_send_reset",
+    "tcp_receive_reset",
 ];
 
 /// tracefs unmounted in the daemon's mount namespace. As root ethand mounts it there itself

@@ -4,7 +4,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_tests::{Daemon, NetStats, TreeSnapshot, find_proc, measure, serial};
+use ethand_tests::{Daemon, NetStats, ProbeState, TreeSnapshot, find_proc, measure, probe, serial};
 
 use crate::workload;
 
@@ -24,11 +24,36 @@ fn delta(a: &NetStats, b: &NetStats) -> NetStats {
 
 /// The workload connects to its child server over loopback, sends 3 MiB + 123 bytes of TCP
 /// and closes, then sends 50 UDP datagrams of 1000 bytes. Sender and receiver are different
-/// processes, so each side's figures are checked on its own.
+/// processes, so each side's figures are checked on its own. The socket probes are the BTF
+/// tracepoints (the classic ones: `probes::classic_tracepoints_when_btf_is_not_preferred`).
 #[test]
 fn tcp_and_udp_bytes_and_connections_are_exact() {
     let _serial = serial();
     let d = Daemon::start("net", "");
+    let status = d.status();
+    for name in NET_PROBES {
+        let p = probe(&status.probes, name);
+        assert_eq!(
+            (p.state, p.attach_point.as_str()),
+            (ProbeState::Attached, format!("tp_btf/{name}").as_str()),
+            "{name}: {p:?}"
+        );
+    }
+    assert_net_exact(&d);
+}
+
+/// The network probes.
+pub const NET_PROBES: [&str; 6] = [
+    "sock_send_length",
+    "sock_recv_length",
+    "inet_sock_set_state",
+    "tcp_retransmit_skb",
+    "tcp_send_reset",
+    "tcp_receive_reset",
+];
+
+/// Runs the `net` workload under `d` and checks both sides' figures exactly.
+pub fn assert_net_exact(d: &Daemon) {
     let tcp_bytes = (3u64 << 20) + 123;
     let (udp_n, udp_size) = (50u64, 1000u64);
     let mut w = workload(&[
@@ -38,7 +63,7 @@ fn tcp_and_udp_bytes_and_connections_are_exact() {
         &udp_size.to_string(),
     ]);
     let server = w.ready.u64("server") as u32;
-    let m = measure(&d, &mut w);
+    let m = measure(d, &mut w);
     let udp_bytes = udp_n * udp_size;
     assert_eq!(
         (

@@ -24,18 +24,22 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
     let _serial = serial();
     let d = Daemon::start(
         "unsupported",
-        "[probes.tracepoints]\nsock_send_length = \"sock/no_such_event\"\n",
+        "[probes.tracepoints]\nsched_process_exec = \"sched/no_such_event\"\n",
     );
     let status = d.status();
-    let p = probe(&status.probes, "sock_send_length");
+    let p = probe(&status.probes, "sched_process_exec");
     eprintln!(
-        "observed: sock_send_length {:?} at {:?}: {:?}",
+        "observed: sched_process_exec {:?} at {:?}: {:?}",
         p.state, p.attach_point, p.detail
     );
-    assert_eq!(p.state, ProbeState::Unsupported, "sock_send_length: {p:?}");
+    assert_eq!(
+        p.state,
+        ProbeState::Unsupported,
+        "sched_process_exec: {p:?}"
+    );
     assert!(
-        p.detail.contains("sock/no_such_event"),
-        "sock_send_length's detail does not name the tracepoint: {:?}",
+        p.detail.contains("sched/no_such_event"),
+        "sched_process_exec's detail does not name the tracepoint: {:?}",
         p.detail
     );
     // The kernel probes; GPU uprobes wait for a runtime library and device collectors for a
@@ -44,16 +48,16 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
         .probes
         .iter()
         .filter(|q| !q.name.starts_with("uprobe_") && !q.name.starts_with("collector_"))
-        .filter(|q| q.name != "sock_send_length" && q.state != ProbeState::Attached)
+        .filter(|q| q.name != "sched_process_exec" && q.state != ProbeState::Attached)
         .collect();
     assert!(others.is_empty(), "other probes not attached: {others:?}");
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
 }
 
-/// prefer_btf = false: scheduler, syscall and block probes run on the classic tracepoints
-/// and counting stays exact (syscalls, context switches against the kernel's counters, and
-/// O_DIRECT bytes).
+/// prefer_btf = false: scheduler, syscall, block and socket probes run on the classic
+/// tracepoints and counting stays exact (syscalls, context switches against the kernel's
+/// counters, O_DIRECT bytes, TCP and UDP bytes and connections).
 #[test]
 fn classic_tracepoints_when_btf_is_not_preferred() {
     let _serial = serial();
@@ -67,6 +71,12 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
         ("block_start", "tracepoint/block/block_io_start"),
         ("block_issue", "tracepoint/block/block_rq_issue"),
         ("block_complete", "tracepoint/block/block_rq_complete"),
+        ("sock_send_length", "tracepoint/sock/sock_send_length"),
+        ("sock_recv_length", "tracepoint/sock/sock_recv_length"),
+        ("inet_sock_set_state", "tracepoint/sock/inet_sock_set_state"),
+        ("tcp_retransmit_skb", "tracepoint/tcp/tcp_retransmit_skb"),
+        ("tcp_send_reset", "tracepoint/tcp/tcp_send_reset"),
+        ("tcp_receive_reset", "tracepoint/tcp/tcp_receive_reset"),
     ] {
         let p = probe(&status.probes, name);
         eprintln!("observed: {name} {:?} at {:?}", p.state, p.attach_point);
@@ -80,4 +90,5 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
     eprintln!("observed: getpid count {n}");
     crate::sched::assert_ping_pong(&d, 1000);
     crate::block::assert_direct_io_exact(&d, "classic");
+    crate::net::assert_net_exact(&d);
 }
