@@ -7,8 +7,10 @@ bash scripts/setup.sh --tests
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "[test] building ethand (release)" >&2
 cargo build --release --locked -p ethand
-# Licenses, banned/duplicate crates and sources (deny.toml); offline: the crates are fetched by
-# now. The advisories check needs GitHub (RustSec), unreachable from CI: scripts/audit.sh.
+# Licenses, banned/duplicate crates and sources (deny.toml); offline after `cargo fetch`, which
+# also brings the other platforms' crates (cargo build fetches only this one's) that cargo deny's
+# metadata needs. The advisories check needs GitHub (RustSec), unreachable from CI: scripts/audit.sh.
+cargo fetch --locked
 echo "[test] cargo deny (bans, licenses, sources)" >&2
 cargo deny --locked --offline check bans licenses sources
 echo "[test] building the .deb (tests/tests/package.rs installs it)" >&2
