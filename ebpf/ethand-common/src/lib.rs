@@ -714,7 +714,7 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 11 + 8 + 4 * HIST_BUCKETS);
-        assert_eq!(size_of::<CpuCtx>(), 64);
+        assert_eq!(size_of::<CpuCtx>(), 72);
         assert_eq!(size_of::<ProcKey>(), 16);
         assert_eq!(size_of::<SyscallKey>(), 16);
         assert_eq!(size_of::<SyscallStats>(), 24);
