@@ -445,8 +445,9 @@ fn kernel_probes(st: &SelfStatus) -> Vec<&ethand_tests::ProbeStatus> {
 
 /// Probes that exist only as classic tracepoints (need tracefs for their field offsets).
 const CLASSIC_ONLY: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
-/// Probes on BTF tracepoints (no tracefs needed).
-const BTF_PROBES: [&str; 14] = [
+/// Probes on BTF tracepoints (no tracefs needed), besides the network ones
+/// (`crate::net::NET_PROBES`).
+const BTF_PROBES: [&str; 8] = [
     "sched_switch",
     "sched_wakeup",
     "sched_wakeup_new",
@@ -455,12 +456,6 @@ const BTF_PROBES: [&str; 14] = [
     "block_start",
     "block_issue",
     "block_complete",
-    "sock_send_length",
-    "sock_recv_length",
-    "inet_sock_set_state",
-    "tcp_retransmit_skb",
-    "tcp_send_reset",
-    "tcp_receive_reset",
 ];
 
 /// tracefs unmounted in the daemon's mount namespace. As root ethand mounts it there itself
@@ -533,7 +528,7 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
             p.detail
         );
     }
-    for name in BTF_PROBES {
+    for name in BTF_PROBES.iter().chain(&crate::net::NET_PROBES) {
         let p = probe(&st.probes, name);
         assert_eq!(p.state, ProbeState::Attached, "{p:?}");
         assert!(p.attach_point.starts_with("tp_btf/"), "{p:?}");
@@ -572,7 +567,7 @@ fn btf_file_masked_falls_back_to_the_kernels_btf() {
             .find(|l| l.contains("kernel BTF file unusable"))
             .map(str::to_string);
         eprintln!("observed: log: {warned:?}");
-        for name in BTF_PROBES {
+        for name in BTF_PROBES.iter().chain(&crate::net::NET_PROBES) {
             let p = probe(&st.probes, name);
             eprintln!(
                 "observed: {name} {:?} at {}: {}",
