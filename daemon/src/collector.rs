@@ -52,18 +52,9 @@ pub struct Collector {
     pub stats: BpfStats,
     /// False once the kernel refused a batch lookup.
     batch_ok: bool,
-    keys: ReadKeys,
-}
-
-/// The keys of the last read, for reclaim.
-#[derive(Default)]
-struct ReadKeys {
-    syscalls: Vec<SyscallKey>,
-    syscall_hist: Vec<SyscallHistKey>,
-    blk: Vec<BlkKey>,
-    gpu_calls: Vec<GpuCallKey>,
-    net: Vec<ProcKey>,
-    gpu_procs: Vec<ProcKey>,
+    /// The last read, kept: reclaim deletes from its keys without walking the maps again,
+    /// and its vectors are refilled next round instead of allocated anew.
+    raw: RawRead,
 }
 
 type FoldSet<T> = HashSet<T, foldhash::fast::RandomState>;
@@ -84,11 +75,11 @@ macro_rules! of_process {
 }
 of_process!(SyscallKey, SyscallHistKey, BlkKey, GpuCallKey, ProcKey);
 
-/// The keys in `keys` that belong to a process in `procs`.
-fn of<K: OfProcess>(keys: &[K], procs: &FoldSet<(u32, u64)>) -> Vec<K> {
-    keys.iter()
+/// The keys of `read` that belong to a process in `procs`.
+fn of<K: OfProcess, V>(read: &[(K, V)], procs: &FoldSet<(u32, u64)>) -> Vec<K> {
+    read.iter()
+        .map(|(k, _)| *k)
         .filter(|k| procs.contains(&k.process()))
-        .copied()
         .collect()
 }
 
@@ -207,7 +198,7 @@ impl Collector {
             fills: Vec::new(),
             stats: BpfStats::new(cfg),
             batch_ok: true,
-            keys: ReadKeys::default(),
+            raw: RawRead::default(),
         })
     }
 
@@ -239,28 +230,18 @@ impl Collector {
         }
     }
 
-    pub fn read(&mut self) -> RawRead {
-        let mut raw = RawRead::default();
+    /// Reads the maps into the collector's own [`RawRead`], whose vectors are kept between
+    /// rounds (see [`read_all`]).
+    pub fn read(&mut self) -> &RawRead {
+        let raw = &mut self.raw;
         let ok = &mut self.batch_ok;
-        raw.threads = read_all(&self.threads, ok);
-        raw.syscalls = read_all(&self.syscalls, ok);
-        raw.syscall_hist = read_all(&self.syscall_hist, ok)
-            .into_iter()
-            .map(|(k, h)| (k, h.buckets))
-            .collect();
-        raw.blk = read_all(&self.blk_stats, ok);
-        raw.net = read_all(&self.net_stats, ok);
-        raw.gpu_calls = read_all(&self.gpu_calls, ok);
-        raw.gpu_procs = read_all(&self.gpu_proc, ok);
-        // Reclaim deletes from these without walking the maps again.
-        self.keys = ReadKeys {
-            syscalls: raw.syscalls.iter().map(|(k, _)| *k).collect(),
-            syscall_hist: raw.syscall_hist.iter().map(|(k, _)| *k).collect(),
-            blk: raw.blk.iter().map(|(k, _)| *k).collect(),
-            gpu_calls: raw.gpu_calls.iter().map(|(k, _)| *k).collect(),
-            net: raw.net.iter().map(|(k, _)| *k).collect(),
-            gpu_procs: raw.gpu_procs.iter().map(|(k, _)| *k).collect(),
-        };
+        read_all(&self.threads, ok, &mut raw.threads);
+        read_all(&self.syscalls, ok, &mut raw.syscalls);
+        read_all(&self.syscall_hist, ok, &mut raw.syscall_hist);
+        read_all(&self.blk_stats, ok, &mut raw.blk);
+        read_all(&self.net_stats, ok, &mut raw.net);
+        read_all(&self.gpu_calls, ok, &mut raw.gpu_calls);
+        read_all(&self.gpu_proc, ok, &mut raw.gpu_procs);
         let fill = |name: &'static str, n: usize, cap: &HashMap<&'static str, u64>| MapFill {
             name: name.into(),
             entries: n as u64,
@@ -292,7 +273,7 @@ impl Collector {
         let reclaimed: FoldSet<(u32, u64)> =
             r.procs.iter().map(|p| (p.tgid, p.proc_start_ns)).collect();
         // Only keys this round's read found: no syscall for entries that do not exist.
-        let k = &self.keys;
+        let k = &self.raw;
         delete_keys(&mut self.syscalls, &of(&k.syscalls, &reclaimed), ok);
         delete_keys(&mut self.syscall_hist, &of(&k.syscall_hist, &reclaimed), ok);
         delete_keys(&mut self.blk_stats, &of(&k.blk, &reclaimed), ok);

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use ethand_common::{
-    BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, HIST_BUCKETS,
+    BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, HIST_BUCKETS, Hist,
     NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey, SyscallStats as RawSys, ThreadStats,
     blk_op, syscall_class, thread_flags,
 };
@@ -25,7 +25,7 @@ const TOTALS: usize = 18;
 pub struct RawRead {
     pub threads: Vec<(u32, ThreadStats)>,
     pub syscalls: Vec<(SyscallKey, RawSys)>,
-    pub syscall_hist: Vec<(SyscallHistKey, [u64; HIST_BUCKETS])>,
+    pub syscall_hist: Vec<(SyscallHistKey, Hist)>,
     pub blk: Vec<(BlkKey, RawBlk)>,
     pub net: Vec<(ProcKey, RawNet)>,
     pub gpu_calls: Vec<(GpuCallKey, GpuCallStats)>,
@@ -454,7 +454,7 @@ impl Model {
     }
 
     /// Feeds one read of the kernel maps; returns what to delete from them.
-    pub fn ingest(&mut self, raw: RawRead, now_unix_ms: u64) -> Reclaim {
+    pub fn ingest(&mut self, raw: &RawRead, now_unix_ms: u64) -> Reclaim {
         self.round += 1;
         self.now_unix_ms = now_unix_ms;
         let mut reclaim = Reclaim::default();
@@ -485,7 +485,7 @@ impl Model {
                 reclaim.threads.push((*tid, key));
             }
         }
-        for (k, v) in raw.syscalls {
+        for &(k, v) in &raw.syscalls {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 if p.kernel_released {
                     // Created again after its entries were freed: a batch of syscalls that
@@ -510,33 +510,33 @@ impl Model {
                 }
             }
         }
-        for (k, v) in raw.syscall_hist {
+        for (k, v) in &raw.syscall_hist {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 // In place: a new box per histogram per round was a malloc and a free each.
                 match p.syscall_hist.get_mut(&k.class) {
-                    Some(h) => **h = v,
+                    Some(h) => **h = v.buckets,
                     None => {
-                        p.syscall_hist.insert(k.class, Box::new(v));
+                        p.syscall_hist.insert(k.class, Box::new(v.buckets));
                     }
                 }
             }
         }
-        for (k, v) in raw.blk {
+        for &(k, v) in &raw.blk {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 p.blk.insert((k.dev, k.op), v);
             }
         }
-        for (k, v) in raw.net {
+        for &(k, v) in &raw.net {
             if let Some(p) = self.proc_mut(k) {
                 p.net = v;
             }
         }
-        for (k, v) in raw.gpu_calls {
+        for &(k, v) in &raw.gpu_calls {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
                 p.gpu_calls.insert((k.op, k.dir), v);
             }
         }
-        for (k, v) in raw.gpu_procs {
+        for &(k, v) in &raw.gpu_procs {
             if let Some(p) = self.proc_mut(k) {
                 p.gpu_state = Some(v);
             }
@@ -1273,7 +1273,7 @@ mod tests {
                 },
             ),
         ];
-        m.ingest(raw, 0);
+        m.ingest(&raw, 0);
         assert_eq!(m.procs.len(), 2);
         let pa = &m.procs[&ProcKey {
             tgid: 10,
@@ -1301,7 +1301,7 @@ mod tests {
         };
         let mut t = th(900, 4, 2);
         m.ingest(
-            RawRead {
+            &RawRead {
                 threads: vec![(12, t)],
                 ..Default::default()
             },
@@ -1310,7 +1310,7 @@ mod tests {
         t.flags = thread_flags::EXITED;
         t.oncpu_ns = 950;
         let r1 = m.ingest(
-            RawRead {
+            &RawRead {
                 threads: vec![(12, t)],
                 ..Default::default()
             },
@@ -1321,7 +1321,7 @@ mod tests {
             "kept one more round for the final switch-out"
         );
         let r2 = m.ingest(
-            RawRead {
+            &RawRead {
                 threads: vec![(12, t)],
                 ..Default::default()
             },
@@ -1360,16 +1360,16 @@ mod tests {
             )],
             ..Default::default()
         };
-        m.ingest(read(100, 1000), 0);
+        m.ingest(&read(100, 1000), 0);
         m.on_exit(key);
-        let r = m.ingest(read(120, 1200), 1000);
+        let r = m.ingest(&read(120, 1200), 1000);
         assert_eq!(r.procs, vec![key], "entries freed after the exit's read");
         // Another exiting thread's batch, flushed after that: a new entry holding only it.
-        let r = m.ingest(read(7, 70), 2000);
+        let r = m.ingest(&read(7, 70), 2000);
         assert_eq!(r.procs, vec![key], "the recreated entry is freed too");
         let s = m.procs[&key].syscalls[&39];
         assert_eq!((s.count, s.time_ns), (127, 1270));
-        let r = m.ingest(RawRead::default(), 3000);
+        let r = m.ingest(&RawRead::default(), 3000);
         assert!(r.procs.is_empty());
         assert_eq!(m.procs[&key].syscalls[&39].count, 127);
     }
@@ -1398,7 +1398,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        m.ingest(raw, 0);
+        m.ingest(&raw, 0);
         assert_eq!(m.procs.len(), 1);
         assert_eq!(m.overflow, 1);
     }
@@ -1418,7 +1418,7 @@ mod tests {
         t.tgid = me;
         t.proc_start_ns = 0;
         m.ingest(
-            RawRead {
+            &RawRead {
                 threads: vec![(me, t)],
                 ..Default::default()
             },
@@ -1429,14 +1429,14 @@ mod tests {
         m.on_exit(key);
         // Visible for the round that sees the exit, then for one interval of grace; its
         // kernel entries are freed at once (the read of that round holds its final values).
-        let r = m.ingest(RawRead::default(), 1000);
+        let r = m.ingest(&RawRead::default(), 1000);
         assert_eq!(
             r.procs,
             vec![key],
             "kernel entries freed once the exit is ingested"
         );
         assert!(!m.procs[&key].alive);
-        let r = m.ingest(RawRead::default(), 2000);
+        let r = m.ingest(&RawRead::default(), 2000);
         assert!(r.procs.is_empty(), "not freed twice");
         assert!(m.procs.is_empty());
         let after: Vec<_> = m.cgroups();
@@ -1461,7 +1461,7 @@ mod tests {
         t.tgid = key.tgid;
         t.proc_start_ns = key.proc_start_ns;
         let r = m.ingest(
-            RawRead {
+            &RawRead {
                 threads: vec![(4_999_999, t)],
                 ..Default::default()
             },
@@ -1469,7 +1469,7 @@ mod tests {
         );
         assert!(!m.procs[&key].alive);
         assert_eq!(r.procs, vec![key], "its kernel entries are freed at once");
-        m.ingest(RawRead::default(), 1000);
+        m.ingest(&RawRead::default(), 1000);
         assert!(
             !m.procs.contains_key(&key),
             "dropped from the model after the grace period, not kept forever"
