@@ -95,8 +95,30 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         skip_syscall_nr: 335,
         sock_protocol: sock_protocol_offset(btf).unwrap_or(0),
         net_btf: u32::from(sock_protocol_offset(btf).is_some()),
+        // btf_trace_sched_process_exit(void *ctx, struct task_struct *p, bool group_dead).
+        exit_group_dead_arg: u32::from(
+            tracepoint_params(btf, "sched_process_exit").is_some_and(|n| n >= 3),
+        ),
         ..block_offsets(btf).unwrap_or_default()
     })
+}
+
+/// How many parameters the BTF tracepoint `name` passes (its `btf_trace_<name>` typedef, a
+/// pointer to a function prototype whose first parameter is the program's context).
+fn tracepoint_params(btf: &Btf, name: &str) -> Option<usize> {
+    let types = btf
+        .resolve_types_by_name(&format!("btf_trace_{name}"))
+        .ok()?;
+    let Type::Typedef(t) = types.into_iter().next()? else {
+        return None;
+    };
+    let Type::Ptr(p) = btf.resolve_chained_type(&t).ok()? else {
+        return None;
+    };
+    match btf.resolve_chained_type(&p).ok()? {
+        Type::FuncProto(f) => Some(f.parameters.len()),
+        _ => None,
+    }
 }
 
 /// `sock.sk_protocol`, when it is a whole u16 (kernels since 5.6; before, a bitfield that a
@@ -483,5 +505,14 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
         assert_ne!(o.rq_clock, 0);
         assert_eq!(o.net_btf, 1, "6.x kernels have a u16 sock.sk_protocol");
         assert_ne!(o.sock_protocol, 0);
+        // The classic tracepoint has the field exactly when the BTF one has the argument.
+        let classic = tracepoint_fields("sched/sched_process_exit")
+            .expect("sched_process_exit format")
+            .contains_key("group_dead");
+        assert_eq!(
+            o.exit_group_dead_arg,
+            u32::from(classic),
+            "group_dead argument"
+        );
     }
 }

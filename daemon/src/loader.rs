@@ -124,13 +124,13 @@ const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
         family: "lifecycle",
         name: "sched_process_exec",
-        btf: None,
+        btf: Some(("sched_process_exec_btf", "sched_process_exec")),
         classic: Some("sched_process_exec"),
     },
     ProbeSpec {
         family: "lifecycle",
         name: "sched_process_exit",
-        btf: None,
+        btf: Some(("sched_process_exit_btf", "sched_process_exit")),
         classic: Some("sched_process_exit"),
     },
 ];

@@ -576,6 +576,10 @@ pub struct KernelOffsets {
     /// 1 when `sock_protocol` was found (a plain u16, not the bitfield of kernels before
     /// 5.6); 0: the socket probes use the classic tracepoints.
     pub net_btf: u32,
+    /// 1 when the BTF `sched_process_exit` tracepoint passes `group_dead` (its second
+    /// argument, a bool; kernels since 6.15); 0: the BTF exit program takes a thread group
+    /// leader's exit as the group's.
+    pub exit_group_dead_arg: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -726,7 +730,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 76);
+        assert_eq!(size_of::<KernelOffsets>(), 80);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

@@ -32,6 +32,7 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     blk_btf: 0,
     sock_protocol: 0,
     net_btf: 0,
+    exit_group_dead_arg: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.

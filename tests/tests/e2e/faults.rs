@@ -443,11 +443,9 @@ fn kernel_probes(st: &SelfStatus) -> Vec<&ethand_tests::ProbeStatus> {
         .collect()
 }
 
-/// Probes that exist only as classic tracepoints (need tracefs for their field offsets).
-const CLASSIC_ONLY: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
 /// Probes on BTF tracepoints (no tracefs needed), besides the network ones
-/// (`crate::net::NET_PROBES`).
-const BTF_PROBES: [&str; 8] = [
+/// (`crate::net::NET_PROBES`): every kernel probe on this kernel.
+const BTF_PROBES: [&str; 10] = [
     "sched_switch",
     "sched_wakeup",
     "sched_wakeup_new",
@@ -456,13 +454,16 @@ const BTF_PROBES: [&str; 8] = [
     "block_start",
     "block_issue",
     "block_complete",
+    "sched_process_exec",
+    "sched_process_exit",
 ];
 
 /// tracefs unmounted in the daemon's mount namespace. As root ethand mounts it there itself
 /// (says so in its log; the test's namespace is untouched) and the classic tracepoints work:
 /// with prefer_btf = false syscalls are counted through them exactly. Without CAP_SYS_ADMIN it
-/// cannot: every classic-only probe is unsupported naming tracefs, the BTF tracepoints and
-/// the GPU uprobes stay attached and count getpid() and launches exactly.
+/// cannot: every kernel probe stays on its BTF tracepoint (none needs tracefs) and counts
+/// getpid() exactly, exec events included (the GPU uprobes attach and count launches
+/// exactly); with prefer_btf = false there, every kernel probe is unsupported, naming tracefs.
 #[test]
 fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
     let _serial = serial();
@@ -518,16 +519,6 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
     let pid = d.pid().to_string();
     assert!(!tracefs_mounted(&pid, "/sys/kernel/tracing"));
     let st = d.status();
-    for name in CLASSIC_ONLY {
-        let p = probe(&st.probes, name);
-        eprintln!("observed: {name} {:?}: {}", p.state, p.detail);
-        assert_eq!(p.state, ProbeState::Unsupported, "{p:?}");
-        assert!(
-            p.detail.contains("tracefs is not mounted") && p.detail.contains("failed"),
-            "{name}'s detail does not say tracefs is missing: {:?}",
-            p.detail
-        );
-    }
     for name in BTF_PROBES.iter().chain(&crate::net::NET_PROBES) {
         let p = probe(&st.probes, name);
         assert_eq!(p.state, ProbeState::Attached, "{p:?}");
@@ -536,8 +527,7 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
     let n = assert_getpid_exact(&d, 10_000);
     let mut drv = s.spawn_driver(&[Lib::Cuda], &["wait_stdin", "launches 13", "wait_stdin"]);
     drv.wait_for("waiting");
-    // Without the exec tracepoint a new process is found by the full rescan (every 15th,
-    // 4.5 s) rather than at once.
+    // The exec event (BTF tracepoint) makes the daemon scan the new process at once.
     let (_, took) = wait_attached_within(&d, cuda_ino, Duration::from_secs(15));
     eprintln!("observed: without tracefs libcuda attached {took:?} after the driver loaded it");
     drv.resume();
@@ -546,6 +536,38 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
     eprintln!("observed: without tracefs: getpid {n}, launches {l}");
     drv.finish();
     assert_eq!(l, 13, "launches through uprobes without tracefs");
+    drop(d);
+    // Classic tracepoints asked for, and no tracefs to read their formats from.
+    let d = Daemon::start_with(
+        "faults-tracefs-classic",
+        "[probes]\nprefer_btf = false\n",
+        &in_private_mount_ns(UMOUNT_TRACEFS, &NO_SYS_ADMIN),
+        &[],
+    );
+    let st = d.status();
+    // sched_wakeup_new has no classic program: it stays on its BTF tracepoint.
+    let wakeup_new = probe(&st.probes, "sched_wakeup_new");
+    assert_eq!(
+        (wakeup_new.state, wakeup_new.attach_point.as_str()),
+        (ProbeState::Attached, "tp_btf/sched_wakeup_new"),
+        "{wakeup_new:?}"
+    );
+    for p in kernel_probes(&st)
+        .into_iter()
+        .filter(|p| p.name != "sched_wakeup_new")
+    {
+        eprintln!(
+            "observed: prefer_btf = false, no tracefs: {} {:?}: {}",
+            p.name, p.state, p.detail
+        );
+        assert_eq!(p.state, ProbeState::Unsupported, "{p:?}");
+        assert!(
+            p.detail.contains("tracefs is not mounted") && p.detail.contains("failed"),
+            "{}'s detail does not say tracefs is missing: {:?}",
+            p.name,
+            p.detail
+        );
+    }
 }
 
 /// /sys/kernel/btf/vmlinux masked (an empty file bound over it) in the daemon's namespace:

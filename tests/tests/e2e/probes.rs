@@ -18,13 +18,16 @@ fn assert_getpid_exact(d: &Daemon, n: u64) -> u64 {
 }
 
 /// A configured tracepoint that does not exist: that probe is "unsupported" with a reason,
-/// the daemon runs, every other probe is attached and syscall counting stays exact.
+/// the daemon runs, every other probe is attached and syscall counting stays exact. Every
+/// probe has a BTF program on this kernel, so the classic tracepoints are asked for
+/// (prefer_btf = false) for the configured one to matter.
 #[test]
 fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
     let _serial = serial();
     let d = Daemon::start(
         "unsupported",
-        "[probes.tracepoints]\nsched_process_exec = \"sched/no_such_event\"\n",
+        "[probes]\nprefer_btf = false\n\
+         [probes.tracepoints]\nsched_process_exec = \"sched/no_such_event\"\n",
     );
     let status = d.status();
     let p = probe(&status.probes, "sched_process_exec");
@@ -55,7 +58,7 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
     eprintln!("observed: getpid count {n}");
 }
 
-/// prefer_btf = false: scheduler, syscall, block and socket probes run on the classic
+/// prefer_btf = false: scheduler, syscall, block, socket and lifecycle probes run on the classic
 /// tracepoints and counting stays exact (syscalls, context switches against the kernel's
 /// counters, O_DIRECT bytes, TCP and UDP bytes and connections).
 #[test]
@@ -77,6 +80,8 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
         ("tcp_retransmit_skb", "tracepoint/tcp/tcp_retransmit_skb"),
         ("tcp_send_reset", "tracepoint/tcp/tcp_send_reset"),
         ("tcp_receive_reset", "tracepoint/tcp/tcp_receive_reset"),
+        ("sched_process_exec", "tracepoint/sched/sched_process_exec"),
+        ("sched_process_exit", "tracepoint/sched/sched_process_exit"),
     ] {
         let p = probe(&status.probes, name);
         eprintln!("observed: {name} {:?} at {:?}", p.state, p.attach_point);
