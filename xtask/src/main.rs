@@ -28,6 +28,10 @@ enum Command {
     /// processes).
     #[command(hide = true)]
     Workload(bench::workloads::WorkloadArgs),
+    /// Attach empty BPF programs to ethand's syscall and scheduler hooks and hold them until
+    /// a signal (the bench's `floor` modes: the kernel's own cost per event).
+    #[command(hide = true)]
+    FloorProbes(bench::floor::FloorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Deb(args) => deb::run(args),
         Command::Workload(args) => bench::workloads::run(args),
+        Command::FloorProbes(args) => bench::floor::run(args),
     }
 }

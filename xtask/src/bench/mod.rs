@@ -9,6 +9,7 @@
 //! This module only validates the options, interleaves rounds x modes x workloads, and then
 //! reads ethand's per-program run times in one extra, untimed run.
 
+pub mod floor;
 mod modes;
 mod record;
 mod report;

@@ -59,15 +59,26 @@ pub enum Mode {
     EthandSched,
     /// bpftrace running only the scheduler part of `accounting.bt`; runs the ping-pong only.
     BpftraceSched,
+    /// The kernel's floor: empty BPF programs on sys_enter, sys_exit, sched_switch and
+    /// sched_wakeup (`xtask floor-probes`); runs the getpid loop and the ping-pong only.
+    Floor,
+    /// As floor, with one `bpf_ktime_get_ns()` in each syscall program (what timing a syscall
+    /// needs); runs the getpid loop and the ping-pong only.
+    FloorClock,
+    /// Empty BPF programs on sched_switch and sched_wakeup only; runs the ping-pong only.
+    FloorSched,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 8] = [
         Mode::None,
         Mode::Ethand,
         Mode::Bpftrace,
         Mode::EthandSched,
         Mode::BpftraceSched,
+        Mode::Floor,
+        Mode::FloorClock,
+        Mode::FloorSched,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +88,9 @@ impl Mode {
             Mode::Bpftrace => "bpftrace",
             Mode::EthandSched => "ethand-sched",
             Mode::BpftraceSched => "bpftrace-sched",
+            Mode::Floor => "floor",
+            Mode::FloorClock => "floor-clock",
+            Mode::FloorSched => "floor-sched",
         }
     }
 
@@ -84,7 +98,8 @@ impl Mode {
     /// switches, and only the ping-pong switches much.
     pub fn workloads(self) -> &'static [Workload] {
         match self {
-            Mode::EthandSched | Mode::BpftraceSched => &[Workload::Pingpong],
+            Mode::EthandSched | Mode::BpftraceSched | Mode::FloorSched => &[Workload::Pingpong],
+            Mode::Floor | Mode::FloorClock => &[Workload::Getpid, Workload::Pingpong],
             _ => &Workload::ALL,
         }
     }
@@ -138,6 +153,33 @@ pub fn attach(mode: Mode, tools: &Tools, dir: &Path) -> Result<Option<Tracer>> {
         Mode::BpftraceSched => {
             start_bpftrace(&tool(&tools.bpftrace)?, dir, &sched_script()?).map(Some)
         }
+        Mode::Floor => start_floor(dir, &[]).map(Some),
+        Mode::FloorClock => start_floor(dir, &["--clock"]).map(Some),
+        Mode::FloorSched => start_floor(dir, &["--sched-only"]).map(Some),
+    }
+}
+
+/// `xtask floor-probes ARGS` (this same binary): ready when it says it attached.
+fn start_floor(dir: &Path, args: &[&str]) -> Result<Tracer> {
+    let exe = std::env::current_exe().context("finding the xtask binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("floor-probes").args(args);
+    let mut tracer = Tracer::spawn("floor-probes", cmd, dir.join("floor.log"), libc::SIGINT)?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        tracer.ensure_running("before it attached")?;
+        if let Some(line) = tracer.log().lines().find(|l| l.starts_with("Attached ")) {
+            tracer.ready_output = line.to_string();
+            return Ok(tracer);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "floor-probes did not attach within {} s; its output:\n{}",
+                READY_TIMEOUT.as_secs(),
+                tracer.log_tail()
+            );
+        }
+        sleep(POLL);
     }
 }
 

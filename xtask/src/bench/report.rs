@@ -217,6 +217,8 @@ struct Target {
     value: Option<f64>,
     noise: Option<f64>,
     limit: f64,
+    /// The kernel's floor for the same event (a `floor*` mode) and its added ns.
+    floor: (Mode, Option<f64>),
 }
 
 pub struct Report<'a> {
@@ -329,6 +331,10 @@ impl Report<'_> {
                 value: r.added_ns(Workload::Getpid, Mode::Ethand),
                 noise: r.added_noise_ns(Workload::Getpid, Mode::Ethand),
                 limit: SYSCALL_TARGET_NS,
+                floor: (
+                    Mode::FloorClock,
+                    r.added_ns(Workload::Getpid, Mode::FloorClock),
+                ),
             },
             Target {
                 what: "added per context switch, including its wakeup (direct: ping-pong under \
@@ -337,6 +343,7 @@ impl Report<'_> {
                 value: r.switch_added_ns(Mode::EthandSched),
                 noise: r.switch_noise_ns(Mode::EthandSched),
                 limit: SWITCH_TARGET_NS,
+                floor: (Mode::FloorSched, r.switch_added_ns(Mode::FloorSched)),
             },
         ]
     }
@@ -353,9 +360,10 @@ impl Report<'_> {
                      value,
                      noise,
                      limit,
+                     floor,
                  }| {
                     let head = format!("ethand {what} <= {limit:.0} ns:");
-                    match value {
+                    let line = match value {
                         _ if !self.ran(mode) => {
                             format!("{head} not measured ({} not run)", mode.name())
                         }
@@ -371,10 +379,56 @@ impl Report<'_> {
                                 format!("{head} {} ns -> {}", fmt_added(v), verdict(v, None, limit))
                             }
                         },
+                    };
+                    match (value, floor.1) {
+                        (Some(v), Some(f)) if self.ran(floor.0) => format!(
+                            "{line}; the kernel's floor for the same event (mode {}) is {} ns, \
+                             ethand's own work above it {} ns",
+                            floor.0.name(),
+                            fmt_added(f),
+                            fmt_added(v - f)
+                        ),
+                        _ => line,
                     }
                 },
             )
             .collect()
+    }
+
+    /// ethand's added cost next to the kernel's floor for the same events: what empty programs
+    /// on the same hooks add (`floor`, `floor-sched`) and with the clock read a timed syscall
+    /// needs (`floor-clock`).
+    fn floor_rows(&self) -> Vec<[String; 6]> {
+        let r = self.results;
+        let cell = |mode, v: Option<f64>| self.cell(mode, v, fmt_added);
+        let above = |e: Option<f64>, f: Option<f64>| match (e, f) {
+            (Some(e), Some(f)) => fmt_added(e - f),
+            _ => "-".into(),
+        };
+        let mut rows = Vec::new();
+        for w in [Workload::Getpid, Workload::Pingpong] {
+            let e = r.added_ns(w, Mode::Ethand);
+            let fc = r.added_ns(w, Mode::FloorClock);
+            rows.push([
+                w.label().to_string(),
+                w.unit().to_string(),
+                cell(Mode::Ethand, e),
+                cell(Mode::Floor, r.added_ns(w, Mode::Floor)),
+                cell(Mode::FloorClock, fc),
+                above(e, fc),
+            ]);
+        }
+        let e = r.switch_added_ns(Mode::EthandSched);
+        let f = r.switch_added_ns(Mode::FloorSched);
+        rows.push([
+            "context switch (ping-pong with scheduler probes only, / 2)".into(),
+            "per switch, including its wakeup".into(),
+            cell(Mode::EthandSched, e),
+            cell(Mode::FloorSched, f),
+            "- (no helper: ethand reads the run queue's clock)".into(),
+            above(e, f),
+        ]);
+        rows
     }
 
     /// The per-program table: (program, runs, ns/run) for [`COSTED_PROGRAMS`], or why there
@@ -407,6 +461,9 @@ impl Report<'_> {
             out += &t;
             out += "\n";
         }
+        out += &format!("\n{FLOOR_TITLE}\n");
+        let rows: Vec<Vec<String>> = self.floor_rows().into_iter().map(Vec::from).collect();
+        out += &aligned(&FLOOR_COLUMNS, &rows, 2);
         out += &format!("\n{PROGRAMS_TITLE}\n");
         match self.program_rows() {
             Ok(rows) => {
@@ -509,6 +566,14 @@ impl Report<'_> {
         writeln!(s, "## Targets\n")?;
         for t in self.target_lines() {
             writeln!(s, "- {t}")?;
+        }
+
+        writeln!(s, "\n## {FLOOR_TITLE}\n")?;
+        writeln!(s, "{}\n", FLOOR_NOTE.trim())?;
+        writeln!(s, "| {} |", FLOOR_COLUMNS.join(" | "))?;
+        writeln!(s, "|{}", "---|".repeat(FLOOR_COLUMNS.len()))?;
+        for row in self.floor_rows() {
+            writeln!(s, "| {} |", row.join(" | "))?;
         }
 
         writeln!(s, "\n## {PROGRAMS_TITLE}\n")?;
@@ -678,8 +743,11 @@ steady loop (wall-clock). Drift of the machine over the run thus hits all modes 
 - **bpftrace-sched**: as **bpftrace**, with only the scheduler part of the script
   (sched_wakeup, sched_switch, sched_process_exit; generated from the script below). Runs the
   ping-pong only.
+- **floor**, **floor-clock**, **floor-sched**: `xtask floor-probes`, empty BPF programs on the
+  hooks ethand's per-syscall and per-switch paths use (see *The kernel's floor* above). floor
+  and floor-clock run the getpid loop and the ping-pong, floor-sched the ping-pong only.
 
-The scheduler-only modes take their turn in the same rounds as the others.
+The scheduler-only and floor modes take their turn in the same rounds as the others.
 
 Every workload runs pinned to one CPU (the last one allowed) together with the process or
 thread it talks to, so the whole path of an event, tracer included, is serialized on that CPU
@@ -721,6 +789,25 @@ varies by far more than a tracer adds per request). Run the bench on an otherwis
 the load averages above show how idle it was.
 ";
 
+const FLOOR_TITLE: &str = "The kernel's floor: empty programs on the same hooks";
+const FLOOR_NOTE: &str = "
+What any BPF accounting on these hooks costs before it does any work, measured in the same
+rounds: the `floor` modes run `xtask floor-probes` (`xtask/src/bench/floor.rs`), which attaches
+hand-assembled raw tracepoint programs (`r0 = 0; exit`; the same dispatch as ethand's `tp_btf`
+programs) to `sys_enter`, `sys_exit`, `sched_switch` and `sched_wakeup` (`floor`), the same with
+one `bpf_ktime_get_ns()` in each syscall program, which timing a syscall needs (`floor-clock`),
+or to the two scheduler hooks only (`floor-sched`). A program on `sys_enter` or `sys_exit` also
+sends every syscall of every task through the kernel's slow syscall path. *Above the floor* is
+ethand's added cost minus `floor-clock`'s (`floor-sched`'s for the switch): its own work.
+";
+const FLOOR_COLUMNS: [&str; 6] = [
+    "workload",
+    "unit",
+    "ethand added (ns)",
+    "empty programs added (floor, floor-sched)",
+    "with a clock read per syscall program (floor-clock)",
+    "ethand above the floor",
+];
 const PROGRAMS_TITLE: &str = "BPF program run time (ns/run, kernel BPF statistics)";
 const PROGRAM_COLUMNS: [&str; 3] = ["program", "runs", "ns/run"];
 const PROGRAMS_NOTE: &str = "
@@ -860,6 +947,46 @@ mod tests {
         let noise = r.switch_noise_ns(Mode::EthandSched).unwrap();
         assert!((noise - 100f64.hypot(60.0) / 2.0).abs() < 1e-9);
         assert_eq!(r.switch_added_ns(Mode::BpftraceSched), None);
+    }
+
+    #[test]
+    fn floor_table_subtracts_the_floor_from_ethand() {
+        let mut r = Results::default();
+        r.push(Workload::Getpid, Mode::None, run(200.0));
+        r.push(Workload::Getpid, Mode::Ethand, run(490.0));
+        r.push(Workload::Getpid, Mode::Floor, run(365.0));
+        r.push(Workload::Getpid, Mode::FloorClock, run(445.0));
+        r.push(Workload::Pingpong, Mode::None, run(6000.0));
+        r.push(Workload::Pingpong, Mode::EthandSched, run(6800.0));
+        r.push(Workload::Pingpong, Mode::FloorSched, run(6100.0));
+        let info = info(&[Mode::Bpftrace, Mode::BpftraceSched], Ok(Vec::new()));
+        let rep = Report {
+            results: &r,
+            info: &info,
+        };
+        let rows = rep.floor_rows();
+        // getpid: ethand +290, floor +165, floor-clock +245: 45 ns of ethand's own.
+        assert_eq!(rows[0][2..], ["+290.0", "+165.0", "+245.0", "+45.0"]);
+        // Ping-pong under the full modes: not measured here, no number made up.
+        assert_eq!(rows[1][2..], ["-", "-", "-", "-"]);
+        // Switch: (800 - 100) / 2 above a floor of +50 per switch.
+        assert_eq!(rows[2][2], "+400.0");
+        assert_eq!(rows[2][3], "+50.0");
+        assert_eq!(rows[2][5], "+350.0");
+        let lines = rep.target_lines();
+        assert!(
+            lines[0].ends_with(
+                "the kernel's floor for the same event (mode floor-clock) is +245.0 ns, \
+                 ethand's own work above it +45.0 ns"
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("(mode floor-sched) is +50.0 ns"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]
