@@ -249,7 +249,7 @@ print("status.json:", ", ".join(d) or "no status saved")
 EOF
 timeout 60 "$PY" "$BENCH" report "${RUNS[@]}" --md "$OUT/gpu-bench.md" --json "$OUT/gpu-bench.json" \
     --command "$CMDS" --gpus "$GPUS" \
-    --extra "host=$(hostname), kernel $(uname -r), $(nproc) CPUs" \
+    --extra "host=$(hostname), kernel $(uname -r), $(getconf _NPROCESSORS_ONLN) CPUs online (OMP_NUM_THREADS=$OMP_NUM_THREADS)" \
     --extra "ethand=$("$ETHAND" --version 2>&1 | head -n1), sha256 $(sha256sum "$ETHAND" | cut -c1-16)" \
     --extra "daemon config=defaults except socket, listen, bpf_stats = $BPF_STATS (timed segments), gpu.level per mode; default level: $DEFAULT_LEVEL" \
     --extra "NCCL env=NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS" \

@@ -165,22 +165,13 @@ fn start_floor(dir: &Path, args: &[&str]) -> Result<Tracer> {
     let mut cmd = Command::new(exe);
     cmd.arg("floor-probes").args(args);
     let mut tracer = Tracer::spawn("floor-probes", cmd, dir.join("floor.log"), libc::SIGINT)?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        tracer.ensure_running("before it attached")?;
-        if let Some(line) = tracer.log().lines().find(|l| l.starts_with("Attached ")) {
-            tracer.ready_output = line.to_string();
-            return Ok(tracer);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "floor-probes did not attach within {} s; its output:\n{}",
-                READY_TIMEOUT.as_secs(),
-                tracer.log_tail()
-            );
-        }
-        sleep(POLL);
-    }
+    tracer.wait_ready(|t| {
+        Ok(t.log()
+            .lines()
+            .find(|l| l.starts_with("Attached "))
+            .map(str::to_string))
+    })?;
+    Ok(tracer)
 }
 
 /// [`BPFTRACE_SCRIPT`] as the `bpftrace` mode runs it: the uprobe part on `cuda` (the
@@ -465,30 +456,19 @@ fn start_bpftrace(bin: &Path, dir: &Path, script: &str) -> Result<Tracer> {
     // ethand's largest per-key maps have 65536 entries; bpftrace's default is 4096.
     cmd.env("BPFTRACE_MAP_KEYS_MAX", "65536").arg(&path);
     let mut tracer = Tracer::spawn("bpftrace", cmd, dir.join("bpftrace.log"), libc::SIGINT)?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        tracer.ensure_running("before it attached")?;
-        let log = tracer.log();
-        if let Some(line) = log.lines().find(|l| l.starts_with("Attaching ")) {
-            let probes: usize = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|n| n.parse().ok())
-                .with_context(|| format!("unexpected bpftrace line {line:?}"))?;
-            if attach_fds(tracer.child.id()) >= probes {
-                tracer.ready_output = line.to_string();
-                return Ok(tracer);
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "bpftrace did not attach within {} s; its output:\n{}",
-                READY_TIMEOUT.as_secs(),
-                tracer.log_tail()
-            );
-        }
-        sleep(POLL);
-    }
+    tracer.wait_ready(|t| {
+        let log = t.log();
+        let Some(line) = log.lines().find(|l| l.starts_with("Attaching ")) else {
+            return Ok(None);
+        };
+        let probes: usize = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("unexpected bpftrace line {line:?}"))?;
+        Ok((attach_fds(t.child.id()) >= probes).then(|| line.to_string()))
+    })?;
+    Ok(tracer)
 }
 
 /// `gpu.launches` of process `pid` in a tree snapshot.
@@ -586,6 +566,28 @@ impl Tracer {
             ready_output: String::new(),
             ethand: None,
         })
+    }
+
+    /// Polls `ready` (Some: the line that says the tracer attached) until it answers, the
+    /// tracer exits or [`READY_TIMEOUT`] passes.
+    fn wait_ready(&mut self, ready: impl Fn(&Tracer) -> Result<Option<String>>) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.ensure_running("before it attached")?;
+            if let Some(line) = ready(self)? {
+                self.ready_output = line;
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not attach within {} s; its output:\n{}",
+                    self.name,
+                    READY_TIMEOUT.as_secs(),
+                    self.log_tail()
+                );
+            }
+            sleep(POLL);
+        }
     }
 
     /// Fails if the tracer has exited: whatever ran meanwhile was not traced.
