@@ -151,6 +151,7 @@ fn block_offsets(btf: &Btf) -> Option<KernelOffsets> {
         gendisk_major: member_offset(btf, "gendisk", "major").ok()?,
         gendisk_first_minor: member_offset(btf, "gendisk", "first_minor").ok()?,
         req_preflush: 1u32.checked_shl(preflush_bit)?,
+        request_sector: member_offset(btf, "request", "__sector").ok()?,
         blk_btf: 1,
         ..Default::default()
     })

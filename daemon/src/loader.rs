@@ -143,6 +143,8 @@ pub struct Loaded {
     pub program_probe: BTreeMap<String, String>,
     /// Why classic tracepoints cannot be used: tracefs missing and not mountable.
     pub tracefs_error: Option<String>,
+    /// The kernel's BTF has every `struct request` member the BTF block programs read.
+    pub blk_btf: bool,
 }
 
 fn family_enabled(cfg: &Config, family: &str) -> bool {
@@ -294,6 +296,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         probes: Vec::new(),
         program_probe: BTreeMap::new(),
         tracefs_error,
+        blk_btf: koff.blk_btf == 1,
     };
     let block_btf_refused = match (&btf, cfg.probes.block && cfg.probes.prefer_btf) {
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),

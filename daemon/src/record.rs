@@ -171,15 +171,26 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     attach_btf(ebpf, "record_sys_enter", "sys_enter", &btf)?;
     attach_btf(ebpf, "record_sys_exit", "sys_exit", &btf)?;
     let mut warnings = Vec::new();
-    for (prog, probe) in [
-        ("record_blk_start", "block_start"),
-        ("record_blk_complete", "block_complete"),
-    ] {
-        if let Err(e) = attach_classic(ebpf, prog, &c, probe) {
-            eprintln!("ethand: warning: block IO not recorded: {e}");
-            warnings.push(format!("block IO not recorded: {e}"));
-            break;
-        }
+    // Block requests: the BTF programs (keyed by request address) where the kernel's BTF
+    // has what they read, else the classic tracepoints (keyed by device and start sector).
+    let blk = if loaded.blk_btf {
+        [
+            ("record_blk_start_btf", "block_io_start"),
+            ("record_blk_complete_btf", "block_rq_complete"),
+        ]
+        .into_iter()
+        .try_for_each(|(prog, tp)| attach_btf(ebpf, prog, tp, &btf).map_err(|e| format!("{e:#}")))
+    } else {
+        [
+            ("record_blk_start", "block_start"),
+            ("record_blk_complete", "block_complete"),
+        ]
+        .into_iter()
+        .try_for_each(|(prog, probe)| attach_classic(ebpf, prog, &c, probe))
+    };
+    if let Err(e) = blk {
+        eprintln!("ethand: warning: block IO not recorded: {e}");
+        warnings.push(format!("block IO not recorded: {e}"));
     }
     let gpu_libs = attach_gpu(ebpf, &tree, &mut warnings);
     eprintln!(

@@ -580,6 +580,8 @@ pub struct KernelOffsets {
     /// argument, a bool; kernels since 6.15); 0: the BTF exit program takes a thread group
     /// leader's exit as the group's.
     pub exit_group_dead_arg: u32,
+    /// `request.__sector` (a u64): the start sector `ethand record` reports for a request.
+    pub request_sector: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -730,7 +732,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 80);
+        assert_eq!(size_of::<KernelOffsets>(), 84);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);
@@ -742,7 +744,7 @@ mod tests {
         assert_eq!(size_of::<GpuProcState>(), 8 * 17 + 16);
         assert_eq!(size_of::<RecordEvent>(), 64);
         assert_eq!(size_of::<RecordThread>(), 40);
-        assert_eq!(size_of::<RecordBlk>(), 24);
+        assert_eq!(size_of::<RecordBlk>(), 40);
         assert_eq!(size_of::<RecordGpuInflight>(), 24);
     }
 
@@ -848,6 +850,10 @@ pub struct RecordBlk {
     pub tid: u32,
     pub start_ns: u64,
     pub rwbs: u64,
+    /// BTF programs: the request's start sector when its first part completed, and the
+    /// bytes completed so far (a driver may complete a request in parts).
+    pub sector: u64,
+    pub bytes: u64,
 }
 
 /// A GPU call of a recorded thread in flight, keyed by [`GpuInflightKey`].

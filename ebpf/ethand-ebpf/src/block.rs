@@ -99,7 +99,7 @@ fn account(dev: u32, st: &BlkReqState, op: u32, bytes: u64, last: bool) {
 // ---- tp_btf: requests keyed by address ----
 
 #[inline(always)]
-fn rq_key(rq: *const u8) -> BlkReqKey {
+pub(crate) fn rq_key(rq: *const u8) -> BlkReqKey {
     BlkReqKey {
         dev: BlkReqKey::BY_ADDRESS,
         _pad0: 0,
@@ -109,7 +109,7 @@ fn rq_key(rq: *const u8) -> BlkReqKey {
 
 /// The dev_t the block tracepoints report: MKDEV(disk->major, disk->first_minor).
 #[inline(always)]
-fn rq_dev(rq: *const u8) -> u32 {
+pub(crate) fn rq_dev(rq: *const u8) -> u32 {
     let q = btf_ptr(rq, koff!(request_q));
     let disk = btf_ptr(q, koff!(request_queue_disk));
     (btf_u32(disk, koff!(gendisk_major)) << 20) | btf_u32(disk, koff!(gendisk_first_minor))
@@ -118,7 +118,7 @@ fn rq_dev(rq: *const u8) -> u32 {
 /// The op as the tracepoints' rwbs string gives it (see [`op_of`]): an empty request with
 /// the preflush flag is a cache flush.
 #[inline(always)]
-fn rq_op(rq: *const u8) -> u32 {
+pub(crate) fn rq_op(rq: *const u8) -> u32 {
     // REQ_OP_* values are kernel ABI (include/linux/blk_types.h).
     const REQ_OP_MASK: u32 = 0xff;
     const REQ_OP_READ: u32 = 0;

@@ -33,6 +33,7 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     sock_protocol: 0,
     net_btf: 0,
     exit_group_dead_arg: 0,
+    request_sector: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -97,6 +98,12 @@ macro_rules! tpoff {
 #[inline(always)]
 pub fn btf_u32(p: *const u8, off: u32) -> u32 {
     unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u32) }
+}
+
+/// Loads a u64 field of a BTF-typed kernel pointer (see [`btf_u32`]).
+#[inline(always)]
+pub fn btf_u64(p: *const u8, off: u32) -> u64 {
+    unsafe { core::ptr::read_volatile(p.add(off as usize) as *const u64) }
 }
 
 /// Loads a u16 field of a BTF-typed kernel pointer (see [`btf_u32`]).

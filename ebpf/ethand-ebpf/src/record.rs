@@ -18,12 +18,13 @@ use aya_ebpf::{
 };
 use ethand_common::{
     BlkReqKey, GpuInflightKey, GpuOpDesc, MAX_SYSCALL_NR, NO_SYSCALL, RECORD_RINGBUF_BYTES,
-    RecordBlk, RecordEvent, RecordGpuInflight, RecordThread, record_cfg, record_drop, record_kind,
-    record_off,
+    RecordBlk, RecordEvent, RecordGpuInflight, RecordThread, blk_op, record_cfg, record_drop,
+    record_kind, record_off,
 };
 
+use crate::block::{rq_dev, rq_key, rq_op};
 use crate::gpu::GPU_OPS;
-use crate::maps::btf_u32;
+use crate::maps::{btf_u32, btf_u64};
 use crate::{koff, tpoff};
 
 /// No preallocation: the daemon loads this object too, and must not pay for these maps.
@@ -284,6 +285,8 @@ pub fn record_blk_start(ctx: TracePointContext) -> u32 {
         tid: pid_tgid as u32,
         start_ns: unsafe { bpf_ktime_get_ns() },
         rwbs: u64::from_le_bytes(rwbs),
+        sector: key.sector,
+        bytes: 0,
     };
     if RECORD_BLK.insert(&key, &v, 0).is_err() {
         drop_count(record_drop::INFLIGHT_FULL);
@@ -309,6 +312,73 @@ pub fn record_blk_complete(ctx: TracePointContext) -> u32 {
         key.dev as u64,
         key.sector,
         nr_sector as u64 * 512,
+        st.rwbs,
+    );
+    0
+}
+
+/// The BTF programs key a request by its address, as the block accounting does
+/// (`block.rs`): a bio merged in front of it, which moves its start sector, cannot lose it.
+/// The op is given as the classic tracepoints' rwbs letter.
+#[btf_tracepoint(function = "block_io_start")]
+pub fn record_blk_start_btf(ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !recorded(tgid) {
+        return 0;
+    }
+    let rq: *const u8 = ctx.arg(0);
+    let letter = match rq_op(rq) {
+        blk_op::READ => b'R',
+        blk_op::WRITE => b'W',
+        blk_op::DISCARD => b'D',
+        blk_op::FLUSH => b'F',
+        _ => b'N',
+    };
+    let v = RecordBlk {
+        tgid,
+        tid: pid_tgid as u32,
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        rwbs: letter as u64,
+        sector: 0,
+        bytes: 0,
+    };
+    if RECORD_BLK.insert(&rq_key(rq), &v, 0).is_err() {
+        drop_count(record_drop::INFLIGHT_FULL);
+    }
+    0
+}
+
+/// Fires per completed part, before the request's size is reduced by `nr_bytes`: the slice
+/// ends with the part that reaches its size and carries the bytes of all its parts.
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn record_blk_complete_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let nr_bytes: u32 = ctx.arg(2);
+    let key = rq_key(rq);
+    let Some(st) = RECORD_BLK.get_ptr_mut(&key) else {
+        return 0;
+    };
+    let st = unsafe { &mut *st };
+    if st.bytes == 0 {
+        st.sector = btf_u64(rq, koff!(request_sector));
+    }
+    st.bytes += nr_bytes as u64;
+    if nr_bytes < btf_u32(rq, koff!(request_data_len)) {
+        return 0;
+    }
+    let st = *st;
+    let _ = RECORD_BLK.remove(&key);
+    let now = unsafe { bpf_ktime_get_ns() };
+    emit(
+        record_kind::BLOCK,
+        st.tgid,
+        st.tid,
+        st.start_ns,
+        now.saturating_sub(st.start_ns),
+        rq_dev(rq) as u64,
+        st.sector,
+        st.bytes,
         st.rwbs,
     );
     0

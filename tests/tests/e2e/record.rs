@@ -1,7 +1,8 @@
 //! `ethand record`: the Chrome JSON trace of a process tree against workloads of known
 //! ground truth: exactly N slow nanosleeps (and fast getpids below the threshold), scheduler
 //! slices that never overlap on one thread, exact GPU call counts through the stand-ins, no
-//! drops, per-thread timestamps in order; a million events in bounded memory (the trace is
+//! drops, per-thread timestamps in order; the exact bytes of O_DIRECT block requests; a
+//! million events in bounded memory (the trace is
 //! streamed to disk while recording); a full disk fails clearly and leaves no file.
 use std::{
     collections::BTreeMap,
@@ -14,7 +15,7 @@ use std::{
 };
 
 use ethand_tests::{
-    ethand_bin, serial,
+    RemoveOnDrop, disk_of, ethand_bin, serial,
     standins::{self, Driver, Lib, SYNC_ENV},
     temp_path,
 };
@@ -359,6 +360,80 @@ fn record_slow_syscalls_and_sched() {
         !evs.iter().any(|e| e["ph"] == "i"),
         "no drop marker without drops"
     );
+}
+
+/// 8 MiB written and read back with O_DIRECT (1 MiB per syscall, into a file written before
+/// recording starts): the workload's recorded block requests carry exactly 8 MiB of writes
+/// and 8 MiB of reads, every one on the file's disk, each begun and ended once.
+#[test]
+fn record_block_requests_carry_the_exact_bytes() {
+    let _serial = serial();
+    let dir = std::path::Path::new("/var/tmp");
+    let dev = disk_of(dir);
+    let file = dir.join(format!(
+        "ethand-test-record-blockio-{}.dat",
+        std::process::id()
+    ));
+    let _cleanup = RemoveOnDrop(file.clone());
+    let mib = 8u64;
+    let total = mib << 20;
+    let mut w = workload(&["blockio", file.to_str().expect("utf-8"), &mib.to_string()]);
+    let out = temp_path("record-block", "json");
+    let rec = Recorder::start(w.pid, "3s", &out, 1_000_000);
+    let done = w.go();
+    assert_eq!(
+        (done.u64("written"), done.u64("read")),
+        (total, total),
+        "workload's own IO"
+    );
+    let stdout = rec.finish();
+    let pid = w.pid as u64;
+    w.finish();
+    eprintln!("observed: ethand record: {}", stdout.trim());
+    let trace = load(&out);
+    let meta = &trace["metadata"];
+    assert_eq!(u(meta, "dropped"), 0, "drops: {meta}");
+    assert_eq!(
+        u(meta, "dropped_inflight_table_full"),
+        0,
+        "in-flight table full: {meta}"
+    );
+    assert_eq!(meta["warnings"], serde_json::json!([]), "warnings: {meta}");
+    let evs = events(&trace);
+    let begins: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["cat"] == "block" && e["ph"] == "b" && u(e, "pid") == pid)
+        .collect();
+    let ends = evs
+        .iter()
+        .filter(|e| e["cat"] == "block" && e["ph"] == "e" && u(e, "pid") == pid)
+        .count();
+    let bytes = |name: &str| -> (usize, u64) {
+        let of: Vec<&&Value> = begins.iter().filter(|e| e["name"] == name).collect();
+        (of.len(), of.iter().map(|e| u(&e["args"], "bytes")).sum())
+    };
+    let (wn, wb) = bytes("block write");
+    let (rn, rb) = bytes("block read");
+    let set = |k: &str| -> std::collections::BTreeSet<String> {
+        begins.iter().map(|e| e["args"][k].to_string()).collect()
+    };
+    eprintln!(
+        "observed: {} block requests of the workload on {:?} (rwbs {:?}): {wn} writes ({wb} bytes), {rn} reads ({rb} bytes), {ends} ends",
+        begins.len(),
+        set("dev"),
+        set("rwbs")
+    );
+    assert_eq!(wb, total, "recorded write bytes");
+    assert_eq!(rb, total, "recorded read bytes");
+    assert!(
+        wn as u64 >= mib && rn as u64 >= mib,
+        "at least one request per MiB"
+    );
+    assert_eq!(ends, begins.len(), "every block slice ends");
+    for e in &begins {
+        assert_eq!(e["args"]["dev"], dev.as_str(), "device of {e}");
+        assert!(f(&e["args"], "dur_us") >= 0.0, "{e}");
+    }
 }
 
 /// 100 launches, 3 host-to-device copies of 4 KiB and 5 stream syncs (3 ms each) through the
