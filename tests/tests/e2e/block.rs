@@ -39,11 +39,19 @@ fn direct_io_bytes_are_exact() {
             "{name}: {p:?}"
         );
     }
-    assert_direct_io_exact(&d, "btf");
+    assert_direct_io_exact(&d, "btf", false);
 }
 
 /// The O_DIRECT workload under daemon `d`: exact bytes each way, every request timed.
-pub fn assert_direct_io_exact(d: &Daemon, tag: &str) {
+///
+/// `classic`: the daemon runs the classic block tracepoints, which key a request in flight by
+/// (device, start sector). A bio merged in front of a queued request moves its start sector,
+/// and the request is then charged to the thread that issues it (kblockd's kworker when that
+/// one does) instead of the submitter: a known limitation of that fallback
+/// (docs/performance-analysis.md, "Block IO"), which the BTF programs do not have. There, one
+/// whole request per direction (at most 1 MiB, the workload's size per syscall) may be
+/// missing from the workload's bytes; never more, and never extra bytes.
+pub fn assert_direct_io_exact(d: &Daemon, tag: &str, classic: bool) {
     let dir = Path::new("/var/tmp");
     let dev = disk_of(dir);
     let file = dir.join(format!(
@@ -77,16 +85,35 @@ pub fn assert_direct_io_exact(d: &Daemon, tag: &str) {
             .map(|e| (e.device.as_str(), e.op.as_str(), e.ops, e.bytes))
             .collect::<Vec<_>>()
     );
-    assert_eq!(
-        wbytes, total,
-        "bytes written to {dev}: expected {total}, got {wbytes}"
-    );
-    assert_eq!(
-        rbytes, total,
-        "bytes read from {dev}: expected {total}, got {rbytes}"
-    );
-    assert!(wops >= mib, "write requests: expected >= {mib}, got {wops}");
-    assert!(rops >= mib, "read requests: expected >= {mib}, got {rops}");
+    if classic {
+        // At most one front-merged request per direction charged elsewhere (see above).
+        for (what, got, ops) in [("written to", wbytes, wops), ("read from", rbytes, rops)] {
+            assert!(
+                got <= total && total - got <= 1 << 20,
+                "bytes {what} {dev} (classic tracepoints): expected {total}, or at most one \
+                 1 MiB request less, got {got}"
+            );
+            if got < total {
+                eprintln!(
+                    "observed: classic tracepoints: {} bytes {what} {dev} not charged to the \
+                     workload (a request whose start sector moved)",
+                    total - got
+                );
+            }
+            assert!(ops >= mib - 1, "requests {what} {dev}: {ops}");
+        }
+    } else {
+        assert_eq!(
+            wbytes, total,
+            "bytes written to {dev}: expected {total}, got {wbytes}"
+        );
+        assert_eq!(
+            rbytes, total,
+            "bytes read from {dev}: expected {total}, got {rbytes}"
+        );
+        assert!(wops >= mib, "write requests: expected >= {mib}, got {wops}");
+        assert!(rops >= mib, "read requests: expected >= {mib}, got {rops}");
+    }
     for e in &a.block {
         let (q, s): (u64, u64) = (e.queue_hist.iter().sum(), e.service_hist.iter().sum());
         assert_eq!(

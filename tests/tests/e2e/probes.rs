@@ -94,6 +94,6 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
     crate::sched::assert_ping_pong(&d, 1000);
-    crate::block::assert_direct_io_exact(&d, "classic");
+    crate::block::assert_direct_io_exact(&d, "classic", true);
     crate::net::assert_net_exact(&d);
 }
