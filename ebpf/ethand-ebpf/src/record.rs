@@ -300,21 +300,27 @@ pub fn record_blk_complete(ctx: TracePointContext) -> u32 {
     let Some(st) = (unsafe { RECORD_BLK.get(&key) }).copied() else {
         return 0;
     };
-    let _ = RECORD_BLK.remove(&key);
-    let now = unsafe { bpf_ktime_get_ns() };
     let nr_sector: u32 = unsafe { ctx.read_at(tpoff!(blk_complete_nr_sector)) }.unwrap_or(0);
+    end_block(&key, &st, key.dev, key.sector, nr_sector as u64 * 512);
+    0
+}
+
+/// A recorded request is done: forget it and emit its slice (start to now).
+#[inline(always)]
+fn end_block(key: &BlkReqKey, st: &RecordBlk, dev: u32, sector: u64, bytes: u64) {
+    let _ = RECORD_BLK.remove(key);
+    let now = unsafe { bpf_ktime_get_ns() };
     emit(
         record_kind::BLOCK,
         st.tgid,
         st.tid,
         st.start_ns,
         now.saturating_sub(st.start_ns),
-        key.dev as u64,
-        key.sector,
-        nr_sector as u64 * 512,
+        dev as u64,
+        sector,
+        bytes,
         st.rwbs,
     );
-    0
 }
 
 /// The BTF programs key a request by its address, as the block accounting does
@@ -368,19 +374,7 @@ pub fn record_blk_complete_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let st = *st;
-    let _ = RECORD_BLK.remove(&key);
-    let now = unsafe { bpf_ktime_get_ns() };
-    emit(
-        record_kind::BLOCK,
-        st.tgid,
-        st.tid,
-        st.start_ns,
-        now.saturating_sub(st.start_ns),
-        rq_dev(rq) as u64,
-        st.sector,
-        st.bytes,
-        st.rwbs,
-    );
+    end_block(&key, &st, rq_dev(rq), st.sector, st.bytes);
     0
 }
 
