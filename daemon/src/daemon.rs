@@ -389,7 +389,7 @@ impl Engine {
             self.collector.stats.tick();
             let raw = self.collector.read();
             let reclaim = model.ingest(raw, now);
-            self.maps_changed.extend(model.maps_changed.drain());
+            self.maps_changed.extend(model.drain_maps_changed());
             self.collector.reclaim(&reclaim);
             let devices = self.devices.latest();
             let (cpu_seconds, rss_bytes) = procinfo::self_usage();

@@ -32,6 +32,9 @@ enum Command {
     /// a signal (the bench's `floor` modes: the kernel's own cost per event).
     #[command(hide = true)]
     FloorProbes(bench::floor::FloorArgs),
+    /// Run the scale suite's load (1,000 processes, 100 births/s) until SIGINT or SIGTERM.
+    #[command(hide = true)]
+    ScaleLoad(bench::scale::ScaleLoadArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +43,6 @@ fn main() -> anyhow::Result<()> {
         Command::Deb(args) => deb::run(args),
         Command::Workload(args) => bench::workloads::run(args),
         Command::FloorProbes(args) => bench::floor::run(args),
+        Command::ScaleLoad(args) => bench::scale::run_load(args),
     }
 }

@@ -13,7 +13,7 @@ pub mod floor;
 mod modes;
 mod record;
 mod report;
-mod scale;
+pub mod scale;
 mod serving;
 pub mod workloads;
 

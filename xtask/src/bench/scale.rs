@@ -189,6 +189,44 @@ impl Drop for Load {
     }
 }
 
+/// `cargo xtask scale-load`: the scale suite's load alone, until SIGINT or SIGTERM, for
+/// profiling a daemon by hand or comparing two daemons on one load (each daemon's CPU from
+/// its /proc/PID/schedstat over the same seconds).
+#[derive(clap::Args)]
+pub struct ScaleLoadArgs {
+    /// Long-lived processes.
+    #[arg(long, default_value_t = LoadSpec::FULL.processes)]
+    processes: usize,
+    /// Short-lived processes started per second.
+    #[arg(long, default_value_t = LoadSpec::FULL.births_per_s)]
+    births_per_s: u32,
+}
+
+pub fn run_load(args: ScaleLoadArgs) -> Result<()> {
+    let spec = LoadSpec {
+        processes: args.processes,
+        births_per_s: args.births_per_s,
+        ..LoadSpec::FULL
+    };
+    // Blocked before the fork, so that a signal that comes early waits for sigwait (the
+    // load inherits the mask; it is stopped with SIGKILL).
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let load = Load::start(spec)?;
+    println!("ready: {}", spec.describe());
+    let mut sig = 0;
+    // SAFETY: set is a valid signal set; sig receives the signal number.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    drop(load);
+    Ok(())
+}
+
 /// Best effort: no RLIMIT_NPROC in the way of 1,000 processes and their births.
 fn raise_nproc() {
     let unlimited = libc::rlimit {
