@@ -260,7 +260,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
     if let Some(why) = &kbtf.file_error {
         warn!(file = kernel::VMLINUX_BTF, error = %why, "kernel BTF file unusable: read the kernel's BTF through bpf(BPF_BTF_GET_FD_BY_ID) instead");
     }
-    let koff: KernelOffsets = kernel::kernel_offsets_from(&kbtf.bytes, kernel::VMLINUX_BTF)?;
+    let koff: KernelOffsets = kernel::kernel_offsets(&kbtf)?;
     let btf = match Btf::parse(&kbtf.bytes, aya::Endianness::default()) {
         Ok(b) => Some(b),
         Err(e) => {
