@@ -32,6 +32,10 @@ enum Command {
     /// a signal (the bench's `floor` modes: the kernel's own cost per event).
     #[command(hide = true)]
     FloorProbes(bench::floor::FloorArgs),
+    /// Time whole-map batch reads of BPF hash maps shaped like ethand's (the kernel's cost
+    /// per entry read).
+    #[command(hide = true)]
+    MapReadCost(bench::map_read::MapReadArgs),
     /// Run the scale suite's load (1,000 processes, 100 births/s) until SIGINT or SIGTERM.
     #[command(hide = true)]
     ScaleLoad(bench::scale::ScaleLoadArgs),
@@ -44,5 +48,6 @@ fn main() -> anyhow::Result<()> {
         Command::Workload(args) => bench::workloads::run(args),
         Command::FloorProbes(args) => bench::floor::run(args),
         Command::ScaleLoad(args) => bench::scale::run_load(args),
+        Command::MapReadCost(args) => bench::map_read::run(args),
     }
 }

@@ -10,6 +10,7 @@
 //! reads ethand's per-program run times in one extra, untimed run.
 
 pub mod floor;
+pub mod map_read;
 mod modes;
 mod record;
 mod report;
