@@ -439,6 +439,26 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     if let Some(v) = io_wait {
         put("io.wait_ratio", v.min(1.0));
     }
+    // Disk busy: per process, the device time of its requests against its longest-lived
+    // thread's time; the worst process. Time in read() alone cannot tell the disk from the
+    // page cache, and a few requests of a process that reads from the cache (pages the
+    // kernel evicted) move a MiB/s without the disk being its bottleneck.
+    let disk_busy = t
+        .processes
+        .iter()
+        .filter_map(|p| {
+            let svc: u64 = p.block.iter().map(|b| b.service_ns).sum();
+            let l = p
+                .threads
+                .iter()
+                .map(|th| life_in(p, &th.sched))
+                .fold(0.0, f64::max);
+            (l > 0.0).then(|| svc as f64 / l)
+        })
+        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    if let Some(v) = disk_busy {
+        put("io.disk_busy_ratio", v.min(1.0));
+    }
     let (ops, svc): (u64, u64) = t
         .processes
         .iter()

@@ -399,10 +399,17 @@ fn disk_io_bound() {
         op: "read".into(),
         ops: 1000,
         bytes: 1 << 30,
+        service_ns: 6 * S,
         ..Default::default()
     }];
     p.window.as_mut().unwrap().block_read_bytes = 1 << 30;
     assert_eq!(ids(&t), vec!["disk_io_bound"]);
+    // Reads from the page cache with a few from the disk (evicted pages): 4 MiB in the
+    // window, but the disk busy 1 % of the time: no.
+    t.processes[0].block[0].service_ns = S / 10;
+    t.processes[0].window.as_mut().unwrap().block_read_bytes = 4 << 20;
+    assert!(ids(&t).is_empty(), "{:?}", ids(&t));
+    t.processes[0].block[0].service_ns = 6 * S;
     // Same time in read(), but from the page cache (no disk traffic): no.
     t.processes[0].window.as_mut().unwrap().block_read_bytes = 0;
     assert!(ids(&t).is_empty());
