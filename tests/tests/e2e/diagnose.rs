@@ -309,9 +309,10 @@ fn disk_io_bound_fires_for_direct_reads() {
 }
 
 /// The same file read for 5 s from the page cache (read once in setup): no disk reads, so no
-/// disk_io_bound, even though the process spends as much time in read(). (Once in CI, a
-/// build's page cache pressure evicted some of its pages: 4 MiB read again from the disk in
-/// the window, just over the 1 MiB/s of the rule; the disk's busy share keeps it quiet.)
+/// disk_io_bound, even though the process spends as much time in read(). (Once in CI, right
+/// after a fresh build, the process read 4 MiB from the disk in the window, just over the rule's
+/// 1 MiB/s: most likely pages of its file evicted under the build's page cache pressure. The
+/// disk's busy share keeps the rule quiet for that.)
 #[test]
 fn disk_io_bound_quiet_for_page_cache_reads() {
     let _serial = serial();
