@@ -415,47 +415,36 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
             }
         }
     }
-    // I/O wait: per process, time in read/write-class syscalls against its longest-lived
-    // thread's time; the worst process counts.
-    let io_wait = t
-        .processes
-        .iter()
-        .filter_map(|p| {
-            let rw: u64 = p
-                .syscalls
-                .by_nr
-                .iter()
-                .filter(|r| RW_SYSCALLS.contains(&r.name.as_str()))
-                .map(|r| r.time_ns)
-                .sum();
-            let l = p
-                .threads
-                .iter()
-                .map(|th| life_in(p, &th.sched))
-                .fold(0.0, f64::max);
-            (l > 0.0).then(|| rw as f64 / l)
-        })
-        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    // Per process, `ns_of(p)` against its longest-lived thread's time; the worst process.
+    let worst_share_of_life = |ns_of: &dyn Fn(&ProcessSnapshot) -> u64| {
+        t.processes
+            .iter()
+            .filter_map(|p| {
+                let l = p
+                    .threads
+                    .iter()
+                    .map(|th| life_in(p, &th.sched))
+                    .fold(0.0, f64::max);
+                (l > 0.0).then(|| ns_of(p) as f64 / l)
+            })
+            .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+    };
+    // I/O wait: time in read/write-class syscalls.
+    let io_wait = worst_share_of_life(&|p| {
+        p.syscalls
+            .by_nr
+            .iter()
+            .filter(|r| RW_SYSCALLS.contains(&r.name.as_str()))
+            .map(|r| r.time_ns)
+            .sum()
+    });
     if let Some(v) = io_wait {
         put("io.wait_ratio", v.min(1.0));
     }
-    // Disk busy: per process, the device time of its requests against its longest-lived
-    // thread's time; the worst process. Time in read() alone cannot tell the disk from the
-    // page cache, and a few requests of a process that reads from the cache (pages the
-    // kernel evicted) move a MiB/s without the disk being its bottleneck.
-    let disk_busy = t
-        .processes
-        .iter()
-        .filter_map(|p| {
-            let svc: u64 = p.block.iter().map(|b| b.service_ns).sum();
-            let l = p
-                .threads
-                .iter()
-                .map(|th| life_in(p, &th.sched))
-                .fold(0.0, f64::max);
-            (l > 0.0).then(|| svc as f64 / l)
-        })
-        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    // Disk busy: the device time of the process's requests. Time in read() alone cannot tell
+    // the disk from the page cache, and a few requests of a process that reads from the cache
+    // (pages the kernel evicted) move a MiB/s without the disk being its bottleneck.
+    let disk_busy = worst_share_of_life(&|p| p.block.iter().map(|b| b.service_ns).sum());
     if let Some(v) = disk_busy {
         put("io.disk_busy_ratio", v.min(1.0));
     }
