@@ -1606,7 +1606,7 @@ pub const METRICS: &[MetricSpec] = &[
         Int,
         "ethand_bpf_dropped_events_total",
         "ethand.drop.reason, ethand.drop.loss (true, false)",
-        "Events ethand could not account (map full, ring buffer full); loss=false marks informational mismatches.",
+        "Events ethand could not account (map full, ring buffer full, wakeup slot taken); loss=false marks informational mismatches.",
         |v, o| for d in &v.snap.ethand.dropped {
             o.plain(
                 &[

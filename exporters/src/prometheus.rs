@@ -278,8 +278,8 @@ const MAP_CAPACITY: Desc = gauge(
 );
 const DROPPED: Desc = counter(
     "ethand_bpf_dropped_events_total",
-    "Events ethand could not account, by reason (map full, ring buffer full); loss=\"false\" \
-     marks informational mismatches that lose no data.",
+    "Events ethand could not account, by reason (map full, ring buffer full, wakeup slot \
+     taken); loss=\"false\" marks informational mismatches that lose no data.",
 );
 const STATS_ENABLED: Desc = counter(
     "ethand_bpf_stats_enabled_seconds_total",

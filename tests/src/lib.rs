@@ -670,6 +670,17 @@ pub fn probe<'a>(probes: &'a [ProbeStatus], name: &str) -> &'a ProbeStatus {
 
 /// Threads of `pid` and their (voluntary, involuntary) context switches as the kernel counts
 /// them (/proc/PID/task/*/status), summed.
+/// Sum of the run-queue wait (`run_delay`, /proc/PID/task/TID/schedstat, field 2) of every
+/// live thread of `pid`: the kernel's own wake-to-run and preempted-to-run time.
+pub fn kernel_run_delay(pid: u32) -> u64 {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 pub fn kernel_switches(pid: u32) -> (u64, u64) {
     let mut total = (0, 0);
     for e in fs::read_dir(format!("/proc/{pid}/task"))

@@ -7,7 +7,7 @@ use aya_ebpf::{
 use ethand_common::{
     BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, MAX_SYSCALL_NR,
     NO_SYSCALL, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
-    TracepointOffsets, counter,
+    TracepointOffsets, WAKEUP_SLOTS, WakeupSlot, counter,
 };
 
 /// Kernel struct offsets (from BTF); set by the loader.
@@ -135,6 +135,10 @@ pub static ZERO_HIST: Hist = Hist {
 pub static CPU_CTX: PerCpuArray<CpuCtx> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(32768, 0);
+/// Each thread's latest wakeup, in slot `tid % WAKEUP_SLOTS` (see `WakeupSlot`): the
+/// wakeup program's only write, so that it does no hash lookup.
+#[map]
+pub static WAKEUPS: Array<WakeupSlot> = Array::with_max_entries(WAKEUP_SLOTS, 0);
 #[map]
 pub static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(65536, 0);
 /// Entry 0: 1 when syscall batching is on (ethand-ebpf/src/syscalls.rs); set by userspace

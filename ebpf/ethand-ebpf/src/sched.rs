@@ -8,9 +8,11 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use ethand_common::{HIST_BUCKETS, NO_SYSCALL, ThreadStats, counter, log2_bucket, thread_flags};
+use ethand_common::{
+    HIST_BUCKETS, NO_SYSCALL, ThreadStats, WAKEUP_SLOTS, counter, log2_bucket, thread_flags,
+};
 
-use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, btf_ptr, btf_u32, bump, proc_start_of};
+use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, WAKEUPS, btf_ptr, btf_u32, bump, proc_start_of};
 use crate::{koff, tpoff};
 
 /// "Now" for the scheduler programs. With BTF, the clock of `task`'s run queue
@@ -114,24 +116,52 @@ pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
         flags: thread_flags::BLOCKED,
         proc_start_ns: proc_start_of(p),
         switch_out_ns: now,
-        wakeup_ns: now,
         sys_nr: NO_SYSCALL,
         ..ThreadStats::default()
     };
     if THREADS.insert(&tid, &t, 0).is_err() {
         bump(counter::THREADS_FULL);
     }
+    record_wakeup(tid, now);
     0
 }
 
 #[inline(always)]
 fn on_wakeup(tid: u32, task: Option<*const u8>) {
-    if let Some(t) = THREADS.get_ptr_mut(&tid) {
-        let t = unsafe { &mut *t };
-        if t.switch_in_ns == 0 {
-            t.wakeup_ns = sched_now(task);
+    record_wakeup(tid, sched_now(task));
+}
+
+/// Every wakeup is recorded, also of a thread that is still running (woken before it got to
+/// block): the switch-in only takes a wakeup from after the thread's switch-out.
+#[inline(always)]
+fn record_wakeup(tid: u32, now: u64) {
+    if let Some(s) = WAKEUPS.get_ptr_mut(tid & (WAKEUP_SLOTS - 1)) {
+        unsafe {
+            (*s).wakeup_ns = now;
+            (*s).tid = tid;
         }
     }
+}
+
+/// When `tid` was woken after `since` (its switch-out), from its WAKEUPS slot. A slot holding
+/// a later wakeup of another thread means this one's was overwritten: counted as lost.
+#[inline(always)]
+fn woken_since(tid: u32, since: u64) -> Option<u64> {
+    let s = WAKEUPS.get(tid & (WAKEUP_SLOTS - 1))?;
+    let (slot_tid, wakeup_ns) = unsafe {
+        (
+            core::ptr::read_volatile(&s.tid),
+            core::ptr::read_volatile(&s.wakeup_ns),
+        )
+    };
+    if wakeup_ns < since {
+        return None;
+    }
+    if slot_tid != tid {
+        bump(counter::WAKEUP_SLOT_TAKEN);
+        return None;
+    }
+    Some(wakeup_ns)
 }
 
 /// The core of the switch accounting. `prev` is always `current`.
@@ -175,7 +205,6 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
             }
             t.switch_in_ns = 0;
             t.switch_out_ns = now;
-            t.wakeup_ns = 0;
             if voluntary {
                 t.flags |= thread_flags::BLOCKED;
                 t.voluntary_switches += 1;
@@ -205,10 +234,9 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
         let off = now - t.switch_out_ns;
         let wait = if t.flags & thread_flags::BLOCKED != 0 {
             t.offcpu_blocked_ns += off;
-            if t.wakeup_ns != 0 && now >= t.wakeup_ns {
-                Some(now - t.wakeup_ns)
-            } else {
-                None
+            match woken_since(next_tid, t.switch_out_ns) {
+                Some(w) if now >= w => Some(now - w),
+                _ => None,
             }
         } else {
             t.offcpu_preempted_ns += off;
@@ -224,7 +252,6 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
         }
     }
     t.switch_in_ns = now;
-    t.wakeup_ns = 0;
     cpu.tid = next_tid;
     cpu.tgid = t.tgid;
     cpu.proc_start_ns = t.proc_start_ns;

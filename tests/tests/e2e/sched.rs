@@ -1,7 +1,7 @@
 //! Scheduler accounting: context switches, on-CPU time, run-queue wait.
 use std::thread;
 
-use ethand_tests::{Daemon, SETTLE, find_proc, kernel_switches, measure, serial};
+use ethand_tests::{Daemon, SETTLE, find_proc, kernel_run_delay, kernel_switches, measure, serial};
 
 use crate::workload;
 
@@ -14,16 +14,20 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     let mut w = workload(&["pingpong", &rounds.to_string()]);
     thread::sleep(SETTLE);
     let k0 = kernel_switches(w.pid);
+    let delay0 = kernel_run_delay(w.pid);
     let before = d.snapshot(w.pid);
     w.go();
     thread::sleep(SETTLE);
     let k1 = kernel_switches(w.pid);
+    let delay1 = kernel_run_delay(w.pid);
     let after = d.snapshot(w.pid);
 
     let (b, a) = (&before.total.sched, &after.total.sched);
     let vol = a.voluntary_switches - b.voluntary_switches;
     let invol = a.involuntary_switches - b.involuntary_switches;
     let blocked = a.offcpu_blocked_ns - b.offcpu_blocked_ns;
+    let runq_wait = a.runq_wait_ns - b.runq_wait_ns;
+    let kernel_wait = delay1 - delay0;
     let kernel = (k1.0 - k0.0, k1.1 - k0.1);
     let mut tids: Vec<u32> = find_proc(&after, w.pid)
         .threads
@@ -39,7 +43,8 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     kernel_tids.sort();
     eprintln!(
         "observed: {rounds} round trips: ethand voluntary {vol}, involuntary {invol}, off-cpu blocked {blocked} ns; \
-         kernel voluntary {}, involuntary {}; threads {tids:?} (kernel {kernel_tids:?}), total.threads {}",
+         kernel voluntary {}, involuntary {}; threads {tids:?} (kernel {kernel_tids:?}), total.threads {}; \
+         run-queue wait {runq_wait} ns (kernel run_delay {kernel_wait} ns)",
         kernel.0, kernel.1, after.total.threads
     );
 
@@ -60,6 +65,14 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
         "voluntary switches: expected >= {lo} - involuntary ({invol}), got {vol}"
     );
     assert!(blocked > 0, "offcpu_blocked_ns did not grow");
+    // Both threads share CPU 0, so every hand-off leaves the woken thread runnable until the
+    // waker blocks: wake-to-run waits the kernel's run_delay counts on the same run-queue
+    // clock. One CPU, no migration: none of run_delay's cross-CPU accounting quirks.
+    let tol = kernel_wait / 100 + 20_000;
+    assert!(
+        runq_wait.abs_diff(kernel_wait) <= tol,
+        "run-queue wait {runq_wait} ns vs kernel run_delay {kernel_wait} ns: off by more than {tol} ns"
+    );
     assert_eq!(tids, kernel_tids, "live threads of {}", w.pid);
     assert_eq!(after.total.threads, 2, "total.threads");
     w.finish();
