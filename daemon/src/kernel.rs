@@ -98,7 +98,14 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     })();
     let rq_chain = rq_chain.ok();
     let (task_se_cfs_rq, cfs_rq_rq, rq_clock) = rq_chain.unwrap_or((0, 0, 0));
+    let sum_exec = (|| -> Result<u32, KernelError> {
+        Ok(member_offset(btf, "task_struct", "se")?
+            + member_offset(btf, "sched_entity", "sum_exec_runtime")?)
+    })()
+    .ok();
     Ok(KernelOffsets {
+        task_sum_exec_runtime: sum_exec.unwrap_or(0),
+        oncpu_from_task: u32::from(sum_exec.is_some()),
         task_se_cfs_rq,
         cfs_rq_rq,
         rq_clock,

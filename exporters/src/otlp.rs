@@ -491,7 +491,7 @@ pub const METRICS: &[MetricSpec] = &[
         Float,
         "ethand_process_cpu_seconds_total",
         PROC,
-        "Time the process's threads ran on a CPU (sched_switch).",
+        "Time the process's threads ran on a CPU: the kernel's own charge (sum_exec_runtime, as in /proc/PID/schedstat) (sched_switch).",
         |v, o| for (p, id) in v.each_proc() {
             o.proc(id, &[], secs(p.sched.oncpu_ns))
         }
@@ -1606,7 +1606,7 @@ pub const METRICS: &[MetricSpec] = &[
         Int,
         "ethand_bpf_dropped_events_total",
         "ethand.drop.reason, ethand.drop.loss (true, false)",
-        "Events ethand could not account (map full, ring buffer full, wakeup slot taken); loss=false marks informational mismatches.",
+        "Events ethand could not account (map full, ring buffer full, wakeup slot taken); loss=false marks informational cases: mismatches and events the kernel did not report.",
         |v, o| for d in &v.snap.ethand.dropped {
             o.plain(
                 &[

@@ -119,7 +119,7 @@ const fn histogram(name: &'static str, help: &'static str) -> Desc {
 
 const PROCESS_CPU: Desc = counter(
     "ethand_process_cpu_seconds_total",
-    "Time the process's threads ran on a CPU (sched_switch).",
+    "Time the process's threads ran on a CPU: the kernel's own charge (sum_exec_runtime, as in /proc/PID/schedstat) (sched_switch).",
 );
 const PROCESS_OFFCPU: Desc = counter(
     "ethand_process_offcpu_seconds_total",
@@ -279,7 +279,8 @@ const MAP_CAPACITY: Desc = gauge(
 const DROPPED: Desc = counter(
     "ethand_bpf_dropped_events_total",
     "Events ethand could not account, by reason (map full, ring buffer full, wakeup slot \
-     taken); loss=\"false\" marks informational mismatches that lose no data.",
+     taken); loss=\"false\" marks informational cases: mismatches that lose no data and \
+     events the kernel did not report (switch_in_unseen).",
 );
 const STATS_ENABLED: Desc = counter(
     "ethand_bpf_stats_enabled_seconds_total",

@@ -668,19 +668,42 @@ pub fn probe<'a>(probes: &'a [ProbeStatus], name: &str) -> &'a ProbeStatus {
         .unwrap_or_else(|| panic!("no probe {name} in {probes:?}"))
 }
 
-/// Threads of `pid` and their (voluntary, involuntary) context switches as the kernel counts
-/// them (/proc/PID/task/*/status), summed.
-/// Sum of the run-queue wait (`run_delay`, /proc/PID/task/TID/schedstat, field 2) of every
-/// live thread of `pid`: the kernel's own wake-to-run and preempted-to-run time.
-pub fn kernel_run_delay(pid: u32) -> u64 {
+/// Per live thread of `pid`, the kernel's scheduler statistics
+/// (/proc/PID/task/TID/schedstat): `sum_exec_runtime` (field 1), `run_delay` (field 2,
+/// wake-to-run and preempted-to-run time) and `pcount` (field 3, the runs that followed such
+/// a wait).
+pub fn kernel_schedstat(pid: u32) -> std::collections::BTreeMap<u32, KernelSchedstat> {
     fs::read_dir(format!("/proc/{pid}/task"))
         .expect("task dir")
         .flatten()
-        .filter_map(|e| fs::read_to_string(e.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
+        .filter_map(|e| {
+            let tid = e.file_name().to_str()?.parse().ok()?;
+            let s = fs::read_to_string(e.path().join("schedstat")).ok()?;
+            let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+            let oncpu_ns = f.next()??;
+            let run_delay_ns = f.next()??;
+            let runs = f.next()??;
+            Some((
+                tid,
+                KernelSchedstat {
+                    oncpu_ns,
+                    run_delay_ns,
+                    runs,
+                },
+            ))
+        })
+        .collect()
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelSchedstat {
+    pub oncpu_ns: u64,
+    pub run_delay_ns: u64,
+    pub runs: u64,
+}
+
+/// Threads of `pid` and their (voluntary, involuntary) context switches as the kernel counts
+/// them (/proc/PID/task/*/status), summed.
 pub fn kernel_switches(pid: u32) -> (u64, u64) {
     let mut total = (0, 0);
     for e in fs::read_dir(format!("/proc/{pid}/task"))

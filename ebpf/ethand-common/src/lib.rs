@@ -98,7 +98,13 @@ pub mod counter {
     /// A woken thread found its WAKEUPS slot holding a later wakeup of another thread (tids
     /// equal modulo the slot count): that wake-to-run wait was not counted.
     pub const WAKEUP_SLOT_TAKEN: u32 = 13;
-    pub const COUNT: u32 = 14;
+    /// A thread was switched out whose switch-in no tracepoint reported (some kernels run
+    /// tracepoints in no task context of some tasks, such as a sandbox's agent; the switch
+    /// away from one of them is never seen). Its on-CPU time is still exact where
+    /// `oncpu_from_task` holds; the run-queue wait before that run is not counted.
+    /// Informational: the kernel did not deliver the event.
+    pub const SWITCH_IN_UNSEEN: u32 = 14;
+    pub const COUNT: u32 = 15;
     pub const NAMES: [&str; COUNT as usize] = [
         "threads_full",
         "syscalls_full",
@@ -114,10 +120,11 @@ pub mod counter {
         "gpu_proc_full",
         "gpu_inflight_full",
         "wakeup_slot_taken",
+        "switch_in_unseen",
     ];
     /// Which of the above mean lost data (the rest are informational).
     pub const IS_LOSS: [bool; COUNT as usize] = [
-        true, true, true, true, true, true, true, false, false, true, true, true, true, true,
+        true, true, true, true, true, true, true, false, false, true, true, true, true, true, false,
     ];
 }
 
@@ -134,7 +141,13 @@ pub struct ThreadStats {
     /// When the thread last went on CPU (0: not since its last switch-out) / off CPU.
     pub switch_in_ns: u64,
     pub switch_out_ns: u64,
+    /// On-CPU time since ethand first saw the thread. With BTF, from the kernel's own
+    /// `se.sum_exec_runtime` (see `exec_runtime_ns`), so a run whose switch-in no tracepoint
+    /// reported still counts; else from the switch-in and switch-out times.
     pub oncpu_ns: u64,
+    /// The thread's `se.sum_exec_runtime` at its last switch-out (or when the entry was
+    /// made): the next switch-out adds the difference to `oncpu_ns`.
+    pub exec_runtime_ns: u64,
     /// Off-CPU time of slices that began with the thread blocking (sleep + later run-queue wait).
     pub offcpu_blocked_ns: u64,
     /// Off-CPU time of slices that began with a preemption (all of it run-queue wait).
@@ -600,6 +613,12 @@ pub struct KernelOffsets {
     pub exit_group_dead_arg: u32,
     /// `request.__sector` (a u64): the start sector `ethand record` reports for a request.
     pub request_sector: u32,
+    /// `task_struct.se.sum_exec_runtime` (a u64): the on-CPU time the kernel has charged a
+    /// thread, read at its switch-out.
+    pub task_sum_exec_runtime: u32,
+    /// 1 when `task_sum_exec_runtime` was found; 0: on-CPU time is measured from switch-in to
+    /// switch-out.
+    pub oncpu_from_task: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -737,7 +756,7 @@ mod tests {
     /// Sizes are the sum of field sizes: no hidden padding may creep in.
     #[test]
     fn sizes() {
-        assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 10 + 8 + 4 * HIST_BUCKETS);
+        assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 11 + 8 + 4 * HIST_BUCKETS);
         assert_eq!(size_of::<CpuCtx>(), 72);
         assert_eq!(size_of::<WakeupSlot>(), 16);
         assert!(WAKEUP_SLOTS.is_power_of_two());
@@ -752,7 +771,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 84);
+        assert_eq!(size_of::<KernelOffsets>(), 92);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

@@ -34,6 +34,8 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     net_btf: 0,
     exit_group_dead_arg: 0,
     request_sector: 0,
+    task_sum_exec_runtime: 0,
+    oncpu_from_task: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -220,6 +222,15 @@ pub fn current_ctx() -> Option<&'static mut CpuCtx> {
         ctx.proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
         ctx.sys_nr = NO_SYSCALL;
         ctx.sys_start_ns = 0;
+        // A thread switched in without a reported switch (switch_in_unseen) may be
+        // returning from a syscall it was switched out in: take it from its entry, as the
+        // switch-in would have.
+        if let Some(t) = THREADS.get_ptr_mut(&tid) {
+            let t = unsafe { &mut *t };
+            ctx.sys_nr = t.sys_nr;
+            ctx.sys_start_ns = t.sys_start_ns;
+            t.sys_nr = NO_SYSCALL;
+        }
     }
     Some(ctx)
 }

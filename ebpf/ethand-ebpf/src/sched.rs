@@ -12,7 +12,9 @@ use ethand_common::{
     HIST_BUCKETS, NO_SYSCALL, ThreadStats, WAKEUP_SLOTS, counter, log2_bucket, thread_flags,
 };
 
-use crate::maps::{CPU_CTX, THREADS, UNKNOWN_TID, WAKEUPS, btf_ptr, btf_u32, bump, proc_start_of};
+use crate::maps::{
+    CPU_CTX, THREADS, UNKNOWN_TID, WAKEUPS, btf_ptr, btf_u32, btf_u64, bump, proc_start_of,
+};
 use crate::{koff, tpoff};
 
 /// "Now" for the scheduler programs. With BTF, the clock of `task`'s run queue
@@ -62,14 +64,21 @@ const TASK_REPORT_MAX: u32 = 0x100;
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let preempt: u64 = ctx.arg(0);
+    let prev: *const u8 = ctx.arg(1);
     let next: *const u8 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
     let next_tid = btf_u32(next, koff!(task_pid));
+    let prev_exec = if koff!(oncpu_from_task) != 0 {
+        btf_u64(prev, koff!(task_sum_exec_runtime))
+    } else {
+        0
+    };
     // Voluntary: the task blocked (non-running state) and was not preempted.
     on_switch(
         next_tid,
         preempt == 0 && (prev_state as u32) != 0,
         sched_now(Some(next)),
+        prev_exec,
     );
     0
 }
@@ -79,10 +88,21 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
     let next_tid: i32 = unsafe { ctx.read_at(tpoff!(sched_switch_next_pid)) }.unwrap_or(0);
     let state: i64 = unsafe { ctx.read_at(tpoff!(sched_switch_prev_state)) }.unwrap_or(0);
     let state = state as u32;
+    // `current` is prev.
+    let prev_exec = if koff!(oncpu_from_task) != 0 {
+        let task = unsafe { bpf_get_current_task() } as *const u8;
+        unsafe {
+            bpf_probe_read_kernel(task.add(koff!(task_sum_exec_runtime) as usize) as *const u64)
+        }
+        .unwrap_or(0)
+    } else {
+        0
+    };
     on_switch(
         next_tid as u32,
         state != 0 && state & TASK_REPORT_MAX == 0,
         sched_now(None),
+        prev_exec,
     );
     0
 }
@@ -164,9 +184,10 @@ fn woken_since(tid: u32, since: u64) -> Option<u64> {
     Some(wakeup_ns)
 }
 
-/// The core of the switch accounting. `prev` is always `current`.
+/// The core of the switch accounting. `prev` is always `current`; `prev_exec` is its
+/// `se.sum_exec_runtime` (with `oncpu_from_task`).
 #[inline(always)]
-fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
+fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_exec: u64) {
     let Some(cpu) = CPU_CTX.get_ptr_mut(0) else {
         return;
     };
@@ -177,8 +198,17 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
     let prev_tid = pid_tgid as u32;
 
     if prev_tid != 0 {
+        let mut unseen = false;
         let t = match THREADS.get_ptr_mut(&prev_tid) {
-            Some(t) => Some(t),
+            Some(t) => {
+                // Some kernels deliver no tracepoints in the context of some tasks (this
+                // sandbox's agent): the switch to this thread came from one of them.
+                if unsafe { (*t).switch_in_ns } == 0 {
+                    bump(counter::SWITCH_IN_UNSEEN);
+                    unseen = true;
+                }
+                Some(t)
+            }
             None => {
                 let init = ThreadStats {
                     tgid: (pid_tgid >> 32) as u32,
@@ -188,6 +218,8 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
                         proc_start_of(unsafe { bpf_get_current_task() } as *const u8)
                     },
                     sys_nr: NO_SYSCALL,
+                    // Counted from here: the thread was running when ethand attached.
+                    exec_runtime_ns: prev_exec,
                     ..ThreadStats::default()
                 };
                 let _ = THREADS.insert(&prev_tid, &init, 1);
@@ -200,7 +232,23 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
         };
         if let Some(t) = t {
             let t = unsafe { &mut *t };
-            if t.switch_in_ns != 0 && now > t.switch_in_ns {
+            if unseen && koff!(oncpu_from_task) != 0 {
+                // The unreported switch-in was this run's on-CPU time before now: account
+                // the wait that ended there as the switch-in would have (off by the IRQ
+                // time of the run, which the kernel does not charge to the thread).
+                let run = prev_exec.saturating_sub(t.exec_runtime_ns);
+                if run != 0 && now > run {
+                    account_switch_in(t, prev_tid, now - run);
+                }
+            }
+            if koff!(oncpu_from_task) != 0 {
+                // The kernel's own charge: exact, and complete even when this run's
+                // switch-in was not reported. Lower after tid reuse: a new baseline.
+                if prev_exec > t.exec_runtime_ns {
+                    t.oncpu_ns += prev_exec - t.exec_runtime_ns;
+                }
+                t.exec_runtime_ns = prev_exec;
+            } else if t.switch_in_ns != 0 && now > t.switch_in_ns {
                 t.oncpu_ns += now - t.switch_in_ns;
             }
             t.switch_in_ns = 0;
@@ -230,27 +278,7 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
         return;
     };
     let t = unsafe { &mut *t };
-    if t.switch_out_ns != 0 && now > t.switch_out_ns {
-        let off = now - t.switch_out_ns;
-        let wait = if t.flags & thread_flags::BLOCKED != 0 {
-            t.offcpu_blocked_ns += off;
-            match woken_since(next_tid, t.switch_out_ns) {
-                Some(w) if now >= w => Some(now - w),
-                _ => None,
-            }
-        } else {
-            t.offcpu_preempted_ns += off;
-            Some(off)
-        };
-        if let Some(wait) = wait {
-            t.runq_wait_ns += wait;
-            let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
-            unsafe {
-                *t.runq_wait_hist.get_unchecked_mut(b) =
-                    t.runq_wait_hist.get_unchecked(b).wrapping_add(1)
-            };
-        }
-    }
+    account_switch_in(t, next_tid, now);
     t.switch_in_ns = now;
     cpu.tid = next_tid;
     cpu.tgid = t.tgid;
@@ -258,4 +286,31 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64) {
     cpu.sys_nr = t.sys_nr;
     cpu.sys_start_ns = t.sys_start_ns;
     t.sys_nr = NO_SYSCALL;
+}
+
+/// Off-CPU time and run-queue wait of thread `tid` going on CPU at `now`.
+#[inline(always)]
+fn account_switch_in(t: &mut ThreadStats, tid: u32, now: u64) {
+    if t.switch_out_ns == 0 || now <= t.switch_out_ns {
+        return;
+    }
+    let off = now - t.switch_out_ns;
+    let wait = if t.flags & thread_flags::BLOCKED != 0 {
+        t.offcpu_blocked_ns += off;
+        match woken_since(tid, t.switch_out_ns) {
+            Some(w) if now >= w => Some(now - w),
+            _ => None,
+        }
+    } else {
+        t.offcpu_preempted_ns += off;
+        Some(off)
+    };
+    if let Some(wait) = wait {
+        t.runq_wait_ns += wait;
+        let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
+        unsafe {
+            *t.runq_wait_hist.get_unchecked_mut(b) =
+                t.runq_wait_hist.get_unchecked(b).wrapping_add(1)
+        };
+    }
 }

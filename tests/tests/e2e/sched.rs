@@ -1,7 +1,7 @@
 //! Scheduler accounting: context switches, on-CPU time, run-queue wait.
 use std::thread;
 
-use ethand_tests::{Daemon, SETTLE, find_proc, kernel_run_delay, kernel_switches, measure, serial};
+use ethand_tests::{Daemon, SETTLE, find_proc, kernel_schedstat, kernel_switches, measure, serial};
 
 use crate::workload;
 
@@ -14,12 +14,12 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     let mut w = workload(&["pingpong", &rounds.to_string()]);
     thread::sleep(SETTLE);
     let k0 = kernel_switches(w.pid);
-    let delay0 = kernel_run_delay(w.pid);
+    let ks0 = kernel_schedstat(w.pid);
     let before = d.snapshot(w.pid);
     w.go();
     thread::sleep(SETTLE);
     let k1 = kernel_switches(w.pid);
-    let delay1 = kernel_run_delay(w.pid);
+    let ks1 = kernel_schedstat(w.pid);
     let after = d.snapshot(w.pid);
 
     let (b, a) = (&before.total.sched, &after.total.sched);
@@ -27,7 +27,43 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     let invol = a.involuntary_switches - b.involuntary_switches;
     let blocked = a.offcpu_blocked_ns - b.offcpu_blocked_ns;
     let runq_wait = a.runq_wait_ns - b.runq_wait_ns;
-    let kernel_wait = delay1 - delay0;
+    let kernel_wait: u64 = ks1.values().map(|k| k.run_delay_ns).sum::<u64>()
+        - ks0.values().map(|k| k.run_delay_ns).sum::<u64>();
+    // Per thread: the kernel's run_delay and runs after a wait against ethand's run-queue
+    // wait and its count of waits (the histogram's total), so that a difference says which
+    // thread and whether a wait was missed or mismeasured.
+    let ethand_threads = |s: &ethand_exporters::snapshot::TreeSnapshot| {
+        find_proc(s, w.pid)
+            .threads
+            .iter()
+            .map(|t| {
+                (
+                    t.tid,
+                    (
+                        t.sched.runq_wait_ns,
+                        t.sched.runq_wait_hist.iter().sum::<u64>(),
+                    ),
+                )
+            })
+            .collect::<std::collections::BTreeMap<u32, (u64, u64)>>()
+    };
+    let (e0, e1) = (ethand_threads(&before), ethand_threads(&after));
+    let mut waits_counted = 0;
+    let mut kernel_runs = 0;
+    for (tid, k) in &ks1 {
+        let k0 = ks0.get(tid).copied().unwrap_or_default();
+        let (ew0, en0) = e0.get(tid).copied().unwrap_or_default();
+        let (ew1, en1) = e1.get(tid).copied().unwrap_or_default();
+        waits_counted += en1 - en0;
+        kernel_runs += k.runs - k0.runs;
+        eprintln!(
+            "thread {tid}: kernel run_delay {} ns over {} runs; ethand run-queue wait {} ns over {} waits",
+            k.run_delay_ns - k0.run_delay_ns,
+            k.runs - k0.runs,
+            ew1 - ew0,
+            en1 - en0
+        );
+    }
     let kernel = (k1.0 - k0.0, k1.1 - k0.1);
     let mut tids: Vec<u32> = find_proc(&after, w.pid)
         .threads
@@ -44,7 +80,7 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     eprintln!(
         "observed: {rounds} round trips: ethand voluntary {vol}, involuntary {invol}, off-cpu blocked {blocked} ns; \
          kernel voluntary {}, involuntary {}; threads {tids:?} (kernel {kernel_tids:?}), total.threads {}; \
-         run-queue wait {runq_wait} ns (kernel run_delay {kernel_wait} ns)",
+         run-queue wait {runq_wait} ns over {waits_counted} waits (kernel run_delay {kernel_wait} ns over {kernel_runs} runs)",
         kernel.0, kernel.1, after.total.threads
     );
 
@@ -67,18 +103,24 @@ pub fn assert_ping_pong(d: &Daemon, rounds: u64) {
     assert!(blocked > 0, "offcpu_blocked_ns did not grow");
     // Both threads share CPU 0, so every hand-off leaves the woken thread runnable until the
     // waker blocks: wake-to-run waits the kernel's run_delay counts on the same run-queue
-    // clock. Locally the two are equal to the nanosecond, run after run; once in CI the kernel
-    // counted 2.9 ms more (10,184,082 vs 7,264,449 ns, ethand's figure in its usual range),
-    // not explained yet. So: never above the kernel's figure, and most of it (a wakeup path
-    // that lost waits wholesale would land far below).
+    // clock. Locally the two are equal to the nanosecond, run after run. Once in CI the
+    // kernel counted 2.9 ms more: this sandbox's kernel reports no tracepoint in the context
+    // of its agent's threads, so a switch from one of them to a ping-pong thread was never
+    // seen and the wait it ended went uncounted. Such a run is now accounted at its
+    // switch-out (switch_in_unseen), its start placed by the kernel's on-CPU charge, which
+    // leaves out steal and IRQ time: so within 1 % + 20 us above, at least 90 % below.
     let over = kernel_wait / 100 + 20_000;
     assert!(
         runq_wait <= kernel_wait + over,
         "run-queue wait {runq_wait} ns above the kernel's run_delay {kernel_wait} ns by more than {over} ns"
     );
     assert!(
-        runq_wait >= kernel_wait / 10 * 6,
-        "run-queue wait {runq_wait} ns below 60 % of the kernel's run_delay {kernel_wait} ns"
+        runq_wait >= kernel_wait / 10 * 9,
+        "run-queue wait {runq_wait} ns below 90 % of the kernel's run_delay {kernel_wait} ns"
+    );
+    assert!(
+        waits_counted <= kernel_runs,
+        "{waits_counted} run-queue waits counted, more than the kernel's {kernel_runs} runs after a wait"
     );
     assert_eq!(tids, kernel_tids, "live threads of {}", w.pid);
     assert_eq!(after.total.threads, 2, "total.threads");
@@ -93,7 +135,7 @@ fn context_switches_of_a_pipe_ping_pong() {
 }
 
 /// Reads /proc/PID/schedstat: (on-CPU ns, run-queue wait ns).
-fn kernel_schedstat(pid: u32) -> (u64, u64) {
+fn process_schedstat(pid: u32) -> (u64, u64) {
     let t = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
     let f: Vec<u64> = t
         .split_whitespace()
@@ -110,11 +152,11 @@ fn oncpu_time_matches_the_workloads_own_cpu_time() {
     let d = Daemon::start("oncpu", "");
     let mut w = workload(&["cpu", "1000"]);
     thread::sleep(SETTLE);
-    let k0 = kernel_schedstat(w.pid);
+    let k0 = process_schedstat(w.pid);
     let before = d.snapshot(w.pid);
     let done = w.go();
     thread::sleep(SETTLE);
-    let k1 = kernel_schedstat(w.pid);
+    let k1 = process_schedstat(w.pid);
     // The workload is blocked now: k1 is final. Give the daemon a few more collections
     // (its loop can lag behind on a loaded CI machine) before reading its figure.
     thread::sleep(SETTLE);
