@@ -18,6 +18,7 @@ XTASK=target/release/xtask
 [ -x "$XTASK" ] || { echo "build it first: cargo build --release -p xtask" >&2; exit 2; }
 DIR=$(mktemp -d /tmp/switch-ab.XXXXXX)
 PORT=$((20000 + RANDOM % 20000))
+# The probes of the bench's `ethand-sched` mode (ETHAND_SCHED_ONLY in xtask/src/bench/modes.rs).
 cat >"$DIR/ethand.toml" <<EOF
 [daemon]
 socket = "$DIR/ethand.sock"

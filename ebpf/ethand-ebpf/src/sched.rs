@@ -151,11 +151,17 @@ fn on_wakeup(tid: u32, task: Option<*const u8>) {
     record_wakeup(tid, sched_now(task));
 }
 
+/// The WAKEUPS slot of `tid`: tids equal modulo the slot count share one.
+#[inline(always)]
+fn wakeup_slot(tid: u32) -> u32 {
+    tid & (WAKEUP_SLOTS - 1)
+}
+
 /// Every wakeup is recorded, also of a thread that is still running (woken before it got to
 /// block): the switch-in only takes a wakeup from after the thread's switch-out.
 #[inline(always)]
 fn record_wakeup(tid: u32, now: u64) {
-    if let Some(s) = WAKEUPS.get_ptr_mut(tid & (WAKEUP_SLOTS - 1)) {
+    if let Some(s) = WAKEUPS.get_ptr_mut(wakeup_slot(tid)) {
         unsafe {
             (*s).wakeup_ns = now;
             (*s).tid = tid;
@@ -167,7 +173,7 @@ fn record_wakeup(tid: u32, now: u64) {
 /// a later wakeup of another thread means this one's was overwritten: counted as lost.
 #[inline(always)]
 fn woken_since(tid: u32, since: u64) -> Option<u64> {
-    let s = WAKEUPS.get(tid & (WAKEUP_SLOTS - 1))?;
+    let s = WAKEUPS.get(wakeup_slot(tid))?;
     let (slot_tid, wakeup_ns) = unsafe {
         (
             core::ptr::read_volatile(&s.tid),
