@@ -630,10 +630,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .iter()
         .filter(|p| p.state == snap::ProbeState::Attached)
         .count();
-    info!(attached, total = engine.loaded.probes.len(), socket = %cfg.daemon.socket.display(), "ready");
+    // Out of the probes wanted: not those turned off or not needed on this kernel.
+    let total = engine
+        .loaded
+        .probes
+        .iter()
+        .filter(|p| p.state != snap::ProbeState::Disabled)
+        .count();
+    info!(attached, total, socket = %cfg.daemon.socket.display(), "ready");
     // Type=notify: systemd considers ethand started only now that probes are attached, the
     // first snapshot exists and both servers listen. Outside systemd this does nothing.
-    let status = format!("{attached}/{} probes attached", engine.loaded.probes.len());
+    let status = format!("{attached}/{total} probes attached");
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),

@@ -103,9 +103,18 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
             + member_offset(btf, "sched_entity", "sum_exec_runtime")?)
     })()
     .ok();
+    // CONFIG_SCHED_INFO (schedstats or delay accounting): the kernel's own run-queue wait.
+    let run_delay = (|| -> Result<u32, KernelError> {
+        Ok(member_offset(btf, "task_struct", "sched_info")?
+            + member_offset(btf, "sched_info", "run_delay")?)
+    })()
+    .ok()
+    .filter(|_| sum_exec.is_some());
     Ok(KernelOffsets {
         task_sum_exec_runtime: sum_exec.unwrap_or(0),
         oncpu_from_task: u32::from(sum_exec.is_some()),
+        task_run_delay: run_delay.unwrap_or(0),
+        runq_from_task: u32::from(run_delay.is_some()),
         task_se_cfs_rq,
         cfs_rq_rq,
         rq_clock,
@@ -124,6 +133,17 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         ),
         ..block_offsets(btf).unwrap_or_default()
     })
+}
+
+/// Whether the kernel keeps `sched_info` (run_delay, pcount) up to date: with
+/// CONFIG_SCHED_INFO it does on current kernels, but older ones collected it only with
+/// schedstats or delay accounting on. This thread has run, so its run count is above 0
+/// exactly when the kernel counts.
+pub fn sched_info_live() -> bool {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+        .is_some_and(|runs| runs > 0)
 }
 
 /// How many parameters the BTF tracepoint `name` passes (its `btf_trace_<name>` typedef, a

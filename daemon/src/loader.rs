@@ -260,7 +260,11 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
     if let Some(why) = &kbtf.file_error {
         warn!(file = kernel::VMLINUX_BTF, error = %why, "kernel BTF file unusable: read the kernel's BTF through bpf(BPF_BTF_GET_FD_BY_ID) instead");
     }
-    let koff: KernelOffsets = kernel::kernel_offsets(&kbtf)?;
+    let mut koff: KernelOffsets = kernel::kernel_offsets(&kbtf)?;
+    if koff.runq_from_task == 1 && !kernel::sched_info_live() {
+        info!("the kernel keeps no sched_info: run-queue waits are timed from sched_wakeup");
+        koff.runq_from_task = 0;
+    }
     let btf = match Btf::parse(&kbtf.bytes, aya::Endianness::default()) {
         Ok(b) => Some(b),
         Err(e) => {
@@ -310,6 +314,21 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
             "sock_send_length" | "sock_recv_length" | "inet_sock_set_state" => net_btf_refused,
             _ => None,
         };
+        if spec.name == "sched_wakeup" && koff.runq_from_task == 1 && cfg.probes.sched {
+            // Waits are the kernel's own run_delay, read at sched_switch: a program on every
+            // wakeup would add its cost for nothing.
+            info!(
+                probe = spec.name,
+                "not needed: run-queue waits come from the kernel's sched_info.run_delay"
+            );
+            loaded.probes.push(ProbeStatus {
+                name: spec.name.into(),
+                state: ProbeState::Disabled,
+                detail: RUNQ_FROM_KERNEL.into(),
+                ..Default::default()
+            });
+            continue;
+        }
         let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref(), refused);
         // Say where the BTF of a tp_btf probe came from when it was not the usual file.
         if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {
@@ -486,6 +505,10 @@ fn attach_probe(
 }
 
 const EPERM_TEXT: &str = "Operation not permitted";
+
+/// The detail of `sched_wakeup` where it is not attached because it is not needed.
+pub const RUNQ_FROM_KERNEL: &str = "not needed: run-queue waits are the kernel's own \
+     (sched_info.run_delay, read at each sched_switch)";
 
 /// Names the capability when the kernel said EPERM: loading and attaching tracing programs
 /// needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN).

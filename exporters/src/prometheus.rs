@@ -124,12 +124,13 @@ const PROCESS_CPU: Desc = counter(
 const PROCESS_OFFCPU: Desc = counter(
     "ethand_process_offcpu_seconds_total",
     "Time the process's threads were off CPU, by how they left it: blocked (sleep or I/O, plus \
-     the run-queue wait after wakeup) or preempted (sched_switch, sched_wakeup).",
+     the run-queue wait after wakeup) or preempted (sched_switch).",
 );
 const PROCESS_RUNQ_WAIT: Desc = histogram(
     "ethand_process_runq_wait_seconds",
-    "Waits of the process's threads for a CPU while runnable, one observation per wait \
-     (sched_wakeup and sched_switch).",
+    "Waits of the process's threads for a CPU while runnable, one observation per wait: the \
+     kernel's run_delay, read at sched_switch (timed from sched_wakeup where the kernel keeps \
+     none).",
 );
 const PROCESS_SWITCHES: Desc = counter(
     "ethand_process_context_switches_total",
@@ -208,12 +209,12 @@ const CGROUP_CPU: Desc = counter(
 const CGROUP_OFFCPU: Desc = counter(
     "ethand_cgroup_offcpu_seconds_total",
     "Off-CPU time, blocked or preempted, of all the cgroup's processes, exited ones included \
-     (sched_switch, sched_wakeup).",
+     (sched_switch).",
 );
 const CGROUP_RUNQ_WAIT: Desc = counter(
     "ethand_cgroup_runq_wait_seconds_total",
     "Time all the cgroup's processes, exited ones included, waited runnable for a CPU \
-     (sched_wakeup, sched_switch).",
+     (sched_switch; sched_wakeup where the kernel keeps no run_delay).",
 );
 const CGROUP_SYSCALLS: Desc = counter(
     "ethand_cgroup_syscalls_total",

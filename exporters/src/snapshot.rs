@@ -351,7 +351,8 @@ pub enum ProbeState {
     /// The kernel lacks the hook (no such tracepoint, no BTF...).
     #[default]
     Unsupported,
-    /// Turned off in the config.
+    /// Turned off in the config, or not needed on this kernel (its data comes from elsewhere;
+    /// the detail says where).
     Disabled,
     /// The hook exists but attaching failed (permissions, verifier).
     Failed,

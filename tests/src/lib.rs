@@ -661,6 +661,17 @@ pub fn latency_class_count(p: &ProcessSnapshot, class: &str) -> u64 {
         .map_or(0, |h| h.count)
 }
 
+/// Asserts that `sched_wakeup` is left unattached as not needed: this machine's kernel keeps
+/// run-queue waits itself (`sched_info.run_delay`, CONFIG_SCHED_INFO), which ethand reads at
+/// each switch instead of timing waits from a program on every wakeup.
+pub fn assert_wakeup_not_needed(probes: &[ProbeStatus]) {
+    let p = probe(probes, "sched_wakeup");
+    assert!(
+        p.state == ProbeState::Disabled && p.detail.starts_with("not needed"),
+        "sched_wakeup should be left unattached as not needed: {p:?}"
+    );
+}
+
 pub fn probe<'a>(probes: &'a [ProbeStatus], name: &str) -> &'a ProbeStatus {
     probes
         .iter()

@@ -98,11 +98,11 @@ pub mod counter {
     /// A woken thread found its WAKEUPS slot holding a later wakeup of another thread (tids
     /// equal modulo the slot count): that wake-to-run wait was not counted.
     pub const WAKEUP_SLOT_TAKEN: u32 = 13;
-    /// A thread was switched out whose switch-in no tracepoint reported (some kernels run
-    /// tracepoints in no task context of some tasks, such as a sandbox's agent; the switch
-    /// away from one of them is never seen). Its on-CPU time is still exact where
-    /// `oncpu_from_task` holds; the run-queue wait before that run is not counted.
-    /// Informational: the kernel did not deliver the event.
+    /// A thread was switched out whose switch-in no tracepoint reported (some kernels fire
+    /// no tracepoints in the task context of some tasks, such as a sandbox's agent, so the
+    /// switch away from one of them is never seen). Where `oncpu_from_task` holds, its
+    /// on-CPU time is still exact and the wait before that run is placed from the run's
+    /// charge. Informational: the kernel did not deliver the event.
     pub const SWITCH_IN_UNSEEN: u32 = 14;
     pub const COUNT: u32 = 15;
     pub const NAMES: [&str; COUNT as usize] = [
@@ -148,6 +148,10 @@ pub struct ThreadStats {
     /// The thread's `se.sum_exec_runtime` at its last switch-out (or when the entry was
     /// made): the next switch-out adds the difference to `oncpu_ns`.
     pub exec_runtime_ns: u64,
+    /// The thread's `sched_info.run_delay` (the kernel's run-queue wait) at its last
+    /// switch-out (or when the entry was made): the next switch-out adds the difference, the
+    /// wait before that run, to `runq_wait_ns` (with `runq_from_task`).
+    pub run_delay_ns: u64,
     /// Off-CPU time of slices that began with the thread blocking (sleep + later run-queue wait).
     pub offcpu_blocked_ns: u64,
     /// Off-CPU time of slices that began with a preemption (all of it run-queue wait).
@@ -619,6 +623,12 @@ pub struct KernelOffsets {
     /// 1 when `task_sum_exec_runtime` was found; 0: on-CPU time is measured from switch-in to
     /// switch-out.
     pub oncpu_from_task: u32,
+    /// `task_struct.sched_info.run_delay` (a u64, CONFIG_SCHED_INFO): the time the kernel
+    /// has seen a thread runnable and waiting for a CPU, read at its switch-out.
+    pub task_run_delay: u32,
+    /// 1 when `task_run_delay` was found (and `oncpu_from_task`): run-queue waits come from
+    /// the kernel and `sched_wakeup` is not attached; 0: waits are timed from `sched_wakeup`.
+    pub runq_from_task: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -756,7 +766,7 @@ mod tests {
     /// Sizes are the sum of field sizes: no hidden padding may creep in.
     #[test]
     fn sizes() {
-        assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 11 + 8 + 4 * HIST_BUCKETS);
+        assert_eq!(size_of::<ThreadStats>(), 8 + 8 * 12 + 8 + 4 * HIST_BUCKETS);
         assert_eq!(size_of::<CpuCtx>(), 72);
         assert_eq!(size_of::<WakeupSlot>(), 16);
         assert!(WAKEUP_SLOTS.is_power_of_two());
@@ -771,7 +781,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 92);
+        assert_eq!(size_of::<KernelOffsets>(), 100);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

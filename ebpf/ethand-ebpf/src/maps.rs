@@ -36,6 +36,8 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     request_sector: 0,
     task_sum_exec_runtime: 0,
     oncpu_from_task: 0,
+    task_run_delay: 0,
+    runq_from_task: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.

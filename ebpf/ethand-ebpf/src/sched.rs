@@ -58,6 +58,48 @@ fn sched_now(task: Option<*const u8>) -> u64 {
     }
 }
 
+/// What the kernel has charged the thread being switched out: on-CPU time
+/// (`se.sum_exec_runtime`) and run-queue wait (`sched_info.run_delay`), each 0 where not read
+/// (`oncpu_from_task`, `runq_from_task`). Both were brought up to date by the scheduler before
+/// the tracepoint; run_delay includes the wait that ended with this run.
+#[derive(Clone, Copy)]
+struct Charges {
+    exec_ns: u64,
+    run_delay_ns: u64,
+}
+
+/// [`Charges`] of `prev` (BTF), or of `current` (classic tracepoints: `current` is prev).
+#[inline(always)]
+fn charges(prev: Option<*const u8>) -> Charges {
+    let mut c = Charges {
+        exec_ns: 0,
+        run_delay_ns: 0,
+    };
+    if koff!(oncpu_from_task) == 0 {
+        return c;
+    }
+    let runq = koff!(runq_from_task) != 0;
+    match prev {
+        Some(p) => {
+            c.exec_ns = btf_u64(p, koff!(task_sum_exec_runtime));
+            if runq {
+                c.run_delay_ns = btf_u64(p, koff!(task_run_delay));
+            }
+        }
+        None => {
+            let task = unsafe { bpf_get_current_task() } as *const u8;
+            let read = |off: u32| {
+                unsafe { bpf_probe_read_kernel(task.add(off as usize) as *const u64) }.unwrap_or(0)
+            };
+            c.exec_ns = read(koff!(task_sum_exec_runtime));
+            if runq {
+                c.run_delay_ns = read(koff!(task_run_delay));
+            }
+        }
+    }
+    c
+}
+
 /// TASK_REPORT_MAX: the classic tracepoint's prev_state for a preempted task.
 const TASK_REPORT_MAX: u32 = 0x100;
 
@@ -68,17 +110,12 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let next: *const u8 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
     let next_tid = btf_u32(next, koff!(task_pid));
-    let prev_exec = if koff!(oncpu_from_task) != 0 {
-        btf_u64(prev, koff!(task_sum_exec_runtime))
-    } else {
-        0
-    };
     // Voluntary: the task blocked (non-running state) and was not preempted.
     on_switch(
         next_tid,
         preempt == 0 && (prev_state as u32) != 0,
         sched_now(Some(next)),
-        prev_exec,
+        charges(Some(prev)),
     );
     0
 }
@@ -88,21 +125,11 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
     let next_tid: i32 = unsafe { ctx.read_at(tpoff!(sched_switch_next_pid)) }.unwrap_or(0);
     let state: i64 = unsafe { ctx.read_at(tpoff!(sched_switch_prev_state)) }.unwrap_or(0);
     let state = state as u32;
-    // `current` is prev.
-    let prev_exec = if koff!(oncpu_from_task) != 0 {
-        let task = unsafe { bpf_get_current_task() } as *const u8;
-        unsafe {
-            bpf_probe_read_kernel(task.add(koff!(task_sum_exec_runtime) as usize) as *const u64)
-        }
-        .unwrap_or(0)
-    } else {
-        0
-    };
     on_switch(
         next_tid as u32,
         state != 0 && state & TASK_REPORT_MAX == 0,
         sched_now(None),
-        prev_exec,
+        charges(None),
     );
     0
 }
@@ -190,10 +217,11 @@ fn woken_since(tid: u32, since: u64) -> Option<u64> {
     Some(wakeup_ns)
 }
 
-/// The core of the switch accounting. `prev` is always `current`; `prev_exec` is its
-/// `se.sum_exec_runtime` (with `oncpu_from_task`).
+/// The core of the switch accounting. `prev` is always `current`; `prev_charges` what the
+/// kernel has charged it.
 #[inline(always)]
-fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_exec: u64) {
+fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
+    let prev_exec = prev_charges.exec_ns;
     let Some(cpu) = CPU_CTX.get_ptr_mut(0) else {
         return;
     };
@@ -205,6 +233,7 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_exec: u64) {
 
     if prev_tid != 0 {
         let mut unseen = false;
+        let mut created = false;
         let t = match THREADS.get_ptr_mut(&prev_tid) {
             Some(t) => {
                 // Some kernels deliver no tracepoints in the context of some tasks (this
@@ -226,8 +255,10 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_exec: u64) {
                     sys_nr: NO_SYSCALL,
                     // Counted from here: the thread was running when ethand attached.
                     exec_runtime_ns: prev_exec,
+                    run_delay_ns: prev_charges.run_delay_ns,
                     ..ThreadStats::default()
                 };
+                created = true;
                 let _ = THREADS.insert(&prev_tid, &init, 1);
                 let t = THREADS.get_ptr_mut(&prev_tid);
                 if t.is_none() {
@@ -238,7 +269,15 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_exec: u64) {
         };
         if let Some(t) = t {
             let t = unsafe { &mut *t };
-            if unseen && koff!(oncpu_from_task) != 0 {
+            if koff!(runq_from_task) != 0 {
+                // The kernel's wait before this run: exact, one per run, also when the
+                // switch-in was not reported. Lower after tid reuse: a new baseline.
+                let rd = prev_charges.run_delay_ns;
+                if !created && rd >= t.run_delay_ns {
+                    add_wait(t, rd - t.run_delay_ns);
+                }
+                t.run_delay_ns = rd;
+            } else if unseen && koff!(oncpu_from_task) != 0 {
                 // The unreported switch-in was this run's on-CPU time before now: account
                 // the wait that ended there as the switch-in would have (off by the IRQ
                 // time of the run, which the kernel does not charge to the thread).
@@ -301,22 +340,33 @@ fn account_switch_in(t: &mut ThreadStats, tid: u32, now: u64) {
         return;
     }
     let off = now - t.switch_out_ns;
+    // With runq_from_task the wait is the kernel's, taken at the switch-out.
+    let timed = koff!(runq_from_task) == 0;
     let wait = if t.flags & thread_flags::BLOCKED != 0 {
         t.offcpu_blocked_ns += off;
-        match woken_since(tid, t.switch_out_ns) {
-            Some(w) if now >= w => Some(now - w),
-            _ => None,
+        if timed {
+            match woken_since(tid, t.switch_out_ns) {
+                Some(w) if now >= w => Some(now - w),
+                _ => None,
+            }
+        } else {
+            None
         }
     } else {
         t.offcpu_preempted_ns += off;
-        Some(off)
+        timed.then_some(off)
     };
     if let Some(wait) = wait {
-        t.runq_wait_ns += wait;
-        let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
-        unsafe {
-            *t.runq_wait_hist.get_unchecked_mut(b) =
-                t.runq_wait_hist.get_unchecked(b).wrapping_add(1)
-        };
+        add_wait(t, wait);
     }
+}
+
+/// One run-queue wait: its total and its histogram bucket.
+#[inline(always)]
+fn add_wait(t: &mut ThreadStats, wait: u64) {
+    t.runq_wait_ns += wait;
+    let b = log2_bucket(wait) & (HIST_BUCKETS - 1);
+    unsafe {
+        *t.runq_wait_hist.get_unchecked_mut(b) = t.runq_wait_hist.get_unchecked(b).wrapping_add(1)
+    };
 }

@@ -14,7 +14,8 @@ use std::{
 
 use ethand_exporters::snapshot::GpuLibraryStatus;
 use ethand_tests::{
-    Daemon, ProbeState, SETTLE, SelfStatus, find_proc, measure, probe, serial,
+    Daemon, ProbeState, SETTLE, SelfStatus, assert_wakeup_not_needed, find_proc, measure, probe,
+    serial,
     standins::{self, Driver, Lib, dynamic_symbols},
     temp_path, text,
 };
@@ -444,10 +445,10 @@ fn kernel_probes(st: &SelfStatus) -> Vec<&ethand_tests::ProbeStatus> {
 }
 
 /// Probes on BTF tracepoints (no tracefs needed), besides the network ones
-/// (`crate::net::NET_PROBES`): every kernel probe on this kernel.
-const BTF_PROBES: [&str; 10] = [
+/// (`crate::net::NET_PROBES`): every kernel probe on this kernel but `sched_wakeup`, which is
+/// not needed here (`assert_wakeup_not_needed`).
+const BTF_PROBES: [&str; 9] = [
     "sched_switch",
-    "sched_wakeup",
     "sched_wakeup_new",
     "sys_enter",
     "sys_exit",
@@ -481,8 +482,9 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
         let st = d.status();
         let not_attached: Vec<_> = kernel_probes(&st)
             .into_iter()
-            .filter(|p| p.state != ProbeState::Attached)
+            .filter(|p| p.state != ProbeState::Attached && p.name != "sched_wakeup")
             .collect();
+        assert_wakeup_not_needed(&st.probes);
         let sys_enter = probe(&st.probes, "sys_enter");
         eprintln!(
             "observed: daemon {pid} sees tracefs at /sys/kernel/tracing: {}; log: {mounted_line:?}; \
@@ -552,9 +554,10 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
         (ProbeState::Attached, "tp_btf/sched_wakeup_new"),
         "{wakeup_new:?}"
     );
+    assert_wakeup_not_needed(&st.probes);
     for p in kernel_probes(&st)
         .into_iter()
-        .filter(|p| p.name != "sched_wakeup_new")
+        .filter(|p| p.name != "sched_wakeup_new" && p.name != "sched_wakeup")
     {
         eprintln!(
             "observed: prefer_btf = false, no tracefs: {} {:?}: {}",

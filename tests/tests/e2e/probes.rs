@@ -1,5 +1,5 @@
 //! Probe attachment: a tracepoint the kernel lacks, and the classic tracepoint fallback.
-use ethand_tests::{Daemon, ProbeState, measure, probe, serial};
+use ethand_tests::{Daemon, ProbeState, assert_wakeup_not_needed, measure, probe, serial};
 
 use crate::workload;
 
@@ -51,9 +51,11 @@ fn missing_tracepoint_is_reported_unsupported_and_the_rest_works() {
         .probes
         .iter()
         .filter(|q| !q.name.starts_with("uprobe_") && !q.name.starts_with("collector_"))
-        .filter(|q| q.name != "sched_process_exec" && q.state != ProbeState::Attached)
+        .filter(|q| q.name != "sched_process_exec" && q.name != "sched_wakeup")
+        .filter(|q| q.state != ProbeState::Attached)
         .collect();
     assert!(others.is_empty(), "other probes not attached: {others:?}");
+    assert_wakeup_not_needed(&status.probes);
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
 }
@@ -68,7 +70,6 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
     let status = d.status();
     for (name, at) in [
         ("sched_switch", "tracepoint/sched/sched_switch"),
-        ("sched_wakeup", "tracepoint/sched/sched_wakeup"),
         ("sys_enter", "tracepoint/raw_syscalls/sys_enter"),
         ("sys_exit", "tracepoint/raw_syscalls/sys_exit"),
         ("block_start", "tracepoint/block/block_io_start"),
@@ -91,6 +92,7 @@ fn classic_tracepoints_when_btf_is_not_preferred() {
             "{name}: {p:?}"
         );
     }
+    assert_wakeup_not_needed(&status.probes);
     let n = assert_getpid_exact(&d, 10_000);
     eprintln!("observed: getpid count {n}");
     crate::sched::assert_ping_pong(&d, 1000);

@@ -427,9 +427,10 @@ fn each_capability_of_the_unit_is_needed() {
             .probes
             .iter()
             .filter(|p| !p.name.starts_with("uprobe_") && !p.name.starts_with("collector_"))
-            .filter(|p| p.state != ProbeState::Attached)
+            .filter(|p| p.state != ProbeState::Attached && p.name != "sched_wakeup")
             .map(|p| p.name.as_str())
             .collect();
+        ethand_tests::assert_wakeup_not_needed(&st.probes);
         let launches = nobody_launches(&d, &gpu);
         eprintln!(
             "observed: without CAP_SYS_ADMIN: bpf_stats {:?}, probes not attached {not_attached:?}, launches {launches:?}",
@@ -509,10 +510,12 @@ fn each_capability_of_the_unit_is_needed() {
             &[],
         );
         let st = d.status();
+        ethand_tests::assert_wakeup_not_needed(&st.probes);
         let kernel: Vec<_> = st
             .probes
             .iter()
             .filter(|p| !p.name.starts_with("uprobe_") && !p.name.starts_with("collector_"))
+            .filter(|p| p.name != "sched_wakeup")
             .collect();
         for p in &kernel {
             eprintln!(
@@ -520,7 +523,7 @@ fn each_capability_of_the_unit_is_needed() {
                 p.name, p.state, p.detail
             );
         }
-        assert!(kernel.len() >= 15, "{} kernel probes", kernel.len());
+        assert!(kernel.len() >= 14, "{} kernel probes", kernel.len());
         assert!(
             kernel
                 .iter()
