@@ -86,6 +86,12 @@ pub fn kernel_offsets_from(bytes: &[u8], source: &str) -> Result<KernelOffsets, 
     offsets_from(&btf)
 }
 
+/// Offset of `task_struct.<member>.<field>`, `member` being a struct of type `ty`; None
+/// where the kernel's BTF lacks either.
+fn task_field(btf: &Btf, member: &str, ty: &str, field: &str) -> Option<u32> {
+    Some(member_offset(btf, "task_struct", member).ok()? + member_offset(btf, ty, field).ok()?)
+}
+
 fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     // The run queue clock chain exists with CONFIG_FAIR_GROUP_SCHED (cfs_rq.rq).
     let rq_chain = (|| -> Result<(u32, u32, u32), KernelError> {
@@ -98,18 +104,10 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     })();
     let rq_chain = rq_chain.ok();
     let (task_se_cfs_rq, cfs_rq_rq, rq_clock) = rq_chain.unwrap_or((0, 0, 0));
-    let sum_exec = (|| -> Result<u32, KernelError> {
-        Ok(member_offset(btf, "task_struct", "se")?
-            + member_offset(btf, "sched_entity", "sum_exec_runtime")?)
-    })()
-    .ok();
+    let sum_exec = task_field(btf, "se", "sched_entity", "sum_exec_runtime");
     // CONFIG_SCHED_INFO (schedstats or delay accounting): the kernel's own run-queue wait.
-    let run_delay = (|| -> Result<u32, KernelError> {
-        Ok(member_offset(btf, "task_struct", "sched_info")?
-            + member_offset(btf, "sched_info", "run_delay")?)
-    })()
-    .ok()
-    .filter(|_| sum_exec.is_some());
+    let run_delay =
+        task_field(btf, "sched_info", "sched_info", "run_delay").filter(|_| sum_exec.is_some());
     Ok(KernelOffsets {
         task_sum_exec_runtime: sum_exec.unwrap_or(0),
         oncpu_from_task: u32::from(sum_exec.is_some()),

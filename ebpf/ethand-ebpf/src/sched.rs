@@ -169,7 +169,10 @@ pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
     if THREADS.insert(&tid, &t, 0).is_err() {
         bump(counter::THREADS_FULL);
     }
-    record_wakeup(tid, now);
+    // Read at the first switch-in only when waits are timed from wakeups.
+    if koff!(runq_from_task) == 0 {
+        record_wakeup(tid, now);
+    }
     0
 }
 
