@@ -166,6 +166,10 @@ pub struct ProbesConfig {
     /// in one update (ebpf/ethand-ebpf/src/syscalls.rs); effective only while the
     /// sched_switch and sched_process_exit probes, which flush the sums, are attached.
     pub syscall_batching: bool,
+    /// On-CPU time and run-queue waits from the kernel's own per-task charges
+    /// (`se.sum_exec_runtime`, `sched_info.run_delay`) where it keeps them; false times both
+    /// from sched_switch and sched_wakeup, the path of kernels without them.
+    pub kernel_charges: bool,
     /// Probe name -> "group/event".
     pub tracepoints: BTreeMap<String, String>,
 }

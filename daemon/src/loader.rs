@@ -261,6 +261,13 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         warn!(file = kernel::VMLINUX_BTF, error = %why, "kernel BTF file unusable: read the kernel's BTF through bpf(BPF_BTF_GET_FD_BY_ID) instead");
     }
     let mut koff: KernelOffsets = kernel::kernel_offsets(&kbtf)?;
+    if !cfg.probes.kernel_charges && (koff.oncpu_from_task == 1 || koff.runq_from_task == 1) {
+        info!(
+            "probes.kernel_charges = false: on-CPU time and run-queue waits are timed from sched_switch and sched_wakeup"
+        );
+        koff.oncpu_from_task = 0;
+        koff.runq_from_task = 0;
+    }
     if koff.runq_from_task == 1 && !kernel::sched_info_live() {
         info!("the kernel keeps no sched_info: run-queue waits are timed from sched_wakeup");
         koff.runq_from_task = 0;

@@ -48,6 +48,35 @@ T_START = time.monotonic()
 RANK = int(os.environ.get("RANK", "0"))
 
 
+def host_steal_s():
+    """CPU time the hypervisor gave other guests while this VM's CPUs wanted to run (the
+    `steal` column of /proc/stat's cpu line, all CPUs summed), in seconds; None if unknown."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+STEP_TIME_KEYS = ("step_ms_median", "step_ms_p90", "step_ms_p99", "step_ms_max", "stall_ms")
+
+
+def step_time_stats(times):
+    """A segment's per-step wall times (seconds) summed up in ms: the median step (robust to
+    stalls), its tail, and the stall time: what steps longer than twice the median took beyond
+    the median. The raw times are kept (rounded to µs) for analysis after the run."""
+    if not times:
+        return {}
+    ms = sorted(t * 1000 for t in times)
+    n = len(ms)
+    q = lambda p: ms[min(n - 1, int(p * n))]  # noqa: E731 -- nearest-rank quantile
+    m = statistics.median(ms)
+    return {"step_ms_median": m, "step_ms_p90": q(0.90), "step_ms_p99": q(0.99), "step_ms_max": ms[-1],
+            "stall_ms": sum(t - m for t in ms if t > 2 * m),
+            "step_ms": [round(t * 1000, 3) for t in times]}
+
+
 def log(msg):
     print(f"[train_bench rank={RANK} +{time.monotonic() - T_START:.1f}s] {msg}", file=sys.stderr, flush=True)
 
@@ -595,9 +624,20 @@ class Bench:
         return True
 
     # -- a timed segment
-    def steps(self, n):
+    def steps(self, n, times=None):
+        if times is None:
+            for _ in range(n):
+                self.trainer.step()
+            return
+        # Per-step wall time as the host sees it (launches are asynchronous: in a launch-bound
+        # loop this is the step's CPU side plus any wait for the GPU's queue to drain).
+        clock = time.perf_counter
+        t = clock()
         for _ in range(n):
             self.trainer.step()
+            t1 = clock()
+            times.append(t1 - t)
+            t = t1
 
     def timed(self, n, warmup, profiler=False):
         tr = self.trainer
@@ -614,10 +654,13 @@ class Bench:
             # ethand's probes add in the process's own context (traps, hooks) shows here,
             # free of the host's CPU steal and of run-queue luck that make steps/s noisy.
             c0 = time.process_time()
-            self.steps(n)
+            steal0 = host_steal_s()
+            times = []
+            self.steps(n, times)
             tr.sync()
             el = time.perf_counter() - t0
             cpu = time.process_time() - c0
+            steal1 = host_steal_s()
             dstats1 = self.daemon.proc_stats() if self.is0 else None
         finally:
             tx = time.perf_counter()
@@ -625,8 +668,10 @@ class Bench:
             if profiler:
                 d["profiler_exit_s"] = round(time.perf_counter() - tx, 3)
         d.update({"steps": n, "elapsed_s": round(el, 4), "steps_per_s": n / el,
-                  "cpu_ms_per_step": cpu * 1000 / n,
+                  "cpu_ms_per_step": cpu * 1000 / n, **step_time_stats(times),
                   "data_wait_s": round(tr.data_wait, 4), "loss": tr.loss()})
+        if steal0 is not None and steal1 is not None:
+            d["host_steal_pct"] = round((steal1 - steal0) / (el * (os.cpu_count() or 1)) * 100, 3)
         if dstats1:
             d["daemon"] = dict(dstats1)
             if dstats0 and "cpu_s" in dstats0 and "cpu_s" in dstats1:
@@ -690,9 +735,12 @@ class Bench:
                         "steps_per_s_ranks": [round(s, 3) for s in sps],
                         "elapsed_s": max(x["elapsed_s"] for x in rs),
                         "cpu_ms_per_step": max(x.get("cpu_ms_per_step", 0) for x in rs),
+                        # The slowest rank's typical step bounds a DDP step, as min(steps/s) does.
+                        **{k: max(x.get(k, 0) for x in rs) for k in STEP_TIME_KEYS},
+                        "step_ms": rs[0].get("step_ms", []),
                         "data_wait_s": max(x["data_wait_s"] for x in rs),
                         "loss": rs[0]["loss"]})
-            for k in ("daemon", "profiler_exit_s"):
+            for k in ("daemon", "profiler_exit_s", "host_steal_pct"):
                 if k in rs[0]:
                     seg[k] = rs[0][k]
         seg["wall_s"] = round(time.monotonic() - t0, 2)
@@ -1023,6 +1071,25 @@ def analyse(run):
                 row["cpu_paired_median_pct"] = med(cp)
                 if len(cp) >= CI_MIN_ROUNDS:
                     row["cpu_paired_ci_pct"] = boot_ci(cp)
+        # The typical step: each segment's median step time, paired like steps/s and signed
+        # like it (negative: slower). Stalls (a long step now and then, whatever their cause)
+        # move a segment's mean, not its median; the primary verdict stays the mean's (steps/s).
+        stm = {r: sm[r]["step_ms_median"] for r in sm if sm[r].get("step_ms_median")}
+        if stm:
+            row["step_ms_median"] = med(list(stm.values()))
+            none_stm = {r: s["step_ms_median"] for r, s in by.get("none", {}).items() if s.get("step_ms_median")}
+            sp = [(none_stm[r] / stm[r] - 1) * 100 for r in sorted(stm) if r in none_stm]
+            if sp and m != "none":
+                row["step_paired_pct"] = sp
+                row["step_paired_median_pct"] = med(sp)
+                if len(sp) >= CI_MIN_ROUNDS:
+                    row["step_paired_ci_pct"] = boot_ci(sp)
+            row["step_ms_p99"] = med([sm[r]["step_ms_p99"] for r in sm if "step_ms_p99" in sm[r]])
+            row["stall_pct"] = med([sm[r].get("stall_ms", 0) / 10 / sm[r]["elapsed_s"] for r in sm
+                                    if "stall_ms" in sm[r] and sm[r].get("elapsed_s")])
+        stl = [sm[r]["host_steal_pct"] for r in sm if "host_steal_pct" in sm[r]]
+        if stl:
+            row["host_steal_pct"] = med(stl)
         dw = [sm[r].get("data_wait_s", 0) / sm[r]["elapsed_s"] * 100 for r in sm if sm[r].get("elapsed_s")]
         row["data_wait_pct"] = med(dw)
         ds = [sm[r]["daemon"] for r in sorted(sm) if sm[r].get("daemon")]
@@ -1075,6 +1142,22 @@ def verdict(an, level, limit=1.0):
             f"(median of the per-round paired changes); "
             f"noise ±{noise:.2f} % (half the spread of the none rounds); PASS needs slowdown + noise <= {limit:g} %, "
             f"FAIL slowdown - noise > {limit:g} %)"), slow
+
+
+def typical_step_line(an, level, limit=1.0):
+    """The verdict rule applied to the typical step (median step time), for information."""
+    row = next((r for r in an["rows"] if r["mode"] == level), None)
+    if row is None or "step_paired_ci_pct" not in row:
+        return None
+    slow = -row["step_paired_median_pct"]
+    lo, hi = row["step_paired_ci_pct"]
+    slow_hi, slow_lo = -lo, -hi
+    v = "PASS" if slow_hi <= limit else "FAIL" if slow_lo > limit else "inconclusive"
+    return (f"Typical step, for information (not the target's verdict): {level}'s median step time is "
+            f"{abs(slow):.2f} % {'slower' if slow >= 0 else 'faster'} than none's (median of "
+            f"{len(row['step_paired_pct'])} per-round paired changes; 95 % bootstrap interval {slow_lo:+.2f} % to "
+            f"{slow_hi:+.2f} % slower): by the same rule, {v}. Stalls move a segment's steps/s, not its median "
+            f"step; a cost of ethand's that came as stalls would show in steps/s and in the stall column, not here.")
 
 
 def cmd_report(argv):
@@ -1142,8 +1225,9 @@ def cmd_report(argv):
             rounds = sorted({r for row in an["rows"] for r in row["samples"]})
             L.append("| mode | median steps/s | per round (" + ", ".join(f"r{r}" for r in rounds) + ") | change vs none "
                      "| paired change (median; per round) | process CPU per step (paired change) | data wait "
+                     "| typical step: median step time (paired change) / p99 / stalls | host steal "
                      "| daemon RSS max / CPU | failed |")
-            L.append("|---|---|---|---|---|---|---|---|---|")
+            L.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for row in an["rows"]:
                 samp = " / ".join(fmt(row["samples"].get(r), 2) for r in rounds)
                 paired = ("—" if "paired_pct" not in row else
@@ -1158,15 +1242,27 @@ def cmd_report(argv):
                        + (f" ({pct(row['cpu_paired_median_pct'])}" if "cpu_paired_median_pct" in row else "")
                        + (", 95 % CI {:+.2f} to {:+.2f}".format(*row["cpu_paired_ci_pct"]) if "cpu_paired_ci_pct" in row else "")
                        + (")" if "cpu_paired_median_pct" in row else ""))
+                step = ("—" if "step_ms_median" not in row else
+                        f"{row['step_ms_median']:.2f} ms"
+                        + (f" ({pct(row['step_paired_median_pct'])}" if "step_paired_median_pct" in row else "")
+                        + (", 95 % CI {:+.2f} to {:+.2f}".format(*row["step_paired_ci_pct"])
+                           if "step_paired_ci_pct" in row else "")
+                        + (")" if "step_paired_median_pct" in row else "")
+                        + f" / p99 {fmt(row.get('step_ms_p99'), 2)} ms / stalls {fmt(row.get('stall_pct'), 1)} % of the time")
+                steal = "—" if "host_steal_pct" not in row else f"{row['host_steal_pct']:.2f} %"
                 L.append(f"| {row['mode']} | {fmt(row['median'], 2)} | {samp} | "
                          f"{'—' if row['mode'] == 'none' else pct(row.get('change_pct'))} | {paired} | {cpu} | "
-                         f"{fmt(row.get('data_wait_pct'), 1)} % | {dmn}{extra} | {len(row['failed']) or ''} |")
+                         f"{fmt(row.get('data_wait_pct'), 1)} % | {step} | {steal} | {dmn}{extra} | {len(row['failed']) or ''} |")
             L.append("")
             lv = meta.get("default_level") or "process"
             v, slow = verdict(an, lv)
             an["target"] = {"level": lv, "slowdown_pct": slow, "noise_pct": an["noise_pct"], "verdict": v}
             L.append(f"**Target: default level ({lv}) <= 1% slower: {v}**")
             L.append("")
+            ts = typical_step_line(an, lv)
+            if ts:
+                an["typical_step"] = ts
+                L += [f"- {ts}", ""]
             if an["none_after_profiler"]:
                 L.append(f"- none right after a profiler segment: {', '.join(fmt(x, 2) for x in an['none_after_profiler'])} "
                          f"steps/s; other none rounds: {', '.join(fmt(x, 2) for x in an['none_other'])} "

@@ -434,11 +434,21 @@ fn runq(ms: u64) {
     say("ready");
     wait_go();
     let mut pids = Vec::new();
+    let parent = std::process::id() as libc::pid_t;
     for _ in 0..2 {
         // SAFETY: the workload is single-threaded here; the child only uses async-signal-safe
         // calls plus its own allocations before exiting with _exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            // A test that drops the workload mid-burn (the html test) kills only this parent:
+            // orphaned hogs on CPU 0 would skew the tests after it.
+            // SAFETY: prctl and getppid have no memory effects; _exit ends the child.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+            }
             // SAFETY: closing our copy of the write end, so that EOF arrives on release.
             unsafe { libc::close(hold_w) };
             pin_to_cpu(0);

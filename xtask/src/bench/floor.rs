@@ -22,9 +22,40 @@ pub struct FloorArgs {
     /// syscall needs (ethand's scheduler programs read the run queue's clock, no helper).
     #[arg(long)]
     clock: bool,
-    /// Only the scheduler hooks (`sched_switch`, `sched_wakeup`).
+    /// Only the scheduler hooks (`sched_switch`, and `sched_wakeup` where ethand needs it).
     #[arg(long)]
     sched_only: bool,
+    /// Whether `sched_wakeup` gets a program too. `auto`: where ethand attaches one, i.e.
+    /// where the kernel does not keep each task's run-queue wait (`sched_info`) itself.
+    #[arg(long, value_enum, default_value_t = WakeupHook::Auto)]
+    wakeup: WakeupHook,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum WakeupHook {
+    Auto,
+    Yes,
+    No,
+}
+
+impl WakeupHook {
+    fn wanted(self) -> bool {
+        match self {
+            WakeupHook::Yes => true,
+            WakeupHook::No => false,
+            WakeupHook::Auto => !sched_info_live(),
+        }
+    }
+}
+
+/// The check ethand's loader makes (`daemon/src/kernel.rs`) before it leaves `sched_wakeup`
+/// unattached: the kernel counts this thread's runs in `/proc/thread-self/schedstat`, so it
+/// keeps `sched_info.run_delay` up to date for every task.
+fn sched_info_live() -> bool {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+        .is_some_and(|runs| runs > 0)
 }
 
 const BPF_PROG_LOAD: libc::c_long = 5;
@@ -152,7 +183,9 @@ fn hooks(args: &FloorArgs) -> Vec<(&'static str, bool)> {
         h.push(("sys_exit", args.clock));
     }
     h.push(("sched_switch", false));
-    h.push(("sched_wakeup", false));
+    if args.wakeup.wanted() {
+        h.push(("sched_wakeup", false));
+    }
     h
 }
 
@@ -220,6 +253,7 @@ mod tests {
         let h = hooks(&FloorArgs {
             clock: true,
             sched_only: false,
+            wakeup: WakeupHook::Yes,
         });
         assert_eq!(
             h,
@@ -233,8 +267,9 @@ mod tests {
         let h = hooks(&FloorArgs {
             clock: false,
             sched_only: true,
+            wakeup: WakeupHook::No,
         });
-        assert_eq!(h, [("sched_switch", false), ("sched_wakeup", false)]);
+        assert_eq!(h, [("sched_switch", false)]);
     }
 
     /// Loads and attaches for real where the process may (root with BPF, as in CI): a wrong

@@ -59,13 +59,14 @@ pub enum Mode {
     EthandSched,
     /// bpftrace running only the scheduler part of `accounting.bt`; runs the ping-pong only.
     BpftraceSched,
-    /// The kernel's floor: empty BPF programs on sys_enter, sys_exit, sched_switch and
-    /// sched_wakeup (`xtask floor-probes`); runs the getpid loop and the ping-pong only.
+    /// The kernel's floor: empty BPF programs on sys_enter, sys_exit and sched_switch, and on
+    /// sched_wakeup where ethand attaches one (`xtask floor-probes`); runs the getpid loop and
+    /// the ping-pong only.
     Floor,
     /// As floor, with one `bpf_ktime_get_ns()` in each syscall program (what timing a syscall
     /// needs); runs the getpid loop and the ping-pong only.
     FloorClock,
-    /// Empty BPF programs on sched_switch and sched_wakeup only; runs the ping-pong only.
+    /// Empty BPF programs on the scheduler hooks only (as floor); runs the ping-pong only.
     FloorSched,
 }
 

@@ -739,7 +739,8 @@ steady loop (wall-clock). Drift of the machine over the run thus hits all modes 
   gets SIGINT after them and its output is discarded.
 - **ethand-sched**: as **ethand**, with CFG also turning off every probe family but the
   scheduler's (`[probes]` `syscalls`, `block`, `net`, `lifecycle` = false): only
-  sched_switch, sched_wakeup and sched_wakeup_new are attached. Runs the ping-pong only.
+  sched_switch and sched_wakeup_new are attached (and sched_wakeup, on kernels that do not keep
+  each task's run-queue wait). Runs the ping-pong only.
 - **bpftrace-sched**: as **bpftrace**, with only the scheduler part of the script
   (sched_wakeup, sched_switch, sched_process_exit; generated from the script below). Runs the
   ping-pong only.
@@ -794,9 +795,11 @@ const FLOOR_NOTE: &str = "
 What any BPF accounting on these hooks costs before it does any work, measured in the same
 rounds: the `floor` modes run `xtask floor-probes` (`xtask/src/bench/floor.rs`), which attaches
 hand-assembled raw tracepoint programs (`r0 = 0; exit`; the same dispatch as ethand's `tp_btf`
-programs) to `sys_enter`, `sys_exit`, `sched_switch` and `sched_wakeup` (`floor`), the same with
-one `bpf_ktime_get_ns()` in each syscall program, which timing a syscall needs (`floor-clock`),
-or to the two scheduler hooks only (`floor-sched`). A program on `sys_enter` or `sys_exit` also
+programs) to `sys_enter`, `sys_exit` and `sched_switch` (`floor`), the same with one
+`bpf_ktime_get_ns()` in each syscall program, which timing a syscall needs (`floor-clock`), or to
+the scheduler hook only (`floor-sched`). Each also puts one on `sched_wakeup` only where ethand
+does, on kernels that do not keep each task's run-queue wait themselves (what each floor mode
+attached is in *Checks*). A program on `sys_enter` or `sys_exit` also
 sends every syscall of every task through the kernel's slow syscall path. *Above the floor* is
 ethand's added cost minus `floor-clock`'s (`floor-sched`'s for the switch): its own work.
 ";
