@@ -108,7 +108,12 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     // CONFIG_SCHED_INFO (schedstats or delay accounting): the kernel's own run-queue wait.
     let run_delay =
         task_field(btf, "sched_info", "sched_info", "run_delay").filter(|_| sum_exec.is_some());
+    // When the current run began, on the run-queue clock the scheduler programs read.
+    let last_arrival = task_field(btf, "sched_info", "sched_info", "last_arrival")
+        .filter(|_| run_delay.is_some() && rq_chain.is_some());
     Ok(KernelOffsets {
+        task_last_arrival: last_arrival.unwrap_or(0),
+        offcpu_from_task: u32::from(last_arrival.is_some()),
         task_sum_exec_runtime: sum_exec.unwrap_or(0),
         oncpu_from_task: u32::from(sum_exec.is_some()),
         task_run_delay: run_delay.unwrap_or(0),
@@ -548,6 +553,17 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
             "CI kernels have CONFIG_FAIR_GROUP_SCHED"
         );
         assert_ne!(o.rq_clock, 0);
+        // CONFIG_SCHED_INFO: struct sched_info's counters (run_delay) come before its
+        // timestamps (last_arrival).
+        assert_eq!(
+            (o.oncpu_from_task, o.runq_from_task, o.offcpu_from_task),
+            (1, 1, 1),
+            "CI kernels keep se.sum_exec_runtime and sched_info"
+        );
+        assert!(
+            o.task_last_arrival > o.task_run_delay,
+            "last_arrival: {o:?}"
+        );
         assert_eq!(o.net_btf, 1, "6.x kernels have a u16 sock.sk_protocol");
         assert_ne!(o.sock_protocol, 0);
         // The classic tracepoint has the field exactly when the BTF one has the argument.

@@ -267,10 +267,12 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         );
         koff.oncpu_from_task = 0;
         koff.runq_from_task = 0;
+        koff.offcpu_from_task = 0;
     }
     if koff.runq_from_task == 1 && !kernel::sched_info_live() {
         info!("the kernel keeps no sched_info: run-queue waits are timed from sched_wakeup");
         koff.runq_from_task = 0;
+        koff.offcpu_from_task = 0;
     }
     let btf = match Btf::parse(&kbtf.bytes, aya::Endianness::default()) {
         Ok(b) => Some(b),

@@ -102,7 +102,8 @@ pub mod counter {
     /// no tracepoints in the task context of some tasks, such as a sandbox's agent, so the
     /// switch away from one of them is never seen). Where `oncpu_from_task` holds, its
     /// on-CPU time is still exact and the wait before that run is placed from the run's
-    /// charge. Informational: the kernel did not deliver the event.
+    /// charge. Counted only where the switch-in does accounting (not `offcpu_from_task`,
+    /// where nothing depends on it). Informational: the kernel did not deliver the event.
     pub const SWITCH_IN_UNSEEN: u32 = 14;
     pub const COUNT: u32 = 15;
     pub const NAMES: [&str; COUNT as usize] = [
@@ -138,7 +139,8 @@ pub struct ThreadStats {
     /// Start time (CLOCK_MONOTONIC ns) of the thread group leader: with tgid, the process
     /// identity that survives pid reuse.
     pub proc_start_ns: u64,
-    /// When the thread last went on CPU (0: not since its last switch-out) / off CPU.
+    /// When the thread last went on CPU (0: not since its last switch-out; timed only where
+    /// the switch-in accounts, without `offcpu_from_task`) / off CPU.
     pub switch_in_ns: u64,
     pub switch_out_ns: u64,
     /// On-CPU time since ethand first saw the thread. With BTF, from the kernel's own
@@ -629,6 +631,14 @@ pub struct KernelOffsets {
     /// 1 when `task_run_delay` was found (and `oncpu_from_task`): run-queue waits come from
     /// the kernel and `sched_wakeup` is not attached; 0: waits are timed from `sched_wakeup`.
     pub runq_from_task: u32,
+    /// `task_struct.sched_info.last_arrival` (a u64, run-queue clock): when the thread's
+    /// current run began, read at its switch-out.
+    pub task_last_arrival: u32,
+    /// 1 when `task_last_arrival` was found (with `runq_from_task` and `sched_clock_from_rq`,
+    /// whose clock it shares): the switch-out does all the accounting, off-CPU time included,
+    /// and the switch-in nothing; the running thread's per-CPU context is filled by its first
+    /// event instead. 0: the switch-in times off-CPU spans.
+    pub offcpu_from_task: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -781,7 +791,7 @@ mod tests {
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
         assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 100);
+        assert_eq!(size_of::<KernelOffsets>(), 108);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

@@ -38,6 +38,8 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     oncpu_from_task: 0,
     task_run_delay: 0,
     runq_from_task: 0,
+    task_last_arrival: 0,
+    offcpu_from_task: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -221,18 +223,26 @@ pub fn current_ctx() -> Option<&'static mut CpuCtx> {
         crate::syscalls::flush_pending_syscalls(ctx);
         ctx.tid = tid;
         ctx.tgid = (pid_tgid >> 32) as u32;
-        ctx.proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
         ctx.sys_nr = NO_SYSCALL;
         ctx.sys_start_ns = 0;
-        // A thread switched in without a reported switch (switch_in_unseen) may be
-        // returning from a syscall it was switched out in: take it from its entry, as the
-        // switch-in would have.
+        // The thread's first event since it was switched in (where the switch-in does not
+        // fill the context, or was never reported): it may be returning from a syscall it
+        // was switched out in, carried in its entry, as is its process's start time.
+        let mut proc_start_ns = 0;
         if let Some(t) = THREADS.get_ptr_mut(&tid) {
             let t = unsafe { &mut *t };
             ctx.sys_nr = t.sys_nr;
             ctx.sys_start_ns = t.sys_start_ns;
             t.sys_nr = NO_SYSCALL;
+            // An entry of an earlier process with this tid is not trusted for it.
+            if t.tgid == ctx.tgid {
+                proc_start_ns = t.proc_start_ns;
+            }
         }
+        if proc_start_ns == 0 {
+            proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
+        }
+        ctx.proc_start_ns = proc_start_ns;
     }
     Some(ctx)
 }

@@ -59,13 +59,15 @@ fn sched_now(task: Option<*const u8>) -> u64 {
 }
 
 /// What the kernel has charged the thread being switched out: on-CPU time
-/// (`se.sum_exec_runtime`) and run-queue wait (`sched_info.run_delay`), each 0 where not read
-/// (`oncpu_from_task`, `runq_from_task`). Both were brought up to date by the scheduler before
-/// the tracepoint; run_delay includes the wait that ended with this run.
+/// (`se.sum_exec_runtime`), run-queue wait (`sched_info.run_delay`) and when this run began
+/// (`sched_info.last_arrival`), each 0 where not read (`oncpu_from_task`, `runq_from_task`,
+/// `offcpu_from_task`). The scheduler brought them up to date before the tracepoint;
+/// run_delay includes the wait that ended with this run.
 #[derive(Clone, Copy)]
 struct Charges {
     exec_ns: u64,
     run_delay_ns: u64,
+    arrival_ns: u64,
 }
 
 /// [`Charges`] of `prev` (BTF), or of `current` (classic tracepoints: `current` is prev).
@@ -74,16 +76,21 @@ fn charges(prev: Option<*const u8>) -> Charges {
     let mut c = Charges {
         exec_ns: 0,
         run_delay_ns: 0,
+        arrival_ns: 0,
     };
     if koff!(oncpu_from_task) == 0 {
         return c;
     }
     let runq = koff!(runq_from_task) != 0;
+    let offcpu = koff!(offcpu_from_task) != 0;
     match prev {
         Some(p) => {
             c.exec_ns = btf_u64(p, koff!(task_sum_exec_runtime));
             if runq {
                 c.run_delay_ns = btf_u64(p, koff!(task_run_delay));
+            }
+            if offcpu {
+                c.arrival_ns = btf_u64(p, koff!(task_last_arrival));
             }
         }
         None => {
@@ -94,6 +101,9 @@ fn charges(prev: Option<*const u8>) -> Charges {
             c.exec_ns = read(koff!(task_sum_exec_runtime));
             if runq {
                 c.run_delay_ns = read(koff!(task_run_delay));
+            }
+            if offcpu {
+                c.arrival_ns = read(koff!(task_last_arrival));
             }
         }
     }
@@ -234,6 +244,8 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
 
+    // The switch-out does all the accounting (see KernelOffsets::offcpu_from_task).
+    let out_only = koff!(offcpu_from_task) != 0;
     if prev_tid != 0 {
         let mut unseen = false;
         let mut created = false;
@@ -241,7 +253,7 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
             Some(t) => {
                 // Some kernels deliver no tracepoints in the context of some tasks (this
                 // sandbox's agent): the switch to this thread came from one of them.
-                if unsafe { (*t).switch_in_ns } == 0 {
+                if !out_only && unsafe { (*t).switch_in_ns } == 0 {
                     bump(counter::SWITCH_IN_UNSEEN);
                     unseen = true;
                 }
@@ -272,6 +284,20 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
         };
         if let Some(t) = t {
             let t = unsafe { &mut *t };
+            if out_only && !created {
+                // Off CPU from the last switch-out to this run's start, split by how that
+                // span began. Both are run-queue clock readings (the arrival possibly on
+                // another CPU's); a span not after the last switch-out is not counted.
+                let arrival = prev_charges.arrival_ns;
+                if t.switch_out_ns != 0 && arrival > t.switch_out_ns {
+                    let off = arrival - t.switch_out_ns;
+                    if t.flags & thread_flags::BLOCKED != 0 {
+                        t.offcpu_blocked_ns += off;
+                    } else {
+                        t.offcpu_preempted_ns += off;
+                    }
+                }
+            }
             if koff!(runq_from_task) != 0 {
                 // The kernel's wait before this run: exact, one per run, also when the
                 // switch-in was not reported. Lower after tid reuse: a new baseline.
@@ -309,17 +335,20 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
                 t.involuntary_switches += 1;
             }
             // Carry an in-flight syscall with the thread (it may resume on another CPU).
+            // A context not describing the thread means no event of this run: an entry made
+            // by the switch-in carries nothing; else the entry still holds what is in flight.
             if cpu.tid == prev_tid {
                 t.sys_nr = cpu.sys_nr;
                 t.sys_start_ns = cpu.sys_start_ns;
-            } else {
+            } else if !out_only {
                 t.sys_nr = NO_SYSCALL;
             }
         }
     }
 
     cpu.tid = UNKNOWN_TID;
-    if next_tid == 0 {
+    // With out_only, next's first event fills the context from its entry (current_ctx).
+    if next_tid == 0 || out_only {
         return;
     }
     let Some(t) = THREADS.get_ptr_mut(&next_tid) else {

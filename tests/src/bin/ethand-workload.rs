@@ -22,6 +22,7 @@
 //!   net-server UDP_N             (internal) the receiving side of `net`
 //!   spin-threads N BURN_US SLEEP_US  after `go`, N threads burning BURN_US, sleeping SLEEP_US, until `stop`
 //!   readloop FILE MIB MS direct|cached  1 MiB preads of a MIB MiB file for MS ms (O_DIRECT or page cache)
+//!   sleeper N MS                 after `go`, a new thread makes N nanosleep()s of MS ms, then waits
 use std::{
     io::{BufRead, BufReader, Write},
     net::{TcpListener, TcpStream, UdpSocket},
@@ -61,6 +62,7 @@ fn main() {
             arg(3),
             args.get(4).map_or("", String::as_str),
         ),
+        Some("sleeper") => sleeper(arg(1), arg(2)),
         _ => fail(&format!("unknown mode: {args:?}")),
     }
 }
@@ -699,4 +701,50 @@ fn readloop(file: &str, mib: u64, ms: u64, how: &str) {
         libc::unlink(path.as_ptr());
         libc::free(buf);
     }
+}
+
+/// `sleeper N MS` (off-CPU tests): after `go`, a new thread makes N nanosleep()s of MS ms
+/// each, then blocks until release. Reports the thread's tid, its wall time from its first
+/// instruction to just before it blocks (`wall_ns`, CLOCK_MONOTONIC), its CPU time then
+/// (`cpu_ns`) and the sleep asked for (`asked_ns`): every span the thread spent off CPU in
+/// its life, but the last, lies in that wall time.
+fn sleeper(n: u64, ms: u64) {
+    say("ready");
+    wait_go();
+    let (report_tx, report_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let handle = std::thread::spawn(move || {
+        let t0 = clock_ns(libc::CLOCK_MONOTONIC);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let ts = libc::timespec {
+            tv_sec: (ms / 1000) as libc::time_t,
+            tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+        };
+        for _ in 0..n {
+            // SAFETY: a valid timespec; no remainder wanted.
+            check(
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_nanosleep,
+                        &ts,
+                        std::ptr::null_mut::<libc::timespec>(),
+                    )
+                },
+                "nanosleep",
+            );
+        }
+        let cpu = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let wall = clock_ns(libc::CLOCK_MONOTONIC) - t0;
+        report_tx.send((tid, wall, cpu)).expect("report");
+        let _ = stop_rx.recv();
+    });
+    let (tid, wall, cpu) = report_rx.recv().expect("sleeper report");
+    say(&format!(
+        "done tid={tid} wall_ns={wall} cpu_ns={cpu} asked_ns={}",
+        n * ms * 1_000_000
+    ));
+    wait_release();
+    drop(stop_tx);
+    handle.join().expect("sleeper thread");
 }

@@ -202,6 +202,74 @@ fn assert_oncpu(d: &Daemon, ms: u64, vs_kernel: (f64, f64)) {
     w.finish();
 }
 
+/// A thread made after `go` sleeps 20 x 10 ms: every span it spent off CPU, but its last,
+/// lies in the wall time it measured itself, so its off-CPU (blocked + preempted) plus on-CPU
+/// time must add up to that wall time, its blocked time must cover the sleep asked for, and
+/// its on-CPU time must equal its own CPU clock.
+#[test]
+fn offcpu_time_of_a_sleeping_thread() {
+    let _serial = serial();
+    let d = Daemon::start("offcpu", "");
+    assert_sleeper(&d, (0, 200_000));
+}
+
+/// Runs `sleeper 20 10` and checks the sleeping thread's figures against its own clocks.
+/// `oncpu_slack_ns`: how far ethand's on-CPU time may be below and above the thread's CPU
+/// clock (read just before it blocked for the last time, so a few µs below ethand's).
+fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
+    let (n, ms) = (20u64, 10u64);
+    let mut w = workload(&["sleeper", &n.to_string(), &ms.to_string()]);
+    let m = measure(d, &mut w);
+    let tid = m.done.u64("tid") as u32;
+    let wall = m.done.u64("wall_ns");
+    let cpu = m.done.u64("cpu_ns");
+    let asked = m.done.u64("asked_ns");
+    let t = find_proc(&m.after, w.pid)
+        .threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .unwrap_or_else(|| panic!("sleeping thread {tid} not in the snapshot"));
+    let s = &t.sched;
+    let accounted = s.offcpu_blocked_ns + s.offcpu_preempted_ns + s.oncpu_ns;
+    eprintln!(
+        "observed: thread {tid}: wall {wall} ns, cpu {cpu} ns, asked sleep {asked} ns; ethand blocked {} ns, \
+         preempted {} ns, on-CPU {} ns: sum {accounted} ns ({:+} ns against the wall time); switches {} + {}",
+        s.offcpu_blocked_ns,
+        s.offcpu_preempted_ns,
+        s.oncpu_ns,
+        accounted as i64 - wall as i64,
+        s.voluntary_switches,
+        s.involuntary_switches
+    );
+    // Each sleep is off CPU from the switch-out after its timer was armed to the run after
+    // it fired: at least the time asked, less the few µs between arming and switching out.
+    assert!(
+        s.offcpu_blocked_ns + n * 100_000 >= asked,
+        "blocked {} ns does not cover the {asked} ns of sleep asked for",
+        s.offcpu_blocked_ns
+    );
+    // The sum spans the thread's creation to its last switch-out: the wall time plus the
+    // µs before its first instruction and after its last clock read; less the IRQ and steal
+    // time of its runs, which the kernel does not charge to it (runs of µs here).
+    let tol = 2_000_000 + wall / 100;
+    assert!(
+        accounted.abs_diff(wall) <= tol,
+        "off-CPU + on-CPU {accounted} ns is not within {tol} ns of the thread's wall time {wall} ns"
+    );
+    assert!(
+        s.voluntary_switches >= n,
+        "{} voluntary switches for {n} sleeps",
+        s.voluntary_switches
+    );
+    let (below, above) = oncpu_slack_ns;
+    assert!(
+        s.oncpu_ns + below >= cpu && s.oncpu_ns <= cpu + above,
+        "on-CPU {} ns against the thread's CPU clock {cpu} ns: allowed {below} ns below, {above} ns above",
+        s.oncpu_ns
+    );
+    w.finish();
+}
+
 /// `probes.kernel_charges = false` forces the path of kernels whose BTF lacks
 /// `se.sum_exec_runtime` and `sched_info`: sched_wakeup attached, on-CPU time timed from
 /// switch to switch and run-queue waits from wakeup to switch-in, on the BTF and the classic
@@ -236,6 +304,8 @@ fn sched_timed_from_events_without_kernel_charges() {
         );
         assert_ping_pong_waits_from(&d, 1000, 50);
         assert_oncpu(&d, 300, (-0.10, 0.05));
+        // Timed on the run-queue clock from switch to switch: steal and IRQ time included.
+        assert_sleeper(&d, (0, 1_000_000));
     }
 }
 
