@@ -23,7 +23,9 @@
 # DDP_ROUNDS, SEG_S, DDP_SEG_S, MODES, DDP_MODES, WORKERS, SKIP=single,ddp, BPF_STATS
 # (daemon.bpf_stats during the timed segments, default off), SINGLE_SHARE (fraction of the
 # budget for the single-GPU run when DDP follows, default 0.55), EXTRA_ARGS (more flags for
-# train_bench.py run), DRY_RUN=1 (no GPU: CPU model, short segments; for testing the script).
+# train_bench.py run), DRY_RUN=1 (no GPU: CPU model, short segments; for testing the script),
+# EVENT_COSTS (event-costs.json of scripts/gpu-event-costs.sh, made on this machine: the
+# report then estimates the default level's cost bottom-up from the events per step).
 set -u
 umask 022
 cd "$(dirname "$0")/.." || exit 2
@@ -50,6 +52,7 @@ BPF_STATS=${BPF_STATS:-off}
 SKIP=${SKIP:-}
 DRY_RUN=${DRY_RUN:-0}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+EVENT_COSTS=${EVENT_COSTS:-}
 KEEP_WORK=${KEEP_WORK:-0}
 # Keep NVLink SHARP / multicast off (these machines do not allow it); never unset.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -247,8 +250,10 @@ with open(out, "w") as f:
     json.dump(d, f, indent=1)
 print("status.json:", ", ".join(d) or "no status saved")
 EOF
+COST_ARGS=()
+[ -n "$EVENT_COSTS" ] && COST_ARGS=(--event-costs "$EVENT_COSTS")
 timeout 60 "$PY" "$BENCH" report "${RUNS[@]}" --md "$OUT/gpu-bench.md" --json "$OUT/gpu-bench.json" \
-    --command "$CMDS" --gpus "$GPUS" \
+    --command "$CMDS" --gpus "$GPUS" "${COST_ARGS[@]}" \
     --extra "host=$(hostname), kernel $(uname -r), $(getconf _NPROCESSORS_ONLN) CPUs online (OMP_NUM_THREADS=$OMP_NUM_THREADS)" \
     --extra "ethand=$("$ETHAND" --version 2>&1 | head -n1), sha256 $(sha256sum "$ETHAND" | cut -c1-16)" \
     --extra "daemon config=defaults except socket, listen, bpf_stats = $BPF_STATS (timed segments), gpu.level per mode; default level: $DEFAULT_LEVEL" \

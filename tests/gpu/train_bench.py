@@ -781,7 +781,10 @@ class Bench:
             seg_s, rounds = a.seg_s, a.rounds
 
             def est(seg_s, rounds):
-                per = sum(seg_s + a.warmup / rate + (12 if m == "profiler" else 3) for m in modes)
+                # Switch overheads measured on the H200 machine (run 16): ~1 s to stop or start
+                # the daemon and see the libraries attached, plus the settle time; the loop
+                # below still stops at the deadline if a switch takes longer.
+                per = sum(seg_s + a.warmup / rate + (12 if m == "profiler" else 1.2 + a.settle) for m in modes)
                 return rounds * per
 
             while est(seg_s, rounds) > left and seg_s > a.min_seg_s:
@@ -843,6 +846,9 @@ class Bench:
         self.save()
         return 0
 
+    def tree_snapshot(self):
+        return tree_snapshot_of(self.daemon, os.getpid())
+
     def final_status(self):
         """Status at the end: one more segment at the default level with the kernel's BPF
         statistics on (not part of the comparison: they cost ~100 ns per probe run), so that
@@ -871,15 +877,25 @@ class Bench:
                 att = wait_attached(self.daemon, lv, a.attach_timeout)
                 self.gather(att)
                 self.barrier()
+                # What ethand saw this process tree do over the segment (warm-up included):
+                # the events per step that the report's cost estimate multiplies out.
+                snap0 = self.tree_snapshot() if self.is0 else None
                 try:
                     r = self.timed(max(1, p_steps(self.res)), a.warmup)
                 except Exception as e:  # noqa: BLE001
                     r = {"error": repr(e)}
+                snap1 = self.tree_snapshot() if self.is0 else None
                 rs = self.gather(r)
                 if self.is0:
                     seg = {"mode": f"{lv}+bpf_stats", "extra": True, "attach": att,
                            "steps_per_s_ranks": [round(x.get("steps_per_s", 0), 3) for x in rs]}
-                    seg.update({k: rs[0][k] for k in ("daemon", "error") if k in rs[0]})
+                    seg.update({k: rs[0][k] for k in ("daemon", "error", "step_ms_median") if k in rs[0]})
+                    if "error" not in rs[0]:
+                        ev = event_counts(snap0, snap1, os.getpid(), max(1, p_steps(self.res)) + a.warmup)
+                        if ev:
+                            seg["events_per_step"] = ev
+                        else:
+                            self.note("final segment: no ethand snapshot of this process tree for the event counts")
                     self.res["final_segment"] = seg
         if self.is0:
             if self.daemon.alive():
@@ -890,6 +906,53 @@ class Bench:
             if st is not None and a.status_out:
                 write_json_atomic(a.status_out, st)
         self.barrier()
+
+
+def tree_snapshot_of(daemon, pid):
+    rc, out, err = daemon.cli("snapshot", "--pid", str(pid), "--json", timeout=20)
+    if rc != 0:
+        log(f"ethand snapshot failed ({rc}): {(err or out).strip()[:200]}")
+        return None
+    try:
+        return json.loads(out)
+    except ValueError:
+        return None
+
+
+def tree_counts(snap, pid):
+    """Cumulative counts of the training process (`proc`: all its threads) and of its tree
+    (`tree`: the DataLoader workers too) from `ethand snapshot --json`."""
+    procs = snap.get("processes") or []
+    root = next((p for p in procs if p.get("pid") == pid), None)
+    if root is None:
+        return None
+
+    def of(p):
+        sc, sch, gpu = p.get("syscalls") or {}, p.get("sched") or {}, p.get("gpu") or {}
+        return {"syscalls": sc.get("count", 0),
+                "switches": sch.get("voluntary_switches", 0) + sch.get("involuntary_switches", 0),
+                "uprobe_calls": sum(x.get("calls", 0) for x in gpu.get("symbols") or [])}
+
+    main = next((t for t in root.get("threads") or [] if t.get("tid") == pid), {})
+    ms = main.get("sched") or {}
+    tree = {"syscalls": 0, "switches": 0, "uprobe_calls": 0}
+    for p in procs:
+        for k, v in of(p).items():
+            tree[k] += v
+    return {"proc": of(root), "tree": tree,
+            "main_thread_switches": ms.get("voluntary_switches", 0) + ms.get("involuntary_switches", 0)}
+
+
+def event_counts(s0, s1, pid, steps):
+    """Per step, between two snapshots: syscalls, switches and probed GPU calls (uprobe
+    hits) of the training process and of its whole tree; None without both snapshots."""
+    c0 = tree_counts(s0, pid) if s0 else None
+    c1 = tree_counts(s1, pid) if s1 else None
+    if not c0 or not c1:
+        return None
+    d = lambda a, b: {k: (b[k] - a[k]) / steps for k in a}  # noqa: E731
+    return {"steps": steps, "proc": d(c0["proc"], c1["proc"]), "tree": d(c0["tree"], c1["tree"]),
+            "main_thread_switches": (c1["main_thread_switches"] - c0["main_thread_switches"]) / steps}
 
 
 def p_steps(res):
@@ -1160,6 +1223,44 @@ def typical_step_line(an, level, limit=1.0):
             f"step; a cost of ethand's that came as stalls would show in steps/s and in the stall column, not here.")
 
 
+def event_cost_lines(fs, costs, an):
+    """The bottom-up estimate: the events ethand saw the training process make per step (final
+    segment), times ethand's added cost per event measured on the same machine, against the
+    step time. Counted as if every event of the process, on any of its threads, lay on the
+    step's critical path: an upper bound for its own events (most are in other threads)."""
+    ev = fs["events_per_step"]
+    pr, tr = ev["proc"], ev["tree"]
+    L = [f"- events per step (final segment, {ev['steps']} steps, from `ethand snapshot --pid`): training process "
+         f"{pr['syscalls']:.1f} syscalls, {pr['switches']:.1f} context switches ({ev['main_thread_switches']:.1f} "
+         f"of its main thread), {pr['uprobe_calls']:.2f} probed GPU calls (uprobe hits); with its DataLoader "
+         f"workers {tr['syscalls']:.1f} syscalls, {tr['switches']:.1f} switches"]
+    if not costs:
+        return L + ["- bottom-up estimate: no per-event costs given (`--event-costs`)", ""]
+    if "error" in costs:
+        return L + [f"- bottom-up estimate: per-event costs unreadable: {costs['error']}", ""]
+    none = next((r for r in an["rows"] if r["mode"] == "none"), {}) if an else {}
+    step_ms = none.get("step_ms_median") or fs.get("step_ms_median")
+    parts = {"syscalls": (pr["syscalls"], costs.get("syscall_ns")),
+             "switches": (pr["switches"], costs.get("switch_ns")),
+             "uprobe hits": (pr["uprobe_calls"], costs.get("uprobe_ns"))}
+    if not step_ms or any(c is None for _, c in parts.values()):
+        return L + [f"- bottom-up estimate: missing a step time or a cost ({costs})", ""]
+    ns = {k: n * c for k, (n, c) in parts.items()}
+    total_ms = sum(ns.values()) / 1e6
+    pct_ = total_ms / step_ms * 100
+    detail = ", ".join(f"{k} {n:.1f} x {c:,.0f} ns = {n * c / 1e3:,.1f} µs" for k, (n, c) in parts.items())
+    L.append(f"- **bottom-up estimate at the default level: {total_ms * 1e3:,.1f} µs of added work per step = "
+             f"{pct_:.2f} % of the {step_ms:.2f} ms median step** ({detail}; per-event costs: {costs.get('source', '?')}). "
+             "An upper bound for the training process's own events: it counts every one of them as if it lay on "
+             "the step's critical path, though most are made by threads other than the one that launches "
+             "the step's work. It leaves out what the daemon's own CPU use takes from the machine (its "
+             "column above) and cache effects.")
+    an_est = {"events_per_step": ev, "costs": costs, "added_us_per_step": total_ms * 1e3, "pct_of_step": pct_}
+    if an is not None:
+        an["bottom_up"] = an_est
+    return L + [""]
+
+
 def cmd_report(argv):
     ap = argparse.ArgumentParser(prog="train_bench.py report")
     ap.add_argument("--run", action="append", default=[], help="LABEL=FILE (run JSON)")
@@ -1168,7 +1269,16 @@ def cmd_report(argv):
     ap.add_argument("--command", default="")
     ap.add_argument("--gpus", default="")
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE lines for the header")
+    ap.add_argument("--event-costs", default="", help="JSON {syscall_ns, switch_ns, uprobe_ns, source}: "
+                    "ethand's added cost per event measured on this machine (xtask bench)")
     a = ap.parse_args(argv)
+    costs = None
+    if a.event_costs:
+        try:
+            with open(a.event_costs) as f:
+                costs = json.load(f)
+        except (OSError, ValueError) as e:
+            costs = {"error": f"{a.event_costs}: {e}"}
     runs = {}
     for spec in a.run:
         label, _, path = spec.partition("=")
@@ -1279,6 +1389,8 @@ def cmd_report(argv):
             L.append(f"- final segment ({fs.get('mode')}, not in the table; for status.json's per-program BPF cost): "
                      f"{', '.join(fmt(x, 2) for x in fs.get('steps_per_s_ranks') or [])} steps/s"
                      + (f"; daemon RSS {fs['daemon'].get('rss_bytes', 0) / 2**20:.0f} MiB" if fs.get("daemon") else ""))
+        if fs and fs.get("events_per_step"):
+            L += event_cost_lines(fs, costs, an)
         notes = []
         for s in run.get("segments") or []:
             for k in ("switch_note", "attach_note"):
