@@ -12,7 +12,7 @@
 # (`cc`) for the stand-in library; without one it is left out and so is its cost.
 # Writes OUT/events.md (the bench's report), OUT/events.log and OUT/event-costs.json:
 # {syscall_ns (getpid loop), switch_ns (ping-pong, scheduler probes only, per switch),
-#  uprobe_ns (stand-in cuLaunchKernel, or null), source}.
+#  uprobe_ns (stand-in cuLaunchKernel, or null), each with its ± as *_noise_ns, source}.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/gpu-event-costs}
@@ -39,18 +39,24 @@ try:
 except OSError as e:
     print(f"no report: {e}")
 def added(prefix):
-    """The `ethand added` column (the 6th) of the first row whose name starts with prefix."""
+    """The `ethand added` column (the 6th) of the first row whose name starts with prefix:
+    (added ns, its ± noise or None)."""
+    num = r"([+-]?[\d,]+(?:\.\d+)?)"
     for name, cells in rows.items():
         if name.startswith(prefix):
-            m = re.match(r"[+-]?[\d,]+(\.\d+)?", cells[5])
-            return float(m.group(0).replace(",", "")) if m else None
-    return None
-costs = {"syscall_ns": added("getpid loop"),
-         "switch_ns": added("context switch (direct"),
-         "uprobe_ns": added("uprobe:"),
+            m = re.match(num + r"(?:\s*±\s*" + num + ")?", cells[5])
+            if not m:
+                return None, None
+            f = lambda x: float(x.replace(",", "")) if x else None  # noqa: E731
+            return f(m.group(1)), f(m.group(2))
+    return None, None
+costs = {}
+for key, prefix in (("syscall", "getpid loop"), ("switch", "context switch (direct"), ("uprobe", "uprobe:")):
+    costs[f"{key}_ns"], costs[f"{key}_noise_ns"] = added(prefix)
+costs.update({
          "source": f"`scripts/gpu-event-costs.sh` on this machine ({rounds} rounds, "
                    f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): getpid loop, ping-pong with "
-                   "scheduler probes only (per switch, its wakeup included), stand-in cuLaunchKernel"}
+                   "scheduler probes only (per switch, its wakeup included), stand-in cuLaunchKernel"})
 json.dump(costs, open(out, "w"), indent=1)
 print(json.dumps(costs))
 PY

@@ -777,14 +777,18 @@ class Bench:
         warm_s = time.monotonic() - t0
         p = {"modes": modes, "calibration_steps_per_s": round(rate, 2), "first_warmup_s": round(warm_s, 1)}
         if self.is0:
-            left = a.deadline - time.time() - a.reserve_s
+            # The final segment (BPF statistics, event counts) runs after the rounds.
+            left = a.deadline - time.time() - a.reserve_s - (a.stats_need_s if a.stats_config else 0)
             seg_s, rounds = a.seg_s, a.rounds
 
             def est(seg_s, rounds):
-                # Switch overheads measured on the H200 machine (run 16): ~1 s to stop or start
-                # the daemon and see the libraries attached, plus the settle time; the loop
-                # below still stops at the deadline if a switch takes longer.
-                per = sum(seg_s + a.warmup / rate + (12 if m == "profiler" else 1.2 + a.settle) for m in modes)
+                # Overheads measured on the H200 machine (run 17, medians): a segment took
+                # 0.75 s beyond its warm-up and timed steps with the daemon stopped, 1.35 s
+                # when the daemon was started and its attach awaited (the settle time
+                # included). The loop below still stops at the deadline if they grow.
+                per = sum(seg_s + a.warmup / rate
+                          + (12 if m == "profiler" else 0.8 + (a.settle + 0.1 if m in ETHAND_MODES else 0))
+                          for m in modes)
                 return rounds * per
 
             while est(seg_s, rounds) > left and seg_s > a.min_seg_s:
@@ -824,7 +828,7 @@ class Bench:
                 if self.is0:
                     seen = statistics.mean(cost.values()) if cost else 0
                     need = cost.get(m, max(p["seg_s"] + 5, seen) + (15 if m == "profiler" else 0))
-                    left = a.deadline - time.time() - a.reserve_s
+                    left = a.deadline - time.time() - a.reserve_s - (a.stats_need_s if a.stats_config else 0)
                     go = left >= need
                     if not go:
                         rest = [f"round {r} {x}" for x in order[i:]] + [f"round {rr} (all)" for rr in range(r + 1, rounds)]
@@ -1240,17 +1244,26 @@ def event_cost_lines(fs, costs, an):
         return L + [f"- bottom-up estimate: per-event costs unreadable: {costs['error']}", ""]
     none = next((r for r in an["rows"] if r["mode"] == "none"), {}) if an else {}
     step_ms = none.get("step_ms_median") or fs.get("step_ms_median")
-    parts = {"syscalls": (pr["syscalls"], costs.get("syscall_ns")),
-             "switches": (pr["switches"], costs.get("switch_ns")),
-             "uprobe hits": (pr["uprobe_calls"], costs.get("uprobe_ns"))}
-    if not step_ms or any(c is None for _, c in parts.values()):
+    def bound(key):
+        # Each cost at the top of its noise, never below 0: a cost measured as negative
+        # (noise larger than the effect) must not make the estimate smaller.
+        c = costs.get(f"{key}_ns")
+        return None if c is None else max(0.0, c + (costs.get(f"{key}_noise_ns") or 0.0))
+
+    parts = {"syscalls": (pr["syscalls"], bound("syscall"), costs.get("syscall_ns")),
+             "switches": (pr["switches"], bound("switch"), costs.get("switch_ns")),
+             "uprobe hits": (pr["uprobe_calls"], bound("uprobe"), costs.get("uprobe_ns"))}
+    if not step_ms or any(c is None for _, c, _ in parts.values()):
         return L + [f"- bottom-up estimate: missing a step time or a cost ({costs})", ""]
-    ns = {k: n * c for k, (n, c) in parts.items()}
-    total_ms = sum(ns.values()) / 1e6
+    total_ms = sum(n * c for n, c, _ in parts.values()) / 1e6
     pct_ = total_ms / step_ms * 100
-    detail = ", ".join(f"{k} {n:.1f} x {c:,.0f} ns = {n * c / 1e3:,.1f} µs" for k, (n, c) in parts.items())
+    detail = ", ".join(f"{k} {n:.1f} x {c:,.0f} ns (measured {m:+,.0f}"
+                       + (f" ±{costs.get(k2 + '_noise_ns'):,.0f}" if costs.get(k2 + "_noise_ns") is not None else "")
+                       + f") = {n * c / 1e3:,.1f} µs"
+                       for (k, (n, c, m)), k2 in zip(parts.items(), ("syscall", "switch", "uprobe")))
     L.append(f"- **bottom-up estimate at the default level: {total_ms * 1e3:,.1f} µs of added work per step = "
-             f"{pct_:.2f} % of the {step_ms:.2f} ms median step** ({detail}; per-event costs: {costs.get('source', '?')}). "
+             f"{pct_:.2f} % of the {step_ms:.2f} ms median step** ({detail}; each cost taken at the top of its "
+             f"noise, never below 0; per-event costs: {costs.get('source', '?')}). "
              "An upper bound for the training process's own events: it counts every one of them as if it lay on "
              "the step's critical path, though most are made by threads other than the one that launches "
              "the step's work. It leaves out what the daemon's own CPU use takes from the machine (its "
