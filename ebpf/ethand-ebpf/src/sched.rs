@@ -334,14 +334,12 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
                 t.flags &= !thread_flags::BLOCKED;
                 t.involuntary_switches += 1;
             }
-            // Carry an in-flight syscall with the thread (it may resume on another CPU).
-            // A context not describing the thread means no event of this run: an entry made
-            // by the switch-in carries nothing; else the entry still holds what is in flight.
+            // Carry an in-flight syscall with the thread (it may resume on another CPU). A
+            // context describing another thread means no event in this run: the entry still
+            // holds what was in flight (a reported switch-in moved it to the context).
             if cpu.tid == prev_tid {
                 t.sys_nr = cpu.sys_nr;
                 t.sys_start_ns = cpu.sys_start_ns;
-            } else if !out_only {
-                t.sys_nr = NO_SYSCALL;
             }
         }
     }
