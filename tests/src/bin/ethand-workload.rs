@@ -549,12 +549,9 @@ fn getpid_exit(threads: u64, n: u64, m: u64) {
     unsafe { libc::_exit(0) }
 }
 
-/// `slow-syscalls N US FAST` (for `ethand record`): after `go`, N nanosleep() of US
-/// microseconds each (raw SYS_nanosleep: glibc's nanosleep is clock_nanosleep), then FAST
-/// getpid(); one thread.
-fn slow_syscalls(n: u64, us: u64, fast: u64) {
-    say("ready");
-    wait_go();
+/// `n` raw SYS_nanosleep calls of `us` microseconds each (glibc's nanosleep is
+/// clock_nanosleep): exactly one syscall per sleep.
+fn nanosleeps(n: u64, us: u64) {
     let ts = libc::timespec {
         tv_sec: (us / 1_000_000) as libc::time_t,
         tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
@@ -572,6 +569,15 @@ fn slow_syscalls(n: u64, us: u64, fast: u64) {
             "nanosleep",
         );
     }
+}
+
+/// `slow-syscalls N US FAST` (for `ethand record`): after `go`, N nanosleep() of US
+/// microseconds each (raw SYS_nanosleep: glibc's nanosleep is clock_nanosleep), then FAST
+/// getpid(); one thread.
+fn slow_syscalls(n: u64, us: u64, fast: u64) {
+    say("ready");
+    wait_go();
+    nanosleeps(n, us);
     for _ in 0..fast {
         // SAFETY: getpid has no preconditions.
         unsafe { libc::syscall(libc::SYS_getpid) };
@@ -717,23 +723,7 @@ fn sleeper(n: u64, ms: u64) {
         let t0 = clock_ns(libc::CLOCK_MONOTONIC);
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let ts = libc::timespec {
-            tv_sec: (ms / 1000) as libc::time_t,
-            tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
-        };
-        for _ in 0..n {
-            // SAFETY: a valid timespec; no remainder wanted.
-            check(
-                unsafe {
-                    libc::syscall(
-                        libc::SYS_nanosleep,
-                        &ts,
-                        std::ptr::null_mut::<libc::timespec>(),
-                    )
-                },
-                "nanosleep",
-            );
-        }
+        nanosleeps(n, ms * 1000);
         let cpu = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         let wall = clock_ns(libc::CLOCK_MONOTONIC) - t0;
         report_tx.send((tid, wall, cpu)).expect("report");
