@@ -47,7 +47,7 @@ fn series_of(line: &str) -> String {
 }
 
 /// The value of the one sample of `family` whose labels include all of `labels`.
-fn sample(body: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn sample(body: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
     let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
     let hits: Vec<&str> = body
         .lines()

@@ -216,10 +216,26 @@ fn offcpu_time_of_a_sleeping_thread() {
 /// Runs `sleeper 20 10` and checks the sleeping thread's figures against its own clocks.
 /// `oncpu_slack_ns`: how far ethand's on-CPU time may be below and above the thread's CPU
 /// clock (read just before it blocked for the last time, so a few µs below ethand's).
+///
+/// Where the switch-in does the accounting (the fallback), a switch-in the kernel never
+/// reports (`switch_in_unseen`: this sandbox's agent threads) loses the off-CPU span it ends
+/// and the run it begins: each such event the daemon counted meanwhile (daemon-wide, so an
+/// upper bound for this thread) allows one sleep and 1 ms of CPU less. With the kernel's
+/// charges the counter stays 0 and the bounds are exact.
 fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
     let (n, ms) = (20u64, 10u64);
+    let unseen = || {
+        crate::metrics::sample(
+            &d.metrics(),
+            "ethand_bpf_dropped_events_total",
+            &[("reason", "switch_in_unseen")],
+        ) as u64
+    };
+    let unseen0 = unseen();
     let mut w = workload(&["sleeper", &n.to_string(), &ms.to_string()]);
     let m = measure(d, &mut w);
+    let unseen = unseen() - unseen0;
+    let (lost_off, lost_on) = (unseen * (ms + 1) * 1_000_000, unseen * 1_000_000);
     let tid = m.done.u64("tid") as u32;
     let wall = m.done.u64("wall_ns");
     let cpu = m.done.u64("cpu_ns");
@@ -233,7 +249,8 @@ fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
     let accounted = s.offcpu_blocked_ns + s.offcpu_preempted_ns + s.oncpu_ns;
     eprintln!(
         "observed: thread {tid}: wall {wall} ns, cpu {cpu} ns, asked sleep {asked} ns; ethand blocked {} ns, \
-         preempted {} ns, on-CPU {} ns: sum {accounted} ns ({:+} ns against the wall time); switches {} + {}",
+         preempted {} ns, on-CPU {} ns: sum {accounted} ns ({:+} ns against the wall time); switches {} + {}; \
+         switch_in_unseen {unseen} (daemon-wide)",
         s.offcpu_blocked_ns,
         s.offcpu_preempted_ns,
         s.oncpu_ns,
@@ -244,7 +261,7 @@ fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
     // Each sleep is off CPU from the switch-out after its timer was armed to the run after
     // it fired: at least the time asked, less the few µs between arming and switching out.
     assert!(
-        s.offcpu_blocked_ns + n * 100_000 >= asked,
+        s.offcpu_blocked_ns + n * 100_000 + lost_off >= asked,
         "blocked {} ns does not cover the {asked} ns of sleep asked for",
         s.offcpu_blocked_ns
     );
@@ -253,7 +270,7 @@ fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
     // time of its runs, which the kernel does not charge to it (runs of µs here).
     let tol = 2_000_000 + wall / 100;
     assert!(
-        accounted.abs_diff(wall) <= tol,
+        accounted <= wall + tol && accounted + tol + lost_off + lost_on >= wall,
         "off-CPU + on-CPU {accounted} ns is not within {tol} ns of the thread's wall time {wall} ns"
     );
     assert!(
@@ -263,7 +280,7 @@ fn assert_sleeper(d: &Daemon, oncpu_slack_ns: (u64, u64)) {
     );
     let (below, above) = oncpu_slack_ns;
     assert!(
-        s.oncpu_ns + below >= cpu && s.oncpu_ns <= cpu + above,
+        s.oncpu_ns + below + lost_on >= cpu && s.oncpu_ns <= cpu + above,
         "on-CPU {} ns against the thread's CPU clock {cpu} ns: allowed {below} ns below, {above} ns above",
         s.oncpu_ns
     );
