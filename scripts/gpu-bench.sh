@@ -23,7 +23,8 @@
 # DDP_ROUNDS, SEG_S, DDP_SEG_S, MODES, DDP_MODES, WORKERS, SKIP=single,ddp, BPF_STATS
 # (daemon.bpf_stats during the timed segments, default off), SINGLE_SHARE (fraction of the
 # budget for the single-GPU run when DDP follows, default 0.55), EXTRA_ARGS (more flags for
-# train_bench.py run), DRY_RUN=1 (no GPU: CPU model, short segments; for testing the script),
+# train_bench.py run), SPEED_REF (host speed reference processes, default 2), DRY_RUN=1
+# (no GPU: CPU model, short segments; for testing the script),
 # EVENT_COSTS (event-costs.json of scripts/gpu-event-costs.sh, made on this machine: the
 # report then estimates the default level's cost bottom-up from the events per step).
 set -u
@@ -52,6 +53,10 @@ BPF_STATS=${BPF_STATS:-off}
 SKIP=${SKIP:-}
 DRY_RUN=${DRY_RUN:-0}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+# Reference processes that measure the host's CPU speed beside the training, each pinned to
+# a CPU of its own (the last N; the training and the daemon are kept off them). The report
+# then also gives the change at unchanged host speed. 0: off.
+SPEED_REF=${SPEED_REF:-2}
 EVENT_COSTS=${EVENT_COSTS:-}
 KEEP_WORK=${KEEP_WORK:-0}
 # Keep NVLink SHARP / multicast off (these machines do not allow it); never unset.
@@ -163,13 +168,14 @@ cat "$WORK/ethand-bench-process.toml"
 echo "default gpu level (ethand config default): $DEFAULT_LEVEL"
 
 COMMON=(--ethand "$ETHAND" --config-prefix "$WORK/ethand-bench" --stats-config "$WORK/ethand-stats-$DEFAULT_LEVEL.toml"
-    --listen "$LISTEN" --daemon-log "$OUT/daemon.log" --pidfile "$WORK/daemon.pid" --model "$MODEL")
+    --listen "$LISTEN" --daemon-log "$OUT/daemon.log" --pidfile "$WORK/daemon.pid" --model "$MODEL"
+    --speed-ref "$SPEED_REF")
 [ -n "$PRECISION" ] && COMMON+=(--precision "$PRECISION")
 [ -n "$BATCH" ] && COMMON+=(--batch "$BATCH")
 [ -n "$WORKERS" ] && COMMON+=(--workers "$WORKERS")
 # shellcheck disable=SC2206
 DEVARGS=($DEVICE_ARGS $EXTRA_ARGS)
-CMDS="OUT=$OUT BUDGET_S=$BUDGET_S MODEL=$MODEL BPF_STATS=$BPF_STATS DRY_RUN=$DRY_RUN bash scripts/gpu-bench.sh"
+CMDS="OUT=$OUT BUDGET_S=$BUDGET_S MODEL=$MODEL BPF_STATS=$BPF_STATS DRY_RUN=$DRY_RUN SPEED_REF=$SPEED_REF bash scripts/gpu-bench.sh"
 RUNS=()
 
 # run_single / run_ddp: each under `timeout` a little past its deadline (the Python stops by

@@ -89,6 +89,103 @@ def write_json_atomic(path, obj):
     os.replace(tmp, path)
 
 
+# ------------------------------------------------------------------------- host speed reference
+# A fixed unit of interpreter work (dict, list and int operations, like the Python side of a
+# launch path), run in a loop by each reference process; it makes no system call, so no probe
+# of ethand's fires in it. It counts units into a shared 8-byte page and dies with its parent.
+SPEED_REF_CHILD = r"""
+import ctypes, mmap, os, signal, struct, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[3]):
+    sys.exit(0)
+os.sched_setaffinity(0, {int(sys.argv[2])})
+mm = mmap.mmap(int(sys.argv[1]), 8)
+os.close(int(sys.argv[1]))
+pack = struct.pack_into
+n = 0
+d = {}
+while True:
+    for i in range(64):
+        k = i & 31
+        d[k] = d.get(k, 0) + i * 3
+    xs = [x * 2 for x in range(32)]
+    d[33] = len(xs) + xs[-1]
+    n += 1
+    pack("<Q", mm, 0, n)
+"""
+
+
+class SpeedRef:
+    """The host's CPU speed, measured beside the training.
+
+    In this VM a step's time follows the speed the host gives its CPUs, which moves by 5-20 %
+    within seconds (other guests; no steal is reported) and swamps a 1 % effect. N reference
+    processes, each pinned to a CPU of its own that the training, its DataLoader workers and
+    the daemon are kept off (this process's affinity, inherited), count units of fixed
+    interpreter work; units/s over a timed segment is the speed the host gave then. A paired
+    round's change in steps/s can then be regressed on its change in reference speed: the
+    intercept is ethand's effect at unchanged host speed. ethand should not move the reference
+    itself (it makes no system call, nothing else runs on its CPU); the report checks that.
+    """
+
+    def __init__(self, n, spawn):
+        self.n = 0
+        self.cpus = []
+        self.procs = []
+        self.maps = []
+        self.note = ""
+        if n <= 0:
+            return
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except OSError as e:
+            self.note = f"speed reference off: {e}"
+            return
+        if len(cpus) <= n:
+            self.note = f"speed reference off: {len(cpus)} CPUs leave none to the training beside {n} references"
+            return
+        self.cpus = cpus[-n:]
+        # This thread's affinity, before torch starts threads or workers: all of them, and
+        # the daemon this process starts, inherit it.
+        os.sched_setaffinity(0, cpus[:-n])
+        self.n = n
+        if not spawn:  # other DDP ranks: keep off the CPUs, rank 0 runs the references
+            return
+        import mmap
+        for i, cpu in enumerate(self.cpus):
+            path = f"/dev/shm/ethand-speedref-{os.getpid()}-{i}"
+            with open(path, "wb") as f:
+                f.write(b"\0" * 8)
+            fd = os.open(path, os.O_RDWR)
+            os.unlink(path)  # the mappings stay; nothing is left in /dev/shm
+            self.maps.append(mmap.mmap(fd, 8))
+            self.procs.append(subprocess.Popen([sys.executable, "-c", SPEED_REF_CHILD, str(fd), str(cpu),
+                                                str(os.getpid())], stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+            os.close(fd)
+        time.sleep(0.5)
+        dead = [p.pid for p in self.procs if p.poll() is not None]
+        if dead or not all(self.counts()):
+            self.note = f"speed reference failed to start (exited: {dead})"
+            self.close()
+        else:
+            self.note = f"speed reference: {n} processes on CPUs {self.cpus}; training and daemon on the others"
+
+    @property
+    def active(self):
+        return bool(self.maps)
+
+    def counts(self):
+        import struct
+        return [struct.unpack_from("<Q", m, 0)[0] for m in self.maps]
+
+    def close(self):
+        for p in self.procs:
+            with contextlib.suppress(Exception):
+                p.kill()
+                p.wait(timeout=5)
+        self.procs, self.maps = [], []
+
+
 # ----------------------------------------------------------------------------------- ethand
 def mapped_runtime_files(pid="self"):
     """{(dev, inode): path} of the libcuda/libnccl files mapped by pid (as ethand identifies
@@ -518,6 +615,7 @@ class Bench:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.is0 = RANK == 0
         self.daemon = Daemon(args)
+        self.ref = SpeedRef(0, False)  # cmd_run sets the real one, before torch starts threads
         self.dist = None
         self.res = {"workload": args.workload, "rank": RANK, "meta": {}, "plan": {}, "segments": [],
                     "skipped": [], "notes": [], "errors": []}
@@ -655,10 +753,12 @@ class Bench:
             # free of the host's CPU steal and of run-queue luck that make steps/s noisy.
             c0 = time.process_time()
             steal0 = host_steal_s()
+            ref0 = self.ref.counts() if self.ref.active else None
             times = []
             self.steps(n, times)
             tr.sync()
             el = time.perf_counter() - t0
+            ref1 = self.ref.counts() if self.ref.active else None
             cpu = time.process_time() - c0
             steal1 = host_steal_s()
             dstats1 = self.daemon.proc_stats() if self.is0 else None
@@ -670,6 +770,8 @@ class Bench:
         d.update({"steps": n, "elapsed_s": round(el, 4), "steps_per_s": n / el,
                   "cpu_ms_per_step": cpu * 1000 / n, **step_time_stats(times),
                   "data_wait_s": round(tr.data_wait, 4), "loss": tr.loss()})
+        if ref0 and ref1:
+            d["ref_units_per_s"] = [round((b - a) / el, 1) for a, b in zip(ref0, ref1)]
         if steal0 is not None and steal1 is not None:
             d["host_steal_pct"] = round((steal1 - steal0) / (el * (os.cpu_count() or 1)) * 100, 3)
         if dstats1:
@@ -740,7 +842,7 @@ class Bench:
                         "step_ms": rs[0].get("step_ms", []),
                         "data_wait_s": max(x["data_wait_s"] for x in rs),
                         "loss": rs[0]["loss"]})
-            for k in ("daemon", "profiler_exit_s", "host_steal_pct"):
+            for k in ("daemon", "profiler_exit_s", "host_steal_pct", "ref_units_per_s"):
                 if k in rs[0]:
                     seg[k] = rs[0][k]
         seg["wall_s"] = round(time.monotonic() - t0, 2)
@@ -1001,6 +1103,8 @@ def cmd_run(argv):
     ap.add_argument("--stats-need-s", type=float, default=20)
     ap.add_argument("--attach-timeout", type=float, default=20)
     ap.add_argument("--settle", type=float, default=0.5, help="seconds after the attach before warm-up")
+    ap.add_argument("--speed-ref", type=int, default=0, help="reference processes measuring the host's CPU "
+                    "speed, each on a CPU of its own (the last N); 0: none")
     # model
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--batch", type=int, default=0, help="0: 32 (transformer) / 64 (resnet); 8 in a dry run")
@@ -1042,6 +1146,10 @@ def cmd_run(argv):
         a.batch = (8 if a.dry_run else 32) if a.model == "transformer" else (8 if a.dry_run else 64)
     a.ethand = os.path.abspath(a.ethand)
     b = Bench(a)
+    b.ref = SpeedRef(a.speed_ref, spawn=b.is0)
+    b.res["meta"]["speed_ref_cpus"] = b.ref.cpus if b.ref.active or not b.is0 else []
+    if b.ref.note:
+        b.note(b.ref.note)
 
     def on_term(signum, _frame):
         raise SystemExit(128 + signum)
@@ -1062,6 +1170,7 @@ def cmd_run(argv):
             b.save()
         with contextlib.suppress(Exception):
             b.trainer.close()
+        b.ref.close()
         if b.dist:
             with contextlib.suppress(Exception):
                 b.dist.destroy_process_group()
@@ -1095,6 +1204,60 @@ def boot_ci(xs, n=10000, alpha=0.05, seed=1):
     return bs[int(n * alpha / 2)], bs[int(n * (1 - alpha / 2)) - 1]
 
 
+def ols(pairs):
+    """Least squares y = a + b x: (a, b); b = 0 when x does not vary."""
+    n = len(pairs)
+    mx = sum(x for x, _ in pairs) / n
+    my = sum(y for _, y in pairs) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    b = sum((x - mx) * (y - my) for x, y in pairs) / sxx if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+def corr(pairs):
+    n = len(pairs)
+    mx = sum(x for x, _ in pairs) / n
+    my = sum(y for _, y in pairs) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    syy = sum((y - my) ** 2 for _, y in pairs)
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0
+
+
+def boot_ci_intercept(pairs, n=10000, alpha=0.05, seed=1):
+    """95 % percentile-bootstrap interval of the least-squares intercept (rounds resampled
+    with replacement, as whole (x, y) pairs; fixed seed)."""
+    rng = random.Random(seed)
+    k = len(pairs)
+    bs = sorted(ols(rng.choices(pairs, k=k))[0] for _ in range(n))
+    return bs[int(n * alpha / 2)], bs[int(n * (1 - alpha / 2)) - 1]
+
+
+def speed_adjusted(sm, none_segs, paired_by_round):
+    """Per round: x = the reference's change in units/s (mode vs that round's none), y = the
+    paired change in steps/s. The intercept of y on x is the change at unchanged host speed."""
+    def rate(seg):
+        v = seg.get("ref_units_per_s")
+        return sum(v) / len(v) if v else None
+    out = {}
+    xs = {}
+    for r in sorted(paired_by_round):
+        a, b = rate(sm[r]), rate(none_segs[r])
+        if a and b:
+            xs[r] = (a / b - 1) * 100
+    if not xs:
+        return out
+    pairs = [(xs[r], paired_by_round[r]) for r in sorted(xs)]
+    out["ref_paired_pct"] = [x for x, _ in pairs]
+    out["ref_paired_median_pct"] = med(out["ref_paired_pct"])
+    if len(pairs) >= CI_MIN_ROUNDS:
+        out["ref_paired_ci_pct"] = boot_ci(out["ref_paired_pct"])
+        a, b = ols(pairs)
+        out.update({"adj_pct": a, "adj_slope": b, "adj_r": corr(pairs), "adj_ci_pct": boot_ci_intercept(pairs),
+                    "adj_rounds": len(pairs)})
+    return out
+
+
 def analyse(run):
     """Per mode: samples by round, medians, change vs none, paired per-round changes."""
     segs = [s for s in run.get("segments") or [] if not s.get("extra")]
@@ -1123,12 +1286,17 @@ def analyse(run):
                "failed": failed.get(m, [])}
         if none_med and mm is not None:
             row["change_pct"] = (mm - none_med) / none_med * 100  # negative: slower than none
-        paired = [(sm[r]["steps_per_s"] - none[r]) / none[r] * 100 for r in sorted(sm) if r in none]
+        paired_by_round = {r: (sm[r]["steps_per_s"] - none[r]) / none[r] * 100 for r in sorted(sm) if r in none}
+        paired = list(paired_by_round.values())
         if paired and m != "none":
             row["paired_pct"] = paired
             row["paired_median_pct"] = med(paired)
             if len(paired) >= CI_MIN_ROUNDS:
                 row["paired_ci_pct"] = boot_ci(paired)
+            row.update(speed_adjusted(sm, by.get("none", {}), paired_by_round))
+        refs = [sum(v) / len(v) for v in (sm[r].get("ref_units_per_s") for r in sm) if v]
+        if refs:
+            row["ref_units_per_s"] = med(refs)
         cpu = {r: sm[r]["cpu_ms_per_step"] for r in sm if sm[r].get("cpu_ms_per_step")}
         if cpu:
             row["cpu_ms_per_step"] = med(list(cpu.values()))
@@ -1209,6 +1377,30 @@ def verdict(an, level, limit=1.0):
             f"(median of the per-round paired changes); "
             f"noise ±{noise:.2f} % (half the spread of the none rounds); PASS needs slowdown + noise <= {limit:g} %, "
             f"FAIL slowdown - noise > {limit:g} %)"), slow
+
+
+def adjusted_verdict(an, level, limit=1.0):
+    """The verdict rule applied to the speed-adjusted change (the intercept), with the check
+    that ethand did not move the reference itself."""
+    row = next((r for r in an["rows"] if r["mode"] == level), None)
+    if row is None or "adj_ci_pct" not in row:
+        return None, None
+    slow = -row["adj_pct"]
+    lo, hi = row["adj_ci_pct"]
+    slow_hi, slow_lo = -lo, -hi
+    v = "PASS" if slow_hi <= limit else "FAIL" if slow_lo > limit else "inconclusive"
+    rlo, rhi = row["ref_paired_ci_pct"]
+    # ethand slowing the reference would make the adjustment credit ethand with a slower host.
+    bias = rhi < 0
+    text = (f"{v} ({level} is {abs(slow):.2f} % {'slower' if slow >= 0 else 'faster'} than none at unchanged "
+            f"host speed: intercept of the per-round paired change in steps/s on the reference's paired change "
+            f"in units/s, {row['adj_rounds']} rounds, slope {row['adj_slope']:.2f}, correlation "
+            f"{row['adj_r']:.2f}; 95 % bootstrap interval {slow_lo:+.2f} % to {slow_hi:+.2f} % slower. "
+            f"Reference speed in {level} vs none: {row['ref_paired_median_pct']:+.2f} % (95 % CI {rlo:+.2f} to "
+            f"{rhi:+.2f})"
+            + ("; ethand slowed the reference, so this adjustment is not trusted)" if bias else
+               ": ethand did not measurably slow the reference)"))
+    return text, (None if bias else v)
 
 
 def typical_step_line(an, level, limit=1.0):
@@ -1348,7 +1540,7 @@ def cmd_report(argv):
             rounds = sorted({r for row in an["rows"] for r in row["samples"]})
             L.append("| mode | median steps/s | per round (" + ", ".join(f"r{r}" for r in rounds) + ") | change vs none "
                      "| paired change (median; per round) | process CPU per step (paired change) | data wait "
-                     "| typical step: median step time (paired change) / p99 / stalls | host steal "
+                     "| typical step: median step time (paired change) / p99 / stalls | host steal / speed reference "
                      "| daemon RSS max / CPU | failed |")
             L.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for row in an["rows"]:
@@ -1373,6 +1565,9 @@ def cmd_report(argv):
                         + (")" if "step_paired_median_pct" in row else "")
                         + f" / p99 {fmt(row.get('step_ms_p99'), 2)} ms / stalls {fmt(row.get('stall_pct'), 1)} % of the time")
                 steal = "—" if "host_steal_pct" not in row else f"{row['host_steal_pct']:.2f} %"
+                if "ref_units_per_s" in row:
+                    steal += (f" / ref {row['ref_units_per_s']:,.0f} units/s"
+                              + (f" ({pct(row['ref_paired_median_pct'])})" if "ref_paired_median_pct" in row else ""))
                 L.append(f"| {row['mode']} | {fmt(row['median'], 2)} | {samp} | "
                          f"{'—' if row['mode'] == 'none' else pct(row.get('change_pct'))} | {paired} | {cpu} | "
                          f"{fmt(row.get('data_wait_pct'), 1)} % | {step} | {steal} | {dmn}{extra} | {len(row['failed']) or ''} |")
@@ -1382,6 +1577,10 @@ def cmd_report(argv):
             an["target"] = {"level": lv, "slowdown_pct": slow, "noise_pct": an["noise_pct"], "verdict": v}
             L.append(f"**Target: default level ({lv}) <= 1% slower: {v}**")
             L.append("")
+            av, av_v = adjusted_verdict(an, lv)
+            if av:
+                an["target"]["speed_adjusted"] = {"verdict": av_v, "text": av}
+                L += [f"**Same target, host speed factored out (speed reference): {av}**", ""]
             ts = typical_step_line(an, lv)
             if ts:
                 an["typical_step"] = ts
