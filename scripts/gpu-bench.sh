@@ -23,7 +23,7 @@
 # DDP_ROUNDS, SEG_S, DDP_SEG_S, MODES, DDP_MODES, WORKERS, SKIP=single,ddp, BPF_STATS
 # (daemon.bpf_stats during the timed segments, default off), SINGLE_SHARE (fraction of the
 # budget for the single-GPU run when DDP follows, default 0.55), EXTRA_ARGS (more flags for
-# train_bench.py run), SPEED_REF (host speed reference processes, default 2), DRY_RUN=1
+# train_bench.py run), SPEED_REF (host speed reference processes, default 0), DRY_RUN=1
 # (no GPU: CPU model, short segments; for testing the script),
 # EVENT_COSTS (event-costs.json of scripts/gpu-event-costs.sh, made on this machine: the
 # report then estimates the default level's cost bottom-up from the events per step).
@@ -55,8 +55,10 @@ DRY_RUN=${DRY_RUN:-0}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 # Reference processes that measure the host's CPU speed beside the training, each pinned to
 # a CPU of its own (the last N; the training and the daemon are kept off them). The report
-# then also gives the change at unchanged host speed. 0: off.
-SPEED_REF=${SPEED_REF:-2}
+# then also gives the change at unchanged host speed. Off by default: on the H200 VM each
+# vCPU's speed moves on its own, and a round's paired change correlated only 0.09-0.28 with
+# the reference's (runs 20-22 in docs/perf-gpu-training.md), too little to narrow the interval.
+SPEED_REF=${SPEED_REF:-0}
 EVENT_COSTS=${EVENT_COSTS:-}
 KEEP_WORK=${KEEP_WORK:-0}
 # Keep NVLink SHARP / multicast off (these machines do not allow it); never unset.

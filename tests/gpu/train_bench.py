@@ -33,6 +33,7 @@ training step).
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -902,8 +903,10 @@ class Bench:
                       "seg_s": round(seg_s, 2), "steps_per_segment": n_steps, "warmup_steps": a.warmup,
                       "time_left_s": round(left, 1), "estimate_s": round(est(seg_s, rounds), 1)})
             if seg_s < a.seg_s or rounds < a.rounds:
+                what = ([f"segment {a.seg_s:.1f}s -> {seg_s:.1f}s"] if seg_s < a.seg_s else []) + \
+                    ([f"rounds {a.rounds} -> {rounds}"] if rounds < a.rounds else [])
                 self.res["notes"].append(f"scaled down to fit the time budget ({left:.0f}s left after set-up): "
-                                         f"segment {a.seg_s:.1f}s -> {seg_s:.1f}s, rounds {a.rounds} -> {rounds}")
+                                         + ", ".join(what))
         p = self.bcast(p)
         self.res["plan"] = p
         self.save()
@@ -1293,6 +1296,13 @@ def analyse(run):
             row["paired_median_pct"] = med(paired)
             if len(paired) >= CI_MIN_ROUNDS:
                 row["paired_ci_pct"] = boot_ci(paired)
+                # The throughput ratio's geometric mean: a plain mean of % changes drifts toward
+                # "faster" as segments scatter (x/y - 1 averages above 0); logs do not.
+                logs = [100 * math.log(1 + x / 100) for x in paired]
+                lm = statistics.mean(logs)
+                se = statistics.stdev(logs) / len(logs) ** 0.5
+                row["paired_logmean_pct"] = lm
+                row["paired_logmean_ci_pct"] = (lm - 1.96 * se, lm + 1.96 * se)
             row.update(speed_adjusted(sm, by.get("none", {}), paired_by_round))
         refs = [sum(v) / len(v) for v in (sm[r].get("ref_units_per_s") for r in sm) if v]
         if refs:
@@ -1581,6 +1591,12 @@ def cmd_report(argv):
             if av:
                 an["target"]["speed_adjusted"] = {"verdict": av_v, "text": av}
                 L += [f"**Same target, host speed factored out (speed reference): {av}**", ""]
+            lrow = next((r for r in an["rows"] if r["mode"] == lv), {})
+            if "paired_logmean_ci_pct" in lrow:
+                lo, hi = lrow["paired_logmean_ci_pct"]
+                L += [f"- Mean of the per-round log ratios of steps/s, for information: {lv} is "
+                      f"{-lrow['paired_logmean_pct']:+.2f} % slower (95 % t interval {-hi:+.2f} % to {-lo:+.2f} %); "
+                      "`tests/gpu/pool_runs.py` pools these rounds with other runs'.", ""]
             ts = typical_step_line(an, lv)
             if ts:
                 an["typical_step"] = ts
