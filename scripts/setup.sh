@@ -17,8 +17,9 @@ need_root() { [[ $(id -u) -eq 0 ]] || { log "run as root (apt-get, BPF)"; exit 1
 apt_pkgs=(build-essential pkg-config llvm-22-dev libzstd-dev zlib1g-dev curl ca-certificates)
 if (( WANT_TESTS )); then
   # prometheus: promtool checks /metrics; bpftrace: the bench's reference; util-linux: setpriv;
-  # chromium: headless screenshot of the HTML report (tests/tests/e2e/html.rs).
-  apt_pkgs+=(prometheus bpftrace util-linux chromium)
+  # chromium: headless screenshot of the HTML report (tests/tests/e2e/html.rs); python3: the
+  # training benchmark's statistics (tests/tests/gpu_bench_stats.rs).
+  apt_pkgs+=(prometheus bpftrace util-linux chromium python3)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do

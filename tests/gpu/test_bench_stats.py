@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Unit tests for the training benchmark's statistics (train_bench.py's analysis and verdicts,
+pool_runs.py's pooling), on synthetic runs whose answer is known by construction. No torch,
+no GPU: run by tests/tests/gpu_bench_stats.rs in CI, or `python3 tests/gpu/test_bench_stats.py`.
+"""
+import math
+import os
+import random
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pool_runs  # noqa: E402
+import train_bench as tb  # noqa: E402
+
+
+def synthetic_run(rounds, effect, noise, seed=3, ref_slope=None):
+    """none/calls segments: steps/s = base (drifting) x host speed x (1 + effect) for calls.
+    With ref_slope, each segment's host speed is also what a speed reference sees, and steps/s
+    follows it with that slope (the reference explains the noise)."""
+    rng = random.Random(seed)
+    segs = []
+    for r in range(rounds):
+        base = 60 + 10 * math.sin(r / 7)  # slow drift: pairing must cancel it
+        for i, m in enumerate(("none", "calls") if r % 2 == 0 else ("calls", "none")):
+            speed = 1 + rng.gauss(0, noise)
+            sps = base * (1 + effect if m == "calls" else 1) * (1 + (ref_slope or 1) * (speed - 1))
+            seg = {"round": r, "index": i, "mode": m, "ok": True, "steps_per_s": sps, "elapsed_s": 2.0,
+                   "cpu_ms_per_step": 1000 / sps, "step_ms_median": 1000 / sps, "step_ms_p99": 1200 / sps,
+                   "stall_ms": 0, "data_wait_s": 0.0}
+            if ref_slope is not None:
+                seg["ref_units_per_s"] = [50000 * speed, 50000 * speed]
+            segs.append(seg)
+    return {"plan": {"modes": ["none", "calls"]}, "segments": segs}
+
+
+def row(an, mode):
+    return next(r for r in an["rows"] if r["mode"] == mode)
+
+
+class Verdicts(unittest.TestCase):
+    def test_exact_two_percent_slowdown_fails(self):
+        an = tb.analyse(synthetic_run(20, -0.02, 0.0))
+        r = row(an, "calls")
+        self.assertEqual(len(r["paired_pct"]), 20)
+        for x in r["paired_pct"]:
+            self.assertAlmostEqual(x, -2.0, places=9)
+        text, slow = tb.verdict(an, "calls")
+        self.assertTrue(text.startswith("FAIL"), text)
+        self.assertAlmostEqual(slow, 2.0, places=9)
+        lo, hi = r["paired_logmean_ci_pct"]
+        self.assertAlmostEqual(r["paired_logmean_pct"], 100 * math.log(0.98), places=9)
+        self.assertAlmostEqual(lo, hi, places=9)
+
+    def test_no_effect_with_little_noise_passes(self):
+        an = tb.analyse(synthetic_run(40, 0.0, 0.002))
+        text, slow = tb.verdict(an, "calls")
+        self.assertTrue(text.startswith("PASS"), text)
+        self.assertLess(abs(slow), 0.5)
+
+    def test_no_effect_with_large_noise_is_inconclusive(self):
+        an = tb.analyse(synthetic_run(12, 0.0, 0.08))
+        text, _ = tb.verdict(an, "calls")
+        self.assertTrue(text.startswith("inconclusive"), text)
+
+    def test_fewer_than_six_rounds_use_the_spread_rule(self):
+        an = tb.analyse(synthetic_run(4, -0.05, 0.001))
+        self.assertNotIn("paired_ci_pct", row(an, "calls"))
+        text, _ = tb.verdict(an, "calls")
+        self.assertTrue(text.startswith("FAIL"), text)
+        self.assertIn("half the spread", text)
+
+
+class SpeedReference(unittest.TestCase):
+    def test_ols_recovers_a_line(self):
+        pairs = [(x, 2.0 + 0.5 * x) for x in (-3.0, -1.0, 0.0, 2.0, 5.0)]
+        a, b = tb.ols(pairs)
+        self.assertAlmostEqual(a, 2.0, places=12)
+        self.assertAlmostEqual(b, 0.5, places=12)
+        self.assertAlmostEqual(tb.corr(pairs), 1.0, places=12)
+        self.assertEqual(tb.ols([(1.0, 3.0), (1.0, 5.0)]), (4.0, 0.0))  # x constant: slope 0
+
+    def test_a_reference_that_explains_the_noise_narrows_the_interval(self):
+        # Host speed scatters 8 % per segment and steps/s follows it exactly: the median of
+        # the raw paired changes is noisy, the intercept at unchanged speed is the effect.
+        run = synthetic_run(30, -0.003, 0.08, ref_slope=1.0)
+        an = tb.analyse(run)
+        r = row(an, "calls")
+        self.assertGreater(r["adj_r"], 0.99)
+        self.assertAlmostEqual(r["adj_slope"], 1.0, delta=0.05)
+        lo, hi = r["adj_ci_pct"]
+        self.assertLess(hi - lo, 0.2)
+        self.assertLess(lo, -0.3 + 0.1)
+        self.assertGreater(hi, -0.3 - 0.1)
+        plo, phi = r["paired_ci_pct"]
+        self.assertGreater(phi - plo, 10 * (hi - lo))
+        text, v = tb.adjusted_verdict(an, "calls")
+        self.assertEqual(v, "PASS", text)
+
+    def test_a_slowed_reference_is_not_trusted(self):
+        run = synthetic_run(30, -0.003, 0.01, ref_slope=1.0)
+        for s in run["segments"]:
+            if s["mode"] == "calls":  # ethand would be slowing the reference by 5 %
+                s["ref_units_per_s"] = [u * 0.95 for u in s["ref_units_per_s"]]
+        text, v = tb.adjusted_verdict(tb.analyse(run), "calls")
+        self.assertIsNone(v)
+        self.assertIn("not trusted", text)
+
+
+class Pooling(unittest.TestCase):
+    RECORD = """# record
+## Run 7 (DDP): not single GPU
+### DDP 2 GPUs
+| calls | 1 | 2 | -9 % | -9.00 %; -9.0 -9.0 | x |
+## Run 8 (report): single GPU
+### single GPU
+| none | 50 | 50 / 51 | — | — | x |
+| calls | 49 | 49 / 50 | -1.0 % | -1.00 % (95 % CI -2 to 0); -1.0 +0.5 -2.0 | x |
+## Run 9 (report): single GPU, headings one level down
+#### single GPU
+| calls | 49 | 49 / 50 | -1.0 % | +0.10 %; +0.1 +0.3 | x |
+"""
+
+    def test_reads_single_gpu_rows_of_each_run(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False) as f:
+            f.write(self.RECORD)
+        try:
+            runs = pool_runs.runs_from_markdown(f.name, "calls")
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(runs, {8: [-1.0, 0.5, -2.0], 9: [0.1, 0.3]})
+
+    def test_hodges_lehmann_of_a_symmetric_sample(self):
+        xs = [-3.0, -1.0, 0.0, 1.0, 3.0, 10.0, -10.0]
+        hl, (lo, hi) = pool_runs.hodges_lehmann(xs)
+        self.assertEqual(hl, 0.0)
+        self.assertLess(lo, 0.0)
+        self.assertGreater(hi, 0.0)
+
+    def test_log_ratios_undo_the_skew_of_percent_changes(self):
+        # steps/s halved and doubled: -50 % and +100 % average +25 %; their logs average 0.
+        self.assertAlmostEqual(pool_runs.log_pct(-50.0) + pool_runs.log_pct(100.0), 0.0, places=12)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
