@@ -127,10 +127,12 @@ class SpeedRef:
     round's change in steps/s can then be regressed on its change in reference speed: the
     intercept is ethand's effect at unchanged host speed. ethand should not move the reference
     itself (it makes no system call, nothing else runs on its CPU); the report checks that.
+    On the H200 VM it narrowed nothing (runs 20-22 of docs/perf-gpu-training.md): each vCPU's
+    speed moves on its own, so a reference on another vCPU tracks the slow drift that pairing
+    already removes, not the training thread's speed within a round.
     """
 
     def __init__(self, n, spawn):
-        self.n = 0
         self.cpus = []
         self.procs = []
         self.maps = []
@@ -149,7 +151,6 @@ class SpeedRef:
         # This thread's affinity, before torch starts threads or workers: all of them, and
         # the daemon this process starts, inherit it.
         os.sched_setaffinity(0, cpus[:-n])
-        self.n = n
         if not spawn:  # other DDP ranks: keep off the CPUs, rank 0 runs the references
             return
         import mmap
