@@ -20,7 +20,8 @@ from report JSON files (gpu-bench.json), and gives three pooled estimates with 9
 Rounds are pooled as they are: every run compares the same training loop with and without
 ethand at the default level, under the binary of its day.
 
-  python3 tests/gpu/pool_runs.py docs/perf-gpu-training.md --runs 10-21 [--mode calls] [--json F ...]
+  python3 tests/gpu/pool_runs.py docs/perf-gpu-training.md --runs 10-22 [--mode calls]
+      [--workload "DDP 2 GPUs"] [--json LABEL=gpu-bench.json ...]
 """
 import argparse
 import json
@@ -31,8 +32,9 @@ import statistics
 import sys
 
 
-def runs_from_markdown(path, mode):
-    """{run number: [paired change %, ...]} from the single-GPU table of each `## Run N`."""
+def runs_from_markdown(path, mode, workload="single GPU"):
+    """{run number: [paired change %, ...]} from the table of one workload ("single GPU" or
+    "DDP 2 GPUs") in each `## Run N`."""
     out = {}
     run = None
     section = None
@@ -46,7 +48,7 @@ def runs_from_markdown(path, mode):
             if m:
                 section = m.group(1)
                 continue
-            if run is None or section != "single GPU" or not line.startswith(f"| {mode} |") or run in out:
+            if run is None or section != workload or not line.startswith(f"| {mode} |") or run in out:
                 continue
             cols = [c.strip() for c in line.strip().strip("|").split("|")]
             paired = cols[4] if len(cols) > 4 else ""
@@ -57,10 +59,10 @@ def runs_from_markdown(path, mode):
     return out
 
 
-def runs_from_json(path, mode):
+def runs_from_json(path, mode, workload="single GPU"):
     with open(path) as f:
         d = json.load(f)
-    an = (d.get("analysis") or {}).get("single GPU") or {}
+    an = (d.get("analysis") or {}).get(workload) or {}
     row = next((r for r in an.get("rows", []) if r.get("mode") == mode), None)
     return row.get("paired_pct", []) if row else []
 
@@ -88,19 +90,20 @@ def main():
     ap.add_argument("record", help="docs/perf-gpu-training.md")
     ap.add_argument("--runs", required=True, help="run numbers: 10-21 or 10,12,14")
     ap.add_argument("--mode", default="calls")
+    ap.add_argument("--workload", default="single GPU", choices=("single GPU", "DDP 2 GPUs"))
     ap.add_argument("--json", action="append", default=[], help="LABEL=gpu-bench.json (a run not in the record)")
     ap.add_argument("--limit", type=float, default=1.0, help="the target: at most this %% slower")
     a = ap.parse_args()
-    found = runs_from_markdown(a.record, a.mode)
+    found = runs_from_markdown(a.record, a.mode, a.workload)
     want = parse_runs(a.runs)
     missing = sorted(want - set(found))
     if missing:
-        print(f"runs not found in {a.record} (no single-GPU `{a.mode}` row with per-round changes): {missing}",
+        print(f"runs not found in {a.record} (no {a.workload} `{a.mode}` row with per-round changes): {missing}",
               file=sys.stderr)
     per = {f"run {r}": found[r] for r in sorted(want & set(found))}
     for spec in a.json:
         label, _, path = spec.partition("=")
-        per[label] = runs_from_json(path, a.mode)
+        per[label] = runs_from_json(path, a.mode, a.workload)
     allx = [x for xs in per.values() for x in xs]
     if len(allx) < 6:
         print("fewer than 6 rounds: nothing to pool", file=sys.stderr)

@@ -131,6 +131,15 @@ class Pooling(unittest.TestCase):
             os.unlink(f.name)
         self.assertEqual(runs, {8: [-1.0, 0.5, -2.0], 9: [0.1, 0.3]})
 
+    def test_reads_the_ddp_rows_when_asked(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False) as f:
+            f.write(self.RECORD)
+        try:
+            runs = pool_runs.runs_from_markdown(f.name, "calls", "DDP 2 GPUs")
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(runs, {7: [-9.0, -9.0]})
+
     def test_hodges_lehmann_of_a_symmetric_sample(self):
         xs = [-3.0, -1.0, 0.0, 1.0, 3.0, 10.0, -10.0]
         hl, (lo, hi) = pool_runs.hodges_lehmann(xs)
