@@ -5,8 +5,9 @@ One run's verdict rests on 30-70 rounds, each a paired change (a mode's steps/s 
 same round's `none`, in %); on the H200 VM a round's change scatters by ~10 points (the host's
 CPU speed), so a 1 % bound needs several hundred rounds, more than one device session gives.
 This reads the rounds back from the record, docs/perf-gpu-training.md (each `## Run N` section's
-`| MODE |` row of its single-GPU table: the list after "; " in the paired-change column), and
-from report JSON files (gpu-bench.json), and gives three pooled estimates with 95 % intervals:
+`| MODE |` row of its single-GPU table, or its DDP table with --workload: the list after "; "
+in the paired-change column), and from report JSON files (gpu-bench.json), and gives three
+pooled estimates with 95 % intervals:
 
   median      the verdict rule of train_bench.py (percentile bootstrap of the median), on all
               rounds; robust, but with ~64 % of the mean's efficiency on near-normal scatter;
