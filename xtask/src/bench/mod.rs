@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// Where to write the Markdown report [default: docs/performance.md in the workspace].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+    /// Also write the per-event table as JSON here (median, added ns and its noise per
+    /// workload and mode; the per-switch cost): for scripts such as scripts/gpu-event-costs.sh.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
     /// Fewer iterations (a tenth): a smoke run, too noisy to publish.
     #[arg(long)]
     quick: bool,
@@ -304,6 +308,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     fs::write(&out, report.markdown()).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("[bench] wrote {}", out.display());
+    if let Some(path) = &args.json {
+        let body = serde_json::to_string_pretty(&report.json())?;
+        fs::write(path, body + "\n").with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[bench] wrote {}", path.display());
+    }
     Ok(())
 }
 

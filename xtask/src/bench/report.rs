@@ -238,6 +238,62 @@ const COLUMNS: [&str; 8] = [
 ];
 
 impl Report<'_> {
+    /// The per-event table as data, for scripts (`xtask bench --json`; scripts/gpu-event-costs.sh):
+    /// per workload and mode that ran, the median ns per event, the added ns over `none` and
+    /// its noise (null with fewer than 3 rounds), and the per-switch cost of each
+    /// scheduler-only mode. Modes that did not run are listed with the reason.
+    pub fn json(&self) -> serde_json::Value {
+        use serde_json::{Map, Value, json};
+        let r = self.results;
+        let mut workloads = Map::new();
+        for w in Workload::ALL {
+            let mut modes = Map::new();
+            for mode in Mode::ALL.into_iter().filter(|m| self.ran(*m)) {
+                let Some(median) = r.median_ns(w, mode) else {
+                    continue;
+                };
+                let (added, noise) = if mode == Mode::None {
+                    (None, None)
+                } else {
+                    (r.added_ns(w, mode), r.added_noise_ns(w, mode))
+                };
+                modes.insert(
+                    mode.name().into(),
+                    json!({"median_ns": median, "added_ns": added, "added_noise_ns": noise}),
+                );
+            }
+            if !modes.is_empty() {
+                workloads.insert(
+                    w.name().into(),
+                    json!({"label": w.label(), "unit": w.unit(), "modes": modes}),
+                );
+            }
+        }
+        let mut switch = Map::new();
+        for mode in [Mode::EthandSched, Mode::BpftraceSched, Mode::FloorSched] {
+            if let (true, Some(added)) = (self.ran(mode), r.switch_added_ns(mode)) {
+                switch.insert(
+                    mode.name().into(),
+                    json!({"added_ns": added, "added_noise_ns": r.switch_noise_ns(mode)}),
+                );
+            }
+        }
+        let not_run: Map<String, Value> = self
+            .info
+            .not_run
+            .iter()
+            .map(|(m, why)| (m.name().to_string(), Value::from(why.as_str())))
+            .collect();
+        json!({
+            "command": self.info.command,
+            "rounds": self.info.rounds,
+            "quick": self.info.quick,
+            "workloads": workloads,
+            "per_switch": switch,
+            "not_run": not_run,
+        })
+    }
+
     fn ran(&self, mode: Mode) -> bool {
         !self.info.not_run.contains_key(&mode)
     }
@@ -1008,6 +1064,44 @@ mod tests {
             verdict(20.0, None, 50.0),
             "PASS (no noise estimate: fewer than 3 rounds)"
         );
+    }
+
+    #[test]
+    fn json_holds_what_the_table_shows() {
+        let mut r = Results::default();
+        // getpid: none 100/110/120 ns, ethand 300/330/360 ns: added 220, noise hypot(10, 30).
+        for (none, ethand) in [(100.0, 300.0), (110.0, 330.0), (120.0, 360.0)] {
+            r.push(Workload::Getpid, Mode::None, run(none));
+            r.push(Workload::Getpid, Mode::Ethand, run(ethand));
+        }
+        // Ping-pong: none 3000, ethand-sched 3100 on every round: 50 ns per switch, noise 0.
+        for _ in 0..3 {
+            r.push(Workload::Pingpong, Mode::None, run(3000.0));
+            r.push(Workload::Pingpong, Mode::EthandSched, run(3100.0));
+        }
+        let info = info(&[Mode::Bpftrace], Err("ethand not run".into()));
+        let j = Report {
+            results: &r,
+            info: &info,
+        }
+        .json();
+        let getpid = &j["workloads"]["getpid"]["modes"];
+        assert_eq!(getpid["none"]["median_ns"], 110.0);
+        assert!(getpid["none"]["added_ns"].is_null());
+        assert_eq!(getpid["ethand"]["median_ns"], 330.0);
+        assert_eq!(getpid["ethand"]["added_ns"], 220.0);
+        let noise = getpid["ethand"]["added_noise_ns"].as_f64().unwrap();
+        assert!((noise - 10f64.hypot(30.0)).abs() < 1e-9, "{noise}");
+        assert_eq!(j["workloads"]["getpid"]["unit"], "syscall");
+        assert!(j["workloads"]["getpid"]["modes"].get("bpftrace").is_none());
+        assert!(
+            j["workloads"].get("odirect").is_none(),
+            "no samples, no entry"
+        );
+        assert_eq!(j["per_switch"]["ethand-sched"]["added_ns"], 50.0);
+        assert_eq!(j["per_switch"]["ethand-sched"]["added_noise_ns"], 0.0);
+        assert_eq!(j["not_run"]["bpftrace"], "not requested");
+        assert_eq!(j["rounds"], 1);
     }
 
     #[test]
