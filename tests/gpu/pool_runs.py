@@ -27,10 +27,11 @@ ethand at the default level, under the binary of its day.
 import argparse
 import json
 import math
-import random
 import re
 import statistics
 import sys
+
+from train_bench import boot_ci, log_pct  # the per-run report's own rules, on all rounds
 
 
 def runs_from_markdown(path, mode, workload="single GPU"):
@@ -66,13 +67,6 @@ def runs_from_json(path, mode, workload="single GPU"):
     an = (d.get("analysis") or {}).get(workload) or {}
     row = next((r for r in an.get("rows", []) if r.get("mode") == mode), None)
     return row.get("paired_pct", []) if row else []
-
-
-def boot_median_ci(xs, n=20000, seed=1):
-    rng = random.Random(seed)
-    k = len(xs)
-    bs = sorted(statistics.median(rng.choices(xs, k=k)) for _ in range(n))
-    return bs[int(n * 0.025)], bs[int(n * 0.975) - 1]
 
 
 def parse_runs(spec):
@@ -124,7 +118,7 @@ def main():
     print("|---|---|---|---|")
     # Changes are signed like steps/s (negative: slower with ethand); printed as % slower.
     med = statistics.median(allx)
-    lo, hi = boot_median_ci(allx)
+    lo, hi = boot_ci(allx, n=20000)
     row("median of the % changes (bootstrap, 20,000 resamples, seed 1)", -med, -hi, -lo, a.limit)
     logs = [log_pct(x) for x in allx]
     m = statistics.mean(logs)
@@ -138,11 +132,6 @@ def main():
     print(f"(plain mean of the % changes, biased toward faster: {-mean:+.2f} % slower, t interval "
           f"{-mean - 1.96 * se:+.2f} % to {-mean + 1.96 * se:+.2f} %)")
     return 0
-
-
-def log_pct(x):
-    """A % change of steps/s as 100 ln(ratio): symmetric, so means do not drift with scatter."""
-    return 100 * math.log(1 + x / 100)
 
 
 def skew(xs):

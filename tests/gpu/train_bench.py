@@ -1199,6 +1199,12 @@ def pct(x):
 CI_MIN_ROUNDS = 6
 
 
+def log_pct(x):
+    """A % change of steps/s as 100 ln(ratio): symmetric, so means do not drift with scatter
+    (a plain mean of % changes leans toward "faster": x/y - 1 averages above 0 when y scatters)."""
+    return 100 * math.log(1 + x / 100)
+
+
 def boot_ci(xs, n=10000, alpha=0.05, seed=1):
     """95 % percentile-bootstrap interval of the median of xs (rounds resampled with
     replacement; fixed seed, so the report is reproducible from its JSON)."""
@@ -1297,9 +1303,8 @@ def analyse(run):
             row["paired_median_pct"] = med(paired)
             if len(paired) >= CI_MIN_ROUNDS:
                 row["paired_ci_pct"] = boot_ci(paired)
-                # The throughput ratio's geometric mean: a plain mean of % changes drifts toward
-                # "faster" as segments scatter (x/y - 1 averages above 0); logs do not.
-                logs = [100 * math.log(1 + x / 100) for x in paired]
+                # The throughput ratio's geometric mean (see log_pct).
+                logs = [log_pct(x) for x in paired]
                 lm = statistics.mean(logs)
                 se = statistics.stdev(logs) / len(logs) ** 0.5
                 row["paired_logmean_pct"] = lm
