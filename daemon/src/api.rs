@@ -7,10 +7,14 @@ use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
+    sync::Semaphore,
 };
 use tracing::{debug, warn};
 
-use crate::daemon::Shared;
+use crate::{
+    connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
+    daemon::Shared,
+};
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -37,9 +41,6 @@ pub enum Response {
 
 /// Largest request accepted (bytes): requests are tiny.
 const MAX_REQUEST: usize = 64 * 1024;
-
-/// How long a client may take to send its request line.
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Parses one request line as read from the socket (at most `MAX_REQUEST` + 1 bytes, the
 /// final newline included). The error is the message sent back to the client.
@@ -108,55 +109,179 @@ pub fn bind(path: &Path, group: &str) -> std::io::Result<(UnixListener, String)>
     Ok((l, access))
 }
 
-pub async fn serve(listener: UnixListener, shared: Arc<Shared>) {
+/// Snapshots and node dumps built at once: each locks the model for its build and holds its
+/// reply until the client has read it. More wait for their turn, at most [`TIMEOUT`].
+const HEAVY_AT_ONCE: usize = 2;
+
+/// Largest reply: a snapshot takes a few KB per process (command lines are capped at 4 KiB),
+/// so this is a tree of tens of thousands of processes. A larger one is refused with an
+/// error, never built whole.
+pub const MAX_REPLY: usize = 256 << 20;
+
+/// How long a client may take to send its request and to take each part of the reply, and
+/// how long a request waits for its turn.
+pub const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the API until the process ends: at most `limiter`'s connections at once (more get
+/// a "busy" error line and are closed), failed accepts backed off.
+pub async fn serve(listener: UnixListener, shared: Arc<Shared>, limiter: Arc<ConnLimiter>) {
+    let heavy = Arc::new(Semaphore::new(HEAVY_AT_ONCE));
+    let mut backoff = AcceptBackoff::new(limiter.clone());
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
+        let stream = match listener.accept().await {
+            Ok((s, _)) => {
+                backoff.succeeded();
+                s
+            }
             Err(e) => {
-                warn!(error = %e, "api accept failed");
+                tokio::time::sleep(backoff.failed(&e)).await;
                 continue;
             }
         };
-        let shared = shared.clone();
+        let uid = stream.peer_cred().ok().map(|c| c.uid());
+        let slot = match limiter.admit(PeerKey { addr: None, uid }) {
+            Ok(s) => s,
+            Err(_) => {
+                // A fresh socket's send buffer is empty: this never blocks.
+                let _ = stream.try_write(&error_line(&format!(
+                    "busy: {} local API connections are open (daemon.api_max_connections); try again",
+                    limiter.status().max
+                )));
+                // Take the request if it is there already: closing a Unix socket with unread
+                // data resets it, and the client would lose the answer.
+                let mut sink = [0u8; 4096];
+                for _ in 0..16 {
+                    if !matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
+                continue;
+            }
+        };
+        let (shared, heavy, limiter) = (shared.clone(), heavy.clone(), limiter.clone());
         tokio::spawn(async move {
-            if let Err(e) = handle(stream, shared).await {
+            let _slot = slot;
+            if let Err(e) = handle(stream, shared, heavy, &limiter).await {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    limiter.timed_out();
+                }
                 debug!(error = %e, "api connection");
             }
         });
     }
 }
 
-async fn handle(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<()> {
+async fn handle(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    heavy: Arc<Semaphore>,
+    limiter: &ConnLimiter,
+) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
     // One byte over the limit tells a too-long request from one of exactly MAX_REQUEST.
     let mut r = BufReader::new(r).take(MAX_REQUEST as u64 + 1);
     let mut line = Vec::new();
-    let read = tokio::time::timeout(REQUEST_TIMEOUT, r.read_until(b'\n', &mut line)).await;
-    let resp = match read {
+    let read = tokio::time::timeout(TIMEOUT, r.read_until(b'\n', &mut line)).await;
+    // Held until the reply is written: a client that reads slowly delays the next build
+    // instead of making the daemon hold many replies.
+    let mut _permit = None;
+    let reply: Arc<Vec<u8>> = match read {
         // A client that connects and sends nothing must not hold a task and a descriptor.
-        Err(_) => Response::Error(format!(
-            "bad request: no request line within {} s",
-            REQUEST_TIMEOUT.as_secs()
-        )),
+        Err(_) => {
+            limiter.timed_out();
+            Arc::new(error_line(&format!(
+                "bad request: no request line within {} s",
+                TIMEOUT.as_secs()
+            )))
+        }
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Ok(Request::SetLevel { level }) => set_level(&shared, &level).await,
-                Ok(req) => shared.answer(req),
-                Err(msg) => Response::Error(msg),
+                Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, &level).await),
+                Ok(Request::Status) => Arc::new(shared.status_line()),
+                Ok(req) => match tokio::time::timeout(TIMEOUT, heavy.acquire_owned()).await {
+                    Ok(Ok(permit)) => {
+                        _permit = Some(permit);
+                        let shared = shared.clone();
+                        tokio::task::spawn_blocking(move || shared.answer(req))
+                            .await
+                            .unwrap_or_else(|e| {
+                                Arc::new(error_line(&format!("internal error: {e}")))
+                            })
+                    }
+                    _ => Arc::new(error_line(&format!(
+                        "busy: {HEAVY_AT_ONCE} snapshots are being built and none finished within {} s; try again",
+                        TIMEOUT.as_secs()
+                    ))),
+                },
+                Err(msg) => Arc::new(error_line(&msg)),
             }
         }
     };
-    let mut out = serde_json::to_vec(&resp).expect("serializable");
-    out.push(b'\n');
-    w.write_all(&out).await?;
+    // Each part must be taken within the timeout: a client that stops reading is dropped.
+    for chunk in reply.chunks(64 * 1024) {
+        match tokio::time::timeout(TIMEOUT, w.write_all(chunk)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client stopped reading the reply",
+                ));
+            }
+        }
+    }
     w.shutdown().await
 }
 
+/// `{"ok":VALUE}` and a newline, serialized straight from `v` (no intermediate JSON tree);
+/// an error line instead when it would exceed [`MAX_REPLY`], found before it is built whole.
+pub fn ok_line<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut out = Capped(b"{\"ok\":".to_vec());
+    match serde_json::to_writer(&mut out, v) {
+        Ok(()) => {
+            out.0.extend_from_slice(b"}\n");
+            out.0
+        }
+        Err(_) if out.0.len() + 64 * 1024 > MAX_REPLY => error_line(&format!(
+            "the reply would exceed {} MiB (ethand's limit); ask for a smaller tree",
+            MAX_REPLY >> 20
+        )),
+        Err(e) => error_line(&format!("internal error: {e}")),
+    }
+}
+
+/// `{"error":MESSAGE}` and a newline.
+pub fn error_line(msg: &str) -> Vec<u8> {
+    response_line(&Response::Error(msg.into()))
+}
+
+pub fn response_line(r: &Response) -> Vec<u8> {
+    let mut out = serde_json::to_vec(r).expect("serializable");
+    out.push(b'\n');
+    out
+}
+
+/// A buffer that refuses to grow past [`MAX_REPLY`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_REPLY {
+            return Err(std::io::Error::other("reply too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Hands the change to the collection loop (which owns the probes) and waits for its answer.
-async fn set_level(shared: &Arc<Shared>, level: &str) -> Response {
+async fn set_level(shared: &Arc<Shared>, level: &str) -> Vec<u8> {
     let Some(level) = crate::config::GpuLevel::parse(level) else {
-        return Response::Error(format!(
+        return error_line(&format!(
             "unknown level {level:?}: expected system, calls, process or op"
         ));
     };
@@ -165,24 +290,124 @@ async fn set_level(shared: &Arc<Shared>, level: &str) -> Response {
     match tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(10)))
         .await
     {
-        Ok(Ok(Ok(msg))) => {
-            Response::Ok(serde_json::json!({ "level": level.as_str(), "message": msg }))
-        }
-        Ok(Ok(Err(e))) => Response::Error(e),
-        _ => Response::Error("the daemon did not apply the level within 10 s".into()),
+        Ok(Ok(Ok(msg))) => ok_line(&serde_json::json!({ "level": level.as_str(), "message": msg })),
+        Ok(Ok(Err(e))) => error_line(&e),
+        _ => error_line("the daemon did not apply the level within 10 s"),
     }
 }
 
-/// Client side: sends one request, returns the response. Err: no daemon listening.
-pub async fn call(path: &Path, req: &Request) -> std::io::Result<Response> {
-    let stream = UnixStream::connect(path).await?;
+/// Why a client got no answer: each case has its own remedy, and only a daemon that is not
+/// there at all lets `ethand snapshot` measure on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("no ethand daemon listens at {path} (is it running? systemctl status ethand)")]
+    NoDaemon {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("permission denied on {path}: {hint}")]
+    PermissionDenied { path: String, hint: String },
+    #[error("the ethand daemon at {path} did not answer within {secs} s (--timeout)")]
+    Timeout { path: String, secs: u64 },
+    #[error("{path} is not an ethand daemon's socket, or the daemon broke off: {detail}")]
+    NotEthand { path: String, detail: String },
+    #[error("talking to the ethand daemon at {path}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Client side: sends one request and returns the daemon's response, all within `timeout`.
+pub async fn call(
+    path: &Path,
+    req: &Request,
+    timeout: std::time::Duration,
+) -> Result<Response, CallError> {
+    let p = path.display().to_string();
+    match tokio::time::timeout(timeout, call_unbounded(path, req)).await {
+        Ok(r) => r,
+        Err(_) => Err(CallError::Timeout {
+            path: p,
+            secs: timeout.as_secs().max(1),
+        }),
+    }
+}
+
+async fn call_unbounded(path: &Path, req: &Request) -> Result<Response, CallError> {
+    let p = || path.display().to_string();
+    let stream = UnixStream::connect(path)
+        .await
+        .map_err(|e| match e.kind() {
+            // No socket, or one nobody listens on (left by a killed daemon).
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                CallError::NoDaemon {
+                    path: p(),
+                    source: e,
+                }
+            }
+            std::io::ErrorKind::PermissionDenied => CallError::PermissionDenied {
+                path: p(),
+                hint: access_hint(path),
+            },
+            _ => CallError::Io {
+                path: p(),
+                source: e,
+            },
+        })?;
     let (r, mut w) = stream.into_split();
+    let io = |source| CallError::Io { path: p(), source };
+    // A daemon that refuses the connection (busy) answers and closes before reading the
+    // request: the answer is still there to read when the write fails.
+    let sent = w.write_all(&request_line(req)).await;
+    let mut line = Vec::new();
+    let read = BufReader::new(r)
+        .take(MAX_REPLY as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await;
+    if line.is_empty() {
+        sent.map_err(io)?;
+        read.map_err(io)?;
+    }
+    if line.is_empty() {
+        return Err(CallError::NotEthand {
+            path: p(),
+            detail: "the connection closed without an answer".into(),
+        });
+    }
+    serde_json::from_slice(&line).map_err(|e| {
+        let head = String::from_utf8_lossy(&line[..line.len().min(60)]);
+        CallError::NotEthand {
+            path: p(),
+            detail: format!("its answer starts {head:?}, not an ethand reply ({e})"),
+        }
+    })
+}
+
+fn request_line(req: &Request) -> Vec<u8> {
     let mut body = serde_json::to_vec(req).expect("serializable");
     body.push(b'\n');
-    w.write_all(&body).await?;
-    let mut line = String::new();
-    BufReader::new(r).read_line(&mut line).await?;
-    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    body
+}
+
+/// What to do about a socket the caller may not use: who owns it, and how to get in.
+fn access_hint(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(path) {
+        Ok(md) if md.mode() & 0o060 == 0 => format!(
+            "the socket is root only (mode {:04o}: daemon.socket_group is empty or did not exist when the daemon started); run as root",
+            md.mode() & 0o7777
+        ),
+        Ok(md) => {
+            let group = crate::privilege::group_name(md.gid())
+                .unwrap_or_else(|| format!("gid {}", md.gid()));
+            format!(
+                "the socket is for root and group {group} (mode {:04o}); add your user to the group (sudo usermod -aG {group} $USER, then log in again) or run as root",
+                md.mode() & 0o7777
+            )
+        }
+        Err(_) => "a directory on its path is closed to you; run as root or as a member of the socket's group".into(),
+    }
 }
 
 #[cfg(test)]

@@ -84,13 +84,15 @@ fn of<K: OfProcess, V>(read: &[(K, V)], procs: &FoldSet<(u32, u64)>) -> Vec<K> {
 }
 
 /// Turns the kernel's BPF run-time statistics on and off (daemon.bpf_stats): they cost about
-/// 100 ns per program run while on.
+/// 100 ns per program run while on. Directly (start-up, standalone commands) or, once the
+/// daemon has dropped CAP_SYS_ADMIN, through the helper that kept it (`stats_helper.rs`).
 pub struct BpfStats {
     pub mode: BpfStatsMode,
     window: Duration,
     period: Duration,
-    /// Holding the fd keeps the statistics on.
+    /// Holding the fd keeps the statistics on (when switched directly).
     fd: Option<OwnedFd>,
+    helper: Option<crate::stats_helper::StatsHelper>,
     since: Option<Instant>,
     started: Instant,
     enabled_before: Duration,
@@ -104,12 +106,51 @@ impl BpfStats {
             window: Duration::from_millis(d.bpf_stats_window_ms),
             period: Duration::from_millis(d.bpf_stats_period_ms),
             fd: None,
+            helper: None,
             since: None,
             started: Instant::now(),
             enabled_before: Duration::ZERO,
         };
         s.tick();
         s
+    }
+
+    /// From now on the statistics are switched by `helper`.
+    pub fn use_helper(&mut self, helper: crate::stats_helper::StatsHelper) {
+        if self.fd.take().is_some() {
+            if let Some(t) = self.since.take() {
+                self.enabled_before += t.elapsed();
+            }
+        }
+        self.helper = Some(helper);
+    }
+
+    /// The statistics cannot be switched (no helper could be started): none are reported.
+    pub fn turn_off(&mut self, why: &str) {
+        warn!(
+            why,
+            "BPF run-time statistics unavailable: per-program costs are not measured"
+        );
+        self.mode = BpfStatsMode::Off;
+    }
+
+    fn on(&self) -> bool {
+        self.since.is_some()
+    }
+
+    fn switch(&mut self, on: bool) -> std::io::Result<()> {
+        match &mut self.helper {
+            Some(h) => h.set(on),
+            None if on => {
+                self.fd =
+                    Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)?);
+                Ok(())
+            }
+            None => {
+                self.fd = None;
+                Ok(())
+            }
+        }
     }
 
     /// Called every interval: switches the statistics per the mode.
@@ -124,19 +165,15 @@ impl BpfStats {
                 (self.started.elapsed().as_millis() % p) >= p - self.window.as_millis()
             }
         };
-        if want && self.fd.is_none() {
-            match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-                Ok(fd) => {
-                    self.fd = Some(fd);
-                    self.since = Some(Instant::now());
-                }
-                Err(e) => {
-                    warn!(error = %e, "BPF run-time statistics unavailable: per-program cost will read 0");
-                    self.mode = BpfStatsMode::Off;
-                }
+        if want && !self.on() {
+            match self.switch(true) {
+                Ok(()) => self.since = Some(Instant::now()),
+                Err(e) => self.turn_off(&e.to_string()),
             }
-        } else if !want && self.fd.is_some() {
-            self.fd = None;
+        } else if !want && self.on() {
+            if let Err(e) = self.switch(false) {
+                warn!(error = %e, "turning the BPF run-time statistics off failed");
+            }
             if let Some(t) = self.since.take() {
                 self.enabled_before += t.elapsed();
             }

@@ -129,6 +129,10 @@ pub struct DaemonConfig {
     pub bpf_stats_period_ms: u64,
     /// Group allowed to use the socket (root:GROUP, 0660); empty or missing: root only (0600).
     pub socket_group: String,
+    /// Local API connections open at once; more are answered "busy" and closed.
+    pub api_max_connections: u64,
+    /// Run as this user once start-up is over (empty: stay the user ethand was started as).
+    pub user: String,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -151,6 +155,12 @@ pub struct PrometheusConfig {
     /// Prometheus web-config file (TLS, basic auth; daemon/src/web_config.rs); empty: plain
     /// HTTP without auth.
     pub web_config_file: PathBuf,
+    /// Connections open at once, in all and per peer (address, and user for local peers).
+    pub max_connections: u64,
+    pub max_connections_per_peer: u64,
+    /// Time a client has to send a request's headers, the longest an idle connection stays
+    /// open, and the longest a reply may wait on a client that does not read.
+    pub timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -225,9 +235,17 @@ impl Config {
             message,
         };
         let user: toml::Table = text.parse::<toml::Table>().map_err(|e| {
+            let at = e.span().map(|s| s.start);
+            // A value the parser refuses (an integer beyond 64 bits, say): name its key.
+            let key = at.map(|o| key_path_at(text, o)).unwrap_or_default();
+            let msg = e.message().trim().to_string();
             invalid(
-                line_of(text, e.span().map(|s| s.start)),
-                e.message().to_string(),
+                line_of(text, at),
+                if key.is_empty() {
+                    msg
+                } else {
+                    format!("{key}: {msg}")
+                },
             )
         })?;
         let mut merged: toml::Table = DEFAULT_TOML
@@ -259,24 +277,35 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), (String, String)> {
-        if self.daemon.interval_ms < 50 || self.daemon.interval_ms > 3_600_000 {
+        let d = &self.daemon;
+        in_range("daemon.interval_ms", d.interval_ms, 50, 3_600_000)?;
+        check_socket_path(&d.socket).map_err(|m| ("daemon.socket".into(), m))?;
+        in_range("daemon.history_seconds", d.history_seconds, 1, 86_400)?;
+        in_range("daemon.exit_grace_seconds", d.exit_grace_seconds, 0, 86_400)?;
+        in_range(
+            "daemon.max_processes",
+            d.max_processes as u64,
+            16,
+            1_000_000,
+        )?;
+        in_range("daemon.api_max_connections", d.api_max_connections, 1, 4096)?;
+        check_log_filter(&d.log).map_err(|m| ("daemon.log".into(), m))?;
+        in_range(
+            "daemon.bpf_stats_period_ms",
+            d.bpf_stats_period_ms,
+            1000,
+            86_400_000,
+        )?;
+        in_range(
+            "daemon.bpf_stats_window_ms",
+            d.bpf_stats_window_ms,
+            1,
+            d.bpf_stats_period_ms,
+        )?;
+        if d.user.contains('\0') || d.user.contains(':') || d.user.contains('/') {
             return Err((
-                "daemon.interval_ms".into(),
-                format!(
-                    "daemon.interval_ms = {} is out of range [50, 3600000]",
-                    self.daemon.interval_ms
-                ),
-            ));
-        }
-        if self.daemon.bpf_stats_window_ms > self.daemon.bpf_stats_period_ms
-            || self.daemon.bpf_stats_period_ms == 0
-        {
-            return Err((
-                "daemon.bpf_stats_window_ms".into(),
-                format!(
-                    "daemon.bpf_stats_window_ms = {} must be at most daemon.bpf_stats_period_ms = {} (> 0)",
-                    self.daemon.bpf_stats_window_ms, self.daemon.bpf_stats_period_ms
-                ),
+                "daemon.user".into(),
+                format!("daemon.user = {:?} is not a user name", d.user),
             ));
         }
         for r in &self.gpu.runtimes {
@@ -289,32 +318,64 @@ impl Config {
                 ));
             }
         }
-        if self.gpu.rescan_interval_ms < 100 {
-            return Err((
-                "gpu.rescan_interval_ms".into(),
-                format!(
-                    "gpu.rescan_interval_ms = {} must be at least 100",
-                    self.gpu.rescan_interval_ms
-                ),
-            ));
-        }
-        if self.devices.interval_ms < 100 {
-            return Err((
-                "devices.interval_ms".into(),
-                format!(
-                    "devices.interval_ms = {} must be at least 100",
-                    self.devices.interval_ms
-                ),
-            ));
-        }
-        if self.prometheus.listen.parse::<SocketAddr>().is_err() {
+        in_range(
+            "gpu.rescan_interval_ms",
+            self.gpu.rescan_interval_ms,
+            100,
+            3_600_000,
+        )?;
+        let dev = &self.devices;
+        in_range("devices.interval_ms", dev.interval_ms, 100, 3_600_000)?;
+        in_range(
+            "devices.counters_interval_ms",
+            dev.counters_interval_ms,
+            100,
+            86_400_000,
+        )?;
+        in_range(
+            "devices.nvlink_errors_interval_ms",
+            dev.nvlink_errors_interval_ms,
+            100,
+            86_400_000,
+        )?;
+        let p = &self.prometheus;
+        if p.listen.parse::<SocketAddr>().is_err() {
             return Err((
                 "prometheus.listen".into(),
                 format!(
                     "prometheus.listen = {:?} is not an address like 127.0.0.1:9477",
-                    self.prometheus.listen
+                    p.listen
                 ),
             ));
+        }
+        in_range("prometheus.top_n", p.top_n as u64, 0, 100_000)?;
+        in_range("prometheus.max_connections", p.max_connections, 1, 65_536)?;
+        in_range(
+            "prometheus.max_connections_per_peer",
+            p.max_connections_per_peer,
+            1,
+            p.max_connections,
+        )?;
+        in_range("prometheus.timeout_ms", p.timeout_ms, 100, 600_000)?;
+        if let Some(c) = p.comms.iter().find(|c| c.is_empty() || c.len() > 15) {
+            return Err((
+                "prometheus.comms".into(),
+                format!(
+                    "prometheus.comms: {c:?} can never match: a process name (comm) is 1 to 15 bytes, the kernel cuts longer ones"
+                ),
+            ));
+        }
+        let m = &self.maps;
+        for (key, v) in [
+            ("maps.threads", m.threads),
+            ("maps.syscalls", m.syscalls),
+            ("maps.syscall_hist", m.syscall_hist),
+            ("maps.blk_inflight", m.blk_inflight),
+            ("maps.blk_stats", m.blk_stats),
+            ("maps.net_stats", m.net_stats),
+            ("maps.sock_owner", m.sock_owner),
+        ] {
+            in_range(key, u64::from(v), MAP_ENTRIES_MIN, MAP_ENTRIES_MAX)?;
         }
         self.validate_otlp()?;
         self.attribution.validate()?;
@@ -409,6 +470,75 @@ impl Config {
     }
 }
 
+/// Smallest and largest capacity of a kernel map (entries): below, a map cannot hold one busy
+/// node's threads or sockets for a moment; above, one map alone could take gigabytes of kernel
+/// memory.
+pub const MAP_ENTRIES_MIN: u64 = 64;
+pub const MAP_ENTRIES_MAX: u64 = 4 << 20;
+
+/// `key = v` must lie in [lo, hi]; the error names the key and the range.
+fn in_range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), (String, String)> {
+    if (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err((
+            key.into(),
+            format!("{key} = {v} is out of range [{lo}, {hi}]"),
+        ))
+    }
+}
+
+/// Longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its final NUL).
+pub const SOCKET_PATH_MAX: usize = 107;
+
+/// A path `bind`/`connect` on a Unix socket can take: not empty, no NUL, at most
+/// [`SOCKET_PATH_MAX`] bytes. Checked for `daemon.socket` and `--socket` alike.
+pub fn check_socket_path(p: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let b = p.as_os_str().as_bytes();
+    if b.is_empty() {
+        return Err("daemon.socket is empty: a Unix socket needs a path".into());
+    }
+    if b.contains(&0) {
+        return Err(format!("daemon.socket {p:?} contains a NUL byte"));
+    }
+    if b.len() > SOCKET_PATH_MAX {
+        return Err(format!(
+            "daemon.socket is {} bytes long: a Unix socket path is at most {SOCKET_PATH_MAX} bytes",
+            b.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `daemon.log` must be a filter that logs what it says: each comma-separated directive is a
+/// level (trace, debug, info, warn, error, off) or `target=level`. A bare word that is not a
+/// level ("inf") would be a target with no level and silence every other log line.
+pub fn check_log_filter(s: &str) -> Result<(), String> {
+    use tracing::level_filters::LevelFilter;
+    let levels = "trace, debug, info, warn, error or off";
+    if s.trim().is_empty() {
+        return Err(format!(
+            "daemon.log is empty: expected a level ({levels}) or target=level"
+        ));
+    }
+    for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = match d.rsplit_once('=') {
+            Some((_, level)) => level,
+            None => d,
+        };
+        if level.parse::<LevelFilter>().is_err() {
+            return Err(format!(
+                "daemon.log = {s:?}: {d:?} is not a level ({levels}) or target=level"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(s)
+        .map(|_| ())
+        .map_err(|e| format!("daemon.log = {s:?}: {e}"))
+}
+
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
@@ -477,6 +607,10 @@ fn find_path_line(text: &str, path: &str) -> Option<usize> {
     let mut table = String::new();
     for (i, line) in text.lines().enumerate() {
         if let Some(t) = table_of(line) {
+            // An unknown table is named by its header.
+            if t == path {
+                return Some(i + 1);
+            }
             table = t;
             continue;
         }
@@ -602,6 +736,95 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("f.toml:2:"), "{e}");
+    }
+
+    /// Every value that would break the daemon, silence it or name nothing is refused with
+    /// its key and line (values seen accepted, or failing late with no key, in testing).
+    #[test]
+    fn out_of_range_values_name_key_and_line() {
+        let long_socket = format!("/run/{}", "s".repeat(120));
+        for (text, key, line) in [
+            ("[daemon]\nlog = \"inf\"\n", "daemon.log", 2),
+            ("[daemon]\nlog = \"\"\n", "daemon.log", 2),
+            ("[daemon]\nlog = \"info,ethand=loud\"\n", "daemon.log", 2),
+            ("[daemon]\nmax_processes = 0\n", "daemon.max_processes", 2),
+            (
+                "[daemon]\n\nhistory_seconds = 0\n",
+                "daemon.history_seconds",
+                3,
+            ),
+            ("[daemon]\nsocket = \"\"\n", "daemon.socket", 2),
+            (
+                &format!("[daemon]\nsocket = {long_socket:?}\n"),
+                "daemon.socket",
+                2,
+            ),
+            (
+                "[daemon]\nbpf_stats_period_ms = 0\n",
+                "daemon.bpf_stats_period_ms",
+                2,
+            ),
+            (
+                "[daemon]\napi_max_connections = 0\n",
+                "daemon.api_max_connections",
+                2,
+            ),
+            ("[daemon]\nuser = \"a:b\"\n", "daemon.user", 2),
+            ("[maps]\nthreads = 0\n", "maps.threads", 2),
+            ("[maps]\nsock_owner = 100000000\n", "maps.sock_owner", 2),
+            (
+                "[prometheus]\nmax_connections = 0\n",
+                "prometheus.max_connections",
+                2,
+            ),
+            (
+                "[prometheus]\nmax_connections = 4\nmax_connections_per_peer = 5\n",
+                "prometheus.max_connections_per_peer",
+                3,
+            ),
+            ("[prometheus]\ntimeout_ms = 1\n", "prometheus.timeout_ms", 2),
+            (
+                "[prometheus]\ncomms = [\"a-name-longer-than-15\"]\n",
+                "prometheus.comms",
+                2,
+            ),
+            (
+                "[gpu]\nrescan_interval_ms = 99999999999\n",
+                "gpu.rescan_interval_ms",
+                2,
+            ),
+            (
+                "[devices]\ncounters_interval_ms = 0\n",
+                "devices.counters_interval_ms",
+                2,
+            ),
+            // Beyond TOML's 64-bit integers: refused by the parser, still named.
+            (
+                "[daemon]\ninterval_ms = 99999999999999999999\n",
+                "daemon.interval_ms",
+                2,
+            ),
+            ("[maps]\nthreads = -1\n", "maps.threads", 2),
+            // An unknown table, at its header's line.
+            ("\n[deamon]\ninterval_ms = 100\n", "deamon", 2),
+        ] {
+            let e = Config::from_overlay(text, "f.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text:?}: {e}");
+            assert!(e.starts_with(&format!("f.toml:{line}:")), "{text:?}: {e}");
+        }
+        for ok in [
+            "[daemon]\nlog = \"warn,ethand=debug\"\n",
+            "[daemon]\nlog = \"ethand::gpu=trace\"\n",
+            "[daemon]\nlog = \"OFF\"\n",
+            "[maps]\nthreads = 64\n",
+            "[prometheus]\ncomms = [\"python3\"]\n",
+        ] {
+            Config::from_overlay(ok, "f.toml").unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        assert!(check_socket_path(Path::new(&"/".repeat(SOCKET_PATH_MAX))).is_ok());
+        assert!(check_socket_path(Path::new(&"/".repeat(SOCKET_PATH_MAX + 1))).is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use ethand_exporters::{
 use tracing::{info, warn};
 
 use crate::{
+    UsageError,
     api::{self, Request, Response},
     collector::{Collector, program_costs},
     config::{Config, GpuLevel},
@@ -56,6 +57,14 @@ pub struct Shared {
     pub rules: Vec<crate::diagnose::Rule>,
     /// OTLP export counters, set once the export has started (`[otlp] enabled`).
     pub otlp: std::sync::OnceLock<Arc<ethand_exporters::otlp::OtlpStats>>,
+    /// The /metrics body of a round, rendered once and shared by every scrape of that round.
+    rendered: Mutex<Option<(u64, axum::body::Bytes)>>,
+    /// The node dump (`{"ok":...}` line) of a round, shared by the API replies that hold it.
+    node_line: Mutex<(u64, std::sync::Weak<Vec<u8>>)>,
+    /// The servers' connection limiters (/metrics, the local API), for `ethand status`.
+    pub servers: std::sync::OnceLock<Vec<Arc<crate::connlimit::ConnLimiter>>>,
+    /// When node-wide losses happened, for the snapshots they may have cut.
+    drops: Mutex<crate::drop_history::DropHistory>,
 }
 
 impl Shared {
@@ -129,33 +138,65 @@ impl Shared {
         })
     }
 
-    pub fn answer(&self, req: Request) -> Response {
+    /// The /metrics body of the latest round: rendered by the first scrape of the round (the
+    /// others wait for it) and shared by all of them.
+    pub fn metrics_body(&self, opts: &PrometheusOptions) -> axum::body::Bytes {
+        let round = self.node.read().expect("lock").taken_at_unix_ms;
+        let mut cached = self.rendered.lock().expect("lock");
+        if let Some((t, body)) = cached.as_ref() {
+            if *t == round {
+                return body.clone();
+            }
+        }
+        let node = self.export_node(opts);
+        let body = axum::body::Bytes::from(render(&node, opts));
+        *cached = Some((node.taken_at_unix_ms, body.clone()));
+        body
+    }
+
+    /// The API's answer to `ethand status`: one `{"ok":...}` line.
+    pub fn status_line(&self) -> Vec<u8> {
+        let node = self.node.read().expect("lock").clone();
+        api::ok_line(&node.ethand)
+    }
+
+    /// The API's answer to a node dump or a snapshot: one reply line. Built under
+    /// `api.rs`'s bound on concurrent builds.
+    pub fn answer(&self, req: Request) -> Arc<Vec<u8>> {
         match req {
-            Request::Status => {
-                let node = self.node.read().expect("lock").clone();
-                Response::Ok(serde_json::to_value(&node.ethand).expect("serializable"))
-            }
             Request::Node => {
+                let round = self.node.read().expect("lock").taken_at_unix_ms;
+                let mut cached = self.node_line.lock().expect("lock");
+                if cached.0 == round {
+                    if let Some(line) = cached.1.upgrade() {
+                        return line;
+                    }
+                }
                 let node = self.node();
-                Response::Ok(serde_json::to_value(&*node).expect("serializable"))
-            }
-            Request::SetLevel { .. } => {
-                Response::Error("set_level is answered by the API task".into())
+                let line = Arc::new(api::ok_line(&*node));
+                *cached = (node.taken_at_unix_ms, Arc::downgrade(&line));
+                line
             }
             Request::Snapshot { pid, window_s } => {
                 let probes = self.node.read().expect("lock").ethand.probes.clone();
-                match self.tree(
-                    pid,
-                    window_s.clamp(1, u64::MAX / 1000) * 1000,
-                    "daemon",
-                    0,
-                    probes,
-                ) {
-                    Some(t) => Response::Ok(serde_json::to_value(&t).expect("serializable")),
-                    None => Response::NotFound(format!(
-                        "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
-                    )),
-                }
+                Arc::new(
+                    match self.tree(
+                        pid,
+                        window_s.clamp(1, u64::MAX / 1000) * 1000,
+                        "daemon",
+                        0,
+                        probes,
+                    ) {
+                        Some(t) => api::ok_line(&t),
+                        None => api::response_line(&Response::NotFound(format!(
+                            "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
+                        ))),
+                    },
+                )
+            }
+            Request::Status => Arc::new(self.status_line()),
+            Request::SetLevel { .. } => {
+                Arc::new(api::error_line("set_level is answered by the API task"))
             }
         }
     }
@@ -180,13 +221,20 @@ impl Shared {
             .collect();
         let timeline = model.timeline(&keys, window_ms);
         drop(model);
+        let now = unix_ms();
+        let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
+        let dropped_events = self
+            .drops
+            .lock()
+            .expect("lock")
+            .since(now.saturating_sub(observed_ms));
         let node = self.node.read().expect("lock").clone();
         crate::devices::join(&mut processes, &node.devices);
         let mut tree = TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
             root_pid: pid,
-            taken_at_unix_ms: unix_ms(),
+            taken_at_unix_ms: now,
             measured_ms,
             total: totals(&processes),
             processes,
@@ -195,6 +243,7 @@ impl Shared {
             gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
             timeline,
             devices: node.devices.clone(),
+            dropped_events,
         };
         tree.findings = crate::diagnose::diagnose(&tree, &self.rules);
         Some(tree)
@@ -304,6 +353,8 @@ pub struct Engine {
     /// For `ethand status`: who may use the socket, the capabilities kept after start-up.
     pub socket_access: String,
     pub capabilities: Vec<String>,
+    /// The user the daemon runs as (`SelfStatus::user`).
+    pub user: String,
 }
 
 impl Engine {
@@ -345,6 +396,10 @@ impl Engine {
             devnames: model::block_device_names(),
             rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
             otlp: std::sync::OnceLock::new(),
+            rendered: Mutex::new(None),
+            node_line: Mutex::new((u64::MAX, std::sync::Weak::new())),
+            servers: std::sync::OnceLock::new(),
+            drops: Mutex::default(),
         });
         let syscalls_attached = loaded.probes.iter().any(|p| {
             p.name == "sys_exit" && p.state == ethand_exporters::snapshot::ProbeState::Attached
@@ -354,6 +409,7 @@ impl Engine {
             maps_changed: Default::default(),
             socket_access: String::new(),
             capabilities: crate::privilege::names(crate::privilege::effective()),
+            user: String::new(),
             loaded,
             collector,
             gpu,
@@ -416,7 +472,15 @@ impl Engine {
                         .collect(),
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
-                    dropped: self.collector.drops(),
+                    dropped: {
+                        let d = self.collector.drops();
+                        self.shared
+                            .drops
+                            .lock()
+                            .expect("lock")
+                            .record(now, &d, model.overflow);
+                        d
+                    },
                     bpf_stats: self.collector.stats.mode_name().into(),
                     bpf_stats_enabled_ms: self.collector.stats.enabled_ms(),
                     cpu_seconds,
@@ -428,6 +492,13 @@ impl Engine {
                     otlp: self.shared.otlp.get().map(|s| s.status()),
                     socket_access: self.socket_access.clone(),
                     capabilities: self.capabilities.clone(),
+                    user: self.user.clone(),
+                    servers: self
+                        .shared
+                        .servers
+                        .get()
+                        .map(|v| v.iter().map(|l| l.status()).collect())
+                        .unwrap_or_default(),
                 },
             }
         };
@@ -545,18 +616,54 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // TLS and basic auth of /metrics: a bad web-config file stops the start, naming the file.
     let web = if cfg.prometheus.enabled {
         crate::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
-            .context("prometheus.web_config_file")?
+            .map_err(|e| UsageError(format!("prometheus.web_config_file: {e}")))?
     } else {
         crate::web_config::WebConfig::default()
     };
+    // Found before any BPF work: a user that does not exist is a configuration error.
+    let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
+    let fd_limit = crate::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
     let (api_listener, access) = api::bind(&cfg.daemon.socket, &cfg.daemon.socket_group)
         .with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
     engine.socket_access = access;
+    // Connections must never take the descriptors measuring needs: the caps fit the limit.
+    let wanted_metrics = if metrics.is_some() {
+        cfg.prometheus.max_connections
+    } else {
+        0
+    };
+    let fds = crate::connlimit::fds_open();
+    let (max_metrics, max_api) = crate::connlimit::fit_to_fd_limit(
+        wanted_metrics,
+        cfg.daemon.api_max_connections,
+        fd_limit,
+        fds,
+    );
+    if (max_metrics, max_api) != (wanted_metrics, cfg.daemon.api_max_connections) {
+        warn!(
+            fd_limit,
+            fds_open = fds,
+            metrics = max_metrics,
+            api = max_api,
+            "connection caps lowered to fit the open-file limit (raise LimitNOFILE / ulimit -n)"
+        );
+    }
+    let api_limiter = crate::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
+    let metrics_limiter = crate::connlimit::ConnLimiter::new(
+        "metrics",
+        max_metrics as usize,
+        cfg.prometheus.max_connections_per_peer as usize,
+    );
+    let mut servers = vec![api_limiter.clone()];
+    if metrics.is_some() {
+        servers.push(metrics_limiter.clone());
+    }
+    let _ = engine.shared.servers.set(servers);
     // The first collection attaches to the runtime libraries already loaded.
     engine.collect();
     let shared = engine.shared.clone();
-    tokio::spawn(api::serve(api_listener, shared.clone()));
+    tokio::spawn(api::serve(api_listener, shared.clone(), api_limiter));
     if let Some(listener) = metrics {
         let opts = PrometheusOptions {
             top_n: cfg.prometheus.top_n,
@@ -569,8 +676,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let node = shared.export_node(&opts);
-                let body = render(&node, &opts);
+                let body = shared.metrics_body(&opts);
                 async move {
                     (
                         [(
@@ -582,12 +688,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 }
             }),
         );
-        info!(addr = %listener.local_addr()?, scheme = %web.describe(), "serving /metrics");
-        tokio::spawn(async move {
-            if let Err(e) = web.serve(listener, app).await {
-                warn!(error = %e, "metrics server stopped");
-            }
-        });
+        info!(
+            addr = %listener.local_addr()?,
+            scheme = %web.describe(),
+            max_connections = max_metrics,
+            max_connections_per_peer = cfg.prometheus.max_connections_per_peer.min(max_metrics),
+            "serving /metrics"
+        );
+        tokio::spawn(crate::http::serve(
+            listener,
+            app,
+            web,
+            metrics_limiter,
+            Duration::from_millis(cfg.prometheus.timeout_ms),
+        ));
     }
     // OTLP export: started once the first snapshot exists, so its first batch has data.
     let otlp = if cfg.otlp.enabled {
@@ -598,15 +712,34 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    // Start-up is over: keep only the capabilities the running daemon needs, in every thread.
+    // The sampled BPF statistics need CAP_SYS_ADMIN at each window: a helper that holds it
+    // alone switches them, so that the daemon can drop it with the rest.
+    if engine.collector.stats.mode == crate::config::BpfStatsMode::Sampled {
+        match crate::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
+            Ok(h) => {
+                info!(
+                    pid = h.pid(),
+                    "BPF statistics helper started (holds CAP_SYS_ADMIN alone)"
+                );
+                engine.collector.stats.use_helper(h);
+            }
+            Err(e) => engine
+                .collector
+                .stats
+                .turn_off(&format!("cannot start the BPF statistics helper: {e}")),
+        }
+    }
+    // Start-up is over: keep only the capabilities the running daemon needs, in every thread,
+    // as daemon.user if one is set.
     let keep = crate::privilege::runtime_caps(&cfg);
-    match tokio::task::block_in_place(|| crate::privilege::drop_to(keep)) {
+    match tokio::task::block_in_place(|| crate::privilege::drop_to(keep, run_as.as_ref())) {
         Ok(d) => {
             info!(
                 kept = %crate::privilege::list(d.kept),
                 dropped = %crate::privilege::list(d.dropped),
                 bounding_set = d.bounding,
                 threads = d.threads,
+                user = d.user.as_deref().unwrap_or("unchanged"),
                 "capabilities dropped"
             );
             if !d.bounding && d.dropped != 0 {
@@ -615,13 +748,24 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 );
             }
         }
+        // Asked to run as a user and could not: never go on as root instead.
+        Err(e @ crate::privilege::PrivilegeError::User { .. }) => {
+            return Err(UsageError(format!("daemon.user: {e}")).into());
+        }
         Err(e) => warn!(error = %e, "dropping capabilities failed"),
     }
     engine.capabilities = crate::privilege::names(crate::privilege::effective());
+    engine.user = crate::privilege::current_user();
+    if engine.user.starts_with("root ") {
+        warn!(
+            "running as uid 0: it still owns every root-owned file; set daemon.user (docs/security.md)"
+        );
+    }
     {
         let mut node = shared.node.write().expect("lock");
         let mut head = (**node).clone();
         head.ethand.capabilities = engine.capabilities.clone();
+        head.ethand.user = engine.user.clone();
         *node = Arc::new(head);
     }
     let attached = engine

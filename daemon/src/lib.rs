@@ -7,18 +7,24 @@ pub mod bpf_batch;
 pub mod collector;
 pub mod compare;
 pub mod config;
+pub mod connlimit;
 pub mod daemon;
 pub mod devices;
 pub mod diagnose;
+pub mod drop_history;
 pub mod expr;
 pub mod gpu;
+pub mod http;
 pub mod kernel;
 pub mod loader;
 pub mod model;
+pub mod outfile;
+pub mod peer;
 pub mod privilege;
 pub mod procinfo;
 pub mod record;
 pub mod render;
+pub mod stats_helper;
 pub mod survey;
 pub mod syscalls_table;
 pub mod web_config;
@@ -27,3 +33,18 @@ pub mod web_config;
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_NOT_FOUND: u8 = 3;
+
+/// A mistake in what the user asked for, found after the configuration was parsed (a missing
+/// web-config file, a user that does not exist): exit code 2, like a bad key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The exit code for an error: 2 when a [`UsageError`] is among its causes, else 1.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| c.is::<UsageError>()) {
+        EXIT_USAGE
+    } else {
+        EXIT_FAILURE
+    }
+}

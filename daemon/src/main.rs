@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ethand::{
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE, api, compare, config, config::Config, daemon,
-    procinfo, record, render, survey,
+    procinfo, record, render, stats_helper, survey,
 };
 use ethand_exporters::snapshot::TreeSnapshot;
 
@@ -23,6 +23,9 @@ struct Cli {
     /// Local API socket (overrides daemon.socket).
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
+    /// How long `status`, `snapshot` and `level` wait for the daemon's answer (seconds).
+    #[arg(long, global = true, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -54,11 +57,12 @@ enum Command {
         /// Also write a self-contained HTML report (findings, charts, process tree) to FILE.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
-        /// Window for the "recent" figures when a daemon runs (seconds).
-        #[arg(long, default_value_t = 10)]
+        /// Window for the "recent" figures when a daemon runs (seconds; at most
+        /// daemon.history_seconds are kept).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
         window: u64,
         /// Without a daemon: how long to measure with ethand's own probes (seconds).
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
         duration: u64,
     },
     /// Switch the GPU/NPU probing level of the running daemon, live: system (device metrics
@@ -94,11 +98,14 @@ enum Command {
         /// recording).
         #[arg(long)]
         pid: u32,
-        /// How long to record: 10s, 500ms, 2m (a bare number is seconds).
+        /// How long to record: 10s, 500ms, 2m (a bare number is seconds; at most 1h). The
+        /// recording ends earlier when every process of the tree has exited, or on SIGINT,
+        /// SIGTERM or SIGHUP (the trace is kept).
         #[arg(long, default_value = "10s", value_parser = record::parse_duration)]
         duration: Duration,
-        /// Output file. Streamed to FILE.tmp while recording (bounded memory), renamed to
-        /// FILE once complete; on a write error (e.g. a full disk) FILE.tmp is removed.
+        /// Output file. Streamed to a new file with a random name beside FILE while recording
+        /// (bounded memory), renamed to FILE once complete (a symlink at FILE is replaced,
+        /// never followed); on a write error (e.g. a full disk) it is removed.
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
         /// Record syscalls at least this long (microseconds).
@@ -128,6 +135,12 @@ enum Command {
     /// Print the man page (roff), generated from this command line's definition.
     #[command(hide = true)]
     Man,
+    /// The daemon's BPF statistics helper (started by `ethand run`; stats_helper.rs).
+    #[command(hide = true, name = "bpf-stats-helper")]
+    BpfStatsHelper {
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -177,6 +190,11 @@ fn main() -> ExitCode {
                 }
             };
         }
+        // Single-threaded, before any configuration or runtime: it only drops to
+        // CAP_SYS_ADMIN and answers bytes.
+        Command::BpfStatsHelper { user } => {
+            return ExitCode::from(stats_helper::main(user.as_deref()));
+        }
         _ => {}
     }
     let mut cfg = match Config::load(cli.config.as_deref()) {
@@ -187,6 +205,10 @@ fn main() -> ExitCode {
         }
     };
     if let Some(s) = &cli.socket {
+        if let Err(e) = config::check_socket_path(s) {
+            eprintln!("ethand: error: --socket: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
         cfg.daemon.socket = s.clone();
     }
     if let Command::Run { listen: Some(l) } = &cli.command {
@@ -204,8 +226,11 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
+    // A bounded blocking pool: the unit's TasksMax counts threads, and nothing ethand does
+    // needs more than a few at once (the API builds two snapshots at a time).
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(16)
         .enable_all()
         .build()
     {
@@ -215,12 +240,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let result = rt.block_on(dispatch(cli.command, cfg));
+    let timeout = Duration::from_secs(cli.timeout);
+    let result = rt.block_on(dispatch(cli.command, cfg, timeout));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("ethand: error: {}", one_line(&e));
-            ExitCode::from(EXIT_FAILURE)
+            ExitCode::from(ethand::exit_code(&e))
         }
     }
 }
@@ -233,9 +259,21 @@ fn one_line(e: &anyhow::Error) -> String {
         .replace('\n', " ")
 }
 
-async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
+/// One request to the running daemon; any failure is an error (no daemon included).
+async fn ask(
+    cfg: &Config,
+    req: api::Request,
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    match api::call(&cfg.daemon.socket, &req, timeout).await? {
+        api::Response::Ok(v) => Ok(v),
+        api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
+    }
+}
+
+async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Result<u8> {
     match cmd {
-        Command::Completions { .. } | Command::Man => Ok(0),
+        Command::Completions { .. } | Command::Man | Command::BpfStatsHelper { .. } => Ok(0),
         Command::Run { .. } => {
             daemon::run(cfg).await?;
             Ok(0)
@@ -253,26 +291,14 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Status { json } => {
-            let resp = api::call(&cfg.daemon.socket, &api::Request::Status)
-                .await
-                .with_context(|| {
-                    format!(
-                        "no ethand daemon answers at {}",
-                        cfg.daemon.socket.display()
-                    )
-                })?;
-            match resp {
-                api::Response::Ok(v) => {
-                    if json {
-                        println!("{}", serde_json::to_string_pretty(&v)?);
-                    } else {
-                        let s: ethand_exporters::snapshot::SelfStatus = serde_json::from_value(v)?;
-                        print!("{}", render::status(&s));
-                    }
-                    Ok(0)
-                }
-                api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
+            let v = ask(&cfg, api::Request::Status, timeout).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let s: ethand_exporters::snapshot::SelfStatus = serde_json::from_value(v)?;
+                print!("{}", render::status(&s));
             }
+            Ok(0)
         }
         Command::Snapshot {
             pid,
@@ -281,7 +307,7 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             html,
             window,
             duration,
-        } => snapshot(cfg, pid, json, csv, html, window, duration).await,
+        } => snapshot(cfg, pid, json, csv, html, window, duration, timeout).await,
         Command::Compare {
             before,
             after,
@@ -324,25 +350,23 @@ async fn dispatch(cmd: Command, cfg: Config) -> anyhow::Result<u8> {
             .await
         }
         Command::Level { level } => {
-            let resp = api::call(&cfg.daemon.socket, &api::Request::SetLevel { level })
-                .await
-                .with_context(|| {
-                    format!(
-                        "no ethand daemon answers at {}",
-                        cfg.daemon.socket.display()
-                    )
-                })?;
-            match resp {
-                api::Response::Ok(v) => {
-                    println!("{}", v["message"].as_str().unwrap_or_default());
-                    Ok(0)
-                }
-                api::Response::NotFound(m) | api::Response::Error(m) => anyhow::bail!(m),
-            }
+            // The daemon applies a level within 10 s: wait at least that long for it.
+            let v = ask(
+                &cfg,
+                api::Request::SetLevel { level },
+                timeout.max(Duration::from_secs(12)),
+            )
+            .await?;
+            println!(
+                "{}",
+                render::clean(v["message"].as_str().unwrap_or_default())
+            );
+            Ok(0)
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn snapshot(
     cfg: Config,
     pid: u32,
@@ -351,6 +375,7 @@ async fn snapshot(
     html: Option<PathBuf>,
     window: u64,
     duration: u64,
+    timeout: Duration,
 ) -> anyhow::Result<u8> {
     let tree: TreeSnapshot = match api::call(
         &cfg.daemon.socket,
@@ -358,16 +383,19 @@ async fn snapshot(
             pid,
             window_s: window,
         },
+        timeout,
     )
     .await
     {
         Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
         Ok(api::Response::NotFound(m)) => {
-            eprintln!("ethand: {m}");
+            eprintln!("ethand: {}", render::clean(&m));
             return Ok(EXIT_NOT_FOUND);
         }
         Ok(api::Response::Error(m)) => anyhow::bail!(m),
-        Err(_) => {
+        // A daemon that is there but refused, timed out or answered nonsense: say so. Only
+        // with no daemon at all does ethand measure on its own.
+        Err(api::CallError::NoDaemon { .. }) => {
             // No daemon: measure ourselves.
             if !procinfo::exists(pid) {
                 eprintln!("ethand: no process with pid {pid}");
@@ -385,9 +413,10 @@ async fn snapshot(
                 }
             }
         }
+        Err(e) => return Err(e.into()),
     };
     if let Some(path) = &html {
-        std::fs::write(path, ethand_exporters::html::render_html(&tree))
+        ethand::outfile::write(path, ethand_exporters::html::render_html(&tree).as_bytes())
             .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
         eprintln!("ethand: HTML report written to {}", path.display());
     }

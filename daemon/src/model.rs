@@ -1021,6 +1021,7 @@ impl Model {
             },
             comm,
             cmdline: meta.cmdline,
+            cmdline_truncated: meta.cmdline_truncated,
             exe: meta.exe,
             cgroup: meta.cgroup,
             uid: meta.uid,

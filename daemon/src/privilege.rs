@@ -10,14 +10,19 @@
 //! applies setuid to all threads); the result is checked in /proc/self/task/*/status.
 use std::{
     collections::HashSet,
-    sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use crate::config::{BpfStatsMode, Config};
+use crate::config::Config;
 
 pub const CAP_CHOWN: u32 = 0;
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SETGID: u32 = 6;
+pub const CAP_SETUID: u32 = 7;
 pub const CAP_SETPCAP: u32 = 8;
 pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -88,17 +93,77 @@ pub fn names(mask: u64) -> Vec<String> {
 ///   (a uprobe perf event needs it; programs and maps exist already, so CAP_BPF does not).
 /// - CAP_SYS_PTRACE: /proc/PID/maps, environ, exe and root/ of other users' processes.
 /// - CAP_DAC_READ_SEARCH: opening those libraries and paths whatever their modes.
-/// - CAP_SYS_ADMIN: only with `daemon.bpf_stats = "sampled"` (BPF_ENABLE_STATS each
-///   window; "always" turns the statistics on once, at start-up, and holds them).
+///
+/// Never CAP_SYS_ADMIN: with `daemon.bpf_stats = "sampled"` the statistics are switched by a
+/// helper process that holds it alone and takes nothing but one byte (`stats_helper.rs`);
+/// "always" turns them on once, at start-up.
 pub fn runtime_caps(cfg: &Config) -> u64 {
     let mut keep = (1u64 << CAP_SYS_PTRACE) | (1u64 << CAP_DAC_READ_SEARCH);
     if !cfg.gpu.runtimes.is_empty() {
         keep |= 1u64 << CAP_PERFMON;
     }
-    if cfg.daemon.bpf_stats == BpfStatsMode::Sampled {
-        keep |= 1u64 << CAP_SYS_ADMIN;
-    }
     keep
+}
+
+/// The user the daemon becomes after start-up (`daemon.user`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Its supplementary groups (the primary one included), as `initgroups` would set them.
+    pub groups: Vec<u32>,
+}
+
+impl RunAs {
+    /// `name` from the user database; None for "" (stay who we are). The error is the
+    /// message for `daemon.user`.
+    pub fn lookup(name: &str) -> Result<Option<Self>, String> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| format!("daemon.user = {name:?} is not a user name"))?;
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        // SAFETY: getpwnam_r with a zeroed passwd, our buffer and its length; the fields used
+        // are copied out before the buffer goes.
+        let (uid, gid) = unsafe {
+            let mut pw: libc::passwd = std::mem::zeroed();
+            let mut out: *mut libc::passwd = std::ptr::null_mut();
+            let rc = libc::getpwnam_r(
+                cname.as_ptr(),
+                &mut pw,
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut out,
+            );
+            if rc != 0 || out.is_null() {
+                return Err(format!(
+                    "daemon.user = {name:?}: no such user (create it, e.g. useradd --system --no-create-home --shell /usr/sbin/nologin {name}, or set daemon.user = \"\")"
+                ));
+            }
+            (pw.pw_uid, pw.pw_gid)
+        };
+        let mut groups = vec![0 as libc::gid_t; 256];
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: getgrouplist fills at most n entries of our buffer and sets n.
+        let rc = unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        groups.truncate(if rc < 0 { 1 } else { n.max(0) as usize });
+        if groups.is_empty() {
+            groups.push(gid);
+        }
+        Ok(Some(Self {
+            name: name.into(),
+            uid,
+            gid,
+            groups,
+        }))
+    }
+
+    /// "ethand (uid 998, gid 998)".
+    pub fn describe(&self) -> String {
+        format!("{} (uid {}, gid {})", self.name, self.uid, self.gid)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +174,8 @@ pub enum PrivilegeError {
     Thread { tid: i32, source: std::io::Error },
     #[error("threads did not drop their capabilities within {0:?}")]
     Timeout(Duration),
+    #[error("cannot run as {user}: {why}")]
+    User { user: String, why: String },
     #[error("after the drop, thread {tid} still has CapEff {eff:x} CapPrm {prm:x} (want {want:x})")]
     Left {
         tid: i32,
@@ -121,6 +188,8 @@ pub enum PrivilegeError {
 /// What [`drop_to`] did.
 #[derive(Debug)]
 pub struct Dropped {
+    /// The user every thread switched to, if one was asked for and not already in force.
+    pub user: Option<String>,
     /// Effective (= permitted) set afterwards.
     pub kept: u64,
     /// Capabilities given up (effective or permitted before).
@@ -137,6 +206,20 @@ static DROP_BOUNDING: AtomicBool = AtomicBool::new(false);
 static DONE: AtomicUsize = AtomicUsize::new(0);
 static FAILED_TID: AtomicI32 = AtomicI32::new(0);
 static FAILED_ERRNO: AtomicI32 = AtomicI32::new(0);
+// The identity to switch to (SWITCH_USER set): uid, gid, and the supplementary groups.
+static SWITCH_USER: AtomicBool = AtomicBool::new(false);
+static TARGET_UID: AtomicU32 = AtomicU32::new(0);
+static TARGET_GID: AtomicU32 = AtomicU32::new(0);
+static TARGET_GROUPS: Mutex<Vec<libc::gid_t>> = Mutex::new(Vec::new());
+// The group list as the handler reads it: filled before any signal is sent, never changed
+// while handlers run (a Mutex is not async-signal-safe; a pointer and a length are).
+static GROUPS_PTR: AtomicUsize = AtomicUsize::new(0);
+static GROUPS_LEN: AtomicUsize = AtomicUsize::new(0);
+
+const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
 
 #[repr(C)]
 struct CapHeader {
@@ -178,8 +261,49 @@ pub fn effective() -> u64 {
     capget().map_or(0, |(eff, _)| eff)
 }
 
+/// Switches the calling thread to the target user and groups, its capabilities untouched
+/// (SECBIT_NO_SETUID_FIXUP, locked with NOROOT so that uid 0 means nothing again). Raw
+/// syscalls: glibc's wrappers would signal every thread themselves. Async-signal-safe.
+fn switch_user_here() -> Result<(), i32> {
+    let errno = || {
+        // SAFETY: reading this thread's errno.
+        unsafe { *libc::__errno_location() }
+    };
+    let bits = SECBIT_NOROOT
+        | SECBIT_NOROOT_LOCKED
+        | SECBIT_NO_SETUID_FIXUP
+        | SECBIT_NO_SETUID_FIXUP_LOCKED;
+    let (uid, gid) = (
+        TARGET_UID.load(Ordering::SeqCst),
+        TARGET_GID.load(Ordering::SeqCst),
+    );
+    let (ptr, len) = (
+        GROUPS_PTR.load(Ordering::SeqCst),
+        GROUPS_LEN.load(Ordering::SeqCst),
+    );
+    // SAFETY: raw syscalls with integer arguments; the group list outlives every handler.
+    unsafe {
+        if libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) != 0 {
+            return Err(errno());
+        }
+        if libc::syscall(libc::SYS_setgroups, len, ptr as *const libc::gid_t) != 0 {
+            return Err(errno());
+        }
+        if libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0 {
+            return Err(errno());
+        }
+        if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
 /// Applies the target to the calling thread. Async-signal-safe: raw syscalls and atomics.
 fn apply_here() -> Result<(), i32> {
+    if SWITCH_USER.load(Ordering::SeqCst) {
+        switch_user_here()?;
+    }
     let keep = KEEP.load(Ordering::SeqCst);
     if DROP_BOUNDING.load(Ordering::SeqCst) {
         for cap in 0..=LAST_CAP.load(Ordering::SeqCst) {
@@ -254,6 +378,17 @@ fn thread_ids() -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// Real, effective, saved and filesystem uid of one of our threads, from /proc.
+fn thread_uids(tid: i32) -> Option<[u32; 4]> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let v: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    v.try_into().ok()
+}
+
 /// CapEff and CapPrm of one of our threads, from /proc.
 fn thread_caps(tid: i32) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
@@ -266,12 +401,32 @@ fn thread_caps(tid: i32) -> Option<(u64, u64)> {
 }
 
 /// Reduces every thread of the process to `keep` (effective = permitted = `keep`,
-/// inheritable and ambient empty, bounding = `keep` when CAP_SETPCAP allows). Capabilities
-/// not held are not gained: the result is `keep` ∩ what the process had.
-pub fn drop_to(keep: u64) -> Result<Dropped, PrivilegeError> {
+/// inheritable and ambient empty, bounding = `keep` when CAP_SETPCAP allows), switching each
+/// to `user` first when one is given and not already in force. Capabilities not held are not
+/// gained: the result is `keep` ∩ what the process had.
+pub fn drop_to(keep: u64, user: Option<&RunAs>) -> Result<Dropped, PrivilegeError> {
     const LIMIT: Duration = Duration::from_secs(5);
     let (eff, prm) = capget().map_err(PrivilegeError::Handler)?;
     let keep = keep & prm;
+    // SAFETY: getresuid-free check: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let switch = user.filter(|u| u.uid != euid || u.gid != egid);
+    if let Some(u) = switch {
+        let need = (1u64 << CAP_SETUID) | (1u64 << CAP_SETGID) | (1u64 << CAP_SETPCAP);
+        if eff & need != need {
+            return Err(PrivilegeError::User {
+                user: u.describe(),
+                why: "switching users needs CAP_SETUID, CAP_SETGID and CAP_SETPCAP at start-up (run as root, or start as that user: the systemd unit's User=)".into(),
+            });
+        }
+        let mut groups = TARGET_GROUPS.lock().unwrap_or_else(|e| e.into_inner());
+        *groups = u.groups.clone();
+        GROUPS_PTR.store(groups.as_ptr() as usize, Ordering::SeqCst);
+        GROUPS_LEN.store(groups.len(), Ordering::SeqCst);
+        TARGET_UID.store(u.uid, Ordering::SeqCst);
+        TARGET_GID.store(u.gid, Ordering::SeqCst);
+    }
+    SWITCH_USER.store(switch.is_some(), Ordering::SeqCst);
     let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -342,8 +497,17 @@ pub fn drop_to(keep: u64) -> Result<Dropped, PrivilegeError> {
                 });
             }
         }
+        if let (Some(u), Some(uids)) = (switch, thread_uids(tid)) {
+            if uids != [u.uid; 4] {
+                return Err(PrivilegeError::User {
+                    user: u.describe(),
+                    why: format!("thread {tid} still has uids {uids:?}"),
+                });
+            }
+        }
     }
     Ok(Dropped {
+        user: switch.map(RunAs::describe),
         kept: keep,
         dropped: (eff | prm) & !keep,
         bounding,
@@ -377,6 +541,45 @@ pub fn group_id(name: &str) -> Option<u32> {
             &mut out,
         );
         (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
+    }
+}
+
+/// Who this process runs as, for `ethand status`: "ethand (uid 998, gid 998)", or
+/// "root (uid 0, ...)".
+pub fn current_user() -> String {
+    // SAFETY: geteuid/getegid have no preconditions; getpwuid_r with our buffer.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let name = unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out);
+        (rc == 0 && !out.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(pw.pw_name)
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    format!(
+        "{} (uid {uid}, gid {gid})",
+        name.unwrap_or_else(|| "?".into())
+    )
+}
+
+/// The name of group `gid`, None when there is no such group.
+pub fn group_name(gid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: getgrgid_r with a zeroed group, our buffer and its length; the name is copied
+    // out of the buffer before it goes.
+    unsafe {
+        let mut grp: libc::group = std::mem::zeroed();
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut out);
+        (rc == 0 && !out.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(grp.gr_name)
+                .to_string_lossy()
+                .into_owned()
+        })
     }
 }
 
@@ -457,12 +660,18 @@ mod tests {
         let mut cfg = Config::defaults();
         assert_eq!(
             list(runtime_caps(&cfg)),
-            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON"
+            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
         );
-        cfg.daemon.bpf_stats = BpfStatsMode::Off;
+        // CAP_SYS_ADMIN stays with the statistics helper whatever the mode.
+        cfg.daemon.bpf_stats = crate::config::BpfStatsMode::Always;
         assert_eq!(
             list(runtime_caps(&cfg)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
+        );
+        cfg.gpu.runtimes.clear();
+        assert_eq!(
+            list(runtime_caps(&cfg)),
+            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE"
         );
     }
 }

@@ -7,6 +7,8 @@ pub struct ProcMeta {
     pub ppid: u32,
     pub comm: String,
     pub cmdline: Vec<String>,
+    /// The command line was longer than [`CMDLINE_MAX`] and is cut there.
+    pub cmdline_truncated: bool,
     pub exe: String,
     pub cgroup: String,
     pub uid: u32,
@@ -52,22 +54,51 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     parse_stat(&String::from_utf8_lossy(&stat)).map(|(_, _, start)| start)
 }
 
+/// Most bytes of a command line ethand reads and keeps, as `ps` keeps a bounded one: any user
+/// can start processes with megabytes of arguments, and whole they cost the daemon their size
+/// per process and made one snapshot hundreds of MB. Longer ones are cut and marked.
+pub const CMDLINE_MAX: usize = 4096;
+
+/// The arguments of a command line as /proc gives it (NUL-separated), at most
+/// [`CMDLINE_MAX`] bytes of it, and whether it went on beyond.
+pub fn parse_cmdline(raw: &[u8]) -> (Vec<String>, bool) {
+    let truncated = raw.len() > CMDLINE_MAX;
+    let args = raw[..raw.len().min(CMDLINE_MAX)]
+        .split(|c| *c == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    (args, truncated)
+}
+
+/// Reads at most [`CMDLINE_MAX`] + 1 bytes: the kernel copies out of the process's memory
+/// only what is asked for.
+fn read_cmdline(pid: u32) -> (Vec<String>, bool) {
+    use std::io::Read as _;
+    let mut raw = Vec::new();
+    match fs::File::open(format!("/proc/{pid}/cmdline"))
+        .and_then(|f| f.take(CMDLINE_MAX as u64 + 1).read_to_end(&mut raw))
+    {
+        Ok(_) => parse_cmdline(&raw),
+        Err(_) => (Vec::new(), false),
+    }
+}
+
+/// Longest cgroup file read: a path nested as deep as a user may make it stays far below.
+const CGROUP_FILE_MAX: u64 = 64 * 1024;
+
 pub fn read(pid: u32) -> Option<ProcMeta> {
+    use std::io::Read as _;
     let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
     let (comm, ppid, start_ticks) = parse_stat(&String::from_utf8_lossy(&stat))?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|c| *c == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let (cmdline, cmdline_truncated) = read_cmdline(pid);
     let exe = fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map(|t| parse_cgroup(&t))
+    let mut cgroup_file = String::new();
+    let cgroup = fs::File::open(format!("/proc/{pid}/cgroup"))
+        .and_then(|f| f.take(CGROUP_FILE_MAX).read_to_string(&mut cgroup_file))
+        .map(|_| parse_cgroup(&cgroup_file))
         .unwrap_or_default();
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
         .map(|t| parse_uid(&t))
@@ -76,6 +107,7 @@ pub fn read(pid: u32) -> Option<ProcMeta> {
         ppid,
         comm,
         cmdline,
+        cmdline_truncated,
         exe,
         cgroup,
         uid,
@@ -157,6 +189,22 @@ mod tests {
         let t = "12:pids:/user.slice\n0::/kubepods.slice/cri-containerd-abc.scope\n";
         assert_eq!(parse_cgroup(t), "/kubepods.slice/cri-containerd-abc.scope");
         assert_eq!(parse_cgroup("3:cpu:/\n"), "");
+    }
+
+    #[test]
+    fn long_command_lines_are_cut_and_marked() {
+        let (args, cut) = parse_cmdline(b"python3\0train.py\0--lr\x000.1\0");
+        assert_eq!(args, ["python3", "train.py", "--lr", "0.1"]);
+        assert!(!cut);
+        let mut raw = b"sleep\0".to_vec();
+        raw.extend(std::iter::repeat_n(b'x', 3 * CMDLINE_MAX));
+        let (args, cut) = parse_cmdline(&raw);
+        assert!(cut);
+        assert_eq!(args.len(), 2);
+        assert_eq!(args.iter().map(|a| a.len() + 1).sum::<usize>(), CMDLINE_MAX);
+        // Exactly the limit is not cut.
+        let (_, cut) = parse_cmdline(&vec![b'y'; CMDLINE_MAX]);
+        assert!(!cut);
     }
 
     #[test]

@@ -60,6 +60,8 @@ use crate::{config::Config, loader, loader::error_chain, syscalls_table};
 /// Scheduler tracks: `tid = SCHED_TID_BASE + tid` (pid_max is at most 2^22).
 pub const SCHED_TID_BASE: u64 = 1 << 30;
 const POLL: Duration = Duration::from_millis(20);
+/// How often the recording checks whether any process of its tree is still alive.
+const TREE_CHECK: Duration = Duration::from_millis(500);
 
 pub struct Options<'a> {
     pub pid: u32,
@@ -73,16 +75,32 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
         eprintln!("ethand: no process {}", o.pid);
         return Ok(3);
     }
-    // Fail before recording if the output cannot be written.
-    let tmp = tmp_path(o.output);
-    let file =
-        fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = record(cfg, &o, file, &tmp).await;
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    if o.duration > MAX_DURATION {
+        return Err(crate::UsageError(format!(
+            "--duration {:.0}s is longer than ethand record allows ({} h): record a shorter span",
+            o.duration.as_secs_f64(),
+            MAX_DURATION.as_secs() / 3600
+        ))
+        .into());
     }
-    result
+    // Fail before recording if the output cannot be written. A random name beside FILE,
+    // created exclusively: nothing planted there is followed (outfile.rs).
+    let out = crate::outfile::OutFile::create(o.output)
+        .with_context(|| format!("cannot create a file beside {}", o.output.display()))?;
+    let file = out
+        .file()
+        .try_clone()
+        .context("duplicating the output file descriptor")?;
+    let tmp = out.tmp_path().to_path_buf();
+    // An error drops `out`, which removes the partial file.
+    let code = record(cfg, &o, file, &tmp).await?;
+    out.commit()
+        .with_context(|| format!("cannot complete {}", o.output.display()))?;
+    Ok(code)
 }
+
+/// Longest recording: a timeline of hours is gigabytes no viewer opens.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// "10", "10s", "500ms", "2m", "1.5s".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -97,15 +115,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         (s, 1.0)
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(Duration::from_secs_f64(v * mult)),
+        Ok(v) if v > 0.0 && v.is_finite() => Duration::try_from_secs_f64(v * mult)
+            .ok()
+            .filter(|d| *d <= MAX_DURATION)
+            .ok_or_else(|| {
+                format!(
+                    "{s:?} is longer than ethand record allows ({} h)",
+                    MAX_DURATION.as_secs() / 3600
+                )
+            }),
         _ => Err(format!("{s:?} is not a duration like 10s, 500ms or 2m")),
     }
-}
-
-fn tmp_path(out: &Path) -> PathBuf {
-    let mut s = out.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
 }
 
 fn monotonic_ns() -> u64 {
@@ -207,20 +227,42 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         tw.learn_process(*p).map_err(|e| tw.error(e))?;
     }
     let deadline = Instant::now() + o.duration;
-    let mut interrupted = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    // SIGINT, SIGTERM (systemd, kill, a job scheduler) and SIGHUP (a closed terminal) all
+    // end the recording early and keep the trace.
+    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
+    use tokio::signal::unix::SignalKind;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut ended = "duration";
+    let mut next_tree_check = Instant::now() + TREE_CHECK;
     loop {
         tw.drain(&mut ring).map_err(|e| tw.error(e))?;
         let now = Instant::now();
         if now >= deadline {
             break;
         }
+        // Nothing more can happen once the whole tree has exited.
+        if now >= next_tree_check {
+            next_tree_check = now + TREE_CHECK;
+            let alive = pids_map
+                .keys()
+                .filter_map(Result::ok)
+                .any(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                ended = "tree_exited";
+                eprintln!("ethand: every process of the tree has exited: recording ends");
+                break;
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(POLL.min(deadline - now)) => {}
-            _ = &mut ctrl_c => { interrupted = true; break; }
+            _ = sigint.recv() => { ended = "interrupted"; break; }
+            _ = sigterm.recv() => { ended = "interrupted"; break; }
+            _ = sighup.recv() => { ended = "interrupted"; break; }
         }
     }
+    let interrupted = ended == "interrupted";
     let t_end = monotonic_ns();
     // Detach everything (the programs go with the object), then take what was left.
     drop(loaded);
@@ -241,6 +283,8 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "pids": recorded_pids,
         "duration_s": (t_end - t0) as f64 / 1e9,
         "interrupted": interrupted,
+        // "duration", "interrupted" (a signal) or "tree_exited".
+        "ended": ended,
         "syscall_threshold_us": o.syscall_threshold_us,
         "clock": "CLOCK_MONOTONIC",
         "start_monotonic_ns": t0,
@@ -252,7 +296,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
         "warnings": warnings,
     });
-    tw.finish(o.pid, t_end, dropped, &meta, o.output)?;
+    tw.finish(o.pid, t_end, dropped, &meta)?;
     println!(
         "recorded {} events ({} dropped) to {}",
         events,
@@ -833,15 +877,8 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Closes the trace (drop marker, metadata), syncs it and renames FILE.tmp to FILE.
-    fn finish(
-        mut self,
-        root: u32,
-        t_end: u64,
-        dropped: u64,
-        meta: &Value,
-        out: &Path,
-    ) -> anyhow::Result<()> {
+    /// Closes the trace (drop marker, metadata) and flushes it; the caller renames it.
+    fn finish(mut self, root: u32, t_end: u64, dropped: u64, meta: &Value) -> anyhow::Result<()> {
         let r = (|| -> std::io::Result<()> {
             if dropped > 0 {
                 let ts = self.rel(t_end);
@@ -861,11 +898,7 @@ impl TraceWriter {
             self.w.flush()?;
             self.w.get_ref().sync_all()
         })();
-        if let Err(e) = r {
-            return Err(self.error(e));
-        }
-        fs::rename(&self.tmp, out)
-            .with_context(|| format!("cannot rename {} to {}", self.tmp.display(), out.display()))
+        r.map_err(|e| self.error(e))
     }
 }
 

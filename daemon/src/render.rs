@@ -22,17 +22,10 @@ fn bytes(b: u64) -> String {
     }
 }
 
-/// Printable form of a name that may hold control characters or invalid UTF-8 remnants.
+/// Printable form of a name that may hold control characters or characters that hide or
+/// reorder text (`ethand_exporters::text`).
 pub fn clean(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    ethand_exporters::text::for_terminal(s)
 }
 
 pub fn status(s: &SelfStatus) -> String {
@@ -135,7 +128,8 @@ pub fn status(s: &SelfStatus) -> String {
             if d.loss { "" } else { "  (informational)" }
         );
     }
-    o
+    // Library paths and probe details come from other users' files: nothing raw.
+    ethand_exporters::text::for_terminal_keep_lines(&o)
 }
 
 fn proc_line(o: &mut String, p: &ProcessSnapshot, depth: usize) {
@@ -178,12 +172,36 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         clean(&root.comm),
         what
     );
-    let _ = writeln!(o, "cmdline: {}", clean(&root.cmdline.join(" ")));
+    let _ = writeln!(
+        o,
+        "cmdline: {}{}",
+        clean(&root.cmdline.join(" ")),
+        if root.cmdline_truncated {
+            " [truncated at 4 KiB]"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(o, "cgroup: {}", clean(&root.cgroup));
     if let Some(w) = &root.workload {
         let _ = writeln!(o, "workload: {}", clean(&crate::attribution::describe(w)));
     }
     o.push('\n');
+    if !t.dropped_events.is_empty() {
+        let total: u64 = t.dropped_events.iter().map(|d| d.count).sum();
+        let why: Vec<String> = t
+            .dropped_events
+            .iter()
+            .map(|d| format!("{} {}", d.reason, d.count))
+            .collect();
+        let _ = writeln!(
+            o,
+            "WARNING: {total} events were lost node-wide while these figures were taken ({}): \
+             some may have been this tree's, so its counts may be low. `ethand status` shows \
+             which maps are full; raise their [maps] sizes (or daemon.max_processes).\n",
+            why.join(", ")
+        );
+    }
     findings(&mut o, &t.findings);
     for p in &t.processes {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));
@@ -279,7 +297,9 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             secs(th.sched.runq_wait_ns)
         );
     }
-    o
+    // Every value above that a process chose went through `clean`; this catches any that
+    // did not (finding evidence, device names), so nothing reaches the terminal raw.
+    ethand_exporters::text::for_terminal_keep_lines(&o)
 }
 
 fn gpu_section(

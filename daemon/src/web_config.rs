@@ -11,15 +11,12 @@
 //!   prometheus: $2y$10$...   # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\n')
 //! ```
 //!
-//! The interface is two calls: [`WebConfig::load`] (every error names the file) and
-//! [`WebConfig::serve`] (an axum router behind the listener, with TLS and auth as configured).
+//! The interface: [`WebConfig::load`] (every error names the file), [`WebConfig::wrap`] (basic
+//! auth around a router) and [`WebConfig::tls`] (the acceptor `http.rs` serves through).
 use std::{
     collections::BTreeMap,
-    io,
-    net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
 };
 
 use axum::{
@@ -32,12 +29,7 @@ use axum::{
 use base64::Engine as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use serde::Deserialize;
-use tokio::{net::TcpListener, sync::mpsc};
-use tokio_rustls::{TlsAcceptor, rustls, server::TlsStream};
-use tracing::debug;
-
-/// A client that connects and never finishes the handshake is dropped after this.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use tokio_rustls::{TlsAcceptor, rustls};
 
 #[derive(Debug, thiserror::Error)]
 #[error("web config {path}: {message}")]
@@ -152,19 +144,20 @@ impl WebConfig {
         )
     }
 
-    /// Serves `app` on `listener` until the listener fails.
-    pub async fn serve(&self, listener: TcpListener, app: Router) -> io::Result<()> {
-        let app = match &self.users {
+    /// `app` behind basic auth when the file names users.
+    pub fn wrap(&self, app: Router) -> Router {
+        match &self.users {
             Some(users) => app.layer(middleware::from_fn_with_state(
                 users.clone(),
                 require_basic_auth,
             )),
             None => app,
-        };
-        match &self.tls {
-            Some(acceptor) => axum::serve(TlsListener::new(listener, acceptor.clone())?, app).await,
-            None => axum::serve(listener, app).await,
         }
+    }
+
+    /// The TLS acceptor when the file configures TLS.
+    pub fn tls(&self) -> Option<TlsAcceptor> {
+        self.tls.clone()
     }
 }
 
@@ -243,61 +236,6 @@ async fn require_basic_auth(State(users): State<Arc<Users>>, req: Request, next:
             "Unauthorized\n",
         )
             .into_response()
-    }
-}
-
-/// TCP accept plus TLS handshake, each handshake in its own task so that a slow client
-/// holds up no one; finished connections reach axum through a channel.
-struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // EMFILE and the like: back off instead of spinning.
-                        debug!(error = %e, "metrics accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self { ready, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accept task ended (it never does on its own): no more connections.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }
 

@@ -17,8 +17,18 @@ macro_rules! w {
     ($o:expr, $($a:tt)*) => {{ let _ = write!($o, $($a)*); }};
 }
 
+/// A process's command line as one string, marked when ethand kept only its start.
+fn cmdline_text(p: &crate::snapshot::ProcessSnapshot) -> String {
+    let mut cmd = p.cmdline.join(" ");
+    if p.cmdline_truncated {
+        cmd.push_str(" [truncated at 4 KiB]");
+    }
+    cmd
+}
+
 /// HTML-escapes text for element content and quoted attribute values. Control characters
-/// and invisible direction overrides are shown as `\u{..}` escapes; noncharacters become
+/// and characters that hide or reorder text (`text::needs_escape`) are shown as `\u{..}`
+/// escapes; noncharacters become
 /// U+FFFD, so that the output is always valid HTML text.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 8);
@@ -29,9 +39,7 @@ pub fn escape(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
-            c if c.is_control()
-                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
-            {
+            c if crate::text::needs_escape(c) => {
                 for e in c.escape_unicode() {
                     o.push(e);
                 }
@@ -648,6 +656,23 @@ fn severity_class(s: &str) -> &'static str {
     }
 }
 
+/// A warning when node-wide losses may have cut the tree's figures.
+fn dropped_events(o: &mut String, d: &[crate::snapshot::DropCounter]) {
+    if d.is_empty() {
+        return;
+    }
+    let total: u64 = d.iter().map(|x| x.count).sum();
+    let why: Vec<String> = d
+        .iter()
+        .map(|x| format!("{} {}", escape(&x.reason), x.count))
+        .collect();
+    w!(
+        o,
+        "<section><div class=\"finding warning\"><div class=\"fhead\"><span class=\"badge\">warning</span><h3>{total} events lost while these figures were taken</h3></div><p>Node-wide ({}): some may have been this tree's, so its counts may be low. <code>ethand status</code> shows which maps are full; raise their <code>[maps]</code> sizes (or <code>daemon.max_processes</code>).</p></div></section>\n",
+        why.join(", ")
+    );
+}
+
 fn findings(o: &mut String, f: &[Finding]) {
     o.push_str("<section><h2>Findings</h2>");
     if f.is_empty() {
@@ -871,7 +896,7 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
         } else {
             "<span class=\"exited\">exited</span>".into()
         };
-        let cmd = p.cmdline.join(" ");
+        let cmd = cmdline_text(p);
         let cmd_short: String = if cmd.chars().count() > 140 {
             cmd.chars().take(140).chain("…".chars()).collect()
         } else {
@@ -1480,7 +1505,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
         t.root_pid,
         escape(comm)
     );
-    let cmd = root.map(|p| p.cmdline.join(" ")).unwrap_or_default();
+    let cmd = root.map(cmdline_text).unwrap_or_default();
     w!(
         o,
         "<div class=\"cmdline\">{}</div><div class=\"meta\">",
@@ -1532,6 +1557,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
         count(t.total.threads)
     );
     o.push_str("</div></div></header>\n<main>\n");
+    dropped_events(&mut o, &t.dropped_events);
     findings(&mut o, &t.findings);
     summary(&mut o, t);
     charts(&mut o, t);

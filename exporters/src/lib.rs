@@ -10,3 +10,4 @@ mod prometheus_devices;
 mod prometheus_gpu;
 pub mod report;
 pub mod snapshot;
+pub mod text;

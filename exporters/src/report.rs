@@ -627,6 +627,18 @@ pub fn to_csv(t: &TreeSnapshot) -> String {
             &["finding", &f.id, &csv_num(Some(f.impact)), unit::IMPACT],
         );
     }
+    // Node-wide losses while the figures were taken (none: no rows).
+    for d in &t.dropped_events {
+        csv_line(
+            &mut o,
+            &[
+                "dropped_events",
+                &d.reason,
+                &d.count.to_string(),
+                unit::COUNT,
+            ],
+        );
+    }
     o
 }
 
@@ -1090,17 +1102,9 @@ fn describe(m: &SnapshotMeta) -> String {
     s
 }
 
-/// Printable form of text from a snapshot (control characters escaped).
+/// Printable form of text from a snapshot (control and hidden characters escaped).
 fn clean(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    crate::text::for_terminal(s)
 }
 
 struct Paint(bool);

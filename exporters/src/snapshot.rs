@@ -90,7 +90,11 @@ pub struct ProcessSnapshot {
     /// Start of the process as /proc shows it: seconds since the Unix epoch (0: unknown).
     pub start_time_unix_s: u64,
     pub comm: String,
+    /// The command line, at most 4 KiB of it (daemon/src/procinfo.rs).
     pub cmdline: Vec<String>,
+    /// True when the command line was longer and `cmdline` is its first 4 KiB.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cmdline_truncated: bool,
     pub exe: String,
     /// cgroup v2 path ("/" when at the root, "" when unknown).
     pub cgroup: String,
@@ -286,6 +290,34 @@ pub struct SelfStatus {
     /// every thread's effective, permitted and bounding sets.
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// The user the daemon runs as after start-up ("ethand (uid 998)"), or what it stayed
+    /// and why; empty in older files.
+    #[serde(default)]
+    pub user: String,
+    /// Connections of the servers (/metrics, the local API): open, caps, refused.
+    #[serde(default)]
+    pub servers: Vec<ServerConnections>,
+}
+
+/// One server's connections (daemon/src/connlimit.rs). Counters since the daemon started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct ServerConnections {
+    /// "metrics" or "api".
+    pub server: String,
+    /// Open now.
+    pub open: u64,
+    /// Caps in force (the configured ones, lowered to fit the descriptor limit).
+    pub max: u64,
+    pub max_per_peer: u64,
+    /// Closed at once: the server had `max` open.
+    pub refused_limit: u64,
+    /// Closed at once: that peer (address, and user for a local one) had `max_per_peer` open.
+    pub refused_peer_limit: u64,
+    /// Closed for sending a request too slowly, idling, or not reading a reply.
+    pub timed_out: u64,
+    /// accept(2) failures (out of descriptors, say), each followed by a pause.
+    pub accept_errors: u64,
 }
 
 /// How the OTLP export is doing (docs/otlp.md). Counters since the daemon started.
@@ -431,6 +463,12 @@ pub struct TreeSnapshot {
     /// Device readings at the time of the snapshot (GPUs/NPUs the tree uses first).
     #[serde(default)]
     pub devices: crate::devices::DevicesSnapshot,
+    /// Events lost node-wide (a kernel map or ring buffer full, or processes the model could
+    /// not track) while this tree's figures were taken: since the earliest of its processes
+    /// was first seen, or during a standalone measurement. The counters are node-wide: any
+    /// of these may have been this tree's, so its counts may be low. Empty: none lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_events: Vec<DropCounter>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -858,3 +858,46 @@ impl Workload {
         Workload::spawn(cmd, what)
     }
 }
+
+/// The uid and gid of system user `name`, created (with a group of the same name, or in the
+/// existing group of that name) as the Debian package creates ethand's when it is missing.
+/// Left in place: the package leaves it too.
+pub fn system_user(name: &str) -> (u32, u32) {
+    let lookup = || -> Option<(u32, u32)> {
+        let out = Command::new("getent")
+            .args(["passwd", name])
+            .output()
+            .ok()?;
+        let line = text(&out.stdout);
+        let f: Vec<&str> = line.trim().split(':').collect();
+        Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+    };
+    if let Some(ids) = lookup() {
+        return ids;
+    }
+    let group_exists = Command::new("getent")
+        .args(["group", name])
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut cmd = Command::new("useradd");
+    cmd.args([
+        "--system",
+        "--no-create-home",
+        "--home-dir",
+        "/",
+        "--shell",
+        "/usr/sbin/nologin",
+    ]);
+    if group_exists {
+        cmd.args(["--gid", name]);
+    } else {
+        cmd.arg("--user-group");
+    }
+    let out = run_with_timeout(cmd.arg(name), Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "useradd {name}: {}",
+        text(&out.stderr)
+    );
+    lookup().unwrap_or_else(|| panic!("user {name} not found after useradd"))
+}

@@ -46,14 +46,17 @@ Description: always-on eBPF observability daemon for GPU/NPU compute nodes
 
 // The maintainer scripts do what dh_installsystemd would: reload, enable and start on
 // install where systemd runs, stop before removal; nothing without systemd.
-// The group of the API socket (daemon.socket_group) is created first, with or without systemd.
+// The daemon's user and the group of the API socket (daemon.socket_group) are created
+// first, with or without systemd.
 const POSTINST: &str = "#!/bin/sh
 set -e
-if [ \"$1\" = configure ] && ! getent group ethand >/dev/null; then
+if [ \"$1\" = configure ] && ! getent passwd ethand >/dev/null; then
     if command -v systemd-sysusers >/dev/null; then
         systemd-sysusers /usr/lib/sysusers.d/ethand.conf
+    elif getent group ethand >/dev/null; then
+        useradd --system --gid ethand --no-create-home --home-dir / --shell /usr/sbin/nologin ethand
     else
-        groupadd --system ethand
+        useradd --system --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin ethand
     fi
 fi
 if [ \"$1\" = configure ] && [ -d /run/systemd/system ]; then

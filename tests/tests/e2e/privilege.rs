@@ -127,7 +127,25 @@ fn api_socket_is_root_and_group_ethand_0660() {
         !refused.status.success(),
         "nobody outside group ethand was answered"
     );
-    assert!(err.contains("os error 13"), "not EACCES: {err}");
+    // Told apart from "no daemon" (no standalone fallback), with the group to join.
+    assert!(
+        err.contains("permission denied on")
+            && err.contains("group ethand")
+            && err.contains("usermod -aG ethand")
+            && !err.contains("standalone"),
+        "not a permission error naming the group: {err}"
+    );
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    let snap = ethand_as_nobody(&d, &[], &["snapshot", "--pid", "1"]);
+    let err = text(&snap.stderr);
+    eprintln!(
+        "observed: nobody's snapshot outside the group: {} {err:?}",
+        snap.status
+    );
+    assert!(
+        err.contains("permission denied on") && !err.contains("standalone"),
+        "snapshot fell back or hid the reason: {err}"
+    );
 
     let mut w = workload(&["cpu", "1"]);
     let ok = ethand_as_nobody(&d, &[group.gid], &["status"]);
@@ -465,7 +483,8 @@ fn metrics_over_tls_with_basic_auth() {
             .unwrap_or("")
             .to_string();
         eprintln!("observed: {name}: {} {line}", out.status);
-        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        // A configuration error: exit 2, like a bad key.
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
         assert!(
             line.contains(&f.display().to_string()) && line.contains(names),
             "{name}: {line}"
@@ -611,7 +630,8 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
     let caps = unit_caps();
     let kept = documented_kept();
     let want = mask_of(&kept);
-    // Sampled BPF statistics, a short period: each window re-enables them (CAP_SYS_ADMIN).
+    // Sampled BPF statistics, a short period: each window re-enables them (through the
+    // helper that holds CAP_SYS_ADMIN).
     let d = Daemon::start_with(
         "priv-caps",
         &format!("{GPU_TOML}[daemon]\nbpf_stats_window_ms = 500\nbpf_stats_period_ms = 1500\n"),
@@ -698,7 +718,38 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
         "a thread regained capabilities: {after:?}"
     );
 
-    // With the statistics off CAP_SYS_ADMIN goes as well.
+    // The daemon runs as the unit's user; CAP_SYS_ADMIN is held by the statistics helper
+    // alone, as that user, with nothing else (no capability it could pass on, no way to
+    // gain one by exec).
+    let uid = u64::from(ethand_tests::system_user("ethand").0);
+    let daemon_uids = proc_field(d.pid(), "Uid:");
+    eprintln!(
+        "observed: daemon Uid {daemon_uids:?}, status user {:?}",
+        st.user
+    );
+    assert_eq!(daemon_uids, [uid; 4], "the daemon's uids");
+    assert!(st.user.starts_with("ethand (uid "), "{}", st.user);
+    let helpers = children(d.pid());
+    assert_eq!(helpers.len(), 1, "one helper process: {helpers:?}");
+    let h = helpers[0];
+    let admin = 1u64 << cap_bit("CAP_SYS_ADMIN");
+    let (eff, prm, bnd, amb, inh) = (
+        proc_hex(h, "CapEff:"),
+        proc_hex(h, "CapPrm:"),
+        proc_hex(h, "CapBnd:"),
+        proc_hex(h, "CapAmb:"),
+        proc_hex(h, "CapInh:"),
+    );
+    eprintln!(
+        "observed: helper {h}: Uid {:?} CapEff {eff:x} CapPrm {prm:x} CapBnd {bnd:x} CapAmb {amb:x} CapInh {inh:x} NoNewPrivs {:?}",
+        proc_field(h, "Uid:"),
+        proc_field(h, "NoNewPrivs:")
+    );
+    assert_eq!((eff, prm, bnd, amb, inh), (admin, admin, admin, 0, 0));
+    assert_eq!(proc_field(h, "Uid:"), [uid; 4]);
+    assert_eq!(proc_field(h, "NoNewPrivs:"), [1]);
+
+    // With the statistics off no helper is started.
     drop(d);
     let d = Daemon::start_with(
         "priv-caps-nostats",
@@ -706,16 +757,50 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
         &systemd_like(&caps),
         &[],
     );
-    let no_admin = want & !(1u64 << cap_bit("CAP_SYS_ADMIN"));
-    let threads = thread_caps(d.pid());
     eprintln!("observed: bpf_stats off: {:?}", d.status().capabilities);
-    for (tid, eff, prm, bnd, _, _) in &threads {
-        assert_eq!(
-            (*eff, *prm, *bnd),
-            (no_admin, no_admin, no_admin),
-            "thread {tid}"
-        );
+    assert!(children(d.pid()).is_empty(), "a helper without statistics");
+    for (tid, eff, prm, bnd, _, _) in &thread_caps(d.pid()) {
+        assert_eq!((*eff, *prm, *bnd), (want, want, want), "thread {tid}");
     }
+}
+
+/// The numbers of a /proc/PID/status line ("Uid:" -> its four uids).
+fn proc_field(pid: u32, key: &str) -> Vec<u64> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
+fn proc_hex(pid: u32, key: &str) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let v = s
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key}"));
+    u64::from_str_radix(v.trim(), 16).expect("hex")
+}
+
+/// The live child processes of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// A workload with two secrets and an allowed job id in its environment: only the job id

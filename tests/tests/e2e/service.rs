@@ -86,21 +86,31 @@ pub(crate) fn cap_bit(name: &str) -> u32 {
     }
 }
 
-/// setpriv arguments giving ethand what systemd gives the unit's main process: `caps` as
-/// bounding, inheritable and ambient sets, the unit's SecureBits (noroot: uid 0 gets no
-/// capability for being root), NoNewPrivileges.
+/// setpriv arguments giving ethand what systemd gives the unit's main process: its User=
+/// and Group= (created here as the package would, when missing), `caps` as bounding,
+/// inheritable and ambient sets, the unit's SecureBits (noroot: uid 0 gets no capability for
+/// being root), NoNewPrivileges.
 pub(crate) fn systemd_like(caps: &[String]) -> Vec<String> {
     let keys = service_keys();
     let list: String = caps
         .iter()
         .map(|c| format!(",+{}", c.trim_start_matches("CAP_").to_lowercase()))
         .collect();
-    let mut a = vec![
-        "setpriv".to_string(),
+    let mut a = vec!["setpriv".to_string()];
+    if let Some(user) = keys.get("User") {
+        let group = keys.get("Group").unwrap_or(user);
+        ethand_tests::system_user(user);
+        a.extend([
+            format!("--reuid={user}"),
+            format!("--regid={group}"),
+            "--init-groups".into(),
+        ]);
+    }
+    a.extend([
         format!("--bounding-set=-all{list}"),
         format!("--inh-caps=-all{list}"),
         format!("--ambient-caps=-all{list}"),
-    ];
+    ]);
     if let Some(bits) = keys.get("SecureBits") {
         let b: Vec<String> = bits
             .split_whitespace()
@@ -294,6 +304,8 @@ fn runs_with_exactly_the_units_capabilities_notify_and_watchdog() {
     let sock = temp_path("notify", "sock");
     let _rm = RemoveOnDrop(sock.clone());
     let notify = UnixDatagram::bind(&sock).expect("bind NOTIFY_SOCKET");
+    // The unit's user must be able to send to it, as to systemd's own.
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o666)).expect("chmod");
     notify
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
