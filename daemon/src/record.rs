@@ -102,7 +102,7 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
 /// Longest recording: a timeline of hours is gigabytes no viewer opens.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
-/// "10", "10s", "500ms", "2m", "1.5s".
+/// "10", "10s", "500ms", "2m", "1.5s", "1h"; at most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
@@ -111,6 +111,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         (n, 1.0)
     } else if let Some(n) = s.strip_suffix('m') {
         (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
     } else {
         (s, 1.0)
     };
@@ -905,6 +907,27 @@ impl TraceWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse_within_an_hour() {
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), MAX_DURATION);
+        for bad in [
+            "0",
+            "-1",
+            "x",
+            "nan",
+            "inf",
+            "1e300",
+            "18446744073709551615",
+            "61m",
+            "2h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 
     fn s(f: impl FnOnce(&mut Vec<u8>)) -> String {
         let mut l = Vec::new();

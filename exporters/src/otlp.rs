@@ -1694,6 +1694,65 @@ pub const METRICS: &[MetricSpec] = &[
          previous export.",
         |v, o| o.plain(&[], V::F(v.otlp.last_export_duration_us as f64 / 1e6))
     ),
+    spec!(
+        "ethand.server.connections",
+        "{connection}",
+        Gauge,
+        Int,
+        "ethand_server_connections",
+        "ethand.server (metrics, api)",
+        "Connections open to ethand's servers (/metrics, the local API).",
+        |v, o| for c in &v.snap.ethand.servers {
+            o.plain(&[("ethand.server", c.server.as_str())], V::U(c.open));
+        }
+    ),
+    spec!(
+        "ethand.server.connections.refused",
+        "{connection}",
+        Counter,
+        Int,
+        "ethand_server_connections_refused_total",
+        "ethand.server, ethand.reason (limit, peer_limit)",
+        "Connections closed at once: the server, or that peer (address and local user), had its cap open.",
+        |v, o| for c in &v.snap.ethand.servers {
+            let s = c.server.as_str();
+            o.plain(
+                &[("ethand.server", s), ("ethand.reason", "limit")],
+                V::U(c.refused_limit),
+            );
+            o.plain(
+                &[("ethand.server", s), ("ethand.reason", "peer_limit")],
+                V::U(c.refused_peer_limit),
+            );
+        }
+    ),
+    spec!(
+        "ethand.server.connections.timed_out",
+        "{connection}",
+        Counter,
+        Int,
+        "ethand_server_connections_timed_out_total",
+        "ethand.server",
+        "Connections closed for sending a request too slowly, idling, or not reading a reply.",
+        |v, o| for c in &v.snap.ethand.servers {
+            o.plain(&[("ethand.server", c.server.as_str())], V::U(c.timed_out));
+        }
+    ),
+    spec!(
+        "ethand.server.accept_errors",
+        "{error}",
+        Counter,
+        Int,
+        "ethand_server_accept_errors_total",
+        "ethand.server",
+        "accept(2) failures of ethand's servers (out of descriptors, say), each followed by a pause.",
+        |v, o| for c in &v.snap.ethand.servers {
+            o.plain(
+                &[("ethand.server", c.server.as_str())],
+                V::U(c.accept_errors),
+            );
+        }
+    ),
 ];
 
 fn device(b: &crate::snapshot::BlockStats) -> &str {

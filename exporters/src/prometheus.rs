@@ -320,6 +320,28 @@ const OTLP_DROPPED: Desc = counter(
      cumulative, so the next batch carries the totals again (docs/otlp.md).",
 );
 
+const SERVER_CONNECTIONS: Desc = gauge(
+    "ethand_server_connections",
+    "Connections open to ethand's servers: server=\"metrics\" (/metrics) or \"api\" (the \
+     local API socket).",
+);
+const SERVER_REFUSED: Desc = counter(
+    "ethand_server_connections_refused_total",
+    "Connections closed at once: reason=\"limit\" (the server had prometheus.max_connections \
+     or daemon.api_max_connections open) or \"peer_limit\" (that peer, an address and for a \
+     local client its user, had prometheus.max_connections_per_peer open).",
+);
+const SERVER_TIMED_OUT: Desc = counter(
+    "ethand_server_connections_timed_out_total",
+    "Connections closed for sending a request too slowly, idling, or not reading a reply \
+     (prometheus.timeout_ms; 10 s on the local API).",
+);
+const SERVER_ACCEPT_ERRORS: Desc = counter(
+    "ethand_server_accept_errors_total",
+    "accept(2) failures of ethand's servers (out of descriptors, say), each followed by a \
+     pause of 5 ms to 1 s.",
+);
+
 const FAMILIES: &[Desc] = &[
     PROCESS_CPU,
     PROCESS_OFFCPU,
@@ -363,6 +385,10 @@ const FAMILIES: &[Desc] = &[
     OTLP_EXPORTS,
     OTLP_DROPPED,
     OTLP_LAST_EXPORT,
+    SERVER_CONNECTIONS,
+    SERVER_REFUSED,
+    SERVER_TIMED_OUT,
+    SERVER_ACCEPT_ERRORS,
 ];
 
 /// The processes that get per-process series, as indexes into `procs` (OTLP exports the
@@ -623,6 +649,21 @@ fn register_self(registry: &mut Exposition, me: &SelfStatus) {
     otlp_dropped.add(Labels::new(), o.dropped_batches);
     let mut otlp_last_export = Family::<f64>::new(&OTLP_LAST_EXPORT);
     otlp_last_export.add(Labels::new(), o.last_export_duration_us as f64 / 1e6);
+    let mut server_open = Family::<u64>::new(&SERVER_CONNECTIONS);
+    let mut server_refused = Family::<u64>::new(&SERVER_REFUSED);
+    let mut server_timed_out = Family::<u64>::new(&SERVER_TIMED_OUT);
+    let mut server_accept_errors = Family::<u64>::new(&SERVER_ACCEPT_ERRORS);
+    for c in &me.servers {
+        let server = &[("server", c.server.as_str())];
+        server_open.add(labels(server, &[]), c.open);
+        server_refused.add(labels(server, &[("reason", "limit")]), c.refused_limit);
+        server_refused.add(
+            labels(server, &[("reason", "peer_limit")]),
+            c.refused_peer_limit,
+        );
+        server_timed_out.add(labels(server, &[]), c.timed_out);
+        server_accept_errors.add(labels(server, &[]), c.accept_errors);
+    }
 
     build.register(registry);
     probes.register(registry);
@@ -639,6 +680,10 @@ fn register_self(registry: &mut Exposition, me: &SelfStatus) {
     otlp_exports.register(registry);
     otlp_dropped.register(registry);
     otlp_last_export.register(registry);
+    server_open.register(registry);
+    server_refused.register(registry);
+    server_timed_out.register(registry);
+    server_accept_errors.register(registry);
 }
 
 /// The counters behind one `syscall` label value.

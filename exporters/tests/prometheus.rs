@@ -196,6 +196,16 @@ fn snapshot() -> NodeSnapshot {
             rss_bytes: 40 << 20,
             processes_overflow: 0,
             tracked_processes: 8,
+            servers: vec![ethand_exporters::snapshot::ServerConnections {
+                server: "metrics".to_owned(),
+                open: 3,
+                max: 64,
+                max_per_peer: 8,
+                refused_limit: 0,
+                refused_peer_limit: 120,
+                timed_out: 7,
+                accept_errors: 0,
+            }],
             ..Default::default()
         },
         ..Default::default()
@@ -1295,7 +1305,11 @@ const LABEL_BOUNDS: &[(&str, &str)] = &[
     ("probe", "one per probe (about 30)"),
     ("program", "one per BPF program (about 40)"),
     ("map", "one per BPF map (about 30)"),
-    ("reason", "one per drop counter (about 10)"),
+    (
+        "reason",
+        "one per drop counter (about 10); 2 connection refusals (`limit`, `peer_limit`)",
+    ),
+    ("server", "2 (`metrics`, `api`)"),
     ("loss", "2"),
     ("version", "1"),
     ("library", "GPU/NPU runtime libraries attached (a few)"),

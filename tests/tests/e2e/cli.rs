@@ -4,6 +4,7 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::PathBuf,
     process::Command,
+    thread,
     time::{Duration, Instant},
 };
 
@@ -243,4 +244,166 @@ fn standalone_snapshot_measures_for_the_duration() {
     );
     assert_eq!(errors, 0, "getpid errors");
     w.finish();
+}
+
+/// Values that used to be accepted, silence the log, or fail late with no key named: each is
+/// refused at once, exit 2, naming its key and line.
+#[test]
+fn config_values_out_of_range_name_their_key() {
+    let _serial = serial();
+    for (name, body, line, key) in [
+        ("log-inf", "log = \"inf\"\n", 4, "daemon.log"),
+        (
+            "max-procs",
+            "max_processes = 0\n",
+            4,
+            "daemon.max_processes",
+        ),
+        ("maps-zero", "[maps]\nthreads = 0\n", 5, "maps.threads"),
+        (
+            "overflow",
+            "[prometheus]\ntop_n = 99999999999999999999\n",
+            5,
+            "prometheus.top_n",
+        ),
+        (
+            "unknown-table",
+            "[deamon]\ninterval_ms = 100\n",
+            4,
+            "deamon",
+        ),
+    ] {
+        assert_config_error(name, body, line, &[key]);
+    }
+}
+
+/// Errors only `ethand run` can find (the socket path, the web-config file, the user): exit
+/// 2, the key named, before any probe is loaded.
+#[test]
+fn run_time_configuration_errors_exit_2() {
+    let _serial = serial();
+    let long = format!("/tmp/{}.sock", "s".repeat(120));
+    for (name, toml, key) in [
+        (
+            "long-socket",
+            format!("[daemon]\nsocket = {long:?}\n"),
+            "daemon.socket",
+        ),
+        (
+            "empty-socket",
+            "[daemon]\nsocket = \"\"\n".into(),
+            "daemon.socket",
+        ),
+        (
+            "no-web-config",
+            format!(
+                "[daemon]\nsocket = {:?}\n[prometheus]\nweb_config_file = \"/nonexistent/web.yml\"\n",
+                temp_path("nowebcfg", "sock")
+            ),
+            "prometheus.web_config_file",
+        ),
+        (
+            "no-user",
+            format!(
+                "[daemon]\nsocket = {:?}\nuser = \"ethand-no-such-user\"\n",
+                temp_path("nouser", "sock")
+            ),
+            "daemon.user",
+        ),
+    ] {
+        let path = temp_path(name, "toml");
+        fs::write(&path, toml).expect("write config");
+        let t0 = Instant::now();
+        let out = run_with_timeout(
+            Command::new(ethand_bin())
+                .args([
+                    "run",
+                    "--listen",
+                    &format!("127.0.0.1:{}", free_port()),
+                    "--config",
+                ])
+                .arg(&path)
+                .env("NO_COLOR", "1"),
+            Duration::from_secs(20),
+        );
+        let _ = fs::remove_file(&path);
+        let err = text(&out.stderr);
+        eprintln!(
+            "observed: {name}: {} after {:?}: {err:?}",
+            out.status,
+            t0.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(key), "{name}: {err}");
+        assert!(
+            !err.contains("attached probe"),
+            "{name}: probes loaded first"
+        );
+    }
+    for bad in ["", &long] {
+        let out = ethand(&["status", "--socket", bad]);
+        eprintln!(
+            "observed: --socket of {} bytes: {} {}",
+            bad.len(),
+            out.status,
+            text(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    }
+}
+
+/// A socket that takes the connection and never answers (a hung or impostor daemon): the
+/// client gives up after --timeout, says so, exit 1, and does not fall back to measuring on
+/// its own; one that answers something else is named not an ethand daemon.
+#[test]
+fn client_tells_a_silent_or_foreign_socket_from_no_daemon() {
+    let _serial = serial();
+    let sock = temp_path("silent", "sock");
+    let _ = fs::remove_file(&sock);
+    let _rm = ethand_tests::RemoveOnDrop(sock.clone());
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    let s = sock.to_str().expect("utf-8");
+    for args in [
+        vec!["status"],
+        vec!["snapshot", "--pid", "1"],
+        vec!["level", "process"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--socket", s, "--timeout", "2"]);
+        let t0 = Instant::now();
+        let out = ethand(&all);
+        let took = t0.elapsed();
+        let err = text(&out.stderr);
+        eprintln!(
+            "observed: {args:?} against a silent socket: {} after {took:?}: {err:?}",
+            out.status
+        );
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("did not answer within"), "{err}");
+        assert!(!err.contains("standalone"), "fell back: {err}");
+        // `level` waits at least the 10 s a level change may take.
+        assert!(took < Duration::from_secs(15), "{took:?}");
+    }
+    // An impostor that answers HTTP (a socket of its own: the one above holds the silent
+    // test's connections in its backlog).
+    drop(listener);
+    let sock = temp_path("impostor", "sock");
+    let _ = fs::remove_file(&sock);
+    let _rm2 = ethand_tests::RemoveOnDrop(sock.clone());
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    let s = sock.to_str().expect("utf-8");
+    let answer = thread::spawn(move || {
+        use std::io::{Read as _, Write as _};
+        let (mut c, _) = listener.accept().expect("accept");
+        let mut b = [0u8; 256];
+        let _ = c.read(&mut b);
+        let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    });
+    let out = ethand(&["snapshot", "--pid", "1", "--socket", s]);
+    answer.join().expect("impostor");
+    let err = text(&out.stderr);
+    eprintln!("observed: impostor: {} {err:?}", out.status);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not an ethand daemon"), "{err}");
+    assert!(!err.contains("standalone"), "{err}");
 }

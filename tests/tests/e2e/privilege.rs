@@ -4,6 +4,7 @@
 //! capabilities, in every thread, and still measures exactly; nothing from a process's
 //! environment outside the allow-list leaves the daemon.
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -890,4 +891,186 @@ fn environment_outside_the_allowlist_never_leaves_the_daemon() {
     eprintln!("observed: debug log {} lines", log.lines().count());
     assert!(log.lines().count() > 5, "the debug log is empty");
     secret_in("the daemon log", &log);
+}
+
+/// Outside systemd, `daemon.user` makes a daemon started as root switch every thread to that
+/// user after start-up (the statistics helper too), and it still measures: another user's
+/// syscalls exactly, another user's GPU library attached after the switch.
+#[test]
+fn daemon_user_switches_every_thread_and_still_measures() {
+    let _serial = serial();
+    let uid = u64::from(ethand_tests::system_user("ethand").0);
+    let want = mask_of(&documented_kept());
+    let d = Daemon::start(
+        "priv-user",
+        &format!("{GPU_TOML}[daemon]\nuser = \"ethand\"\n"),
+    );
+    let st = d.status();
+    eprintln!(
+        "observed: status user {:?}, capabilities {:?}",
+        st.user, st.capabilities
+    );
+    assert!(st.user.starts_with("ethand (uid "), "{}", st.user);
+    assert!(
+        d.log_text().contains("user=\"ethand (uid"),
+        "the switch is not logged"
+    );
+    for tid in fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .expect("tasks")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let s = fs::read_to_string(format!("/proc/{}/task/{tid}/status", d.pid())).expect("status");
+        let uids: Vec<u64> = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .expect("Uid")
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        assert_eq!(uids, [uid; 4], "thread {tid}");
+    }
+    assert_eq!(mask_of(&st.capabilities), want);
+    let helpers = children(d.pid());
+    assert_eq!(helpers.len(), 1, "{helpers:?}");
+    assert_eq!(
+        proc_field(helpers[0], "Uid:"),
+        [uid; 4],
+        "the helper's uids"
+    );
+    assert_eq!(
+        proc_hex(helpers[0], "CapEff:"),
+        1u64 << cap_bit("CAP_SYS_ADMIN")
+    );
+
+    let mut w = ethand_tests::Workload::start(
+        "setpriv",
+        &[
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_ethand-workload"),
+            "syscalls",
+            "3000",
+            "100",
+        ],
+    );
+    let m = measure(&d, &mut w);
+    let counted = (
+        m.syscall_delta(w.pid, libc::SYS_getpid),
+        m.syscall_delta(w.pid, libc::SYS_openat),
+    );
+    eprintln!("observed: as user ethand, nobody's (getpid, openat) {counted:?}");
+    assert_eq!(counted, ((3000, 0), (100, 100)));
+    w.finish();
+    let gpu = PrivateGpu::new("priv-user-gpu");
+    let r = nobody_launches(&d, &gpu);
+    eprintln!("observed: as user ethand, nobody's launches {r:?}");
+    assert_eq!(r, Ok((LAUNCHES, LAUNCHES)));
+}
+
+/// The table "What the kept capabilities permit" of docs/security.md, row by row, against
+/// what a process with exactly those privileges manages (`ethand-hostile cap-probe`): the
+/// daemon (user ethand, kept set), the same set as uid 0 (why a dedicated user), and the
+/// statistics helper (CAP_SYS_ADMIN alone).
+#[test]
+fn what_the_kept_capabilities_permit_is_what_security_md_says() {
+    let _serial = serial();
+    ethand_tests::system_user("ethand");
+    let kept = documented_kept();
+    // Another user's process and files.
+    let victim = ethand_tests::Workload::start(
+        "setpriv",
+        &[
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_ethand-workload"),
+            "cpu",
+            "1",
+        ],
+    );
+    let others = temp_path("priv-others", "txt");
+    let _rm1 = RemoveOnDrop(others.clone());
+    fs::write(&others, "nobody's\n").expect("write");
+    std::os::unix::fs::chown(&others, Some(NOBODY), Some(NOBODY)).expect("chown");
+    fs::set_permissions(&others, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let root_file = temp_path("priv-rootfile", "txt");
+    let _rm2 = RemoveOnDrop(root_file.clone());
+    fs::write(&root_file, "root's\n").expect("write");
+    fs::set_permissions(
+        &root_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("chmod");
+
+    let caps = |list: &[String]| -> String {
+        list.iter()
+            .map(|c| format!(",+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect()
+    };
+    let probe = |who: &[String], set: &str| -> BTreeMap<String, String> {
+        let mut args: Vec<String> = who.to_vec();
+        args.extend([
+            format!("--bounding-set=-all{set}"),
+            format!("--inh-caps=-all{set}"),
+            format!("--ambient-caps=-all{set}"),
+            "--no-new-privs".into(),
+            env!("CARGO_BIN_EXE_ethand-hostile").into(),
+            "cap-probe".into(),
+            victim.pid.to_string(),
+            others.display().to_string(),
+            root_file.display().to_string(),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut p = ethand_tests::Workload::start("setpriv", &refs);
+        p.go().0
+    };
+    let as_ethand: Vec<String> = ["--reuid=ethand", "--regid=ethand", "--init-groups"]
+        .map(String::from)
+        .to_vec();
+    let as_root: Vec<String> = vec!["--securebits=+noroot,+noroot_locked".into()];
+    let columns = [
+        ("daemon", probe(&as_ethand, &caps(&kept))),
+        ("uid 0", probe(&as_root, &caps(&kept))),
+        (
+            "helper",
+            probe(&as_ethand, &caps(&["CAP_SYS_ADMIN".into()])),
+        ),
+    ];
+    for (who, seen) in &columns {
+        eprintln!("observed: {who}: {seen:?}");
+    }
+    // The documented table: | what (`key`) | daemon | uid 0 | helper |
+    let doc = fs::read_to_string(SECURITY_MD).expect("read docs/security.md");
+    let table: Vec<(String, Vec<String>)> = doc
+        .split("### What the kept capabilities permit")
+        .nth(1)
+        .expect("docs/security.md has the table")
+        .lines()
+        .filter(|l| l.starts_with("| ") && (l.contains("| allowed") || l.contains("| refused")))
+        .map(|l| {
+            let cells: Vec<String> = l.split('|').map(|c| c.trim().to_string()).collect();
+            let key = cells[1].split('`').nth(1).expect("`key`").to_string();
+            (key, cells[2..5].to_vec())
+        })
+        .collect();
+    assert_eq!(table.len(), 9, "rows of the table: {table:?}");
+    let as_doc = |v: &str| {
+        if v == "ok" {
+            "allowed".to_string()
+        } else {
+            format!("refused ({v})")
+        }
+    };
+    for (key, documented) in &table {
+        for ((who, seen), doc_cell) in columns.iter().zip(documented) {
+            let v = seen
+                .get(key)
+                .unwrap_or_else(|| panic!("the probe reported no {key}: {seen:?}"));
+            assert_eq!(&as_doc(v), doc_cell, "{key} for the {who}");
+        }
+    }
+    drop(victim);
 }

@@ -98,11 +98,16 @@ impl Recorder {
     /// until it exits, not wait4's ru_maxrss: a child spawned with vfork semantics (Rust's
     /// posix_spawn) starts from this test process's memory, so its ru_maxrss is at least
     /// this process's own peak, whatever the recorder used.
-    fn interrupt(mut self) -> (i32, String, String, u64) {
+    fn interrupt(self) -> (i32, String, String, u64) {
+        self.signal(libc::SIGINT)
+    }
+
+    /// As [`Recorder::interrupt`], with any signal (SIGTERM: systemd, kill, a scheduler).
+    fn signal(mut self, sig: libc::c_int) -> (i32, String, String, u64) {
         let pid = self.child.id() as libc::pid_t;
         let mut peak_kb = vm_hwm_kb(self.child.id()).unwrap_or(0);
         // SAFETY: our own child, not yet waited for.
-        unsafe { libc::kill(pid, libc::SIGINT) };
+        unsafe { libc::kill(pid, sig) };
         let t0 = Instant::now();
         let status = loop {
             // Gone once it has exited (a zombie has no memory).
@@ -671,7 +676,7 @@ fn record_full_disk_fails_clearly() {
     eprintln!("observed: exit {code}; stdout {stdout:?}; stderr:\n{stderr}");
     assert_eq!(code, 1, "exit status; stderr:\n{stderr}");
     assert!(
-        stderr.contains(&format!("{}.tmp", out.display())),
+        stderr.contains(&format!("{}/.trace.json.", dir.display())),
         "names the file: {stderr}"
     );
     assert!(
@@ -680,8 +685,70 @@ fn record_full_disk_fails_clearly() {
     );
     assert!(stderr.contains("events written"), "says how many: {stderr}");
     assert!(!out.exists(), "FILE left");
-    assert!(
-        !std::path::Path::new(&format!("{}.tmp", out.display())).exists(),
-        "FILE.tmp left"
-    );
+    let left: Vec<_> = fs::read_dir(&dir)
+        .expect("list")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "partial files left: {left:?}");
+}
+
+/// SIGTERM (systemd, kill, a batch scheduler ending a job) stops the recording like Ctrl-C
+/// and keeps a complete trace; it used to leave an empty file and no trace.
+#[test]
+fn record_keeps_its_trace_on_sigterm() {
+    let _serial = serial();
+    let out = temp_path("record-term", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let mut w = workload(&["slow-syscalls", "50", "2000", "0"]);
+    let rec = Recorder::start(w.pid, "600s", &out, 100);
+    w.go();
+    thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let (code, stdout, stderr, _) = rec.signal(libc::SIGTERM);
+    let took = t0.elapsed();
+    w.finish();
+    eprintln!("observed: SIGTERM: exit {code} in {took:?}; stdout {stdout:?}");
+    assert_eq!(code, 0, "stderr:\n{stderr}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let trace = load(&out);
+    let meta = &trace["metadata"];
+    assert_eq!(meta["ended"], "interrupted", "{meta}");
+    assert!(!events(&trace).is_empty(), "an empty trace");
+}
+
+/// A recording ends once every process of its tree has exited, whatever --duration says.
+#[test]
+fn record_ends_when_its_tree_has_exited() {
+    let _serial = serial();
+    let out = temp_path("record-exit", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let w = workload(&["cpu", "100"]);
+    let rec = Recorder::start(w.pid, "1h", &out, 100);
+    let t0 = Instant::now();
+    // Killed: its only process is gone.
+    drop(w);
+    let stdout = rec.finish();
+    let took = t0.elapsed();
+    eprintln!("observed: tree exited, recording ended after {took:?}: {stdout:?}");
+    assert!(took < Duration::from_secs(5), "recorded on for {took:?}");
+    assert_eq!(load(&out)["metadata"]["ended"], "tree_exited");
+}
+
+/// Durations beyond an hour (up to u64::MAX seconds, which used to panic) are refused at
+/// once, exit 2, naming the limit.
+#[test]
+fn record_refuses_absurd_durations() {
+    let _serial = serial();
+    let pid = std::process::id().to_string();
+    for d in ["18446744073709551615", "2h", "3601s", "1e300", "-5", "0"] {
+        let t0 = Instant::now();
+        let arg = format!("--duration={d}");
+        let out = ethand_tests::ethand(&["record", "--pid", &pid, &arg, "-o", "/tmp/x"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("observed: --duration {d}: {} {err:?}", out.status);
+        assert_eq!(out.status.code(), Some(2), "--duration {d}: {err}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(err.contains("--duration"), "{err}");
+    }
 }
