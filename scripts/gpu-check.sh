@@ -37,6 +37,10 @@ RUST_BENCH_S=${RUST_BENCH_S:-5}
 RESCAN_WAIT=${RESCAN_WAIT:-1.5}   # after `ready`: the daemon rescans maps every 500 ms
 SETTLE_WAIT=${SETTLE_WAIT:-2}     # after the work: the daemon reads its maps every 500 ms
 KEEP_WORK=${KEEP_WORK:-0}
+# RUN_AS: how the daemon runs: "unit" (the default: as systemd/ethand.service runs it, user
+# ethand with the unit's capabilities as ambient ones, no_new_privs), "user" (started as root
+# with daemon.user = "ethand": it switches after start-up), "root" (started as root, stays uid 0).
+RUN_AS=${RUN_AS:-unit}
 # SKIP: comma-separated steps to leave out (survey, levels, nccl); BENCH_STATES: the
 # interleaved order of the cost runs.
 SKIP=${SKIP:-}
@@ -61,7 +65,23 @@ mkdir -p "$OUT" || exit 2
 rm -f "$OUT/log.txt" "$OUT/results.json" "$OUT/snapshots.json" "$OUT/status.json" \
     "$OUT/metrics.txt" "$OUT/daemon.log"
 WORK=$(mktemp -d /tmp/gpu-check-work.XXXXXX) || exit 2
-mkdir -p "$WORK/snap" "$WORK/cmp"
+mkdir -p "$WORK/snap" "$WORK/cmp" "$WORK/run"
+# The daemon's user reads the configs and creates the socket in $WORK/run.
+if [ "$RUN_AS" != root ]; then
+    id ethand > /dev/null 2>&1 ||
+        useradd --system --no-create-home --home-dir / --shell /usr/sbin/nologin ethand || exit 2
+    chmod 0711 "$WORK"
+    chown ethand: "$WORK/run"
+fi
+# The unit's capabilities, as setpriv takes them: ",+bpf,+perfmon,...".
+UNIT_CAPS=$(sed -n 's/^CapabilityBoundingSet=//p' systemd/ethand.service |
+    tr ' ' '\n' | sed -n 's/^CAP_\(.*\)/,+\L\1/p' | tr -d '\n')
+case "$RUN_AS" in
+unit) AS_UNIT=(setpriv --reuid=ethand --regid=ethand --init-groups "--bounding-set=-all$UNIT_CAPS"
+    "--inh-caps=-all$UNIT_CAPS" "--ambient-caps=-all$UNIT_CAPS" --no-new-privs
+    --securebits=+noroot,+noroot_locked) ;;
+*) AS_UNIT=() ;;
+esac
 : > "$WORK/steps.jsonl"
 : > "$WORK/bench.jsonl"
 : > "$OUT/daemon.log"
@@ -162,10 +182,11 @@ write_config() { # FILE BPF_STATS LEVEL
     cat > "$1" <<EOF
 # Written by scripts/gpu-check.sh
 [daemon]
-socket = "$WORK/ethand.sock"
+socket = "$WORK/run/ethand.sock"
 interval_ms = 500
 log = "info"
 bpf_stats = "$2"
+user = "$([ "$RUN_AS" = user ] && echo ethand)"
 
 [prometheus]
 listen = "$LISTEN"
@@ -191,7 +212,7 @@ E() { timeout "${ETO:-20}" "$ETHAND" --config "$CFG" "$@"; }
 daemon_alive() { [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; }
 start_daemon() { # CONFIG LABEL LEVEL
     printf '\n===== [%ss] daemon start (%s) %s =====\n' "$(elapsed)" "$2" "$(date -u +%FT%TZ)" >> "$OUT/daemon.log"
-    NO_COLOR=1 "$ETHAND" --config "$1" run --listen "$LISTEN" >> "$OUT/daemon.log" 2>&1 < /dev/null &
+    NO_COLOR=1 "${AS_UNIT[@]}" "$ETHAND" --config "$1" run --listen "$LISTEN" >> "$OUT/daemon.log" 2>&1 < /dev/null &
     DPID=$!
     local i=0
     while [ "$i" -lt 60 ]; do
@@ -638,6 +659,20 @@ if daemon_alive; then
         record capabilities fail "CapEff still full ($distinct)"
     else
         record capabilities ok "$(echo "$caps_seen" | wc -l) threads, CapEff $distinct ($kept)"
+    fi
+    # Who it runs as (RUN_AS), every thread; and the BPF statistics helper, if one runs.
+    uids=$(for t in /proc/"$DPID"/task/*; do awk '/^Uid/{print $2"/"$3"/"$4"/"$5}' "$t/status"; done | sort -u)
+    user=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("user", "?"))' \
+        "$WORK/status-after-workloads.json" 2>/dev/null)
+    echo "daemon uids: $uids; status says user: $user"
+    helper=$(pgrep -P "$DPID" -x ethand-stats | head -n 1)
+    [ -n "$helper" ] && echo "helper $helper: $(grep -E '^(Uid|CapEff|CapBnd|NoNewPrivs)' /proc/"$helper"/status | tr '\n\t' '  ')"
+    want_uid=0
+    [ "$RUN_AS" != root ] && want_uid=$(id -u ethand)
+    if [ "$(echo "$uids" | wc -l)" -ne 1 ] || [ "$uids" != "$want_uid/$want_uid/$want_uid/$want_uid" ]; then
+        record user fail "RUN_AS=$RUN_AS: thread uids $(echo $uids), want $want_uid"
+    else
+        record user ok "RUN_AS=$RUN_AS: every thread uid $want_uid ($user)"
     fi
 fi
 

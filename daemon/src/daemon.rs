@@ -606,8 +606,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let metrics = if cfg.prometheus.enabled {
         let addr = cfg.listen_addr();
         Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
+            crate::http::listen(addr)
                 .with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?,
         )
     } else {

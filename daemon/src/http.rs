@@ -46,6 +46,22 @@ const MAX_REQUEST_BUF: usize = 16 * 1024;
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 38\r\nConnection: close\r\n\r\ntoo many connections from this client\n";
 const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n";
 
+/// Connections the kernel queues before ethand accepts them (capped by net.core.somaxconn,
+/// 4096 by default). tokio's 1,024 overflowed when a local user opened connections in a burst:
+/// the kernel then drops new SYNs, and a scrape meeting that waits a second for its retry.
+const BACKLOG: u32 = 4096;
+
+/// The /metrics listening socket (SO_REUSEADDR, as tokio's `bind`, and [`BACKLOG`]).
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Serves `app` on `listener` until the process ends.
 pub async fn serve(
     listener: TcpListener,

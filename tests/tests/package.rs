@@ -108,9 +108,21 @@ fn deb_installs_verifies_and_removes_cleanly() {
     for f in FILES {
         assert!(Path::new(f).exists(), "{f} missing after install");
     }
-    // The postinst created the API socket's group (daemon.socket_group).
+    // The postinst created the daemon's user (the unit's User=) and the API socket's group
+    // (daemon.socket_group), a system user that cannot log in.
     let group = ok("getent", &["group", "ethand"]);
     eprintln!("observed: group after install: {}", group.trim());
+    let user = ok("getent", &["passwd", "ethand"]);
+    eprintln!("observed: user after install: {}", user.trim());
+    let fields: Vec<&str> = user.trim().split(':').collect();
+    let uid: u32 = fields[2].parse().expect("uid");
+    assert!(uid > 0 && uid < 1000, "not a system user: {user}");
+    assert_eq!(
+        fields[3],
+        group.trim().split(':').nth(2).expect("gid"),
+        "primary group"
+    );
+    assert!(fields[6].ends_with("nologin"), "a login shell: {user}");
     let version = ok("/usr/bin/ethand", &["--version"]);
     eprintln!("observed: {}", version.trim());
     assert_eq!(

@@ -7,8 +7,8 @@
 //!                                  127.0.0.1:PORT open that send nothing, and up to SLOW that
 //!                                  send a /metrics request and never read the reply; closed
 //!                                  ones are opened again every 100 ms (attempts are counted)
-//!   argv-sleepers N BYTES          N children, each with BYTES of command line (arguments of
-//!                                  120 KiB), that sleep until this process's stdin closes
+//!   argv-sleepers N BYTES          N children, each with BYTES of command line (in arguments
+//!                                  of at most 120 KiB), that sleep until stdin closes
 //!   hold BYTES...                  (the children: sleeps until killed)
 //!   cap-probe PID OTHERS_FILE ROOT_FILE  after `go`, tries what a compromised daemon would
 //!                                  with the privileges this runs with, and reports each as
@@ -41,9 +41,25 @@ fn main() {
             args.get(3)
                 .unwrap_or_else(|| fail("cap-probe PID OTHERS_FILE ROOT_FILE")),
         ),
-        Some("hold") => loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        },
+        Some("hold") => {
+            // Dies with the process that started it, however that one ends.
+            // SAFETY: prctl and getppid with integer arguments.
+            unsafe {
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                if libc::getppid() == 1 {
+                    std::process::exit(0);
+                }
+            }
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         _ => fail(&format!("unknown mode: {args:?}")),
     }
 }
@@ -145,13 +161,14 @@ fn conn_flood(port: u16, idle: u64, slow: u64, secs: u64) {
 }
 
 fn argv_sleepers(n: u64, bytes: u64) {
-    const ARG: usize = 120 * 1024;
+    // The kernel takes arguments of at most 128 KiB each.
+    let arg = (bytes as usize).clamp(2, 120 * 1024);
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&format!("current_exe: {e}")));
-    let chunks = (bytes as usize).div_ceil(ARG);
+    let chunks = (bytes as usize).div_ceil(arg);
     let junk: Vec<String> = (0..chunks)
         .map(|i| {
             let c = char::from(b'a' + (i % 26) as u8);
-            std::iter::repeat_n(c, ARG - 1).collect()
+            std::iter::repeat_n(c, arg - 1).collect()
         })
         .collect();
     let mut children: Vec<Child> = Vec::new();
@@ -165,7 +182,7 @@ fn argv_sleepers(n: u64, bytes: u64) {
     say(&format!(
         "ready children={} arg_bytes={} first={}",
         children.len(),
-        chunks * ARG,
+        chunks * arg,
         pids.first().map_or("", String::as_str)
     ));
     wait_byte();

@@ -24,12 +24,17 @@ use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 
 use crate::otlp::GrpcReceiver;
 
-/// The names given with prctl (the kernel keeps 15 bytes).
-const NAMES: [&[u8]; 3] = [
+/// The names given with prctl (the kernel keeps 15 bytes). The last one reads "ab" then,
+/// through a right-to-left override (U+202E), "dc", with a zero-width space (U+200B) hidden
+/// before the "e".
+const NAMES: [&[u8]; 4] = [
     b"a\nb\tc\x1bd\x7fe",
     b"q'\"\\<script>",
     b"bad\xff\xfeutf8\xc3",
+    b"ab\xe2\x80\xaecd\xe2\x80\x8be",
 ];
+/// Characters that reorder or hide text: never shown raw to a person.
+const HIDDEN: [char; 2] = ['\u{202e}', '\u{200b}'];
 /// The file name (and argv[0]) of the exec'd one: ESC and a terminal colour, a newline,
 /// `<script>`, a quote and invalid UTF-8.
 const FILE_NAME: &[u8] = b"e\x1b[31m\n<script>\xff\"'\\x";
@@ -43,12 +48,15 @@ fn decoded(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// The terminal form: control characters as Rust escapes (`\n`, `\t`, `\u{1b}`).
+/// The terminal form: control characters as Rust escapes (`\n`, `\t`, `\u{1b}`), the
+/// reordering and invisible ones as `\u{202e}`.
 fn terminal(s: &str) -> String {
     s.chars()
         .flat_map(|c| {
             if c.is_control() {
                 c.escape_default().collect::<Vec<_>>()
+            } else if HIDDEN.contains(&c) {
+                c.escape_unicode().collect::<Vec<_>>()
             } else {
                 vec![c]
             }
@@ -223,6 +231,10 @@ fn hostile_process_names_are_escaped_in_every_output() {
         let shown = terminal(want);
         let txt = text(&out.stdout);
         assert!(
+            !txt.contains(HIDDEN),
+            "a reordering or invisible character reaches the terminal:\n{txt}"
+        );
+        assert!(
             txt.lines()
                 .any(|l| l.contains(&pid.to_string()) && l.contains(&shown)),
             "terminal snapshot: no line with pid {pid} and {shown:?}:\n{txt}"
@@ -283,6 +295,10 @@ fn hostile_process_names_are_escaped_in_every_output() {
         );
         let esc = ethand_exporters::html::escape(want);
         assert!(h_text.contains(&esc), "HTML lacks the escaped name {esc:?}");
+        assert!(
+            !h_text.contains(HIDDEN),
+            "a reordering or invisible character in the HTML report"
+        );
 
         // OTLP (prost rejects invalid UTF-8 in strings: decoding it is the check).
         let reqs = receiver.store.0.lock().unwrap();

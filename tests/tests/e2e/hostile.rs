@@ -19,9 +19,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ethand_exporters::snapshot::ServerConnections;
 use ethand_tests::{
-    Daemon, RemoveOnDrop, SETTLE, TreeSnapshot, Workload, find_proc,
-    prometheus_server::PrometheusServer, rss_bytes, serial, temp_path, text,
+    Daemon, RemoveOnDrop, SETTLE, TreeSnapshot, Workload, ethand_bin, find_proc,
+    prometheus_server::PrometheusServer, rss_bytes, run_with_timeout, serial, temp_path, text,
 };
 
 use crate::workload;
@@ -46,6 +47,31 @@ fn hostile_as(uid: u32, args: &[&str]) -> Workload {
     a.extend(args.iter().map(|s| s.to_string()));
     let refs: Vec<&str> = a.iter().map(String::as_str).collect();
     Workload::start("prlimit", &refs)
+}
+
+/// `ethand ARGS --socket S` given at most `limit`: (how long it took, success), or that it
+/// was still running then (killed).
+fn bounded_cli(d: &Daemon, args: &[&str], limit: Duration) -> Result<(Duration, bool), String> {
+    let t0 = Instant::now();
+    let mut child = Command::new(ethand_bin())
+        .args(args)
+        .arg("--socket")
+        .arg(&d.socket)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok((t0.elapsed(), st.success()));
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {limit:?}"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// CPU seconds the process has used (utime + stime).
@@ -160,14 +186,6 @@ fn metrics_keeps_answering_prometheus_while_local_users_hold_connections() {
         "observed: before: fds {fds0}, RSS {} MB, caps {caps:?}",
         rss0 >> 20
     );
-    let metrics = caps
-        .iter()
-        .find(|s| s.server == "metrics")
-        .expect("metrics server");
-    assert!(
-        metrics.max < 64,
-        "the caps did not shrink to a 400-descriptor limit: {metrics:?}"
-    );
 
     let port = d.port.to_string();
     let args = ["conn-flood", port.as_str(), "1000", "800", "20"];
@@ -178,7 +196,13 @@ fn metrics_keeps_answering_prometheus_while_local_users_hold_connections() {
         a.send_byte();
     }
     let (mut scrapes, mut worst, mut failures) = (0, Duration::ZERO, Vec::new());
+    let mut status_during = None;
     while t0.elapsed() < Duration::from_secs(ATTACK_S) {
+        // The operator's `ethand status` in the middle of the attack (it used to hang while
+        // the daemon's descriptors were exhausted, its API accept loop spinning).
+        if status_during.is_none() && t0.elapsed() > Duration::from_secs(ATTACK_S / 2) {
+            status_during = Some(bounded_cli(&d, &["status"], Duration::from_secs(15)));
+        }
         match scrape(d.port) {
             Ok((took, _)) => {
                 scrapes += 1;
@@ -193,12 +217,20 @@ fn metrics_keeps_answering_prometheus_while_local_users_hold_connections() {
     let (rss_peak, fds_peak) = sampler.peaks();
     let cpu = cpu_seconds(pid) - cpu0;
     let log_growth = d.log_text().len() - log0;
-    let st = d.status();
-    let m = st
-        .servers
-        .iter()
-        .find(|s| s.server == "metrics")
-        .expect("metrics");
+    // Asked with a timeout of its own: a daemon that no longer answers is reported, not
+    // waited for.
+    let t_status = Instant::now();
+    let st = run_with_timeout(
+        Command::new(ethand_bin())
+            .args(["status", "--json", "--socket"])
+            .arg(&d.socket),
+        Duration::from_secs(60),
+    );
+    let status_took = t_status.elapsed();
+    let m = serde_json::from_slice::<serde_json::Value>(&st.stdout)
+        .ok()
+        .and_then(|v| serde_json::from_value::<Vec<ServerConnections>>(v["servers"].clone()).ok())
+        .and_then(|v| v.into_iter().find(|s| s.server == "metrics"));
     let window = format!("{}s", ATTACK_S - 2);
     let up_min = prom_value(
         &prom,
@@ -220,13 +252,24 @@ fn metrics_keeps_answering_prometheus_while_local_users_hold_connections() {
         "observed: during {attack_s:.1} s: own scrapes {scrapes} ok, {} failed {failures:?}, slowest {worst:?}; \
          Prometheus up min {up_min:?} over {up_n:?} scrapes, slowest {dur_max:?} s; \
          daemon RSS peak {} MB (before {} MB), fds peak {fds_peak} of 400 (before {fds0}), \
-         CPU {cpu:.2} s ({:.1} % of a core), log +{log_growth} bytes; server {m:?}",
+         CPU {cpu:.2} s ({:.1} % of a core), log +{log_growth} bytes; `ethand status` during the attack {status_during:?}, after it {} in {status_took:?}; server {m:?}",
         failures.len(),
         rss_peak >> 20,
         rss0 >> 20,
-        100.0 * cpu / attack_s
+        100.0 * cpu / attack_s,
+        st.status
     );
     assert!(failures.is_empty(), "scrapes failed: {failures:?}");
+    let metrics_caps = caps.iter().find(|s| s.server == "metrics");
+    assert!(
+        metrics_caps.is_some_and(|c| c.max < 64),
+        "the caps did not shrink to a 400-descriptor limit: {metrics_caps:?}"
+    );
+    assert!(st.status.success(), "ethand status failed after the attack");
+    assert!(
+        matches!(&status_during, Some(Ok((t, true))) if *t < Duration::from_secs(2)),
+        "ethand status during the attack: {status_during:?}"
+    );
     assert!(worst < Duration::from_secs(2), "a scrape took {worst:?}");
     assert_eq!(up_min, Some(1.0), "Prometheus saw the target down");
     assert!(
@@ -246,7 +289,8 @@ fn metrics_keeps_answering_prometheus_while_local_users_hold_connections() {
     );
     assert!(log_growth < 64 * 1024, "the log grew {log_growth} bytes");
     assert!(
-        m.refused_peer_limit > 1000 && m.timed_out > 0,
+        m.as_ref()
+            .is_some_and(|m| m.refused_peer_limit > 1000 && m.timed_out > 0),
         "the attack was not refused and timed out as expected: {m:?}"
     );
     drop(attackers);
@@ -375,7 +419,9 @@ fn concurrent_api_floods_stay_bounded() {
     let d = Daemon::start("hostile-api", "");
     let mut w = workload(&["spin-threads", "8", "200", "800"]);
     w.send_byte();
-    thread::sleep(SETTLE * 2);
+    // 150 more processes with 1 KB command lines: a node dump of megabytes.
+    let mut crowd = hostile_as(NOBODY, &["argv-sleepers", "150", "1000"]);
+    thread::sleep(SETTLE * 3);
     let hwm0 = vm_hwm_bytes(d.pid());
     let stop = Arc::new(AtomicBool::new(false));
     let scraper = {
@@ -397,10 +443,16 @@ fn concurrent_api_floods_stay_bounded() {
     stop.store(true, Ordering::Relaxed);
     let scrape_worst = scraper.join().expect("scraper");
     let hwm = vm_hwm_bytes(d.pid());
-    let node_size = d.cli(&["status", "--json"]).stdout.len();
+    let node_size = {
+        let mut s = UnixStream::connect(&d.socket).expect("connect");
+        s.write_all(b"{\"cmd\":\"node\"}\n").expect("send");
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply).expect("read");
+        reply.len()
+    };
     eprintln!(
         "observed: node (ok, busy, slowest) {node:?}, node slow readers {node_slow:?}, snapshots {snap:?}; \
-         VmHWM {} -> {} MB; slowest scrape meanwhile {scrape_worst:?} (status reply {node_size} bytes)",
+         VmHWM {} -> {} MB; slowest scrape meanwhile {scrape_worst:?} (a node dump is {node_size} bytes)",
         hwm0 >> 20,
         hwm >> 20
     );
@@ -418,6 +470,7 @@ fn concurrent_api_floods_stay_bounded() {
     );
     assert!(scrape_worst < Duration::from_secs(2), "{scrape_worst:?}");
     w.send_byte();
+    crowd.go();
 }
 
 /// Sets fs.protected_symlinks (the kernel's guard for root following a user's symlink in a

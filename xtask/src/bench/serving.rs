@@ -403,7 +403,9 @@ fn measure_phase(
         scrape_ms.push(took.as_secs_f64() * 1e3);
         scrape_bytes.push(body.len() as f64);
         last = String::from_utf8_lossy(&body).into_owned();
-        sleep(Duration::from_millis(100));
+        // The body is rendered once per collection round (1 s here) and shared by the scrapes
+        // of that round: each GET in a new round pays the render, as Prometheus' every 15 s do.
+        sleep(Duration::from_millis(1100));
     }
     let perf_top = match (perf_run, perf) {
         (Some(run), Some(keep)) => Some(
@@ -648,8 +650,9 @@ impl Results {
              - **every load process**: `comms = [\"{LOAD_COMM}\"]` selects all {} of them: \
              what selecting everything on a node like this costs.\n\n\
              The configuration with every process runs first. In each: {} s warm-up, then one after the other: GETs of /metrics (a new \
-             connection each, 100 ms apart; client-side wall time from connect to the last \
-             byte), `ethand snapshot --pid {}` and `--json` (wall time of the CLI, process \
+             connection each, 1.1 s apart so that each meets a new collection round and renders \
+             the body, which the round's later scrapes would share; client-side wall time from \
+             connect to the last byte), `ethand snapshot --pid {}` and `--json` (wall time of the CLI, process \
              start included; the pid is a 4-thread load process; in the ~{SERIES_WANTED} series \
              configuration only; then, for comparison, `ethand --version`, the CLI's start alone, \
              and `ethand status`, a small request), \
