@@ -46,8 +46,29 @@ pub fn status(s: &SelfStatus) -> String {
     if !s.socket_access.is_empty() {
         let _ = writeln!(o, "local API socket: {}", s.socket_access);
     }
+    if !s.user.is_empty() {
+        let _ = writeln!(o, "runs as: {}", s.user);
+    }
     if !s.capabilities.is_empty() {
         let _ = writeln!(o, "capabilities kept: {}", s.capabilities.join(" "));
+    }
+    for c in &s.servers {
+        let _ = writeln!(
+            o,
+            "{} connections: {} open (at most {}, {} per peer); refused {} at the server's cap, {} at a peer's; {} timed out; {} accept errors",
+            if c.server == "metrics" {
+                "/metrics"
+            } else {
+                "local API"
+            },
+            c.open,
+            c.max,
+            c.max_per_peer,
+            c.refused_limit,
+            c.refused_peer_limit,
+            c.timed_out,
+            c.accept_errors
+        );
     }
     let _ = writeln!(
         o,
@@ -484,5 +505,68 @@ fn evidence_value(e: &ethand_exporters::diagnosis::Evidence) -> String {
                 format!("{:.2}", e.value)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ethand_exporters::snapshot::DropCounter;
+
+    fn fixture(name: &str) -> serde_json::Value {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/gpu-h200")
+            .join(name);
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("JSON")
+    }
+
+    /// Real snapshots of an H200 (tests/fixtures/gpu-h200) on the terminal: the GPU section,
+    /// no raw control or hidden character, and the loss warning when there were losses.
+    #[test]
+    fn real_h200_snapshots_on_the_terminal() {
+        let v = fixture("gpu-check-snapshots.json");
+        for (label, pair) in v.as_object().expect("object") {
+            let mut t: TreeSnapshot = serde_json::from_value(pair["after"].clone()).expect("tree");
+            let out = snapshot(&t);
+            assert!(
+                out.contains(&format!("process tree of {}", t.root_pid)),
+                "{label}"
+            );
+            assert!(
+                !out.chars()
+                    .any(|c| c != '\n' && ethand_exporters::text::needs_escape(c)),
+                "{label}: raw control or hidden characters"
+            );
+            assert!(
+                !out.contains("WARNING"),
+                "{label}: a warning without losses"
+            );
+            t.dropped_events = vec![DropCounter {
+                reason: "threads_full".into(),
+                count: 12,
+                loss: true,
+            }];
+            let warned = snapshot(&t);
+            assert!(
+                warned.contains("WARNING: 12 events were lost node-wide")
+                    && warned.contains("threads_full 12"),
+                "{label}: {warned}"
+            );
+        }
+        let s: SelfStatus =
+            serde_json::from_value(fixture("status-after-workloads.json")).expect("status");
+        let out = status(&s);
+        assert!(out.contains("CAP_PERFMON"), "{out}");
+        assert!(out.contains("runs as: ethand (uid "), "{out}");
+        assert!(out.contains("/metrics connections: "), "{out}");
+    }
+
+    #[test]
+    fn a_cut_command_line_says_so() {
+        let v = fixture("gpu-check-snapshots.json");
+        let mut t: TreeSnapshot = serde_json::from_value(v["cupy"]["after"].clone()).expect("tree");
+        t.processes[0].cmdline = vec!["python3".into(), "x".repeat(4000)];
+        t.processes[0].cmdline_truncated = true;
+        assert!(snapshot(&t).contains(" [truncated at 4 KiB]\n"));
     }
 }
