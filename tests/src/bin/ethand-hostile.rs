@@ -18,7 +18,7 @@
 //!                                  user's 0600 file), write ROOT_FILE (root's 0644 file),
 //!                                  become uid 0
 use std::{
-    io::{Read, Write},
+    io::Write,
     net::{SocketAddr, TcpStream},
     os::fd::AsRawFd,
     process::{Child, Command},
@@ -27,6 +27,10 @@ use std::{
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/protocol.rs"]
+mod protocol;
+
+use protocol::{say, wait_release};
 
 fn main() {
     let args = args::args();
@@ -65,26 +69,13 @@ fn main() {
 }
 
 fn fail(msg: &str) -> ! {
-    eprintln!("ethand-hostile: {msg}");
-    std::process::exit(101)
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+    protocol::fail("ethand-hostile", msg)
 }
 
 fn wait_byte() {
-    let mut b = [0u8; 1];
-    if std::io::stdin().read_exact(&mut b).is_err() {
+    if !protocol::wait_byte() {
         fail("stdin closed while waiting for a byte");
     }
-}
-
-fn wait_release() {
-    let mut b = [0u8; 64];
-    while matches!(std::io::stdin().read(&mut b), Ok(n) if n > 0) {}
 }
 
 /// True when the server has closed `s` (EOF or an error); false while it is open.

@@ -13,10 +13,13 @@
 //!                                  A's pid (clone3 set_tid) and makes B getpid(), then waits
 //!   named NAME_HEX|-               sets its own comm (prctl PR_SET_NAME) to the bytes NAME_HEX
 //!                                  (`-`: keeps its name); after `go`, 1000 getpid()
-use std::io::Write;
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/protocol.rs"]
+mod protocol;
+
+use protocol::{say, wait_release};
 
 fn main() {
     let args = args::args();
@@ -36,30 +39,14 @@ fn main() {
 }
 
 fn fail(msg: &str) -> ! {
-    eprintln!("ethand-load: {msg}");
-    std::process::exit(101)
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+    protocol::fail("ethand-load", msg)
 }
 
 /// Blocks for one byte on stdin (`go`, or the test's go-ahead after a pause).
 fn wait_byte() {
-    let mut b = [0u8; 1];
-    // SAFETY: reading into a valid 1-byte buffer.
-    if unsafe { libc::read(0, b.as_mut_ptr().cast(), 1) } != 1 {
+    if !protocol::wait_byte() {
         fail("stdin closed while waiting for a byte");
     }
-}
-
-/// Blocks until stdin is closed.
-fn wait_release() {
-    let mut b = [0u8; 64];
-    // SAFETY: reading into a valid buffer.
-    while unsafe { libc::read(0, b.as_mut_ptr().cast(), b.len()) } > 0 {}
 }
 
 fn now_ns() -> u64 {

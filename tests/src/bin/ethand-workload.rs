@@ -32,6 +32,10 @@ use std::{
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/protocol.rs"]
+mod protocol;
+
+use protocol::{say, wait_release};
 
 fn main() {
     let args = args::args();
@@ -68,8 +72,7 @@ fn main() {
 }
 
 fn fail(msg: &str) -> ! {
-    eprintln!("ethand-workload: {msg}");
-    std::process::exit(101)
+    protocol::fail("ethand-workload", msg)
 }
 
 fn check(ret: libc::c_long, what: &str) -> libc::c_long {
@@ -79,32 +82,10 @@ fn check(ret: libc::c_long, what: &str) -> libc::c_long {
     ret
 }
 
-/// One protocol line on stdout (line-buffered: one write).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 /// Blocks for the `go` byte.
 fn wait_go() {
-    let mut b = [0u8; 1];
-    // SAFETY: reading into a valid 1-byte buffer.
-    let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), 1) };
-    if n != 1 {
+    if !protocol::wait_byte() {
         fail("stdin closed before `go`");
-    }
-}
-
-/// Blocks until stdin is closed (the test has taken its snapshots).
-fn wait_release() {
-    let mut b = [0u8; 64];
-    loop {
-        // SAFETY: reading into a valid buffer.
-        let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), b.len()) };
-        if n <= 0 {
-            return;
-        }
     }
 }
 
