@@ -665,18 +665,7 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
     let stats_before = st.bpf_stats_enabled_ms;
 
     // A nobody workload, started after the drop: syscalls exact.
-    let mut w = ethand_tests::Workload::start(
-        "setpriv",
-        &[
-            &format!("--reuid={NOBODY}"),
-            &format!("--regid={NOBODY}"),
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_ethand-workload"),
-            "syscalls",
-            "5000",
-            "200",
-        ],
-    );
+    let mut w = nobody_workload(&["syscalls", "5000", "200"]);
     let m = measure(&d, &mut w);
     let getpid = m.syscall_delta(w.pid, libc::SYS_getpid);
     let openat = m.syscall_delta(w.pid, libc::SYS_openat);
@@ -763,6 +752,15 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
     for (tid, eff, prm, bnd, _, _) in &thread_caps(d.pid()) {
         assert_eq!((*eff, *prm, *bnd), (want, want, want), "thread {tid}");
     }
+}
+
+/// `ethand-workload ARGS` as nobody (no supplementary groups): another user's process.
+fn nobody_workload(args: &[&str]) -> ethand_tests::Workload {
+    let ids = [format!("--reuid={NOBODY}"), format!("--regid={NOBODY}")];
+    let mut a: Vec<&str> = vec![&ids[0], &ids[1], "--clear-groups"];
+    a.push(env!("CARGO_BIN_EXE_ethand-workload"));
+    a.extend_from_slice(args);
+    ethand_tests::Workload::start("setpriv", &a)
 }
 
 /// The numbers of a /proc/PID/status line ("Uid:" -> its four uids).
@@ -943,18 +941,7 @@ fn daemon_user_switches_every_thread_and_still_measures() {
         1u64 << cap_bit("CAP_SYS_ADMIN")
     );
 
-    let mut w = ethand_tests::Workload::start(
-        "setpriv",
-        &[
-            &format!("--reuid={NOBODY}"),
-            &format!("--regid={NOBODY}"),
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_ethand-workload"),
-            "syscalls",
-            "3000",
-            "100",
-        ],
-    );
+    let mut w = nobody_workload(&["syscalls", "3000", "100"]);
     let m = measure(&d, &mut w);
     let counted = (
         m.syscall_delta(w.pid, libc::SYS_getpid),
@@ -979,17 +966,7 @@ fn what_the_kept_capabilities_permit_is_what_security_md_says() {
     ethand_tests::system_user("ethand");
     let kept = documented_kept();
     // Another user's process and files.
-    let victim = ethand_tests::Workload::start(
-        "setpriv",
-        &[
-            &format!("--reuid={NOBODY}"),
-            &format!("--regid={NOBODY}"),
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_ethand-workload"),
-            "cpu",
-            "1",
-        ],
-    );
+    let victim = nobody_workload(&["cpu", "1"]);
     let others = temp_path("priv-others", "txt");
     let _rm1 = RemoveOnDrop(others.clone());
     fs::write(&others, "nobody's\n").expect("write");
