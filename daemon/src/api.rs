@@ -23,6 +23,9 @@ pub enum Request {
     Snapshot {
         pid: u32,
         window_s: u64,
+        /// Count kernel launches on demand when the level does not (default: yes).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        launch_sample: Option<bool>,
     },
     Node,
     /// Switch the GPU/NPU probing level live: "system", "process" or "op".
@@ -420,7 +423,8 @@ mod tests {
             parse_request(b"{\"cmd\":\"snapshot\",\"pid\":1,\"window_s\":10}\n"),
             Ok(Request::Snapshot {
                 pid: 1,
-                window_s: 10
+                window_s: 10,
+                launch_sample: None,
             })
         ));
         assert!(matches!(

@@ -1,6 +1,11 @@
 //! `ethand compare BEFORE.json AFTER.json [--json | --csv]`: two `ethand snapshot --json`
 //! files of a workload (e.g. before and after a change), compared by
 //! `ethand_exporters::report::compare`. Needs no daemon and no privileges.
+//!
+//! A metric one snapshot did not measure (kernel launches below GPU level `process`) is
+//! shown as not measured on that side, never as a change from 0 (`ComparedRow::not_measured`).
+//! Files written before launches became optional say 0 there; [`load`] reads that 0 as not
+//! measured.
 use std::{
     io::{IsTerminal as _, Write as _},
     path::Path,
@@ -35,7 +40,43 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
             ethand_exporters::snapshot::SCHEMA_VERSION
         ));
     }
+    let mut t = t;
+    launches_zero_as_not_measured(&mut t);
     Ok(t)
+}
+
+/// Older files carry kernel launches as 0 where the GPU level (`system`, `calls`) did not count
+/// them; newer ones leave them out. Reads such a 0 as what it meant: not measured. (At those
+/// levels no launch is ever counted, so a 0 there never was a measurement.)
+fn launches_zero_as_not_measured(t: &mut TreeSnapshot) {
+    if !matches!(t.gpu_level.as_deref(), Some("system" | "calls")) {
+        return;
+    }
+    fn zero(n: &mut Option<u64>) {
+        if *n == Some(0) {
+            *n = None;
+        }
+    }
+    let gpus = t
+        .processes
+        .iter_mut()
+        .filter_map(|p| p.gpu.as_mut())
+        .chain(t.total.gpu.as_mut());
+    for g in gpus {
+        zero(&mut g.launches);
+        zero(&mut g.graph_launches);
+    }
+    for w in t.processes.iter_mut().filter_map(|p| p.window.as_mut()) {
+        zero(&mut w.gpu_launches);
+    }
+    for p in &mut t.timeline {
+        zero(&mut p.gpu_launches);
+    }
+    if let Some(d) = t.total.gpu_derived.as_mut()
+        && d.launches_per_second == Some(0.0)
+    {
+        d.launches_per_second = None;
+    }
 }
 
 /// As [`run`], and when `html` is given also writes the comparison there as HTML.
@@ -45,13 +86,13 @@ pub fn run_with_html(
     after: &Path,
     format: Format,
 ) -> anyhow::Result<u8> {
-    if let Some(out) = html {
-        if let (Ok(b), Ok(a)) = (load(before), load(after)) {
-            let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));
-            crate::outfile::write(out, page.as_bytes())
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
-            eprintln!("ethand: comparison written to {}", out.display());
-        }
+    if let Some(out) = html
+        && let (Ok(b), Ok(a)) = (load(before), load(after))
+    {
+        let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));
+        crate::outfile::write(out, page.as_bytes())
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
+        eprintln!("ethand: comparison written to {}", out.display());
     }
     run(before, after, format)
 }
@@ -85,5 +126,87 @@ pub fn run(before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
         // `ethand compare ... | head`: not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, v: &serde_json::Value) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, serde_json::to_vec(v).unwrap()).unwrap();
+        p
+    }
+
+    /// A file from before launches were optional (0 at level `calls`) against one at level
+    /// `process`: the launches are not measured before, not a change from 0.
+    #[test]
+    fn an_older_zero_at_level_calls_is_not_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = |launches: u64| {
+            serde_json::json!({
+                "launches": launches, "graph_launches": 0, "copies": [],
+                "sync": {"calls": 4, "time_ns": 10, "timed_calls": 4},
+                "memory": [], "untracked_frees": 0, "collectives": [],
+                "groups": {"calls": 0, "time_ns": 0, "timed_calls": 0},
+                "comm_inits": 0, "comm": null, "errors": 0, "symbols": []
+            })
+        };
+        let tree = |level: &str, launches: u64| {
+            let mut t = serde_json::to_value(TreeSnapshot {
+                schema_version: 1,
+                source: "standalone".into(),
+                root_pid: 1,
+                measured_ms: 1000,
+                gpu_level: Some(level.into()),
+                ..Default::default()
+            })
+            .unwrap();
+            t["total"]["gpu"] = gpu(launches);
+            t["total"]["gpu_derived"] = serde_json::json!({
+                "window_ms": 1000, "launches_per_second": launches as f64,
+                "sync_blocked_ratio": 0.0, "collective_ratio": 0.0,
+                "copy_bytes_per_second": [], "device_utilization_ratio": null,
+                "device_idle_ratio": null
+            });
+            t["timeline"] = serde_json::json!([{
+                "t_unix_ms": 1, "interval_ms": 1000, "oncpu_ns": 0, "offcpu_blocked_ns": 0,
+                "runq_wait_ns": 0, "syscalls": 0, "block_read_bytes": 0,
+                "block_write_bytes": 0, "net_tx_bytes": 0, "net_rx_bytes": 0,
+                "gpu_launches": launches, "gpu_sync_ns": 0, "gpu_copy_bytes": 0,
+                "collective_ns": 0, "gpu_memory_live_bytes": 0
+            }]);
+            t
+        };
+        let before = load(&write(dir.path(), "before.json", &tree("calls", 0))).unwrap();
+        let g = before.total.gpu.as_ref().unwrap();
+        assert_eq!((g.launches, g.graph_launches), (None, None));
+        assert_eq!(
+            before
+                .total
+                .gpu_derived
+                .as_ref()
+                .unwrap()
+                .launches_per_second,
+            None
+        );
+        assert_eq!(before.timeline[0].gpu_launches, None);
+        assert_eq!(g.sync.calls, 4, "other figures kept");
+
+        // At level process a 0 is a measurement.
+        let after = load(&write(dir.path(), "after.json", &tree("process", 0))).unwrap();
+        assert_eq!(after.total.gpu.as_ref().unwrap().launches, Some(0));
+        assert_eq!(after.timeline[0].gpu_launches, Some(0));
+
+        let c = report::compare(&before, &after);
+        let row = c.rows.iter().find(|r| r.metric == "gpu.launches").unwrap();
+        assert_eq!((row.before, row.after), (None, Some(0.0)));
+        assert_eq!(row.not_measured.as_deref(), Some("before"));
+        let text = report::render_comparison(&c, false);
+        assert!(
+            text.contains("not compared, not measured in before"),
+            "{text}"
+        );
     }
 }

@@ -51,6 +51,9 @@ pub struct OtlpConfig {
 pub struct DiagnosisConfig {
     /// Directory of extra rule files (*.toml); a rule with a built-in rule's id replaces it.
     pub rules_dir: PathBuf,
+    /// How long a snapshot counts kernel launches on demand when the GPU level does not
+    /// count them (launch uprobes scoped to the tree's GPU processes); 0: never.
+    pub launch_sample_ms: u64,
 }
 
 /// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.
@@ -80,6 +83,11 @@ impl GpuLevel {
         }
     }
 
+    /// Kernel launches are probed (and counted) at this level.
+    pub fn counts_launches(self) -> bool {
+        matches!(self, Self::Process | Self::Op)
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "system" => Some(Self::System),
@@ -98,6 +106,11 @@ pub struct GpuConfig {
     pub rescan_interval_ms: u64,
     /// Subset of "cuda", "nccl", "ascendcl", "hccl".
     pub runtimes: Vec<String>,
+    /// Runtime library files probed at start-up, before any process maps them (so that the
+    /// first GPU process is counted from its first call); empty: the system's driver
+    /// libraries, found in the loader's directories and beside NVML's library.
+    #[serde(default)]
+    pub driver_libraries: Vec<PathBuf>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -326,6 +339,12 @@ impl Config {
         )?;
         let dev = &self.devices;
         in_range("devices.interval_ms", dev.interval_ms, 100, 3_600_000)?;
+        in_range(
+            "diagnosis.launch_sample_ms",
+            self.diagnosis.launch_sample_ms,
+            0,
+            60_000,
+        )?;
         in_range(
             "devices.counters_interval_ms",
             dev.counters_interval_ms,

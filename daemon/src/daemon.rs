@@ -65,6 +65,13 @@ pub struct Shared {
     pub servers: std::sync::OnceLock<Vec<Arc<crate::connlimit::ConnLimiter>>>,
     /// When node-wide losses happened, for the snapshots they may have cut.
     drops: Mutex<crate::drop_history::DropHistory>,
+    /// Per collection round, each GPU's readings (utilization, GPM ratios): the window means
+    /// of the diagnosis, rather than the one reading of the moment.
+    pub device_history: Mutex<crate::devices::DeviceHistory>,
+    /// Launch samples asked for by snapshots, started by the collection loop.
+    pub sample_requests: Mutex<Vec<crate::launch_sample::Request>>,
+    /// `diagnosis.launch_sample_ms`.
+    pub launch_sample: std::time::Duration,
 }
 
 impl Shared {
@@ -177,8 +184,19 @@ impl Shared {
                 *cached = (node.taken_at_unix_ms, Arc::downgrade(&line));
                 line
             }
-            Request::Snapshot { pid, window_s } => {
-                let probes = self.node.read().expect("lock").ethand.probes.clone();
+            Request::Snapshot {
+                pid,
+                window_s,
+                launch_sample,
+            } => {
+                let (probes, level) = {
+                    let node = self.node.read().expect("lock");
+                    (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
+                };
+                let known = !self.model.lock().expect("lock").tree_keys(pid).is_empty();
+                let sample = (known && launch_sample.unwrap_or(true) && level == "calls")
+                    .then(|| self.sample_launches(pid, self.launch_sample))
+                    .flatten();
                 Arc::new(
                     match self.tree(
                         pid,
@@ -186,6 +204,7 @@ impl Shared {
                         "daemon",
                         0,
                         probes,
+                        sample,
                     ) {
                         Some(t) => api::ok_line(&t),
                         None => api::response_line(&Response::NotFound(format!(
@@ -201,6 +220,42 @@ impl Shared {
         }
     }
 
+    /// Counts the kernel launches of `pid`'s tree for `duration` (see launch_sample.rs):
+    /// the collection loop attaches and detaches; this waits for its answer.
+    pub fn sample_launches(
+        &self,
+        pid: u32,
+        duration: std::time::Duration,
+    ) -> Option<ethand_exporters::gpu::LaunchSample> {
+        if duration.is_zero() {
+            return None;
+        }
+        // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
+        let pids: Vec<u32> = crate::procinfo::descendants(pid)
+            .into_iter()
+            .take(4 * crate::launch_sample::MAX_PIDS)
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/maps"))
+                    .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
+            })
+            .collect();
+        if pids.is_empty() {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.sample_requests
+            .lock()
+            .expect("lock")
+            .push(crate::launch_sample::Request {
+                pids,
+                duration,
+                reply: tx,
+            });
+        // Started and ended at collection rounds: up to two intervals more than asked.
+        rx.recv_timeout(duration + std::time::Duration::from_secs(5))
+            .ok()
+    }
+
     pub fn tree(
         &self,
         pid: u32,
@@ -208,9 +263,31 @@ impl Shared {
         source: &str,
         measured_ms: u64,
         probes: Vec<snap::ProbeStatus>,
+        launch_sample: Option<ethand_exporters::gpu::LaunchSample>,
     ) -> Option<TreeSnapshot> {
         let model = self.model.lock().expect("lock");
-        let keys = model.tree_keys(pid);
+        let mut keys = model.tree_keys(pid);
+        // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
+        // standalone measurement) is not in the model: its tree is its live descendants that
+        // are, under a root built from /proc with the zero activity it had.
+        let mut unseen_root = None;
+        if keys.is_empty() {
+            let live = crate::procinfo::descendants(pid);
+            if live.len() > 1 {
+                let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
+                for c in &live[1..] {
+                    for k in model.tree_keys(*c) {
+                        if !seen.contains(&k) {
+                            seen.push(k);
+                        }
+                    }
+                }
+                if !seen.is_empty() {
+                    keys = seen;
+                    unseen_root = crate::procinfo::read(pid);
+                }
+            }
+        }
         if keys.is_empty() {
             return None;
         }
@@ -220,7 +297,13 @@ impl Shared {
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
         let timeline = model.timeline(&keys, window_ms);
+        if let Some(meta) = unseen_root {
+            processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
+        }
         drop(model);
+        for p in processes.iter_mut().filter(|p| p.alive) {
+            (p.swap_bytes, p.major_faults) = crate::procinfo::memory(p.pid);
+        }
         let now = unix_ms();
         let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
         let dropped_events = self
@@ -236,7 +319,7 @@ impl Shared {
             root_pid: pid,
             taken_at_unix_ms: now,
             measured_ms,
-            total: totals(&processes),
+            total: totals(&processes, &self.device_history.lock().expect("lock"), now),
             processes,
             probes,
             findings: Vec::new(),
@@ -244,13 +327,22 @@ impl Shared {
             timeline,
             devices: node.devices.clone(),
             dropped_events,
+            launch_sample,
+            not_evaluated: Vec::new(),
+            node_cpus: std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u32),
         };
-        tree.findings = crate::diagnose::diagnose(&tree, &self.rules);
+        crate::diagnose::apply(&mut tree, &self.rules);
         Some(tree)
     }
 }
 
-fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
+fn totals(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::devices::DeviceHistory,
+    now_ms: u64,
+) -> TreeTotals {
     let mut t = TreeTotals {
         sched: snap::SchedStats {
             runq_wait_hist: vec![0; snap::HIST_BUCKETS],
@@ -283,12 +375,16 @@ fn totals(ps: &[snap::ProcessSnapshot]) -> TreeTotals {
             t.gpu.get_or_insert_with(Default::default).add(g);
         }
     }
-    t.gpu_derived = gpu_derived(ps);
+    t.gpu_derived = gpu_derived(ps, history, now_ms);
     t
 }
 
 /// Diagnosis signals from the processes' windows and the device collector's utilization.
-fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::GpuDerived> {
+fn gpu_derived(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::devices::DeviceHistory,
+    now_ms: u64,
+) -> Option<ethand_exporters::gpu::GpuDerived> {
     if ps.iter().all(|p| p.gpu.is_none()) {
         return None;
     }
@@ -305,17 +401,27 @@ fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::Gp
         ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
     };
     let wall_ns = window_ms as f64 * 1e6;
-    // Device utilization: the mean over the devices the tree's processes use.
-    let utils: Vec<f64> = ps
+    // Device readings: window means over the devices the tree's processes use (all GPUs
+    // when the driver names none for them: a container's pids are not the host's).
+    let used: Vec<String> = ps
         .iter()
-        .flat_map(|p| p.devices.iter())
-        .filter_map(|d| d.device_utilization_ratio)
+        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
         .collect();
-    let device_utilization_ratio =
-        (!utils.is_empty()).then(|| utils.iter().sum::<f64>() / utils.len() as f64);
+    let means = history.means(&used, now_ms.saturating_sub(window_ms));
+    let launches: Option<u64> = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.gpu_launches)
+        .reduce(ethand_exporters::gpu::add_counted)
+        .flatten();
     Some(ethand_exporters::gpu::GpuDerived {
         window_ms,
-        launches_per_second: sum(|w| w.gpu_launches) as f64 / secs,
+        launches_per_second: launches.map(|n| n as f64 / secs),
+        syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
+        sm_activity_ratio: means.sm_activity_ratio,
+        sm_occupancy_ratio: means.sm_occupancy_ratio,
+        tensor_activity_ratio: means.tensor_activity_ratio,
+        dram_bandwidth_ratio: means.dram_bandwidth_ratio,
         sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
         collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
         copy_bytes_per_second: vec![
@@ -332,8 +438,8 @@ fn gpu_derived(ps: &[snap::ProcessSnapshot]) -> Option<ethand_exporters::gpu::Gp
                 sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
             ),
         ],
-        device_utilization_ratio,
-        device_idle_ratio: device_utilization_ratio.map(|u| (1.0 - u).max(0.0)),
+        device_utilization_ratio: means.utilization_ratio,
+        device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
     })
 }
 
@@ -342,6 +448,7 @@ pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
     pub gpu: GpuProbes,
+    pub sampler: crate::launch_sample::LaunchSampler,
     pub devices: crate::devices::DeviceSampler,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
@@ -370,7 +477,8 @@ impl Engine {
             libc::malloc_trim(0);
         }
         let progs = gpu.progs();
-        for prog in [progs.entry, progs.ret] {
+        let sampler = crate::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
+        for prog in [progs.entry, progs.ret, sampler.program()] {
             loaded
                 .program_probe
                 .insert(prog.into(), format!("uprobe_{prog}"));
@@ -383,6 +491,7 @@ impl Engine {
             d.max_processes,
         );
         model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
+        model.launches_counted = cfg.gpu.level.counts_launches();
         model.exit_events = loaded.probes.iter().any(|p| {
             p.name == "sched_process_exit"
                 && p.state == ethand_exporters::snapshot::ProbeState::Attached
@@ -400,6 +509,11 @@ impl Engine {
             node_line: Mutex::new((u64::MAX, std::sync::Weak::new())),
             servers: std::sync::OnceLock::new(),
             drops: Mutex::default(),
+            sample_requests: Mutex::default(),
+            device_history: Mutex::new(crate::devices::DeviceHistory::new(
+                (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
+            )),
+            launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
         });
         let syscalls_attached = loaded.probes.iter().any(|p| {
             p.name == "sys_exit" && p.state == ethand_exporters::snapshot::ProbeState::Attached
@@ -413,6 +527,7 @@ impl Engine {
             loaded,
             collector,
             gpu,
+            sampler,
             devices: crate::devices::DeviceSampler::start(cfg, hostname()),
             shared,
             started_at_unix_ms: unix_ms(),
@@ -428,6 +543,14 @@ impl Engine {
         self.collector.drain_lifecycle(&mut model);
     }
 
+    /// Starts the launch samples snapshots asked for; answers those whose time is up (every
+    /// one with `force`).
+    pub fn sample_tick(&mut self, force: bool) {
+        let new = std::mem::take(&mut *self.shared.sample_requests.lock().expect("lock"));
+        self.sampler
+            .tick(&mut self.loaded.ebpf, &self.gpu, new, force);
+    }
+
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.
     pub fn collect(&mut self) {
         let req = self.shared.level_request.lock().expect("lock").take();
@@ -438,16 +561,23 @@ impl Engine {
         // Attach to runtime libraries loaded since the last rescan before reading the maps.
         let hints = self.syscalls_attached.then_some(&mut self.maps_changed);
         self.gpu.tick(&mut self.loaded.ebpf, hints);
+        self.sample_tick(false);
         let now = unix_ms();
         let node = {
             let mut model = self.shared.model.lock().expect("lock");
             self.collector.drain_lifecycle(&mut model);
             self.collector.stats.tick();
+            model.launches_counted = self.gpu.level().counts_launches();
             let raw = self.collector.read();
             let reclaim = model.ingest(raw, now);
             self.maps_changed.extend(model.drain_maps_changed());
             self.collector.reclaim(&reclaim);
             let devices = self.devices.latest();
+            self.shared
+                .device_history
+                .lock()
+                .expect("lock")
+                .push(now, &devices);
             let (cpu_seconds, rss_bytes) = procinfo::self_usage();
             NodeSnapshot {
                 schema_version: snap::SCHEMA_VERSION,

@@ -8,7 +8,7 @@ use std::{
 };
 
 use ethand_exporters::{
-    diagnosis::{Evidence, Finding},
+    diagnosis::{Evidence, Finding, NotEvaluated},
     snapshot::{ProcessSnapshot, TreeSnapshot, WindowStats},
 };
 use serde::Deserialize;
@@ -47,6 +47,8 @@ struct RuleSpec {
     impact: Option<String>,
     #[serde(default)]
     suppressed_by: Vec<String>,
+    #[serde(default)]
+    needs: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -70,6 +72,9 @@ pub struct Rule {
     pub impact: Option<Expr>,
     /// Rules that explain this one: when one of them fires, this finding is left out.
     pub suppressed_by: Vec<String>,
+    /// Signals without which the rule cannot decide: when one is missing the rule is
+    /// reported as not evaluated (with how to get the signal), never as "nothing found".
+    pub needs: Vec<String>,
     /// Where it came from (built-in or a file), for error messages and `ethand status`.
     pub origin: String,
 }
@@ -140,6 +145,7 @@ pub fn parse_rules(
                 speedup,
                 impact,
                 suppressed_by: spec.suppressed_by,
+                needs: spec.needs,
                 origin: origin.into(),
             }),
         ));
@@ -200,10 +206,57 @@ pub fn load_rules(dir: &Path) -> Vec<Rule> {
     rules
 }
 
+/// Fills the tree's `findings` and `not_evaluated` from the rules.
+pub fn apply(t: &mut TreeSnapshot, rules: &[Rule]) {
+    let (findings, not_evaluated) = evaluate(t, rules);
+    t.findings = findings;
+    t.not_evaluated = not_evaluated;
+}
+
 /// Evaluates the rules over the tree; findings ranked by impact, highest first.
 pub fn diagnose(t: &TreeSnapshot, rules: &[Rule]) -> Vec<Finding> {
+    evaluate(t, rules).0
+}
+
+/// Findings ranked by impact, and the rules that could not run for a missing signal. A rule
+/// about GPUs on a tree that uses none does not apply: it is neither.
+pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvaluated>) {
     let s = signals(t);
-    let fired: Vec<&Rule> = rules.iter().filter(|r| r.when.truth(&s)).collect();
+    let uses_gpu = uses_accelerator(t);
+    let mut not_evaluated = Vec::new();
+    let runnable: Vec<&Rule> = rules
+        .iter()
+        .filter(|r| {
+            let missing: Vec<String> = r
+                .needs
+                .iter()
+                .filter(|n| !s.contains_key(n.as_str()))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                return true;
+            }
+            let about_gpu = r
+                .needs
+                .iter()
+                .any(|n| n.starts_with("gpu.") || n.starts_with("ranks."));
+            if about_gpu && !uses_gpu {
+                return false;
+            }
+            not_evaluated.push(NotEvaluated {
+                rule: r.id.clone(),
+                title: r.title.clone(),
+                how: missing
+                    .iter()
+                    .map(|m| how_to_get(m, t))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                missing,
+            });
+            false
+        })
+        .collect();
+    let fired: Vec<&Rule> = runnable.into_iter().filter(|r| r.when.truth(&s)).collect();
     let mut out: Vec<Finding> = fired
         .iter()
         .filter(|r| {
@@ -250,7 +303,38 @@ pub fn diagnose(t: &TreeSnapshot, rules: &[Rule]) -> Vec<Finding> {
             .unwrap_or(std::cmp::Ordering::Equal)
             .then(a.id.cmp(&b.id))
     });
-    out
+    (out, not_evaluated)
+}
+
+/// The tree calls a GPU/NPU runtime or holds a device (by the driver's process list).
+fn uses_accelerator(t: &TreeSnapshot) -> bool {
+    t.total.gpu.is_some() || t.processes.iter().any(|p| !p.devices.is_empty())
+}
+
+/// How to get a signal the tree lacks: one sentence for the snapshot's reader.
+fn how_to_get(signal: &str, t: &TreeSnapshot) -> String {
+    let level = t.gpu_level.as_deref().unwrap_or("unknown");
+    match signal {
+        "gpu.launches_per_second" | "gpu.launches" | "gpu.syncs_per_launch" => {
+            match &t.launch_sample {
+                Some(s) if !s.notes.is_empty() => format!(
+                    "Kernel launches: the on-demand sample counted none ({}); `ethand level process` counts them all the time, at a cost per launch.",
+                    s.notes.join("; ")
+                ),
+                Some(_) => "Kernel launches: no process of the tree maps a probed runtime library to sample; `ethand level process` counts them all the time.".into(),
+                None => format!(
+                    "Kernel launches are not counted at GPU level {level} and no launch sample was taken: snapshot without --no-launch-sample (diagnosis.launch_sample_ms > 0), or `ethand level process`."
+                ),
+            }
+        }
+        s if s.starts_with("gpu.device_") || s == "gpu.sm_busy_ratio" => "GPU utilization: no NVML/DCMI reading of the tree's devices in the window (`ethand status` shows the device collectors).".into(),
+        s if s.starts_with("gpu.sm_") || s.starts_with("gpu.tensor") || s.starts_with("gpu.dram") => "NVML GPM (SM activity) is read on Hopper and newer GPUs only; this GPU or driver does not offer it.".into(),
+        s if s.starts_with("gpu.") => format!(
+            "GPU runtime calls: none probed for this tree (GPU level {level}; `ethand status` lists the probed libraries)."
+        ),
+        s if s.starts_with("cpu.main_thread") => "The main thread's CPU time: the tree's root or GPU process has no main thread the probes saw in the window.".into(),
+        _ => format!("{signal} was not measured for this tree."),
+    }
 }
 
 fn unit_of(name: &str) -> &'static str {
@@ -303,8 +387,12 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
             s.insert(k.to_string(), v);
         }
     };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    put("node.cpus", cpus);
+    // The snapshot's own host (a saved file is read on another machine); unknown in older
+    // files, then the per-CPU signals are left out.
+    let cpus = t.node_cpus.map(f64::from);
+    if let Some(c) = cpus {
+        put("node.cpus", c);
+    }
     // The window: the daemon's history, else the standalone measurement.
     let windows: Vec<&WindowStats> = t
         .processes
@@ -319,10 +407,29 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let w = window_ms as f64 / 1000.0;
     let sum = |f: fn(&WindowStats) -> u64| windows.iter().map(|x| f(x)).sum::<u64>() as f64;
     let tt = &t.total;
-    // Below level "process" launches are not probed: leave the launch signals out (unknown),
-    // so that no rule reads "0 launches" as a fact.
-    let launches_counted = !matches!(t.gpu_level.as_deref(), Some("system" | "calls"));
-    let mut s_launches_per_second: Option<f64> = None;
+    // Launches: counted in the window at `process`/`op`; at `calls` only by the snapshot's
+    // on-demand sample. Never read as 0 when not counted.
+    let window_launches: Option<u64> = windows
+        .iter()
+        .map(|x| x.gpu_launches)
+        .reduce(ethand_exporters::gpu::add_counted)
+        .flatten();
+    let sample = t.launch_sample.as_ref();
+    let launches_per_second: Option<f64> = if w > 0.0 && window_launches.is_some() {
+        window_launches.map(|n| n as f64 / w)
+    } else {
+        sample.and_then(|s| s.launches_per_second)
+    };
+    let per_pid_launches = |p: &ProcessSnapshot| -> Option<u64> {
+        p.window.as_ref().and_then(|w| w.gpu_launches).or_else(|| {
+            sample.and_then(|s| {
+                s.processes
+                    .iter()
+                    .find(|x| x.pid == p.pid)
+                    .map(|x| x.launches)
+            })
+        })
+    };
     if w > 0.0 {
         put("window_seconds", w);
         let oncpu = sum(|x| x.oncpu_ns);
@@ -346,10 +453,6 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         );
         put("net.tx_bytes_per_second", sum(|x| x.net_tx_bytes) / w);
         put("net.rx_bytes_per_second", sum(|x| x.net_rx_bytes) / w);
-        if tt.gpu.is_some() && launches_counted {
-            s_launches_per_second = Some(sum(|x| x.gpu_launches) / w);
-            put("gpu.launches_per_second", sum(|x| x.gpu_launches) / w);
-        }
         if tt.gpu.is_some() {
             put("gpu.sync_blocked_ratio", sum(|x| x.gpu_sync_ns) / 1e9 / w);
             put("gpu.collective_ratio", sum(|x| x.collective_ns) / 1e9 / w);
@@ -357,6 +460,23 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
                 "gpu.memory_growth_bytes_per_second",
                 sum(|x| x.gpu_memory_growth_bytes) / w,
             );
+            let syncs = sum(|x| x.gpu_sync_calls);
+            put("gpu.syncs_per_second", syncs / w);
+            let h2d = sum(|x| x.gpu_copy_h2d_calls);
+            put("gpu.h2d_copies_per_second", h2d / w);
+            if h2d > 0.0 {
+                put(
+                    "gpu.h2d_copy_avg_bytes",
+                    sum(|x| x.gpu_copy_h2d_bytes) / h2d,
+                );
+                put("gpu.syncs_per_h2d_copy", syncs / h2d);
+            }
+            if let Some(lps) = launches_per_second {
+                put("gpu.launches_per_second", lps);
+                if lps > 0.0 {
+                    put("gpu.syncs_per_launch", syncs / w / lps);
+                }
+            }
         }
     }
     // A thread's off-CPU time is counted when it runs again: one asleep right now would look
@@ -392,7 +512,9 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         .count() as f64;
     put("cpu.threads", threads.len() as f64);
     put("cpu.busy_threads", busy);
-    put("cpu.threads_per_cpu", busy / cpus);
+    if let Some(c) = cpus {
+        put("cpu.threads_per_cpu", busy / c);
+    }
     let (vol, invol) = (
         tt.sched.voluntary_switches as f64,
         tt.sched.involuntary_switches as f64,
@@ -400,19 +522,81 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     if vol + invol > 0.0 {
         put("cpu.involuntary_switch_ratio", invol / (vol + invol));
     }
-    // The main thread of the process that drives the GPU (most launches), else of the root.
+    // The process that drives the GPU: most launches (counted or sampled), else most
+    // runtime calls, else one the driver lists on a device, else the root. A launcher
+    // (bash, torchrun) is the root of the tree but not the driver.
+    let gpu_calls = |p: &ProcessSnapshot| {
+        p.gpu
+            .as_ref()
+            .map_or(0, |g| g.symbols.iter().map(|x| x.calls).sum::<u64>())
+    };
     let driver = t
         .processes
         .iter()
-        .filter(|p| p.gpu.as_ref().is_some_and(|g| g.launches > 0))
-        .max_by_key(|p| p.gpu.as_ref().map_or(0, |g| g.launches))
+        .filter(|p| per_pid_launches(p).is_some_and(|n| n > 0))
+        .max_by_key(|p| per_pid_launches(p))
+        .or_else(|| {
+            t.processes
+                .iter()
+                .filter(|p| gpu_calls(p) > 0)
+                .max_by_key(|p| gpu_calls(p))
+        })
+        .or_else(|| t.processes.iter().find(|p| !p.devices.is_empty()))
         .or(t.processes.first());
     if let Some(root) = driver {
-        if let Some(main) = root.threads.iter().find(|th| th.tid == root.pid) {
-            let l = life_in(root, &main.sched);
-            if l > 0.0 {
-                put("cpu.main_thread_busy_ratio", main.sched.oncpu_ns as f64 / l);
+        // Over the window when the history has the main thread's time, else over its life.
+        match (root.window.as_ref(), w > 0.0) {
+            (Some(win), true) if win.main_thread_oncpu_ns.is_some() && win.duration_ms > 0 => {
+                // A process younger than the window: over its life (unknown life: the window).
+                let window_ns = win.duration_ms as f64 * 1e6;
+                let life = span_ns(root);
+                let span = if life > 0.0 {
+                    window_ns.min(life)
+                } else {
+                    window_ns
+                };
+                put(
+                    "cpu.main_thread_busy_ratio",
+                    (win.main_thread_oncpu_ns.unwrap_or(0) as f64 / span).min(1.0),
+                );
             }
+            _ => {
+                if let Some(main) = root.threads.iter().find(|th| th.tid == root.pid) {
+                    let l = life_in(root, &main.sched);
+                    if l > 0.0 {
+                        put("cpu.main_thread_busy_ratio", main.sched.oncpu_ns as f64 / l);
+                    }
+                }
+            }
+        }
+        // Its descendants: DataLoader workers and other helpers that feed it.
+        let mut below = vec![root.pid];
+        let mut i = 0;
+        while i < below.len() {
+            let parent = below[i];
+            for p in &t.processes {
+                if p.ppid == parent && !below.contains(&p.pid) {
+                    below.push(p.pid);
+                }
+            }
+            i += 1;
+        }
+        let workers: Vec<&ProcessSnapshot> = t
+            .processes
+            .iter()
+            .filter(|p| p.pid != root.pid && p.alive && below.contains(&p.pid))
+            .collect();
+        put("cpu.workers", workers.len() as f64);
+        if !workers.is_empty() && w > 0.0 {
+            let cores: f64 = workers
+                .iter()
+                .filter_map(|p| p.window.as_ref())
+                .map(|x| x.oncpu_ns as f64)
+                .sum::<f64>()
+                / 1e9
+                / w;
+            put("cpu.workers_cores_used", cores);
+            put("cpu.workers_busy_ratio", cores / workers.len() as f64);
         }
     }
     // Per process, `ns_of(p)` against its longest-lived thread's time; the worst process.
@@ -467,13 +651,30 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     );
     if let Some(g) = &tt.gpu {
         put("gpu.sync_calls", g.sync.calls as f64);
-        if launches_counted {
-            put("gpu.launches", g.launches as f64);
-            let spl = g.sync.calls as f64 / (g.launches.max(1)) as f64;
-            put("gpu.syncs_per_launch", spl);
-            if let Some(lps) = s_launches_per_second {
-                put("gpu.syncs_per_second", spl * lps);
-            }
+        if let Some(n) = g.launches {
+            put("gpu.launches", n as f64);
+        } else if let Some(n) = sample.and_then(|s| s.launches) {
+            put("gpu.launches", n as f64);
+        }
+        // Of all host-to-device copies, the share made with the synchronous symbols (the
+        // path of pageable memory in CuPy and the driver API).
+        let h2d = |is_async: bool| {
+            g.symbols
+                .iter()
+                .filter(|x| {
+                    x.category == "copy"
+                        && x.direction == "host_to_device"
+                        && x.symbol.contains("Async") == is_async
+                })
+                .map(|x| x.calls)
+                .sum::<u64>()
+        };
+        let (h2d_sync, h2d_async) = (h2d(false), h2d(true));
+        if h2d_sync + h2d_async > 0 {
+            put(
+                "gpu.sync_h2d_copy_share",
+                h2d_sync as f64 / (h2d_sync + h2d_async) as f64,
+            );
         }
         let copies = |is_async: bool| {
             g.symbols
@@ -511,6 +712,22 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         }
         if let Some(i) = d.device_idle_ratio {
             put("gpu.device_idle_ratio", i);
+        }
+        for (name, v) in [
+            ("gpu.sm_activity_ratio", d.sm_activity_ratio),
+            ("gpu.sm_occupancy_ratio", d.sm_occupancy_ratio),
+            ("gpu.tensor_activity_ratio", d.tensor_activity_ratio),
+            ("gpu.dram_bandwidth_ratio", d.dram_bandwidth_ratio),
+        ] {
+            if let Some(v) = v {
+                put(name, v);
+            }
+        }
+        // How busy the SMs really are: GPM's SM activity where the GPU has it; else NVML's
+        // utilization, which counts the GPU busy while a single tiny kernel runs (an upper
+        // bound).
+        if let Some(v) = d.sm_activity_ratio.or(d.device_utilization_ratio) {
+            put("gpu.sm_busy_ratio", v);
         }
     }
     device_signals(t, &mut put);
@@ -599,39 +816,78 @@ fn rank_signals(t: &TreeSnapshot, w: f64, put: &mut impl FnMut(&str, f64)) {
     put("ranks.straggler_rank", min_rank as f64);
 }
 
-/// Swap and major faults of the tree's live processes, from /proc.
+/// Swap and major faults of the tree's live processes, as read when the snapshot was taken
+/// (so that a saved snapshot diagnoses the same later).
 fn memory_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
-    let mut swap = 0u64;
-    let mut faults_per_s = 0.0;
     let now_s = t.taken_at_unix_ms as f64 / 1000.0;
-    // Only processes /proc knows (a start time); synthetic or exited ones have none.
-    for p in t
-        .processes
-        .iter()
-        .filter(|p| p.alive && p.start_time_unix_s > 0)
-    {
-        if let Ok(st) = std::fs::read_to_string(format!("/proc/{}/status", p.pid)) {
-            if let Some(kb) = st
-                .lines()
-                .find_map(|l| l.strip_prefix("VmSwap:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            {
-                swap += kb * 1024;
-            }
-        }
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)) {
-            // majflt is field 12: index 9 after the command name.
-            let majflt = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().nth(9)?.parse::<f64>().ok());
-            let age = now_s - p.start_time_unix_s as f64;
-            if let (Some(m), true) = (majflt, age > 0.0 && p.start_time_unix_s > 0) {
-                faults_per_s += m / age;
-            }
-        }
+    let live: Vec<&ProcessSnapshot> = t.processes.iter().filter(|p| p.alive).collect();
+    if live.iter().any(|p| p.swap_bytes.is_some()) {
+        put(
+            "mem.swap_bytes",
+            live.iter().filter_map(|p| p.swap_bytes).sum::<u64>() as f64,
+        );
     }
-    put("mem.swap_bytes", swap as f64);
-    put("mem.major_faults_per_second", faults_per_s);
+    if live.iter().any(|p| p.major_faults.is_some()) {
+        let per_s: f64 = live
+            .iter()
+            .filter(|p| p.start_time_unix_s > 0)
+            .filter_map(|p| {
+                let age = now_s - p.start_time_unix_s as f64;
+                let faults = p.major_faults?;
+                (age > 0.0).then(|| faults as f64 / age)
+            })
+            .sum();
+        put("mem.major_faults_per_second", per_s);
+    }
+}
+
+/// Largest snapshot file `ethand diagnose` reads.
+const MAX_FILE: u64 = 256 << 20;
+
+/// `ethand diagnose FILE`: the rules (built-in plus the rules directory) over a saved
+/// snapshot. Prints the findings and the rules that could not run; exit 0.
+pub fn run_file(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow::Result<u8> {
+    use anyhow::Context as _;
+    use std::io::Read as _;
+    let mut text = Vec::new();
+    let what = file.display().to_string();
+    if what == "-" {
+        std::io::stdin()
+            .take(MAX_FILE + 1)
+            .read_to_end(&mut text)
+            .context("reading the snapshot from standard input")?;
+    } else {
+        std::fs::File::open(file)
+            .and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut text))
+            .with_context(|| format!("cannot read {what}"))?;
+    }
+    if text.len() as u64 > MAX_FILE {
+        return Err(crate::UsageError(format!(
+            "{what} is larger than {} MiB: not an ethand snapshot",
+            MAX_FILE >> 20
+        ))
+        .into());
+    }
+    let mut tree: TreeSnapshot = serde_json::from_slice(&text).map_err(|e| {
+        crate::UsageError(format!(
+            "{what} is not an `ethand snapshot --json` file: {e}"
+        ))
+    })?;
+    let rules = load_rules(&cfg.diagnosis.rules_dir);
+    apply(&mut tree, &rules);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "root_pid": tree.root_pid,
+                "findings": tree.findings,
+                "not_evaluated": tree.not_evaluated,
+            }))?
+        );
+    } else {
+        print!("{}", crate::render::diagnosis(&tree));
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -96,6 +96,10 @@ pub struct GpuProbes {
     /// Processes whose maps were read in the last full scan (rescanned each interval, since
     /// a dlopen can happen at any time).
     pub scans: u64,
+    /// `gpu.driver_libraries` (empty: look for the system's).
+    driver_libraries: Vec<PathBuf>,
+    /// The driver libraries were looked for (again once NVML's directory is known).
+    preloaded: u8,
 }
 
 impl GpuProbes {
@@ -115,6 +119,8 @@ impl GpuProbes {
             progs: Progs::detect(),
             scanner: MapsScanner::default(),
             scans: 0,
+            driver_libraries: cfg.gpu.driver_libraries.clone(),
+            preloaded: 0,
         };
         info!(uprobe_multi = me.progs.multi(), "GPU/NPU uprobe programs");
         if let Err(e) = Self::prepare(ebpf, me.progs) {
@@ -166,6 +172,7 @@ impl GpuProbes {
         }
         self.last_scan = Some(Instant::now());
         self.scans += 1;
+        self.preload(ebpf);
         for l in self.libs.values_mut() {
             if l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref()) {
                 warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
@@ -213,6 +220,43 @@ impl GpuProbes {
         }
     }
 
+    /// Probes the system's driver libraries before any process maps them: once at the first
+    /// scan, and once more when NVML's library (loaded by the device thread) shows where the
+    /// driver lives.
+    fn preload(&mut self, ebpf: &mut Ebpf) {
+        let nvml_dir = if self.driver_libraries.is_empty() {
+            nvml_directory()
+        } else {
+            None
+        };
+        let want = if nvml_dir.is_some() { 2 } else { 1 };
+        if self.preloaded >= want {
+            return;
+        }
+        self.preloaded = want;
+        let paths = if self.driver_libraries.is_empty() {
+            system_driver_libraries(nvml_dir.as_deref())
+        } else {
+            self.driver_libraries.clone()
+        };
+        for path in paths {
+            let Some(lib) = library_file(&path, &self.runtimes) else {
+                continue;
+            };
+            let key = (lib.dev.clone(), lib.inode);
+            if self.libs.contains_key(&key) {
+                continue;
+            }
+            let mut l = resolve(&lib);
+            if l.status.state != ProbeState::Failed {
+                attach(ebpf, self.progs, &mut l, self.level);
+                info!(library = %lib.path.display(), "driver library probed at start-up");
+            }
+            l.status.detail = format!("probed at start-up; {}", l.status.detail);
+            self.libs.insert(key, l);
+        }
+    }
+
     /// Switches the level live: detaches everything and re-attaches as the level wants.
     pub fn set_level(&mut self, ebpf: &mut Ebpf, level: GpuLevel) -> Result<String, String> {
         if let Some(e) = &self.load_error {
@@ -250,6 +294,40 @@ impl GpuProbes {
                 .filter(|l| l.status.state == ProbeState::Attached)
                 .count()
         ))
+    }
+
+    /// Where the kernel launches of `pid` can be counted: per probed library file it maps,
+    /// the path to attach through and the file offsets of its launch symbols.
+    pub fn launch_points(&self, pid: u32) -> Result<Vec<LaunchPoints>, String> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .map_err(|e| format!("cannot read its mappings: {e}"))?;
+        let mut out: Vec<LaunchPoints> = Vec::new();
+        for lib in parse_maps(pid, &text) {
+            let key = (lib.dev.clone(), lib.inode);
+            if out.iter().any(|(k, _, _)| *k == key) {
+                continue;
+            }
+            let Some(l) = self.libs.get(&key) else {
+                if self.runtimes.contains(&lib.runtime) {
+                    return Err(format!(
+                        "{} is mapped but not probed yet (found at the next rescan)",
+                        lib.path.display()
+                    ));
+                }
+                continue;
+            };
+            let offsets: Vec<u64> = l
+                .resolved
+                .iter()
+                .filter(|(op, _)| CATALOG[*op as usize].category == Category::Launch)
+                .map(|(_, off)| *off)
+                .collect();
+            if offsets.is_empty() {
+                continue;
+            }
+            out.push((key, attach_path(l), offsets));
+        }
+        Ok(out)
     }
 
     pub fn libraries(&self) -> Vec<GpuLibraryStatus> {
@@ -327,6 +405,92 @@ impl GpuProbes {
             .map(|r| (r, self.runtimes.contains(&r)))
     }
 }
+
+/// The directory of the NVML library this process loaded (the driver's own directory).
+fn nvml_directory() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libnvidia-ml.so"))
+        })
+        .and_then(|p| std::path::Path::new(p).parent().map(PathBuf::from))
+}
+
+/// The driver libraries (libcuda.so.1, libascendcl.so) in the loader's directories and
+/// beside NVML's library, each file once.
+fn system_driver_libraries(nvml_dir: Option<&std::path::Path>) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = nvml_dir.into_iter().map(PathBuf::from).collect();
+    let mut conf: Vec<PathBuf> = vec![PathBuf::from("/etc/ld.so.conf")];
+    if let Ok(d) = std::fs::read_dir("/etc/ld.so.conf.d") {
+        let mut more: Vec<PathBuf> = d
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+            .collect();
+        more.sort();
+        conf.extend(more);
+    }
+    for f in conf {
+        // Plain directory lines only; `include` lines name the files read above.
+        if let Ok(text) = std::fs::read_to_string(&f) {
+            dirs.extend(
+                text.lines()
+                    .map(|l| l.split('#').next().unwrap_or("").trim())
+                    .filter(|l| l.starts_with('/'))
+                    .map(PathBuf::from),
+            );
+        }
+    }
+    for d in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/lib64",
+        "/usr/local/Ascend/ascend-toolkit/latest/lib64",
+    ] {
+        dirs.push(PathBuf::from(d));
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        for name in ["libcuda.so.1", "libascendcl.so"] {
+            let p = d.join(name);
+            if p.exists() && !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A library file on this host's filesystem, described as a mapping would (device, inode),
+/// so that a process mapping it later finds it probed already.
+fn library_file(path: &std::path::Path, runtimes: &[Runtime]) -> Option<MappedLibrary> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(path).ok()?;
+    let runtime = Runtime::from_file_name(real.file_name()?.to_str()?)
+        .or_else(|| Runtime::from_file_name(path.file_name()?.to_str()?))?;
+    if !runtimes.contains(&runtime) {
+        return None;
+    }
+    let m = std::fs::metadata(&real).ok()?;
+    let dev = m.dev();
+    Some(MappedLibrary {
+        runtime,
+        path: real.clone(),
+        host_path: real,
+        // As /proc/PID/maps writes it: major:minor in hex.
+        dev: format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)),
+        inode: m.ino(),
+    })
+}
+
+/// A library file's (device, inode), the path to attach through, and its launch symbols'
+/// file offsets.
+pub type LaunchPoints = ((String, u64), PathBuf, Vec<u64>);
 
 /// Every this many scans, all processes are looked at, hints or not.
 const FULL_SCAN_EVERY: u64 = 15;
@@ -559,13 +723,7 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     if level == GpuLevel::System || l.resolved.is_empty() {
         return;
     }
-    let path = match &l.file {
-        Some(f) => {
-            use std::os::fd::AsRawFd;
-            PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
-        }
-        None => PathBuf::from(&l.status.host_path),
-    };
+    let path = attach_path(l);
     let time_flag = if level == GpuLevel::Op {
         GPU_COOKIE_TIME
     } else {
@@ -649,6 +807,17 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
     }
 }
 
+/// The held-open file (valid after the process it was found in has exited), else its path.
+fn attach_path(l: &Lib) -> PathBuf {
+    match &l.file {
+        Some(f) => {
+            use std::os::fd::AsRawFd;
+            PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        }
+        None => PathBuf::from(&l.status.host_path),
+    }
+}
+
 fn detach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib) {
     for (prog, link) in [
         (progs.entry, l.entry_link.take()),
@@ -664,14 +833,20 @@ fn detach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib) {
 }
 
 /// The snapshot view of a process's GPU/NPU calls. None when it made no probed call.
+/// `launches_counted`: the level in force probes launches; otherwise they stay None.
 pub fn process_stats(
     calls: &BTreeMap<(u16, u16), GpuCallStats>,
     state: Option<&GpuProcState>,
+    launches_counted: bool,
 ) -> Option<g::GpuProcessStats> {
     if calls.is_empty() && state.is_none() {
         return None;
     }
     let mut out = g::GpuProcessStats::default();
+    if launches_counted {
+        out.launches = Some(0);
+        out.graph_launches = Some(0);
+    }
     let mut copies: BTreeMap<u16, g::GpuCopyStats> = BTreeMap::new();
     let mut mem: Vec<g::GpuMemoryStats> = gpu_mem::NAMES
         .iter()
@@ -707,8 +882,16 @@ pub fn process_stats(
         });
         let m = (spec.desc.mem as usize).min(gpu_mem::COUNT - 1);
         match spec.category {
-            Category::Launch => out.launches += s.calls,
-            Category::GraphLaunch => out.graph_launches += s.calls,
+            Category::Launch => {
+                if let Some(n) = &mut out.launches {
+                    *n += s.calls;
+                }
+            }
+            Category::GraphLaunch => {
+                if let Some(n) = &mut out.graph_launches {
+                    *n += s.calls;
+                }
+            }
             Category::Copy => {
                 let c = copies.entry(*dir).or_insert_with(|| g::GpuCopyStats {
                     direction: direction.into(),
@@ -854,9 +1037,12 @@ mod tests {
         state.comm_lib = u32::from(ethand_common::gpu_dtype::NCCL);
         state.rank = 1;
         state.nranks = 4;
-        let g = process_stats(&calls, Some(&state)).unwrap();
-        assert_eq!(g.launches, 15);
-        assert_eq!(g.graph_launches, 2);
+        let g = process_stats(&calls, Some(&state), true).unwrap();
+        assert_eq!(g.launches, Some(15));
+        assert_eq!(g.graph_launches, Some(2));
+        // Below `process` a launch count is not taken: absent, never 0.
+        let below = process_stats(&calls, Some(&state), false).unwrap();
+        assert_eq!((below.launches, below.graph_launches), (None, None));
         assert_eq!(g.copy_bytes("host_to_device"), 350);
         assert_eq!(g.copy_bytes("device_to_host"), 70);
         let dev = g.memory.iter().find(|m| m.kind == "device").unwrap();
@@ -885,6 +1071,6 @@ mod tests {
 
     #[test]
     fn nothing_called_means_no_gpu_section() {
-        assert!(process_stats(&BTreeMap::new(), None).is_none());
+        assert!(process_stats(&BTreeMap::new(), None, true).is_none());
     }
 }

@@ -16,6 +16,7 @@ pub mod expr;
 pub mod gpu;
 pub mod http;
 pub mod kernel;
+pub mod launch_sample;
 pub mod loader;
 pub mod model;
 pub mod outfile;

@@ -64,6 +64,23 @@ enum Command {
         /// Without a daemon: how long to measure with ethand's own probes (seconds).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
         duration: u64,
+        /// Measure with ethand's own probes for --duration even when a daemon runs.
+        #[arg(long)]
+        standalone: bool,
+        /// Do not count kernel launches on demand (at level `calls` the launch-based rules
+        /// then say they could not run).
+        #[arg(long)]
+        no_launch_sample: bool,
+    },
+    /// Run the diagnosis rules (built-in plus diagnosis.rules_dir) over a saved
+    /// `ethand snapshot --json` file: the findings, and which rules could not run and why.
+    /// Needs no daemon.
+    Diagnose {
+        /// The snapshot (JSON file; "-" reads standard input).
+        file: PathBuf,
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Switch the GPU/NPU probing level of the running daemon, live: system (device metrics
     /// only, no uprobes), calls (memory, copies, syncs, collectives: every probed call but
@@ -307,7 +324,22 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             html,
             window,
             duration,
-        } => snapshot(cfg, pid, json, csv, html, window, duration, timeout).await,
+            standalone,
+            no_launch_sample,
+        } => {
+            snapshot(
+                cfg,
+                pid,
+                SnapshotFormat { json, csv, html },
+                window,
+                duration,
+                standalone,
+                !no_launch_sample,
+                timeout,
+            )
+            .await
+        }
+        Command::Diagnose { file, json } => ethand::diagnose::run_file(&cfg, &file, json),
         Command::Compare {
             before,
             after,
@@ -366,27 +398,44 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
     }
 }
 
+struct SnapshotFormat {
+    json: bool,
+    csv: bool,
+    html: Option<PathBuf>,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn snapshot(
     cfg: Config,
     pid: u32,
-    json: bool,
-    csv: bool,
-    html: Option<PathBuf>,
+    format: SnapshotFormat,
     window: u64,
     duration: u64,
+    force_standalone: bool,
+    launch_sample: bool,
     timeout: Duration,
 ) -> anyhow::Result<u8> {
-    let tree: TreeSnapshot = match api::call(
-        &cfg.daemon.socket,
-        &api::Request::Snapshot {
-            pid,
-            window_s: window,
-        },
-        timeout,
-    )
-    .await
-    {
+    let SnapshotFormat { json, csv, html } = format;
+    // The daemon may sample launches for diagnosis.launch_sample_ms: wait for that too.
+    let timeout = timeout + Duration::from_millis(cfg.diagnosis.launch_sample_ms) * 2;
+    let answer = if force_standalone {
+        Err(api::CallError::NoDaemon {
+            path: cfg.daemon.socket.display().to_string(),
+            source: std::io::Error::other("--standalone"),
+        })
+    } else {
+        api::call(
+            &cfg.daemon.socket,
+            &api::Request::Snapshot {
+                pid,
+                window_s: window,
+                launch_sample: Some(launch_sample),
+            },
+            timeout,
+        )
+        .await
+    };
+    let tree: TreeSnapshot = match answer {
         Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
         Ok(api::Response::NotFound(m)) => {
             eprintln!("ethand: {}", render::clean(&m));
@@ -401,11 +450,15 @@ async fn snapshot(
                 eprintln!("ethand: no process with pid {pid}");
                 return Ok(EXIT_NOT_FOUND);
             }
-            eprintln!(
-                "ethand: no daemon at {}; attaching probes for {duration}s (standalone measurement)",
-                cfg.daemon.socket.display()
-            );
-            match standalone(&cfg, pid, Duration::from_secs(duration)).await? {
+            if force_standalone {
+                eprintln!("ethand: attaching probes for {duration}s (standalone measurement)");
+            } else {
+                eprintln!(
+                    "ethand: no daemon at {}; attaching probes for {duration}s (standalone measurement)",
+                    cfg.daemon.socket.display()
+                );
+            }
+            match standalone(&cfg, pid, Duration::from_secs(duration), launch_sample).await? {
                 Some(t) => t,
                 None => {
                     eprintln!("ethand: process {pid} was not seen during the measurement");
@@ -434,15 +487,33 @@ async fn standalone(
     cfg: &Config,
     pid: u32,
     duration: Duration,
+    launch_sample: bool,
 ) -> anyhow::Result<Option<TreeSnapshot>> {
     let mut engine = daemon::Engine::start(cfg)?;
     let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
     let t0 = std::time::Instant::now();
     engine.collect();
+    // The first round found the runtime libraries: count the tree's launches over the rest
+    // of the measurement (at a level that does not count them anyway).
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    if launch_sample && engine.gpu.level() == ethand::config::GpuLevel::Calls {
+        engine
+            .shared
+            .sample_requests
+            .lock()
+            .expect("lock")
+            .push(ethand::launch_sample::Request {
+                pids: ethand::procinfo::descendants(pid),
+                duration,
+                reply: tx,
+            });
+    }
     while t0.elapsed() < duration {
         tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
         engine.collect();
     }
+    engine.sample_tick(true);
+    let sample = rx.try_recv().ok();
     let probes = engine
         .loaded
         .probes
@@ -451,5 +522,7 @@ async fn standalone(
         .chain(engine.gpu.probe_status())
         .collect();
     let ms = t0.elapsed().as_millis() as u64;
-    Ok(engine.shared.tree(pid, ms + 1000, "standalone", ms, probes))
+    Ok(engine
+        .shared
+        .tree(pid, ms + 1000, "standalone", ms, probes, sample))
 }

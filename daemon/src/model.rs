@@ -18,7 +18,7 @@ use crate::{procinfo, syscalls_table};
 const MMAP_NR: u32 = libc::SYS_mmap as u32;
 
 /// Number of totals per process in the history ring (order of snap::WindowStats).
-const TOTALS: usize = 18;
+const TOTALS: usize = 22;
 
 /// Everything read from the kernel maps in one pass.
 #[derive(Default)]
@@ -230,7 +230,7 @@ impl Proc {
             }
         }
         let n = &self.net;
-        let mut g = [0u64; 7];
+        let mut g = [0u64; 10];
         for ((op, dir), c) in &self.gpu_calls {
             use ethand_userspace_probes::catalog::{CATALOG, Category};
             let Some(spec) = CATALOG.get(*op as usize) else {
@@ -238,10 +238,19 @@ impl Proc {
             };
             match spec.category {
                 Category::Launch => g[0] += c.calls,
-                Category::Sync => g[1] += c.time_ns,
+                Category::Sync => {
+                    g[1] += c.time_ns;
+                    g[7] += c.calls;
+                }
                 Category::Copy => match *dir as u8 {
-                    ethand_common::gpu_dir::HOST_TO_DEVICE => g[2] += c.bytes,
-                    ethand_common::gpu_dir::DEVICE_TO_HOST => g[3] += c.bytes,
+                    ethand_common::gpu_dir::HOST_TO_DEVICE => {
+                        g[2] += c.bytes;
+                        g[8] += c.calls;
+                    }
+                    ethand_common::gpu_dir::DEVICE_TO_HOST => {
+                        g[3] += c.bytes;
+                        g[9] += c.calls;
+                    }
                     _ => g[4] += c.bytes,
                 },
                 Category::Collective => {
@@ -273,6 +282,13 @@ impl Proc {
             self.gpu_state
                 .map(|st| st.live_bytes.iter().fold(0u64, |a, b| a.wrapping_add(*b)))
                 .unwrap_or(0),
+            g[7],
+            g[8],
+            g[9],
+            // The main thread's on-CPU time: is the thread that drives the GPU busy now?
+            self.threads
+                .get(&self.key.tgid)
+                .map_or(0, |t| t.current().oncpu_ns),
         ]
     }
 }
@@ -347,6 +363,9 @@ pub struct Model {
     pub maps_changed: HashSet<ProcKey>,
     /// The exit tracepoint is attached: exits arrive as events.
     pub exit_events: bool,
+    /// Kernel launches are probed at the current GPU level (`process`, `op`): otherwise
+    /// their counts are left out of every snapshot rather than shown as 0.
+    pub launches_counted: bool,
     /// The times of the collection rounds, thinned like every process's history, so that
     /// windows start at a round every process has a value for.
     rounds: Thinned<()>,
@@ -394,6 +413,7 @@ impl Model {
             procs: HashMap::default(),
             maps_changed: HashSet::new(),
             exit_events: false,
+            launches_counted: false,
             rounds: Thinned::default(),
             history_ms: (history_seconds * 1000).max(2 * interval_ms),
             round: 0,
@@ -855,8 +875,12 @@ impl Model {
             block_write_bytes: d[7],
             net_tx_bytes: d[8],
             net_rx_bytes: d[9],
-            gpu_launches: d[10],
+            gpu_launches: self.launches_counted.then_some(d[10]),
             gpu_sync_ns: d[11],
+            gpu_sync_calls: d[18],
+            gpu_copy_h2d_calls: d[19],
+            gpu_copy_d2h_calls: d[20],
+            main_thread_oncpu_ns: Some(d[21]),
             gpu_copy_h2d_bytes: d[12],
             gpu_copy_d2h_bytes: d[13],
             gpu_copy_other_bytes: d[14],
@@ -913,7 +937,7 @@ impl Model {
                     block_write_bytes: d(7),
                     net_tx_bytes: d(8),
                     net_rx_bytes: d(9),
-                    gpu_launches: d(10),
+                    gpu_launches: self.launches_counted.then_some(d(10)),
                     gpu_sync_ns: d(11),
                     gpu_copy_bytes: d(12) + d(13) + d(14),
                     collective_ns: d(16),
@@ -941,7 +965,11 @@ impl Model {
         };
         v.sched.oncpu_ns = p.sched().oncpu_ns;
         if !p.gpu_calls.is_empty() || p.gpu_state.is_some() {
-            v.gpu = crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref());
+            v.gpu = crate::gpu::process_stats(
+                &p.gpu_calls,
+                p.gpu_state.as_ref(),
+                self.launches_counted,
+            );
         }
         v
     }
@@ -1009,7 +1037,8 @@ impl Model {
                 }
             })
             .collect();
-        let gpu = crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref());
+        let gpu =
+            crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref(), self.launches_counted);
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,
@@ -1048,6 +1077,42 @@ impl Model {
             gpu,
             devices: Vec::new(),
             window: self.window(&p.key, window_ms),
+            swap_bytes: None,
+            major_faults: None,
+        }
+    }
+
+    /// A live process the probes never saw over `measured_ms` (asleep throughout): its
+    /// metadata from /proc and the zero activity it had. Its window is the measurement, so
+    /// its idle main thread counts as idle, not as unknown.
+    pub fn unseen_process_snapshot(
+        &self,
+        pid: u32,
+        meta: procinfo::ProcMeta,
+        measured_ms: u64,
+    ) -> snap::ProcessSnapshot {
+        snap::ProcessSnapshot {
+            pid,
+            ppid: meta.ppid,
+            start_time_unix_s: if meta.start_ticks > 0 {
+                self.btime_unix_s + meta.start_ticks / self.clk_tck
+            } else {
+                0
+            },
+            comm: meta.comm,
+            cmdline: meta.cmdline,
+            cmdline_truncated: meta.cmdline_truncated,
+            exe: meta.exe,
+            cgroup: meta.cgroup,
+            uid: meta.uid,
+            alive: true,
+            observed_ms: measured_ms,
+            window: Some(snap::WindowStats {
+                duration_ms: measured_ms,
+                gpu_launches: self.launches_counted.then_some(0),
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 }

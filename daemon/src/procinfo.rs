@@ -171,6 +171,59 @@ pub fn self_usage() -> (f64, u64) {
     (cpu, rss)
 }
 
+/// `root` and every live process below it, from /proc now (each process's parent in its
+/// `stat`), root first. Empty when `root` does not exist.
+pub fn descendants(root: u32) -> Vec<u32> {
+    if !exists(root) {
+        return Vec::new();
+    }
+    let mut parent: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat"))
+                && let Some((_, ppid, _)) = parse_stat(&stat)
+            {
+                parent.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        for &(c, pp) in &parent {
+            if pp == p && !out.contains(&c) {
+                out.push(c);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Swapped-out bytes (`VmSwap`) and major faults since start (`stat` field 12) of a live
+/// process; None for what could not be read.
+pub fn memory(pid: u32) -> (Option<u64>, Option<u64>) {
+    let swap = fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|st| {
+            st.lines()
+                .find_map(|l| l.strip_prefix("VmSwap:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024);
+    let majflt = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let i = stat.rfind(')')?;
+            stat[i + 1..].split_whitespace().nth(9)?.parse::<u64>().ok()
+        });
+    (swap, majflt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

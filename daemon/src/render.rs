@@ -125,11 +125,7 @@ pub fn status(s: &SelfStatus) -> String {
         s.bpf_stats_enabled_ms as f64 / 1000.0
     );
     for p in &s.programs {
-        let avg = if p.run_count > 0 {
-            p.run_time_ns / p.run_count
-        } else {
-            0
-        };
+        let avg = p.run_time_ns.checked_div(p.run_count).unwrap_or(0);
         let _ = writeln!(
             o,
             "{:<22} {:>10} {:>12} {:>9} ns",
@@ -223,7 +219,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             why.join(", ")
         );
     }
-    findings(&mut o, &t.findings);
+    findings(&mut o, &t.findings, &t.not_evaluated);
     for p in &t.processes {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));
     }
@@ -274,14 +270,18 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             tt.gpu_derived.as_ref(),
             &t.processes,
             t.gpu_level.as_deref(),
+            t.launch_sample.as_ref(),
         );
+    } else if let Some(l) = &t.launch_sample {
+        let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
+        launch_sample(&mut o, l);
     }
     let mut rows: Vec<_> = t
         .processes
         .iter()
         .flat_map(|p| p.syscalls.by_nr.iter().map(move |r| (p.pid, r)))
         .collect();
-    rows.sort_by(|a, b| b.1.time_ns.cmp(&a.1.time_ns));
+    rows.sort_by_key(|a| std::cmp::Reverse(a.1.time_ns));
     let _ = writeln!(
         o,
         "\nTOP SYSCALLS BY TIME\n  PID     SYSCALL              COUNT     ERRORS        TIME"
@@ -302,7 +302,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         .iter()
         .flat_map(|p| p.threads.iter().map(move |th| (p.pid, th)))
         .collect();
-    threads.sort_by(|a, b| b.1.sched.oncpu_ns.cmp(&a.1.sched.oncpu_ns));
+    threads.sort_by_key(|a| std::cmp::Reverse(a.1.sched.oncpu_ns));
     let _ = writeln!(
         o,
         "\nTOP THREADS BY CPU\n  PID     TID     COMM                   CPU        RUNQ"
@@ -329,21 +329,29 @@ fn gpu_section(
     d: Option<&ethand_exporters::gpu::GpuDerived>,
     procs: &[ethand_exporters::snapshot::ProcessSnapshot],
     level: Option<&str>,
+    sample: Option<&ethand_exporters::gpu::LaunchSample>,
 ) {
     let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
-    match level {
-        Some(l @ ("system" | "calls")) => {
+    match g.launches {
+        None => {
+            let at = level.map_or_else(
+                || "the GPU level in force".to_string(),
+                |l| format!("level {}", clean(l)),
+            );
             let _ = writeln!(
                 o,
-                "  launches and device-to-device async copies not counted at GPU level {l} (`ethand level process` counts them, at a cost per call), api errors {}",
+                "  launches and device-to-device async copies not counted at {at} (`ethand level process` counts them, at a cost per call), api errors {}",
                 g.errors
             );
         }
-        _ => {
+        Some(n) => {
+            let graph = g
+                .graph_launches
+                .map_or_else(|| "not counted".to_string(), |n| n.to_string());
             let _ = writeln!(
                 o,
-                "  launches {} (graph launches {}), api errors {}",
-                g.launches, g.graph_launches, g.errors
+                "  launches {n} (graph launches {graph}), api errors {}",
+                g.errors
             );
         }
     }
@@ -352,19 +360,35 @@ fn gpu_section(
             (Some(u), Some(i)) => format!(", device busy {:.0}% idle {:.0}%", 100.0 * u, 100.0 * i),
             _ => String::new(),
         };
-        let launches = if matches!(level, Some("system" | "calls")) {
-            String::new()
-        } else {
-            format!(" {:.0} launches/s,", d.launches_per_second)
-        };
+        let launches = d
+            .launches_per_second
+            .map(|r| format!(" {r:.0} launches/s,"))
+            .unwrap_or_default();
         let _ = writeln!(
             o,
-            "  last {:.0}s:{launches} host blocked in sync {:.1}% of wall time, in collectives {:.1}%{}",
+            "  last {:.0}s:{launches} {:.1} syncs/s, host blocked in sync {:.1}% of wall time, in collectives {:.1}%{}",
             d.window_ms as f64 / 1000.0,
+            d.syncs_per_second,
             100.0 * d.sync_blocked_ratio,
             100.0 * d.collective_ratio,
             util
         );
+        // NVML GPM (Hopper and newer): only the ratios that were measured.
+        let gpm: Vec<String> = [
+            ("SM activity", d.sm_activity_ratio),
+            ("SM occupancy", d.sm_occupancy_ratio),
+            ("tensor activity", d.tensor_activity_ratio),
+            ("DRAM bandwidth", d.dram_bandwidth_ratio),
+        ]
+        .into_iter()
+        .filter_map(|(what, v)| Some(format!("{what} {:.0}%", 100.0 * v?)))
+        .collect();
+        if !gpm.is_empty() {
+            let _ = writeln!(o, "  GPU (GPM, window mean): {}", gpm.join(", "));
+        }
+    }
+    if let Some(l) = sample {
+        launch_sample(o, l);
     }
     for c in &g.copies {
         let _ = writeln!(
@@ -437,7 +461,7 @@ fn gpu_section(
         }
     }
     let mut syms: Vec<_> = g.symbols.iter().collect();
-    syms.sort_by(|a, b| b.calls.cmp(&a.calls));
+    syms.sort_by_key(|a| std::cmp::Reverse(a.calls));
     let _ = writeln!(
         o,
         "  TOP SYMBOLS                         CALLS       BYTES    HOST TIME"
@@ -459,9 +483,55 @@ fn gpu_section(
     }
 }
 
-fn findings(o: &mut String, f: &[ethand_exporters::diagnosis::Finding]) {
-    if f.is_empty() {
+/// The launches counted on demand for this snapshot (GPU level `calls`).
+fn launch_sample(o: &mut String, l: &ethand_exporters::gpu::LaunchSample) {
+    let over = l.duration_ms as f64 / 1000.0;
+    let counted = match (l.launches_per_second, l.launches) {
+        (Some(r), _) => {
+            format!("{r:.0} launches/s, counted on demand over {over:.1}s for this snapshot")
+        }
+        (None, Some(n)) => {
+            format!("{n} launches, counted on demand over {over:.1}s for this snapshot")
+        }
+        (None, None) => format!("no process of the tree could be sampled (tried over {over:.1}s)"),
+    };
+    let _ = writeln!(o, "  launch sample: {counted}");
+    if !l.method.is_empty() {
+        let _ = writeln!(o, "    how: {}", clean(&l.method));
+    }
+    for p in &l.processes {
+        let _ = writeln!(o, "    pid {}: {} launches", p.pid, p.launches);
+    }
+    for n in &l.notes {
+        let _ = writeln!(o, "    {}", clean(n));
+    }
+}
+
+/// The diagnosis part of a snapshot alone (`ethand diagnose FILE`).
+pub fn diagnosis(t: &TreeSnapshot) -> String {
+    let mut o = String::new();
+    findings(&mut o, &t.findings, &t.not_evaluated);
+    // Rule text may come from a file: nothing raw reaches the terminal.
+    ethand_exporters::text::for_terminal_keep_lines(&o)
+}
+
+fn findings(
+    o: &mut String,
+    f: &[ethand_exporters::diagnosis::Finding],
+    not_run: &[ethand_exporters::diagnosis::NotEvaluated],
+) {
+    if f.is_empty() && not_run.is_empty() {
         let _ = writeln!(o, "DIAGNOSIS: no bottleneck found by the rules\n");
+        return;
+    }
+    if f.is_empty() {
+        // Not a clean bill of health: some rules could not look.
+        let _ = writeln!(
+            o,
+            "DIAGNOSIS: no finding among the rules that could run; {} could not (below)",
+            not_run.len()
+        );
+        not_evaluated(o, not_run);
         return;
     }
     let _ = writeln!(
@@ -475,19 +545,56 @@ fn findings(o: &mut String, f: &[ethand_exporters::diagnosis::Finding]) {
             .estimated_speedup
             .map(|s| format!(" — up to ~{s:.1}x if fixed"))
             .unwrap_or_default();
-        let _ = writeln!(o, "{}. [{}] {}{}", i + 1, x.severity, x.title, gain);
+        let _ = writeln!(
+            o,
+            "{}. [{}] {}{}",
+            i + 1,
+            clean(&x.severity),
+            clean(&x.title),
+            gain
+        );
         let ev: Vec<String> = x
             .evidence
             .iter()
-            .map(|e| format!("{} = {}", e.signal, evidence_value(e)))
+            .map(|e| format!("{} = {}", clean(&e.signal), evidence_value(e)))
             .collect();
         if !ev.is_empty() {
             let _ = writeln!(o, "   evidence: {}", ev.join(", "));
         }
-        let _ = writeln!(o, "   why: {}", x.explanation);
+        let _ = writeln!(o, "   why: {}", clean(&x.explanation));
         for a in &x.advice {
-            let _ = writeln!(o, "   - {a}");
+            let _ = writeln!(o, "   - {}", clean(a));
         }
+    }
+    if not_run.is_empty() {
+        let _ = writeln!(o);
+    } else {
+        let _ = writeln!(
+            o,
+            "NOT EVALUATED ({} rule{} could not run: a signal was not measured)",
+            not_run.len(),
+            if not_run.len() == 1 { "" } else { "s" }
+        );
+        not_evaluated(o, not_run);
+    }
+}
+
+/// The rules that could not run, each with the signals it lacks and how to get them.
+fn not_evaluated(o: &mut String, n: &[ethand_exporters::diagnosis::NotEvaluated]) {
+    for x in n {
+        let missing: Vec<String> = x.missing.iter().map(|m| clean(m)).collect();
+        let _ = writeln!(
+            o,
+            "Could not run: {} ({}): missing {}; {}",
+            clean(&x.rule),
+            clean(&x.title),
+            if missing.is_empty() {
+                "(not stated)".to_string()
+            } else {
+                missing.join(", ")
+            },
+            clean(&x.how)
+        );
     }
     let _ = writeln!(o);
 }
@@ -568,5 +675,192 @@ mod tests {
         t.processes[0].cmdline = vec!["python3".into(), "x".repeat(4000)];
         t.processes[0].cmdline_truncated = true;
         assert!(snapshot(&t).contains(" [truncated at 4 KiB]\n"));
+    }
+
+    /// A GPU tree whose figures were taken at level `calls`: launches not counted.
+    fn tree_at_calls() -> TreeSnapshot {
+        use ethand_exporters::gpu::{GpuDerived, GpuProcessStats, GpuTimedCalls};
+        let g = GpuProcessStats {
+            launches: None,
+            sync: GpuTimedCalls {
+                calls: 40,
+                time_ns: 1_000_000_000,
+                timed_calls: 40,
+            },
+            ..Default::default()
+        };
+        TreeSnapshot {
+            source: "daemon".into(),
+            root_pid: 10,
+            processes: vec![ProcessSnapshot {
+                pid: 10,
+                comm: "train".into(),
+                alive: true,
+                gpu: Some(g.clone()),
+                ..Default::default()
+            }],
+            total: ethand_exporters::snapshot::TreeTotals {
+                processes: 1,
+                gpu: Some(g),
+                gpu_derived: Some(GpuDerived {
+                    window_ms: 5000,
+                    syncs_per_second: 8.0,
+                    sync_blocked_ratio: 0.2,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            gpu_level: Some("calls".into()),
+            ..Default::default()
+        }
+    }
+
+    fn not_evaluated() -> Vec<ethand_exporters::diagnosis::NotEvaluated> {
+        vec![
+            ethand_exporters::diagnosis::NotEvaluated {
+                rule: "launch_bound".into(),
+                title: "Kernel launch overhead".into(),
+                missing: vec!["gpu.launches_per_second".into()],
+                how: "count launches: `ethand level process`".into(),
+            },
+            ethand_exporters::diagnosis::NotEvaluated {
+                rule: "gpm\u{1b}[31m".into(),
+                title: "Low SM \u{202e}activity".into(),
+                missing: vec![
+                    "gpu.sm_activity_ratio".into(),
+                    "gpu.dram_bandwidth_ratio".into(),
+                ],
+                how: "a GPU with GPM (Hopper or newer)".into(),
+            },
+        ]
+    }
+
+    /// Launches are "not counted at level calls" only when not counted (never a 0); the
+    /// launch sample, the sync rate and the GPM ratios that were measured are printed.
+    #[test]
+    fn launches_not_counted_and_the_launch_sample() {
+        use ethand_exporters::gpu::{LaunchSample, LaunchSampleProcess};
+        let mut t = tree_at_calls();
+        let out = snapshot(&t);
+        assert!(
+            out.contains("launches and device-to-device async copies not counted at level calls"),
+            "{out}"
+        );
+        assert!(!out.contains("launches 0"), "{out}");
+        assert!(!out.contains("launches/s"), "{out}");
+        assert!(out.contains("8.0 syncs/s"), "{out}");
+        assert!(!out.contains("GPM"), "no GPM ratio measured: {out}");
+        assert!(!out.contains("launch sample"), "{out}");
+
+        t.launch_sample = Some(LaunchSample {
+            method: "uprobes on cuLaunchKernel*\u{1b}[2J".into(),
+            duration_ms: 2000,
+            launches: Some(2468),
+            launches_per_second: Some(1234.0),
+            processes: vec![LaunchSampleProcess {
+                pid: 10,
+                launches: 2468,
+            }],
+            notes: vec!["pid 11: no runtime library mapped".into()],
+            ..Default::default()
+        });
+        if let Some(d) = t.total.gpu_derived.as_mut() {
+            d.sm_activity_ratio = Some(0.75);
+            d.dram_bandwidth_ratio = Some(0.125);
+        }
+        let out = snapshot(&t);
+        assert!(
+            out.contains(
+                "  launch sample: 1234 launches/s, counted on demand over 2.0s for this snapshot\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("    how: uprobes on cuLaunchKernel*\\u{1b}[2J\n"),
+            "{out}"
+        );
+        assert!(out.contains("    pid 10: 2468 launches\n"), "{out}");
+        assert!(
+            out.contains("    pid 11: no runtime library mapped\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  GPU (GPM, window mean): SM activity 75%, DRAM bandwidth 12%\n"),
+            "{out}"
+        );
+        assert!(!out.contains('\u{1b}'), "raw escape: {out}");
+
+        // Counted (level process): a 0 is a 0.
+        let mut t = tree_at_calls();
+        t.gpu_level = Some("process".into());
+        for g in [&mut t.processes[0].gpu, &mut t.total.gpu] {
+            let g = g.as_mut().unwrap();
+            g.launches = Some(0);
+            g.graph_launches = Some(0);
+        }
+        t.total.gpu_derived.as_mut().unwrap().launches_per_second = Some(0.0);
+        let out = snapshot(&t);
+        assert!(
+            out.contains("  launches 0 (graph launches 0), api errors 0"),
+            "{out}"
+        );
+        assert!(out.contains("last 5s: 0 launches/s, 8.0 syncs/s"), "{out}");
+        assert!(!out.contains("not counted"), "{out}");
+    }
+
+    /// Rules that could not run: never "no bottleneck found", and each is listed with what it
+    /// lacks and how to get it, escaped.
+    #[test]
+    fn rules_that_could_not_run_are_not_a_clean_bill() {
+        let mut t = tree_at_calls();
+        assert!(snapshot(&t).contains("DIAGNOSIS: no bottleneck found by the rules\n"));
+        t.not_evaluated = not_evaluated();
+        for out in [snapshot(&t), diagnosis(&t)] {
+            assert!(!out.contains("no bottleneck found"), "{out}");
+            assert!(
+                out.contains(
+                    "DIAGNOSIS: no finding among the rules that could run; 2 could not (below)\n"
+                ),
+                "{out}"
+            );
+            assert!(
+                out.contains(
+                    "Could not run: launch_bound (Kernel launch overhead): missing gpu.launches_per_second; count launches: `ethand level process`\n"
+                ),
+                "{out}"
+            );
+            assert!(
+                out.contains(
+                    "Could not run: gpm\\u{1b}[31m (Low SM \\u{202e}activity): missing gpu.sm_activity_ratio, gpu.dram_bandwidth_ratio; a GPU with GPM (Hopper or newer)\n"
+                ),
+                "{out}"
+            );
+            assert!(
+                !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+                "raw control or hidden characters: {out}"
+            );
+        }
+
+        // With findings: the findings, then the rules that could not run.
+        t.findings = vec![ethand_exporters::diagnosis::Finding {
+            id: "sync_heavy".into(),
+            title: "Synchronization heavy".into(),
+            severity: "warning".into(),
+            explanation: "The host waits.".into(),
+            ..Default::default()
+        }];
+        t.not_evaluated.truncate(1);
+        let out = diagnosis(&t);
+        assert!(
+            out.starts_with("DIAGNOSIS (1 finding, highest impact first)\n"),
+            "{out}"
+        );
+        let f = out
+            .find("1. [warning] Synchronization heavy")
+            .expect("finding");
+        let n = out
+            .find("NOT EVALUATED (1 rule could not run: a signal was not measured)\nCould not run: launch_bound")
+            .expect("not evaluated section");
+        assert!(f < n, "{out}");
     }
 }

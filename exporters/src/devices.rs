@@ -125,6 +125,35 @@ pub struct GpuDevice {
     pub xid_errors: Option<u64>,
     /// The most recent XID code seen since ethand started watching.
     pub last_xid: Option<u64>,
+    /// Whether the GPU and the loaded NVML offer GPM (GPU Performance Monitoring,
+    /// `nvmlGpmQueryDeviceSupport`: Hopper and newer), which the four ratios below need.
+    /// None: not asked (no NVML, or the question failed); Some(false): the four are absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpm_supported: Option<bool>,
+    /// SM activity: share of time each SM had at least one warp assigned, averaged over all
+    /// SMs, 0-1 (`NVML_GPM_METRIC_SM_UTIL`; dcgm-exporter's `DCGM_FI_PROF_SM_ACTIVE`). Over the
+    /// last device interval, NVML GPM, Hopper and newer; absent where unsupported and for the
+    /// first interval after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_activity_ratio: Option<f64>,
+    /// SM occupancy: resident warps as a share of the maximum the SMs can hold, averaged over
+    /// all SMs, 0-1 (`NVML_GPM_METRIC_SM_OCCUPANCY`; `DCGM_FI_PROF_SM_OCCUPANCY`). Over the
+    /// last device interval, NVML GPM, Hopper and newer; absent where unsupported and for the
+    /// first interval after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy_ratio: Option<f64>,
+    /// Tensor activity: share of time the SMs' tensor pipes (any precision) were busy, 0-1
+    /// (`NVML_GPM_METRIC_ANY_TENSOR_UTIL`; `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`). Over the last
+    /// device interval, NVML GPM, Hopper and newer; absent where unsupported and for the
+    /// first interval after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_activity_ratio: Option<f64>,
+    /// DRAM bandwidth utilization: bytes moved to and from device memory as a share of the
+    /// peak bandwidth, 0-1 (`NVML_GPM_METRIC_DRAM_BW_UTIL`; `DCGM_FI_PROF_DRAM_ACTIVE`). Over
+    /// the last device interval, NVML GPM, Hopper and newer; absent where unsupported and for
+    /// the first interval after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_bandwidth_ratio: Option<f64>,
 }
 
 /// One active NVLink of a GPU. Counters are cumulative since the driver was loaded.

@@ -22,6 +22,18 @@ pub struct Finding {
     pub impact: f64,
 }
 
+/// A rule the diagnosis could not evaluate on a tree, because a signal it reads was not
+/// measured there (never read as 0).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NotEvaluated {
+    pub rule: String,
+    pub title: String,
+    /// The signals the rule needs that the tree does not have.
+    pub missing: Vec<String>,
+    /// How to get them (a level, a driver, a longer window).
+    pub how: String,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Evidence {
     /// Signal name, e.g. "gpu.sync_blocked_ratio".
@@ -46,7 +58,9 @@ pub struct TimelinePoint {
     pub block_write_bytes: u64,
     pub net_tx_bytes: u64,
     pub net_rx_bytes: u64,
-    pub gpu_launches: u64,
+    /// None: launches not counted at the GPU level in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_launches: Option<u64>,
     pub gpu_sync_ns: u64,
     pub gpu_copy_bytes: u64,
     pub collective_ns: u64,

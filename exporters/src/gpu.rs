@@ -7,10 +7,13 @@ use serde::{Deserialize, Serialize};
 /// a probed symbol.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct GpuProcessStats {
-    /// Kernel launches (CUDA) and operator / model executions (Ascend).
-    pub launches: u64,
-    /// CUDA graph launches (each runs many kernels).
-    pub graph_launches: u64,
+    /// Kernel launches (CUDA) and operator / model executions (Ascend). None: not counted
+    /// at the GPU level the figures were taken at (below `process`), never a measured 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches: Option<u64>,
+    /// CUDA graph launches (each runs many kernels); None as for `launches`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_launches: Option<u64>,
     /// By direction: host_to_device, device_to_host, device_to_device, peer, default
     /// (unified addressing: direction chosen by the driver), host_to_host.
     pub copies: Vec<GpuCopyStats>,
@@ -121,8 +124,10 @@ pub struct ProcessDeviceUsage {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct GpuDerived {
     pub window_ms: u64,
-    /// Kernel launches per second over the window.
-    pub launches_per_second: f64,
+    /// Kernel launches per second over the window; None when launches were not counted
+    /// (see `TreeSnapshot::launch_sample` for the on-demand measurement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches_per_second: Option<f64>,
     /// Fraction of wall time the tree's threads spent blocked in GPU/NPU synchronization
     /// (summed over threads: above 1 when several threads wait at once).
     pub sync_blocked_ratio: f64,
@@ -134,13 +139,35 @@ pub struct GpuDerived {
     pub device_utilization_ratio: Option<f64>,
     /// 1 - device_utilization_ratio: how much of the time the tree's devices sat idle.
     pub device_idle_ratio: Option<f64>,
+    /// Synchronization calls per second over the window.
+    #[serde(default)]
+    pub syncs_per_second: f64,
+    /// NVML GPM (Hopper and newer) over the window, mean of the tree's GPUs: share of SMs
+    /// active, warps resident per SM against the maximum, tensor-pipe activity, DRAM
+    /// bandwidth used. None where the GPU has no GPM or no reading fell in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_activity_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_activity_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_bandwidth_ratio: Option<f64>,
+}
+
+/// Sum of two counts either of which may not have been taken: known only if one was.
+pub fn add_counted(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
 }
 
 impl GpuProcessStats {
     /// Adds another process's figures (tree totals). Symbols are merged by library+name.
     pub fn add(&mut self, o: &Self) {
-        self.launches += o.launches;
-        self.graph_launches += o.graph_launches;
+        self.launches = add_counted(self.launches, o.launches);
+        self.graph_launches = add_counted(self.graph_launches, o.graph_launches);
         for c in &o.copies {
             match self.copies.iter_mut().find(|x| x.direction == c.direction) {
                 Some(x) => {
@@ -222,4 +249,31 @@ impl GpuTimedCalls {
         self.time_ns += o.time_ns;
         self.timed_calls += o.timed_calls;
     }
+}
+
+/// Kernel launches counted on demand for one snapshot, when the GPU level in force does not
+/// count them (`calls`): launch uprobes scoped to the tree's GPU processes for a short sample.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LaunchSample {
+    /// How the launches were counted and what that costs the sampled processes.
+    pub method: String,
+    pub started_unix_ms: u64,
+    pub duration_ms: u64,
+    /// Launches of the sampled processes; None when no process of the tree could be sampled
+    /// (none maps a probed runtime library; `notes` says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches_per_second: Option<f64>,
+    /// Per sampled process.
+    pub processes: Vec<LaunchSampleProcess>,
+    /// Processes that could not be sampled, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LaunchSampleProcess {
+    pub pid: u32,
+    pub launches: u64,
 }

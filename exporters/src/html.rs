@@ -7,8 +7,8 @@ use std::{collections::HashMap, fmt::Write as _};
 
 use crate::{
     devices::DevicesSnapshot,
-    diagnosis::{Finding, TimelinePoint},
-    gpu::GpuProcessStats,
+    diagnosis::{Finding, NotEvaluated, TimelinePoint},
+    gpu::{GpuProcessStats, LaunchSample},
     snapshot::{ProcessSnapshot, TreeSnapshot},
 };
 
@@ -142,6 +142,23 @@ fn num(v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
+}
+
+/// Where kernel launches were not counted: "not measured at level calls" (the GPU level the
+/// figures were taken at), never a 0.
+fn launches_not_measured(t: &TreeSnapshot) -> String {
+    match &t.gpu_level {
+        Some(l) => format!("not measured at level {}", escape(l)),
+        None => "not measured".into(),
+    }
+}
+
+/// A launch count, or [`launches_not_measured`] (dimmed) where it was not counted.
+fn launches_cell(n: Option<u64>, t: &TreeSnapshot) -> String {
+    n.map_or_else(
+        || format!("<span class=\"na\">{}</span>", launches_not_measured(t)),
+        count,
+    )
 }
 
 /// An evidence value in its unit.
@@ -588,10 +605,12 @@ fn charts(o: &mut String, t: &TreeSnapshot) {
         Scale::BytesPerSec,
     );
     let gpu_active = t.total.gpu.is_some()
-        || tl
-            .iter()
-            .any(|p| p.gpu_launches + p.gpu_sync_ns + p.gpu_copy_bytes + p.collective_ns > 0);
-    if gpu_active {
+        || tl.iter().any(|p| {
+            p.gpu_launches.unwrap_or(0) + p.gpu_sync_ns + p.gpu_copy_bytes + p.collective_ns > 0
+        });
+    // Launches only where every interval counted them: an uncounted one is not a 0.
+    let launches_counted = tl.iter().all(|p| p.gpu_launches.is_some());
+    if gpu_active && launches_counted {
         chart(
             o,
             "GPU/NPU launches",
@@ -600,10 +619,12 @@ fn charts(o: &mut String, t: &TreeSnapshot) {
             &[Series {
                 name: "launches",
                 color: "#16a34a",
-                values: rate(|p| p.gpu_launches),
+                values: rate(|p| p.gpu_launches.unwrap_or(0)),
             }],
             Scale::Plain("launches/s"),
         );
+    }
+    if gpu_active {
         chart(
             o,
             "GPU/NPU host time",
@@ -641,6 +662,12 @@ fn charts(o: &mut String, t: &TreeSnapshot) {
         o.push_str(
             "<p class=\"sub\">No GPU/NPU runtime calls in the window: GPU charts left out.</p>",
         );
+    } else if !launches_counted {
+        w!(
+            o,
+            "<p class=\"sub\">Kernel launches {} over the window: no launches chart.</p>",
+            launches_not_measured(t)
+        );
     }
     o.push_str("</section>\n");
 }
@@ -673,9 +700,48 @@ fn dropped_events(o: &mut String, d: &[crate::snapshot::DropCounter]) {
     );
 }
 
-fn findings(o: &mut String, f: &[Finding]) {
+/// The rules that could not run: never a green "no findings" when there are any.
+fn not_evaluated(o: &mut String, n: &[NotEvaluated], no_findings: bool) {
+    let k = n.len();
+    w!(
+        o,
+        "<div class=\"finding partial\"><div class=\"fhead\"><span class=\"badge\">not examined</span><h3>Not fully examined: {k} rule{} could not run</h3></div>",
+        if k == 1 { "" } else { "s" }
+    );
+    if no_findings {
+        o.push_str("<p>No finding among the rules that could run. The rules below could not, because a signal they need was not measured: this tree was not found healthy, it was not fully examined.</p>");
+    } else {
+        o.push_str("<p>Besides the findings above, the rules below could not run because a signal they need was not measured.</p>");
+    }
+    o.push_str("<ul class=\"notrun\">");
+    for x in n {
+        let missing: Vec<String> = x
+            .missing
+            .iter()
+            .map(|m| format!("<code>{}</code>", escape(m)))
+            .collect();
+        w!(
+            o,
+            "<li><b>{}</b> <span class=\"dim\">rule <code>{}</code></span><br>missing {}",
+            escape(&x.title),
+            escape(&x.rule),
+            if missing.is_empty() {
+                "(not stated)".to_string()
+            } else {
+                missing.join(", ")
+            }
+        );
+        if !x.how.is_empty() {
+            w!(o, "<br><span class=\"how\">{}</span>", escape(&x.how));
+        }
+        o.push_str("</li>");
+    }
+    o.push_str("</ul></div>\n");
+}
+
+fn findings(o: &mut String, f: &[Finding], n: &[NotEvaluated]) {
     o.push_str("<section><h2>Findings</h2>");
-    if f.is_empty() {
+    if f.is_empty() && n.is_empty() {
         o.push_str("<div class=\"finding ok\"><div class=\"fhead\"><span class=\"badge\">ok</span><h3>No findings</h3></div><p>The diagnosis rules found nothing to flag in this process tree.</p></div></section>\n");
         return;
     }
@@ -722,6 +788,9 @@ fn findings(o: &mut String, f: &[Finding]) {
             o.push_str("</ol></div>");
         }
         o.push_str("</div>\n");
+    }
+    if !n.is_empty() {
+        not_evaluated(o, n, f.is_empty());
     }
     o.push_str("</section>\n");
 }
@@ -800,8 +869,8 @@ fn summary(o: &mut String, t: &TreeSnapshot) {
         tile(
             o,
             "GPU/NPU launches",
-            &count(g.launches),
-            &plural(g.graph_launches, "graph launch"),
+            &launches_cell(g.launches, t),
+            &launches_sub(g, t),
         );
         tile(
             o,
@@ -811,6 +880,20 @@ fn summary(o: &mut String, t: &TreeSnapshot) {
         );
     }
     o.push_str("</div></section>\n");
+}
+
+/// Under a launch count: the graph launches, or where launches were not counted, the launch
+/// sample's rate when there is one.
+fn launches_sub(g: &GpuProcessStats, t: &TreeSnapshot) -> String {
+    if g.launches.is_some() {
+        return g
+            .graph_launches
+            .map_or_else(String::new, |n| plural(n, "graph launch"));
+    }
+    match t.launch_sample.as_ref().and_then(|l| l.launches_per_second) {
+        Some(r) => format!("sampled: {} /s", num(r)),
+        None => String::new(),
+    }
 }
 
 /// Processes in depth-first order with their depth below the root.
@@ -946,10 +1029,23 @@ fn process_table(o: &mut String, t: &TreeSnapshot) {
                     let (cc, cb) = gpu_copy_total(g);
                     let live: u64 = g.memory.iter().map(|m| m.live_bytes).sum();
                     let peak: u64 = g.memory.iter().map(|m| m.peak_bytes).sum();
+                    let sampled = t
+                        .launch_sample
+                        .as_ref()
+                        .filter(|_| g.launches.is_none())
+                        .and_then(|l| l.processes.iter().find(|s| s.pid == p.pid))
+                        .map_or_else(String::new, |s| {
+                            format!(
+                                "<div class=\"dim\">{} in the {} sample</div>",
+                                count(s.launches),
+                                dur(t.launch_sample.as_ref().map_or(0, |l| l.duration_ms)
+                                    * 1_000_000)
+                            )
+                        });
                     w!(
                         o,
-                        "<td>{}</td><td>{} <span class=\"dim\">({} calls)</span></td><td>{} / {}</td>",
-                        count(g.launches),
+                        "<td>{}{sampled}</td><td>{} <span class=\"dim\">({} calls)</span></td><td>{} / {}</td>",
+                        launches_cell(g.launches, t),
                         bytes(cb),
                         count(cc),
                         bytes(live),
@@ -1118,8 +1214,8 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
     tile(
         o,
         "Launches",
-        &count(g.launches),
-        &plural(g.graph_launches, "graph launch"),
+        &launches_cell(g.launches, t),
+        &launches_sub(g, t),
     );
     tile(
         o,
@@ -1143,10 +1239,27 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         ),
     );
     if let Some(d) = &t.total.gpu_derived {
+        match d.launches_per_second {
+            Some(r) => tile(
+                o,
+                "Launch rate",
+                &format!("{} /s", num(r)),
+                &format!("last {}", dur(d.window_ms * 1_000_000)),
+            ),
+            None => tile(
+                o,
+                "Launch rate",
+                &format!("<span class=\"na\">{}</span>", launches_not_measured(t)),
+                &match t.launch_sample.as_ref().and_then(|l| l.launches_per_second) {
+                    Some(r) => format!("sampled: {} /s (below)", num(r)),
+                    None => "counted at level process or op".into(),
+                },
+            ),
+        }
         tile(
             o,
-            "Launch rate",
-            &format!("{} /s", num(d.launches_per_second)),
+            "Sync rate",
+            &format!("{} /s", num(d.syncs_per_second)),
             &format!("last {}", dur(d.window_ms * 1_000_000)),
         );
         tile(
@@ -1170,8 +1283,39 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
                     .map_or(String::new(), |i| format!("idle {}", pct(i))),
             );
         }
+        // NVML GPM (Hopper and newer): only where measured.
+        for (label, v, sub) in [
+            (
+                "SM activity",
+                d.sm_activity_ratio,
+                "SMs with a warp assigned (GPM)",
+            ),
+            (
+                "SM occupancy",
+                d.sm_occupancy_ratio,
+                "resident warps of the maximum (GPM)",
+            ),
+            (
+                "Tensor activity",
+                d.tensor_activity_ratio,
+                "tensor pipes busy (GPM)",
+            ),
+            (
+                "DRAM bandwidth",
+                d.dram_bandwidth_ratio,
+                "of peak memory bandwidth (GPM)",
+            ),
+        ] {
+            if let Some(v) = v {
+                tile(o, label, &pct(v), sub);
+            }
+        }
     }
-    o.push_str("</div><div class=\"two\">");
+    o.push_str("</div>");
+    if let Some(l) = &t.launch_sample {
+        launch_sample(o, l);
+    }
+    o.push_str("<div class=\"two\">");
     // Copies by direction.
     o.push_str("<div><h3>Copies by direction</h3>");
     if g.copies.is_empty() {
@@ -1252,6 +1396,36 @@ fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         o.push_str("</tbody></table>");
     }
     o.push_str("</section>\n");
+}
+
+/// The launches counted on demand for this snapshot (GPU level `calls`).
+fn launch_sample(o: &mut String, l: &LaunchSample) {
+    let over = dur(l.duration_ms * 1_000_000);
+    o.push_str("<div class=\"note sample\"><b>Launch sample:</b> ");
+    match (l.launches_per_second, l.launches) {
+        (Some(r), n) => w!(
+            o,
+            "{} launches/s, counted on demand over {over} for this snapshot{}.",
+            num(r),
+            n.map_or_else(String::new, |n| format!(" ({})", plural(n, "launch")))
+        ),
+        (None, Some(n)) => w!(
+            o,
+            "{}, counted on demand over {over} for this snapshot.",
+            plural(n, "launch")
+        ),
+        (None, None) => w!(
+            o,
+            "no process of the tree could be sampled (tried over {over})."
+        ),
+    }
+    if !l.method.is_empty() {
+        w!(o, " <span class=\"dim\">{}</span>", escape(&l.method));
+    }
+    for n in &l.notes {
+        w!(o, "<br><span class=\"dim\">{}</span>", escape(n));
+    }
+    o.push_str("</div>");
 }
 
 /// Inline style of a table cell with a horizontal bar behind its text (`frac`: 0-100).
@@ -1433,11 +1607,14 @@ code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",mo
 .finding.critical{border-left-color:#dc2626;background:#fff7f7}
 .finding.warning{border-left-color:#f59e0b;background:#fffbf0}
 .finding.ok{border-left-color:#16a34a;background:#f5fdf7}
+.finding.partial{border-left-color:#f59e0b;background:#fbfaf7}
+.finding ul.notrun{margin:6px 0 2px;padding-left:20px}.notrun li{margin:0 0 6px}.notrun .how{color:#475569}
+.note.sample{margin:10px 0}.tv .na{font-size:15px;font-weight:600}
 .finding p{margin:6px 0}
 .fhead{display:flex;align-items:center;gap:10px}
 .fhead h3{margin:0;font-size:15.5px;flex:1}
 .badge{font-size:11px;font-weight:700;text-transform:uppercase;letter-spacing:.05em;color:#fff;background:#3b82f6;border-radius:999px;padding:2px 9px}
-.critical .badge{background:#dc2626}.warning .badge{background:#d97706}.ok .badge{background:#16a34a}
+.critical .badge{background:#dc2626}.warning .badge{background:#d97706}.ok .badge{background:#16a34a}.partial .badge{background:#78716c}
 .speedup{font-weight:700;color:#047857;background:#d1fae5;border-radius:6px;padding:2px 8px;white-space:nowrap}
 .fmeta{color:var(--dim);font-size:12px;margin:3px 0 6px}
 .evidence{display:flex;flex-wrap:wrap;gap:8px;margin:6px 0}
@@ -1558,7 +1735,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     );
     o.push_str("</div></div></header>\n<main>\n");
     dropped_events(&mut o, &t.dropped_events);
-    findings(&mut o, &t.findings);
+    findings(&mut o, &t.findings, &t.not_evaluated);
     summary(&mut o, t);
     charts(&mut o, t);
     process_table(&mut o, t);
@@ -1650,8 +1827,13 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
             format!("{:.2} → {:.2}", b.impact, a.impact),
         );
     }
-    let mut rows: Vec<&crate::report::ComparedRow> =
-        c.rows.iter().filter(|r| r.before != r.after).collect();
+    // A metric one side did not measure (kernel launches below GPU level `process`) is no
+    // change: listed apart.
+    let mut rows: Vec<&crate::report::ComparedRow> = c
+        .rows
+        .iter()
+        .filter(|r| r.before != r.after && r.not_measured.is_none())
+        .collect();
     let rel = |r: &crate::report::ComparedRow| match (r.before, r.after) {
         (Some(b), Some(a)) if b != 0.0 => ((a - b) / b).abs(),
         _ => f64::INFINITY,
@@ -1698,6 +1880,26 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
             relative
         );
     }
-    let _ = writeln!(o, "</table></body></html>");
+    let _ = write!(o, "</table>");
+    for (side, which) in [
+        ("before", "in the before snapshot"),
+        ("after", "in the after snapshot"),
+        ("both", "in either snapshot"),
+    ] {
+        let names: Vec<String> = c
+            .rows
+            .iter()
+            .filter(|r| r.not_measured.as_deref() == Some(side))
+            .map(|r| format!("<code>{}</code>", escape(&r.metric)))
+            .collect();
+        if !names.is_empty() {
+            let _ = write!(
+                o,
+                "<div class=\"card\"><b>Not compared</b>, not measured {which} (kernel launches are counted at GPU level process or op, or sampled by <code>ethand snapshot</code>): {}</div>",
+                names.join(", ")
+            );
+        }
+    }
+    let _ = writeln!(o, "</body></html>");
     o
 }

@@ -760,19 +760,14 @@ pub const METRICS: &[MetricSpec] = &[
         "ethand_process_gpu_launches_total",
         "ethand.gpu.launch.kind (kernel, graph)",
         "Kernel launches, CUDA graph launches and Ascend operator executions of the process.",
+        // No point where launches were not counted (GPU level below `process`): never a 0.
         |v, o| for (p, id) in v.each_proc() {
             let Some(g) = &p.gpu else { continue };
-            o.proc(
-                id,
-                &[("ethand.gpu.launch.kind", "kernel")],
-                V::U(g.launches),
-            );
-            if g.graph_launches > 0 {
-                o.proc(
-                    id,
-                    &[("ethand.gpu.launch.kind", "graph")],
-                    V::U(g.graph_launches),
-                )
+            if let Some(n) = g.launches {
+                o.proc(id, &[("ethand.gpu.launch.kind", "kernel")], V::U(n));
+            }
+            if let Some(n) = g.graph_launches.filter(|&n| n > 0) {
+                o.proc(id, &[("ethand.gpu.launch.kind", "graph")], V::U(n))
             }
         }
     ),
@@ -1246,6 +1241,63 @@ pub const METRICS: &[MetricSpec] = &[
                 if let Some(x) = n.hbm_bandwidth_utilization_ratio {
                     o.add(npu_hw(n, &[]), V::F(x))
                 }
+            }
+        }
+    ),
+    // GPM (Hopper and newer): no points where unsupported or not yet measured.
+    spec!(
+        "ethand.gpu.sm.activity",
+        "1",
+        Gauge,
+        Float,
+        "ethand_gpu_sm_activity_ratio",
+        HW,
+        "Share of time the SMs had at least one warp assigned, averaged over the SMs, over the last device interval, 0-1 (NVML GPM; Hopper and newer).",
+        |v, o| for g in &v.snap.devices.gpus {
+            if let Some(x) = g.sm_activity_ratio {
+                o.add(gpu_hw(g, &[]), V::F(x))
+            }
+        }
+    ),
+    spec!(
+        "ethand.gpu.sm.occupancy",
+        "1",
+        Gauge,
+        Float,
+        "ethand_gpu_sm_occupancy_ratio",
+        HW,
+        "Resident warps as a share of the most the SMs can hold, over the last device interval, 0-1 (NVML GPM; Hopper and newer).",
+        |v, o| for g in &v.snap.devices.gpus {
+            if let Some(x) = g.sm_occupancy_ratio {
+                o.add(gpu_hw(g, &[]), V::F(x))
+            }
+        }
+    ),
+    spec!(
+        "ethand.gpu.tensor.activity",
+        "1",
+        Gauge,
+        Float,
+        "ethand_gpu_tensor_activity_ratio",
+        HW,
+        "Share of time the tensor pipes (any precision) were busy, over the last device interval, 0-1 (NVML GPM; Hopper and newer).",
+        |v, o| for g in &v.snap.devices.gpus {
+            if let Some(x) = g.tensor_activity_ratio {
+                o.add(gpu_hw(g, &[]), V::F(x))
+            }
+        }
+    ),
+    spec!(
+        "ethand.gpu.memory.bandwidth.utilization",
+        "1",
+        Gauge,
+        Float,
+        "ethand_gpu_dram_bandwidth_ratio",
+        HW,
+        "GPU memory (DRAM) bandwidth used as a share of its peak, over the last device interval, 0-1 (NVML GPM; Hopper and newer).",
+        |v, o| for g in &v.snap.devices.gpus {
+            if let Some(x) = g.dram_bandwidth_ratio {
+                o.add(gpu_hw(g, &[]), V::F(x))
             }
         }
     ),

@@ -1214,7 +1214,7 @@ mod exposition_tests {
     enum Sample {
         Int(u64),
         Float(f64),
-        Hist(Hist),
+        Hist(Box<Hist>),
     }
 
     /// A family as prometheus-client encodes it.
@@ -1355,7 +1355,7 @@ mod exposition_tests {
                 .collect();
             let h = Hist::new(&counts, 123_456_789 * k as u64);
             fam.add(l.clone(), h.clone());
-            refs.push((l.clone(), Sample::Hist(h)));
+            refs.push((l.clone(), Sample::Hist(Box::new(h))));
         }
         refs.sort_by(|a, b| a.0.cmp(&b.0));
         fam.register(&mut ours);

@@ -1,7 +1,7 @@
 //! Prometheus families for GPUs and NPUs ([`DevicesSnapshot`]): `ethand_gpu_*`,
 //! `ethand_npu_*`, per-process device memory and the collectors' state, plus, on request,
-//! the names and labels dcgm-exporter uses (`DCGM_FI_DEV_*`) so that existing dashboards
-//! keep working.
+//! the names and labels dcgm-exporter uses (`DCGM_FI_DEV_*`, and `DCGM_FI_PROF_*` for the
+//! GPM ratios) so that existing dashboards keep working.
 //!
 //! A field the driver did not give (`None`) emits no sample. GPU series carry `gpu` ("gpu0")
 //! and `uuid`; NPU series `npu` ("npu0") and `uuid`; the identity labels (model, PCI bus,
@@ -9,7 +9,8 @@
 //! per device, the [`MAX_PROCESSES_PER_DEVICE`] processes with the most device memory keep
 //! their pid, the rest are summed into `pid="other"`.
 //!
-//! The DCGM aliases keep DCGM's units (percent, MiB, MHz, KB/s, mJ) and are all gauges:
+//! The DCGM aliases keep DCGM's units (percent, MiB, MHz, KB/s, mJ; the `DCGM_FI_PROF_*`
+//! profiling fields are 0-1 ratios) and are all gauges:
 //! dcgm-exporter types some of them as counters without a `_total` suffix, which this
 //! client cannot emit under the same name. Their `modelName` label is camelCase, which
 //! `promtool check metrics` reports; that is dcgm-exporter's name, kept on purpose.
@@ -43,6 +44,29 @@ const GPU_MEM_UTIL: Desc = gauge(
     "ethand_gpu_memory_utilization_ratio",
     "Share of the last sample period in which GPU memory was read or written, 0-1 \
      (nvmlDeviceGetUtilizationRates).",
+);
+const GPU_SM_ACTIVITY: Desc = gauge(
+    "ethand_gpu_sm_activity_ratio",
+    "Share of time the GPU's SMs had at least one warp assigned, averaged over the SMs, over \
+     the last device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_SM_UTIL).",
+);
+const GPU_SM_OCCUPANCY: Desc = gauge(
+    "ethand_gpu_sm_occupancy_ratio",
+    "Warps resident on the GPU's SMs as a share of the most they can hold, averaged over the \
+     SMs, over the last device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_SM_OCCUPANCY).",
+);
+const GPU_TENSOR_ACTIVITY: Desc = gauge(
+    "ethand_gpu_tensor_activity_ratio",
+    "Share of time the GPU's tensor pipes (any precision) were busy, over the last device \
+     interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_ANY_TENSOR_UTIL).",
+);
+const GPU_DRAM_BANDWIDTH: Desc = gauge(
+    "ethand_gpu_dram_bandwidth_ratio",
+    "GPU memory (DRAM) bandwidth used as a share of its peak, over the last device interval, \
+     0-1; Hopper and newer, absent elsewhere (NVML GPM, NVML_GPM_METRIC_DRAM_BW_UTIL).",
 );
 const GPU_MEM_USED: Desc = gauge(
     "ethand_gpu_memory_used_bytes",
@@ -227,12 +251,37 @@ const DCGM_ECC_DBE: Desc = gauge(
      alias of ethand_gpu_ecc_errors_total{type=\"uncorrected\"}.",
 );
 
+const DCGM_SM_ACTIVE: Desc = gauge(
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "Ratio of time the SMs had a warp assigned, 0-1; dcgm-exporter alias of \
+     ethand_gpu_sm_activity_ratio (NVML GPM, not DCGM).",
+);
+const DCGM_SM_OCCUPANCY: Desc = gauge(
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "Ratio of resident warps to the SMs' maximum, 0-1; dcgm-exporter alias of \
+     ethand_gpu_sm_occupancy_ratio (NVML GPM, not DCGM).",
+);
+const DCGM_TENSOR_ACTIVE: Desc = gauge(
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "Ratio of time the tensor pipes were busy, 0-1; dcgm-exporter alias of \
+     ethand_gpu_tensor_activity_ratio (NVML GPM, not DCGM).",
+);
+const DCGM_DRAM_ACTIVE: Desc = gauge(
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "Ratio of the DRAM bandwidth in use, 0-1; dcgm-exporter alias of \
+     ethand_gpu_dram_bandwidth_ratio (NVML GPM, not DCGM).",
+);
+
 /// Every family [`register_devices`] can emit, in exposition order.
 pub(crate) const DEVICE_FAMILIES: &[Desc] = &[
     COLLECTOR_UP,
     GPU_INFO,
     GPU_UTIL,
     GPU_MEM_UTIL,
+    GPU_SM_ACTIVITY,
+    GPU_SM_OCCUPANCY,
+    GPU_TENSOR_ACTIVITY,
+    GPU_DRAM_BANDWIDTH,
     GPU_MEM_USED,
     GPU_MEM_TOTAL,
     GPU_POWER,
@@ -273,6 +322,10 @@ pub(crate) const DEVICE_FAMILIES: &[Desc] = &[
     DCGM_XID,
     DCGM_ECC_SBE,
     DCGM_ECC_DBE,
+    DCGM_SM_ACTIVE,
+    DCGM_SM_OCCUPANCY,
+    DCGM_TENSOR_ACTIVE,
+    DCGM_DRAM_ACTIVE,
 ];
 
 /// Registers the device families of `d`; with `dcgm_aliases` also the `DCGM_FI_DEV_*` ones.
@@ -314,6 +367,10 @@ fn register_gpus(registry: &mut Exposition, gpus: &[GpuDevice]) {
     let mut info = Family::<u64>::new(&GPU_INFO);
     let mut util = Opt::<f64>::new(&GPU_UTIL);
     let mut mem_util = Opt::<f64>::new(&GPU_MEM_UTIL);
+    let mut sm_activity = Opt::<f64>::new(&GPU_SM_ACTIVITY);
+    let mut sm_occupancy = Opt::<f64>::new(&GPU_SM_OCCUPANCY);
+    let mut tensor_activity = Opt::<f64>::new(&GPU_TENSOR_ACTIVITY);
+    let mut dram_bandwidth = Opt::<f64>::new(&GPU_DRAM_BANDWIDTH);
     let mut mem_used = Opt::<u64>::new(&GPU_MEM_USED);
     let mut mem_total = Opt::<u64>::new(&GPU_MEM_TOTAL);
     let mut power = Opt::<f64>::new(&GPU_POWER);
@@ -345,6 +402,10 @@ fn register_gpus(registry: &mut Exposition, gpus: &[GpuDevice]) {
         let l = id(&[]);
         util.add(&l, g.utilization_ratio);
         mem_util.add(&l, g.memory_utilization_ratio);
+        sm_activity.add(&l, g.sm_activity_ratio);
+        sm_occupancy.add(&l, g.sm_occupancy_ratio);
+        tensor_activity.add(&l, g.tensor_activity_ratio);
+        dram_bandwidth.add(&l, g.dram_bandwidth_ratio);
         mem_used.add(&l, g.memory_used_bytes);
         mem_total.add(&l, g.memory_total_bytes);
         power.add(&l, g.power_watts);
@@ -387,6 +448,10 @@ fn register_gpus(registry: &mut Exposition, gpus: &[GpuDevice]) {
     info.register(registry);
     util.register(registry);
     mem_util.register(registry);
+    sm_activity.register(registry);
+    sm_occupancy.register(registry);
+    tensor_activity.register(registry);
+    dram_bandwidth.register(registry);
     mem_used.register(registry);
     mem_total.register(registry);
     power.register(registry);
@@ -530,6 +595,10 @@ fn register_dcgm(registry: &mut Exposition, gpus: &[GpuDevice], hostname: &str) 
     let mut xid = Opt::<u64>::new(&DCGM_XID);
     let mut sbe = Opt::<u64>::new(&DCGM_ECC_SBE);
     let mut dbe = Opt::<u64>::new(&DCGM_ECC_DBE);
+    let mut sm_active = Opt::<f64>::new(&DCGM_SM_ACTIVE);
+    let mut sm_occupancy = Opt::<f64>::new(&DCGM_SM_OCCUPANCY);
+    let mut tensor_active = Opt::<f64>::new(&DCGM_TENSOR_ACTIVE);
+    let mut dram_active = Opt::<f64>::new(&DCGM_DRAM_ACTIVE);
 
     const MIB: u64 = 1 << 20;
     const MHZ: u64 = 1_000_000;
@@ -562,6 +631,11 @@ fn register_dcgm(registry: &mut Exposition, gpus: &[GpuDevice], hostname: &str) 
         xid.add(&l, g.xid_errors.map(|_| g.last_xid.unwrap_or(0)));
         sbe.add(&l, g.ecc_corrected_errors);
         dbe.add(&l, g.ecc_uncorrected_errors);
+        // dcgm-exporter's profiling fields are ratios already.
+        sm_active.add(&l, g.sm_activity_ratio);
+        sm_occupancy.add(&l, g.sm_occupancy_ratio);
+        tensor_active.add(&l, g.tensor_activity_ratio);
+        dram_active.add(&l, g.dram_bandwidth_ratio);
     }
 
     util.register(registry);
@@ -578,6 +652,10 @@ fn register_dcgm(registry: &mut Exposition, gpus: &[GpuDevice], hostname: &str) 
     xid.register(registry);
     sbe.register(registry);
     dbe.register(registry);
+    sm_active.register(registry);
+    sm_occupancy.register(registry);
+    tensor_active.register(registry);
+    dram_active.register(registry);
 }
 
 #[cfg(test)]
@@ -623,6 +701,11 @@ mod tests {
             throttle_reasons: Some(vec!["sw_power_cap".into()]),
             xid_errors: Some(2),
             last_xid: Some(79),
+            gpm_supported: Some(true),
+            sm_activity_ratio: Some(0.875),
+            sm_occupancy_ratio: Some(0.375),
+            tensor_activity_ratio: Some(0.5),
+            dram_bandwidth_ratio: Some(0.0625),
         }
     }
 
@@ -723,6 +806,10 @@ mod tests {
         let v = |name: &str| value(&s, &format!("{name}{{{g}}}"));
         assert_eq!(v("ethand_gpu_utilization_ratio"), 0.75);
         assert_eq!(v("ethand_gpu_memory_utilization_ratio"), 0.25);
+        assert_eq!(v("ethand_gpu_sm_activity_ratio"), 0.875);
+        assert_eq!(v("ethand_gpu_sm_occupancy_ratio"), 0.375);
+        assert_eq!(v("ethand_gpu_tensor_activity_ratio"), 0.5);
+        assert_eq!(v("ethand_gpu_dram_bandwidth_ratio"), 0.0625);
         assert_eq!(v("ethand_gpu_memory_used_bytes"), (10u64 << 30) as f64);
         assert_eq!(v("ethand_gpu_memory_total_bytes"), (141u64 << 30) as f64);
         assert_eq!(v("ethand_gpu_power_watts"), 412.5);
@@ -817,6 +904,65 @@ mod tests {
     }
 
     #[test]
+    fn gpm_ratios_are_absent_where_unmeasured() {
+        // Measured and zero: a series with 0. Unsupported (Some(false)) or not asked (None):
+        // no series at all, in ethand's names or DCGM's.
+        let gpm = [
+            "sm_activity",
+            "sm_occupancy",
+            "tensor_activity",
+            "dram_bandwidth",
+        ];
+        let dcgm = [
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+        ];
+        let idle = GpuDevice {
+            sm_activity_ratio: Some(0.0),
+            sm_occupancy_ratio: Some(0.0),
+            tensor_activity_ratio: Some(0.0),
+            dram_bandwidth_ratio: Some(0.0),
+            ..gpu0()
+        };
+        let older = GpuDevice {
+            gpm_supported: Some(false),
+            sm_activity_ratio: None,
+            sm_occupancy_ratio: None,
+            tensor_activity_ratio: None,
+            dram_bandwidth_ratio: None,
+            ..gpu0()
+        };
+        let first_interval = GpuDevice {
+            gpm_supported: Some(true),
+            ..older.clone()
+        };
+        for (gpu, present) in [(idle, true), (older, false), (first_interval, false)] {
+            let mut snap = snapshot();
+            snap.devices.gpus = vec![gpu];
+            let text = render(&snap, &opts(true));
+            let s = samples(&text);
+            let g = r#"gpu="gpu0",uuid="GPU-aaaa""#;
+            for name in gpm {
+                let series = format!("ethand_gpu_{name}_ratio{{{g}}}");
+                assert_eq!(s.get(&series).copied(), present.then_some(0.0), "{series}");
+            }
+            for name in dcgm {
+                assert_eq!(
+                    text.lines().any(|l| l.starts_with(&format!("{name}{{"))),
+                    present,
+                    "{name}"
+                );
+                // No series, no family: no HELP/TYPE either.
+                assert_eq!(text.contains(&format!("# TYPE {name} ")), present, "{name}");
+            }
+            // The rest of the GPU is there either way.
+            assert!(s.contains_key(&format!("ethand_gpu_power_watts{{{g}}}")));
+        }
+    }
+
+    #[test]
     fn npu_values() {
         let s = samples(&render(&snapshot(), &opts(false)));
         let n = r#"npu="npu1",uuid="NPU-1""#;
@@ -904,6 +1050,11 @@ mod tests {
         assert_eq!(v("DCGM_FI_DEV_XID_ERRORS"), 79.0);
         assert_eq!(v("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"), 7.0);
         assert_eq!(v("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), 0.0);
+        // Profiling fields: ratios in dcgm-exporter too.
+        assert_eq!(v("DCGM_FI_PROF_SM_ACTIVE"), 0.875);
+        assert_eq!(v("DCGM_FI_PROF_SM_OCCUPANCY"), 0.375);
+        assert_eq!(v("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 0.5);
+        assert_eq!(v("DCGM_FI_PROF_DRAM_ACTIVE"), 0.0625);
     }
 
     #[test]

@@ -110,9 +110,12 @@ pub(crate) fn register_process_gpu(registry: &mut Exposition, procs: &[&ProcessS
     for (p, base) in procs.iter().zip(process_label_sets(procs)) {
         let Some(g) = &p.gpu else { continue };
         let id = |extra: &[(&'static str, &str)]| with_extra(&base, extra);
-        launches.add(id(&[("kind", "kernel")]), g.launches);
-        if g.graph_launches > 0 {
-            launches.add(id(&[("kind", "graph")]), g.graph_launches);
+        // No series where launches were not counted (GPU level below `process`): never a 0.
+        if let Some(n) = g.launches {
+            launches.add(id(&[("kind", "kernel")]), n);
+        }
+        if let Some(n) = g.graph_launches.filter(|&n| n > 0) {
+            launches.add(id(&[("kind", "graph")]), n);
         }
         for c in &g.copies {
             copy_bytes.add(id(&[("direction", c.direction.as_str())]), c.bytes);

@@ -15,16 +15,20 @@
 //! units are `ns`, `bytes`, `count`, `ratio` and `per_second` (device readings also use
 //! `watts`, `joules`, `celsius` and `hertz`). Counters are cumulative like the snapshot's (since ethand
 //! first saw the process, or over the standalone measurement); `window.*` rows hold the change
-//! over the snapshot's window. The order is deterministic: total, the processes in snapshot
-//! order (root first), then devices; within a scope a fixed group order, and keyed sub-lists
-//! (syscalls, block devices, copy directions, ...) sorted by key.
+//! over the snapshot's window. A figure that was not measured (kernel launches below GPU
+//! level `process`, a GPM ratio on a GPU without GPM) has no row, never a 0 row; the launches
+//! counted on demand for the snapshot at level `calls` are the `launch_sample.*` rows (scope
+//! `total`, and `launch_sample.launches` per sampled process). The order is deterministic:
+//! total, the processes in snapshot order (root first), then devices; within a scope a fixed
+//! group order, and keyed sub-lists (syscalls, block devices, copy directions, ...) sorted by
+//! key.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
 use crate::diagnosis::Finding;
-use crate::gpu::GpuProcessStats;
+use crate::gpu::{GpuProcessStats, LaunchSample, add_counted};
 use crate::snapshot::{NetStats, SchedStats, TreeSnapshot, WindowStats};
 
 /// Version of the [`Comparison`] JSON; bumped on incompatible changes.
@@ -141,8 +145,11 @@ fn add_window(a: &mut WindowStats, w: &WindowStats) {
     a.block_write_bytes += w.block_write_bytes;
     a.net_tx_bytes += w.net_tx_bytes;
     a.net_rx_bytes += w.net_rx_bytes;
-    a.gpu_launches += w.gpu_launches;
+    a.gpu_launches = add_counted(a.gpu_launches, w.gpu_launches);
     a.gpu_sync_ns += w.gpu_sync_ns;
+    a.gpu_sync_calls += w.gpu_sync_calls;
+    a.gpu_copy_h2d_calls += w.gpu_copy_h2d_calls;
+    a.gpu_copy_d2h_calls += w.gpu_copy_d2h_calls;
     a.gpu_copy_h2d_bytes += w.gpu_copy_h2d_bytes;
     a.gpu_copy_d2h_bytes += w.gpu_copy_d2h_bytes;
     a.gpu_copy_other_bytes += w.gpu_copy_other_bytes;
@@ -214,8 +221,9 @@ fn scope_rows(r: &mut Rows, d: &ScopeData) {
 
 fn gpu_rows(r: &mut Rows, g: &GpuProcessStats) {
     use unit::*;
-    r.u("gpu.launches", g.launches, COUNT);
-    r.u("gpu.graph_launches", g.graph_launches, COUNT);
+    // No rows where launches were not counted (GPU level below `process`): never a 0.
+    r.opt_u("gpu.launches", g.launches, COUNT);
+    r.opt_u("gpu.graph_launches", g.graph_launches, COUNT);
     r.u(
         "gpu.copies.calls",
         g.copies.iter().map(|c| c.calls).sum(),
@@ -310,8 +318,11 @@ fn window_rows(r: &mut Rows, w: &WindowStats, gpu: bool) {
     r.u("window.block_write_bytes", w.block_write_bytes, BYTES);
     r.u("window.net_tx_bytes", w.net_tx_bytes, BYTES);
     r.u("window.net_rx_bytes", w.net_rx_bytes, BYTES);
-    let any_gpu = w.gpu_launches
+    let any_gpu = w.gpu_launches.unwrap_or(0)
         + w.gpu_sync_ns
+        + w.gpu_sync_calls
+        + w.gpu_copy_h2d_calls
+        + w.gpu_copy_d2h_calls
         + w.gpu_copy_h2d_bytes
         + w.gpu_copy_d2h_bytes
         + w.gpu_copy_other_bytes
@@ -319,8 +330,11 @@ fn window_rows(r: &mut Rows, w: &WindowStats, gpu: bool) {
         + w.collective_ns
         > 0;
     if gpu || any_gpu {
-        r.u("window.gpu_launches", w.gpu_launches, COUNT);
+        r.opt_u("window.gpu_launches", w.gpu_launches, COUNT);
         r.u("window.gpu_sync_ns", w.gpu_sync_ns, NS);
+        r.u("window.gpu_sync_calls", w.gpu_sync_calls, COUNT);
+        r.u("window.gpu_copy_h2d_calls", w.gpu_copy_h2d_calls, COUNT);
+        r.u("window.gpu_copy_d2h_calls", w.gpu_copy_d2h_calls, COUNT);
         r.u("window.gpu_copy_h2d_bytes", w.gpu_copy_h2d_bytes, BYTES);
         r.u("window.gpu_copy_d2h_bytes", w.gpu_copy_d2h_bytes, BYTES);
         r.u("window.gpu_copy_other_bytes", w.gpu_copy_other_bytes, BYTES);
@@ -388,9 +402,14 @@ fn total_rows(t: &TreeSnapshot, out: &mut Vec<MetricRow>) {
     );
     if let Some(g) = &tt.gpu_derived {
         r.u("derived.gpu.window_ns", g.window_ms * 1_000_000, NS);
-        r.f(
+        r.opt_f(
             "derived.gpu.launches_per_second",
             g.launches_per_second,
+            PER_SECOND,
+        );
+        r.f(
+            "derived.gpu.syncs_per_second",
+            g.syncs_per_second,
             PER_SECOND,
         );
         r.f(
@@ -414,7 +433,39 @@ fn total_rows(t: &TreeSnapshot, out: &mut Vec<MetricRow>) {
             RATIO,
         );
         r.opt_f("derived.gpu.device_idle_ratio", g.device_idle_ratio, RATIO);
+        r.opt_f("derived.gpu.sm_activity_ratio", g.sm_activity_ratio, RATIO);
+        r.opt_f(
+            "derived.gpu.sm_occupancy_ratio",
+            g.sm_occupancy_ratio,
+            RATIO,
+        );
+        r.opt_f(
+            "derived.gpu.tensor_activity_ratio",
+            g.tensor_activity_ratio,
+            RATIO,
+        );
+        r.opt_f(
+            "derived.gpu.dram_bandwidth_ratio",
+            g.dram_bandwidth_ratio,
+            RATIO,
+        );
     }
+    if let Some(l) = &t.launch_sample {
+        launch_sample_rows(&mut r, l);
+    }
+}
+
+/// The launches counted on demand for this snapshot (GPU level `calls`): its duration always,
+/// the counts when a process could be sampled.
+fn launch_sample_rows(r: &mut Rows, l: &LaunchSample) {
+    use unit::*;
+    r.u("launch_sample.duration_ns", l.duration_ms * 1_000_000, NS);
+    r.opt_u("launch_sample.launches", l.launches, COUNT);
+    r.opt_f(
+        "launch_sample.launches_per_second",
+        l.launches_per_second,
+        PER_SECOND,
+    );
 }
 
 /// The name of a process's info row: `process.info{comm="<comm as a JSON string>"}`.
@@ -423,7 +474,11 @@ pub fn process_info_metric(comm: &str) -> String {
     format!("process.info{{comm={quoted}}}")
 }
 
-fn process_rows(p: &crate::snapshot::ProcessSnapshot, out: &mut Vec<MetricRow>) {
+fn process_rows(
+    p: &crate::snapshot::ProcessSnapshot,
+    sample: Option<&LaunchSample>,
+    out: &mut Vec<MetricRow>,
+) {
     use unit::*;
     let mut by_name = BTreeMap::new();
     let mut block = BTreeMap::new();
@@ -465,6 +520,12 @@ fn process_rows(p: &crate::snapshot::ProcessSnapshot, out: &mut Vec<MetricRow>) 
         COUNT,
     );
     scope_rows(&mut r, &d);
+    if let Some(n) = sample
+        .and_then(|l| l.processes.iter().find(|s| s.pid == p.pid))
+        .map(|s| s.launches)
+    {
+        r.u("launch_sample.launches", n, COUNT);
+    }
     let mut devs: Vec<&crate::gpu::ProcessDeviceUsage> = p.devices.iter().collect();
     devs.sort_by(|a, b| a.device.cmp(&b.device));
     for u in devs {
@@ -574,7 +635,7 @@ pub fn metrics_rows(t: &TreeSnapshot) -> Vec<MetricRow> {
     let mut out = Vec::new();
     total_rows(t, &mut out);
     for p in &t.processes {
-        process_rows(p, &mut out);
+        process_rows(p, t.launch_sample.as_ref(), &mut out);
     }
     device_rows(t, &mut out);
     out
@@ -611,8 +672,12 @@ fn csv_line(o: &mut String, fields: &[&str]) {
 }
 
 /// `ethand snapshot --csv`: header `scope,metric,value,unit`, the [`metrics_rows`], then one
-/// row per finding (`finding,<id>,<impact>,impact`) in rank order. Fields are quoted as
-/// RFC 4180 says (process names can hold commas, quotes and newlines); lines end with LF.
+/// row per finding (`finding,<id>,<impact>,impact`) in rank order, then one row per rule that
+/// could not run (`not_evaluated,<rule id>,,impact`: its impact is unknown, so the value is
+/// empty, as everywhere in ethand's CSV for a figure not known; never 0), then the node-wide
+/// losses (`dropped_events,<reason>,<count>,count`). A figure not measured (kernel launches
+/// below GPU level `process`) has no row at all. Fields are quoted as RFC 4180 says (process
+/// names can hold commas, quotes and newlines); lines end with LF.
 pub fn to_csv(t: &TreeSnapshot) -> String {
     let mut o = String::from("scope,metric,value,unit\n");
     for r in metrics_rows(t) {
@@ -626,6 +691,10 @@ pub fn to_csv(t: &TreeSnapshot) -> String {
             &mut o,
             &["finding", &f.id, &csv_num(Some(f.impact)), unit::IMPACT],
         );
+    }
+    // Rules that could not run (a signal not measured): not healthy, not examined.
+    for n in &t.not_evaluated {
+        csv_line(&mut o, &["not_evaluated", &n.rule, "", unit::IMPACT]);
     }
     // Node-wide losses while the figures were taken (none: no rows).
     for d in &t.dropped_events {
@@ -677,6 +746,12 @@ pub struct ComparedRow {
     pub change: Option<f64>,
     /// after / before, when both are known and before is not 0.
     pub ratio: Option<f64>,
+    /// "before", "after" or "both": the snapshot that did not measure the metric at all
+    /// (kernel launches below GPU level `process`), as opposed to one where it is absent
+    /// because nothing happened. Its value is None and the row is no change. Absent: measured
+    /// wherever the snapshot could.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_measured: Option<String>,
 }
 
 /// `ethand compare BEFORE.json AFTER.json`: two snapshots of a workload (typically before and
@@ -698,44 +773,72 @@ pub struct Comparison {
     pub findings_remaining: Vec<(Finding, Finding)>,
 }
 
-/// A counter that has a window figure: (metric, window field, GPU counter).
-type RateCounter = (&'static str, fn(&WindowStats) -> u64, bool);
+/// A counter that has a window figure: (metric, window field (None: not counted), GPU
+/// counter).
+type RateCounter = (&'static str, fn(&WindowStats) -> Option<u64>, bool);
+
+/// The metrics of kernel launches, which GPU levels below `process` do not count.
+const LAUNCH_METRICS: &[&str] = &[
+    "gpu.launches",
+    "gpu.graph_launches",
+    "window.gpu_launches",
+    "derived.gpu.launches_per_second",
+];
+
+/// The metrics `t` did not measure at all (not absent because nothing happened): kernel
+/// launches, where its GPU figures were taken below level `process`.
+fn unmeasured_metrics(t: &TreeSnapshot) -> &'static [&'static str] {
+    let launches_not_counted = t.total.gpu.as_ref().is_some_and(|g| g.launches.is_none())
+        || t.total
+            .gpu_derived
+            .as_ref()
+            .is_some_and(|d| d.launches_per_second.is_none());
+    if launches_not_counted {
+        LAUNCH_METRICS
+    } else {
+        &[]
+    }
+}
 
 fn rate_counters() -> Vec<RateCounter> {
     vec![
-        ("sched.oncpu_ns", |w| w.oncpu_ns, false),
-        ("sched.offcpu_blocked_ns", |w| w.offcpu_blocked_ns, false),
+        ("sched.oncpu_ns", |w| Some(w.oncpu_ns), false),
         (
-            "sched.offcpu_preempted_ns",
-            |w| w.offcpu_preempted_ns,
+            "sched.offcpu_blocked_ns",
+            |w| Some(w.offcpu_blocked_ns),
             false,
         ),
-        ("sched.runq_wait_ns", |w| w.runq_wait_ns, false),
-        ("syscalls.count", |w| w.syscalls, false),
-        ("syscalls.time_ns", |w| w.syscall_time_ns, false),
-        ("block.read_bytes", |w| w.block_read_bytes, false),
-        ("block.write_bytes", |w| w.block_write_bytes, false),
-        ("net.tx_bytes", |w| w.net_tx_bytes, false),
-        ("net.rx_bytes", |w| w.net_rx_bytes, false),
+        (
+            "sched.offcpu_preempted_ns",
+            |w| Some(w.offcpu_preempted_ns),
+            false,
+        ),
+        ("sched.runq_wait_ns", |w| Some(w.runq_wait_ns), false),
+        ("syscalls.count", |w| Some(w.syscalls), false),
+        ("syscalls.time_ns", |w| Some(w.syscall_time_ns), false),
+        ("block.read_bytes", |w| Some(w.block_read_bytes), false),
+        ("block.write_bytes", |w| Some(w.block_write_bytes), false),
+        ("net.tx_bytes", |w| Some(w.net_tx_bytes), false),
+        ("net.rx_bytes", |w| Some(w.net_rx_bytes), false),
         ("gpu.launches", |w| w.gpu_launches, true),
-        ("gpu.sync.time_ns", |w| w.gpu_sync_ns, true),
+        ("gpu.sync.time_ns", |w| Some(w.gpu_sync_ns), true),
         (
             "gpu.copies.host_to_device.bytes",
-            |w| w.gpu_copy_h2d_bytes,
+            |w| Some(w.gpu_copy_h2d_bytes),
             true,
         ),
         (
             "gpu.copies.device_to_host.bytes",
-            |w| w.gpu_copy_d2h_bytes,
+            |w| Some(w.gpu_copy_d2h_bytes),
             true,
         ),
         (
             "gpu.copies.bytes",
-            |w| w.gpu_copy_h2d_bytes + w.gpu_copy_d2h_bytes + w.gpu_copy_other_bytes,
+            |w| Some(w.gpu_copy_h2d_bytes + w.gpu_copy_d2h_bytes + w.gpu_copy_other_bytes),
             true,
         ),
-        ("gpu.collectives.calls", |w| w.collective_calls, true),
-        ("gpu.collectives.time_ns", |w| w.collective_ns, true),
+        ("gpu.collectives.calls", |w| Some(w.collective_calls), true),
+        ("gpu.collectives.time_ns", |w| Some(w.collective_ns), true),
     ]
 }
 
@@ -763,6 +866,8 @@ struct Side<'a> {
     index: std::collections::HashMap<String, usize>,
     window: Option<WindowStats>,
     basis: Basis,
+    /// [`unmeasured_metrics`] of `t`.
+    unmeasured: &'static [&'static str],
 }
 
 impl Side<'_> {
@@ -771,12 +876,22 @@ impl Side<'_> {
     }
 
     /// Per second rate of a counter on this side's basis. A counter absent from the totals
-    /// (a tree without GPU calls) counts as 0.
-    fn rate(&self, metric: &str, field: fn(&WindowStats) -> u64) -> Option<f64> {
+    /// (a tree without GPU calls) counts as 0; one not measured (launches below GPU level
+    /// `process`) has no rate.
+    fn rate(&self, metric: &str, field: fn(&WindowStats) -> Option<u64>) -> Option<f64> {
+        if self.unmeasured.contains(&metric) {
+            return None;
+        }
         match self.basis {
             Basis::Window => {
                 let w = self.window.as_ref()?;
-                Some(field(w) as f64 * 1000.0 / w.duration_ms as f64)
+                let n = match field(w) {
+                    Some(n) => n,
+                    // Not counted because the tree made no GPU calls: none happened.
+                    None if self.t.total.gpu.is_none() => 0,
+                    None => return None,
+                };
+                Some(n as f64 * 1000.0 / w.duration_ms as f64)
             }
             Basis::Measured => {
                 Some(self.value(metric).unwrap_or(0.0) * 1000.0 / self.t.measured_ms as f64)
@@ -811,6 +926,17 @@ fn compared(scope: &str, metric: &str, unit: &str, b: Option<f64>, a: Option<f64
         after: a,
         change,
         ratio,
+        not_measured: None,
+    }
+}
+
+/// [`ComparedRow::not_measured`] of a metric each side did (false) or did not (true) measure.
+fn not_measured(before: bool, after: bool) -> Option<String> {
+    match (before, after) {
+        (true, true) => Some("both".into()),
+        (true, false) => Some("before".into()),
+        (false, true) => Some("after".into()),
+        (false, false) => None,
     }
 }
 
@@ -843,6 +969,7 @@ pub fn compare(before: &TreeSnapshot, after: &TreeSnapshot) -> Comparison {
             index,
             window: tree_window(t),
             basis: Basis::None,
+            unmeasured: unmeasured_metrics(t),
         }
     }
     let mut b = side(before);
@@ -866,26 +993,34 @@ pub fn compare(before: &TreeSnapshot, after: &TreeSnapshot) -> Comparison {
         if !seen.insert(r.metric.as_str()) {
             continue;
         }
-        rows.push(compared(
+        let mut row = compared(
             "total",
             &r.metric,
             &r.unit,
             b.value(&r.metric),
             a.value(&r.metric),
-        ));
+        );
+        let m = r.metric.as_str();
+        row.not_measured = not_measured(b.unmeasured.contains(&m), a.unmeasured.contains(&m));
+        rows.push(row);
     }
     let gpu = before.total.gpu.is_some() || after.total.gpu.is_some();
     for (metric, field, is_gpu) in rate_counters() {
         if is_gpu && !gpu {
             continue;
         }
-        rows.push(compared(
+        let mut row = compared(
             "total",
             &format!("rate.{metric}"),
             unit::PER_SECOND,
             b.rate(metric, field),
             a.rate(metric, field),
-        ));
+        );
+        row.not_measured = not_measured(
+            b.unmeasured.contains(&metric),
+            a.unmeasured.contains(&metric),
+        );
+        rows.push(row);
     }
 
     let mut findings_resolved = Vec::new();
@@ -977,8 +1112,11 @@ pub fn comparison_to_csv(c: &Comparison) -> String {
 }
 
 /// Relative change used to rank rows: |change| / |before|; infinite when the metric appeared,
-/// disappeared or grew from 0; None when nothing changed.
+/// disappeared or grew from 0; None when nothing changed or one side did not measure it.
 fn relative_change(r: &ComparedRow) -> Option<f64> {
+    if r.not_measured.is_some() {
+        return None;
+    }
     match (r.before, r.after) {
         (Some(b), Some(a)) => {
             let d = a - b;
@@ -1216,6 +1354,33 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
                 relative
             );
         }
+    }
+
+    // Metrics a side did not measure: no change to show, and not a change from 0.
+    let mut blank = true;
+    for side in ["before", "after", "both"] {
+        let names: Vec<String> = c
+            .rows
+            .iter()
+            .filter(|r| r.not_measured.as_deref() == Some(side))
+            .map(|r| clean(&r.metric))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let which = match side {
+            "both" => "in either snapshot",
+            "before" => "in before",
+            _ => "in after",
+        };
+        if std::mem::take(&mut blank) {
+            let _ = writeln!(o);
+        }
+        let _ = writeln!(
+            o,
+            "not compared, not measured {which} (kernel launches are counted at GPU level process or op, or sampled by `ethand snapshot`): {}",
+            names.join(", ")
+        );
     }
 
     let _ = writeln!(o);

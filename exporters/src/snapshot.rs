@@ -115,6 +115,13 @@ pub struct ProcessSnapshot {
     pub devices: Vec<crate::gpu::ProcessDeviceUsage>,
     /// Change of the main totals over `window.duration_ms` (from the history ring).
     pub window: Option<WindowStats>,
+    /// Memory swapped out (`VmSwap` of /proc/PID/status) when the snapshot was taken; None
+    /// when not read (exited, or an older file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_bytes: Option<u64>,
+    /// Major page faults since the process started (/proc/PID/stat), when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_faults: Option<u64>,
     /// Container, pod, job and rank (None: nothing known).
     #[serde(default)]
     pub workload: Option<WorkloadIdentity>,
@@ -243,8 +250,22 @@ pub struct WindowStats {
     pub block_write_bytes: u64,
     pub net_tx_bytes: u64,
     pub net_rx_bytes: u64,
-    pub gpu_launches: u64,
+    /// None: launches not counted at the GPU level in force (see `TreeSnapshot::launch_sample`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_launches: Option<u64>,
     pub gpu_sync_ns: u64,
+    /// Synchronization calls (stream, context, event, device).
+    #[serde(default)]
+    pub gpu_sync_calls: u64,
+    /// Host-to-device and device-to-host copy calls (every copy symbol, sync and async).
+    #[serde(default)]
+    pub gpu_copy_h2d_calls: u64,
+    #[serde(default)]
+    pub gpu_copy_d2h_calls: u64,
+    /// On-CPU time of the process's main thread (tid = pid) over the window; None in older
+    /// files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main_thread_oncpu_ns: Option<u64>,
     pub gpu_copy_h2d_bytes: u64,
     pub gpu_copy_d2h_bytes: u64,
     pub gpu_copy_other_bytes: u64,
@@ -469,6 +490,19 @@ pub struct TreeSnapshot {
     /// of these may have been this tree's, so its counts may be low. Empty: none lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped_events: Vec<DropCounter>,
+    /// Kernel launches counted for this snapshot only, when the GPU level does not count them
+    /// (`calls`, the default): see [`crate::gpu::LaunchSample`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_sample: Option<crate::gpu::LaunchSample>,
+    /// Rules that could not be evaluated on this tree: which signal is missing and how to get
+    /// it. A tree with no findings and entries here was not found healthy: it was not fully
+    /// examined.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_evaluated: Vec<crate::diagnosis::NotEvaluated>,
+    /// CPUs available on the host that took the snapshot (so that a saved file is diagnosed
+    /// against its own machine); None in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_cpus: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

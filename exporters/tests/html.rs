@@ -1,8 +1,11 @@
 //! The HTML report (`ethand snapshot --html`): escaping, charts, findings, self-containment.
 use ethand_exporters::{
     devices::{CollectorState, CollectorStatus, DevicesSnapshot, GpuDevice},
-    diagnosis::{Evidence, Finding, TimelinePoint},
-    gpu::{CollectiveStats, CommRank, GpuCopyStats, GpuMemoryStats, GpuProcessStats},
+    diagnosis::{Evidence, Finding, NotEvaluated, TimelinePoint},
+    gpu::{
+        CollectiveStats, CommRank, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats,
+        GpuTimedCalls, LaunchSample, LaunchSampleProcess,
+    },
     html::{escape, render_html},
     snapshot::{ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals},
 };
@@ -66,7 +69,7 @@ fn timeline(n: u64) -> Vec<TimelinePoint> {
             syscalls: 1000 * i,
             block_read_bytes: 1 << 20,
             net_tx_bytes: 4096 * i,
-            gpu_launches: 100 * i,
+            gpu_launches: Some(100 * i),
             gpu_sync_ns: 200_000_000,
             ..Default::default()
         })
@@ -212,7 +215,7 @@ fn gpu_charts_are_left_out_without_gpu_activity() {
     t.timeline = timeline(5)
         .into_iter()
         .map(|p| TimelinePoint {
-            gpu_launches: 0,
+            gpu_launches: Some(0),
             gpu_sync_ns: 0,
             ..p
         })
@@ -318,7 +321,7 @@ fn no_findings_says_so() {
 fn gpu_and_device_sections() {
     let mut t = tree();
     let g = GpuProcessStats {
-        launches: 12345,
+        launches: Some(12345),
         copies: vec![
             GpuCopyStats {
                 direction: "host_to_device".into(),
@@ -386,6 +389,161 @@ fn gpu_and_device_sections() {
         "GPU columns in the process table"
     );
     assert_self_contained(&h);
+}
+
+fn not_evaluated() -> Vec<NotEvaluated> {
+    vec![
+        NotEvaluated {
+            rule: "launch_bound".into(),
+            title: "Kernel launch overhead".into(),
+            missing: vec!["gpu.launches_per_second".into()],
+            how: "count launches: `ethand level process` (a cost per call)".into(),
+        },
+        NotEvaluated {
+            rule: EVIL.into(),
+            title: EVIL.into(),
+            missing: vec![EVIL.into(), "gpu.sm_activity_ratio".into()],
+            how: EVIL.into(),
+        },
+    ]
+}
+
+/// Rules that could not run: never the green "No findings" card, but a card that says the
+/// tree was not fully examined and lists each rule, what it lacks and how to get it.
+#[test]
+fn rules_that_could_not_run_replace_the_green_card() {
+    let mut t = tree();
+    t.not_evaluated = not_evaluated();
+    let h = render_html(&t);
+    assert!(!h.contains("No findings"), "green card shown");
+    assert!(!h.contains("class=\"finding ok\""), "green card shown");
+    assert!(h.contains("class=\"finding partial\""));
+    assert!(h.contains("Not fully examined: 2 rules could not run"));
+    assert!(h.contains("No finding among the rules that could run."));
+    assert!(h.contains("Kernel launch overhead") && h.contains("<code>launch_bound</code>"));
+    assert!(h.contains("missing <code>gpu.launches_per_second</code>"));
+    assert!(h.contains("count launches: `ethand level process` (a cost per call)"));
+    assert!(h.contains("<code>gpu.sm_activity_ratio</code>"));
+    assert!(!h.contains("<script"), "unescaped rule text");
+    assert!(h.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    // Before the charts and the process table, like findings.
+    let card = h.find("Not fully examined").unwrap();
+    assert!(card < h.find("<h2>Process tree</h2>").unwrap());
+
+    // One rule: singular; with findings as well, both are shown and still no green card.
+    t.not_evaluated.truncate(1);
+    t.findings = vec![Finding {
+        id: "runq".into(),
+        title: "CPU oversubscribed".into(),
+        severity: "warning".into(),
+        impact: 0.1,
+        ..Default::default()
+    }];
+    let h = render_html(&t);
+    assert!(h.contains("Not fully examined: 1 rule could not run"));
+    assert!(!h.contains("No finding among the rules that could run."));
+    assert!(h.find("CPU oversubscribed").unwrap() < h.find("Not fully examined").unwrap());
+    assert!(!h.contains("No findings"));
+    assert_self_contained(&h);
+}
+
+/// A tree at GPU level `calls`: launches are "not measured at level calls" wherever they
+/// would appear (never a 0), there is no launches chart, and the launch sample taken for the
+/// snapshot is shown with its method; the GPM ratios are shown where measured.
+#[test]
+fn launches_not_measured_at_level_calls() {
+    let mut t = tree();
+    t.gpu_level = Some("calls".into());
+    let g = GpuProcessStats {
+        launches: None,
+        sync: GpuTimedCalls {
+            calls: 40,
+            time_ns: 1_000_000_000,
+            timed_calls: 40,
+        },
+        ..Default::default()
+    };
+    t.processes[1].gpu = Some(g.clone());
+    t.total.gpu = Some(g);
+    t.total.gpu_derived = Some(GpuDerived {
+        window_ms: 5000,
+        launches_per_second: None,
+        sync_blocked_ratio: 0.2,
+        syncs_per_second: 8.0,
+        sm_activity_ratio: Some(0.75),
+        tensor_activity_ratio: Some(0.5),
+        ..Default::default()
+    });
+    t.timeline = timeline(5)
+        .into_iter()
+        .map(|p| TimelinePoint {
+            gpu_launches: None,
+            ..p
+        })
+        .collect();
+    t.launch_sample = Some(LaunchSample {
+        method: "uprobes on cuLaunchKernel* <scoped>".into(),
+        started_unix_ms: 1_790_000_000_000,
+        duration_ms: 2000,
+        launches: Some(2468),
+        launches_per_second: Some(1234.0),
+        processes: vec![LaunchSampleProcess {
+            pid: 4300,
+            launches: 2468,
+        }],
+        notes: vec!["pid 4400: no runtime library mapped".into()],
+    });
+    let h = render_html(&t);
+    assert!(
+        h.contains("<td><span class=\"na\">not measured at level calls</span>"),
+        "process table"
+    );
+    assert!(h.contains("<div class=\"tl\">Launches</div><div class=\"tv\"><span class=\"na\">not measured at level calls</span>"));
+    assert!(h.contains("<div class=\"tl\">GPU/NPU launches</div><div class=\"tv\"><span class=\"na\">not measured at level calls</span>"));
+    assert!(
+        !h.contains("<b>GPU/NPU launches</b>"),
+        "launches chart drawn"
+    );
+    assert!(
+        h.contains("<b>GPU/NPU host time</b>"),
+        "other GPU charts kept"
+    );
+    assert_eq!(h.matches("<svg").count(), 8);
+    assert!(h.contains("Kernel launches not measured at level calls over the window"));
+    assert!(
+        h.contains("1234 launches/s, counted on demand over 2.00 s for this snapshot"),
+        "launch sample"
+    );
+    assert!(h.contains("uprobes on cuLaunchKernel* &lt;scoped&gt;"));
+    assert!(h.contains("pid 4400: no runtime library mapped"));
+    assert!(
+        h.contains("2,468 in the 2.00 s sample"),
+        "per-process sample"
+    );
+    assert!(h.contains("sampled: 1234 /s"));
+    assert!(h.contains("<div class=\"tl\">SM activity</div><div class=\"tv\">75.0 %</div>"));
+    assert!(h.contains("<div class=\"tl\">Tensor activity</div><div class=\"tv\">50.0 %</div>"));
+    assert!(
+        !h.contains("SM occupancy") && !h.contains("DRAM bandwidth"),
+        "unmeasured GPM"
+    );
+    assert!(h.contains("<div class=\"tl\">Sync rate</div><div class=\"tv\">8 /s</div>"));
+    assert_self_contained(&h);
+
+    // Counted at level process: a 0 is a 0.
+    t.gpu_level = Some("process".into());
+    t.launch_sample = None;
+    for g in [&mut t.processes[1].gpu, &mut t.total.gpu] {
+        g.as_mut().unwrap().launches = Some(0);
+    }
+    t.total.gpu_derived.as_mut().unwrap().launches_per_second = Some(0.0);
+    for p in &mut t.timeline {
+        p.gpu_launches = Some(0);
+    }
+    let h = render_html(&t);
+    assert!(!h.contains("not measured at level"));
+    assert!(h.contains("<div class=\"tl\">Launches</div><div class=\"tv\">0</div>"));
+    assert!(h.contains("<b>GPU/NPU launches</b>"), "launches chart");
 }
 
 #[test]

@@ -379,6 +379,11 @@ fn devices() -> DevicesSnapshot {
                 throttle_reasons: Some(vec!["sw_thermal_slowdown".to_owned()]),
                 xid_errors: Some(1),
                 last_xid: Some(31),
+                gpm_supported: Some(true),
+                sm_activity_ratio: Some(0.9),
+                sm_occupancy_ratio: Some(0.45),
+                tensor_activity_ratio: Some(0.6),
+                dram_bandwidth_ratio: Some(0.35),
             },
             GpuDevice {
                 index: 1,
@@ -386,6 +391,8 @@ fn devices() -> DevicesSnapshot {
                 name: "Tesla T4".to_owned(),
                 pci_bus_id: "00000000:3b:00.0".to_owned(),
                 utilization_ratio: Some(0.0),
+                // Turing: no GPM, so no SM activity, occupancy, tensor or DRAM series.
+                gpm_supported: Some(false),
                 ..Default::default()
             },
         ],
@@ -436,15 +443,19 @@ fn device_snapshot() -> NodeSnapshot {
     s
 }
 
-/// A process in a Kubernetes pod with job and rank (attribution): an empty GPU section puts it
-/// in the per-process selection whatever the top-N says.
+/// A process in a Kubernetes pod with job and rank (attribution): a GPU section (no calls,
+/// launches counted: GPU level `process`) puts it in the per-process selection whatever the
+/// top-N says.
 fn workload_process() -> ProcessSnapshot {
     ProcessSnapshot {
         pid: 800,
         comm: "trainer".to_owned(),
         cgroup: "/kubepods/burstable/pod1/ctr".to_owned(),
         alive: true,
-        gpu: Some(Default::default()),
+        gpu: Some(ethand_exporters::gpu::GpuProcessStats {
+            launches: Some(0),
+            ..Default::default()
+        }),
         workload: Some(WorkloadIdentity {
             container_runtime: Some("containerd".to_owned()),
             container_id: Some("ab".repeat(32)),
@@ -467,8 +478,8 @@ fn gpu_process() -> ProcessSnapshot {
     use ethand_exporters::gpu::*;
     let mut p = process(700, "python", "/kubepods/podgpu/ctr", 0, Some(0));
     p.gpu = Some(GpuProcessStats {
-        launches: 1000,
-        graph_launches: 3,
+        launches: Some(1000),
+        graph_launches: Some(3),
         copies: vec![
             GpuCopyStats {
                 direction: "host_to_device".into(),
@@ -540,6 +551,108 @@ fn gpu_process_series() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing: {line}");
     }
+}
+
+/// GPM ratios (Hopper and newer) exactly where measured, in ethand's names and, with the
+/// aliases, dcgm-exporter's profiling fields (ratios there too); the T4 has none of them.
+#[test]
+fn gpm_series_only_where_measured() {
+    let all = PrometheusOptions {
+        dcgm_aliases: true,
+        ..options()
+    };
+    let text = render(&device_snapshot(), &all);
+    let dcgm = r#"gpu="0",UUID="GPU-5f1e",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1""#;
+    for line in [
+        r#"ethand_gpu_sm_activity_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.9"#.to_owned(),
+        r#"ethand_gpu_sm_occupancy_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.45"#.to_owned(),
+        r#"ethand_gpu_tensor_activity_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.6"#.to_owned(),
+        r#"ethand_gpu_dram_bandwidth_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.35"#.to_owned(),
+        format!("DCGM_FI_PROF_SM_ACTIVE{{{dcgm}}} 0.9"),
+        format!("DCGM_FI_PROF_SM_OCCUPANCY{{{dcgm}}} 0.45"),
+        format!("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{dcgm}}} 0.6"),
+        format!("DCGM_FI_PROF_DRAM_ACTIVE{{{dcgm}}} 0.35"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing: {line}");
+    }
+    let gpm = [
+        "ethand_gpu_sm_activity_ratio{",
+        "ethand_gpu_sm_occupancy_ratio{",
+        "ethand_gpu_tensor_activity_ratio{",
+        "ethand_gpu_dram_bandwidth_ratio{",
+        "DCGM_FI_PROF_",
+    ];
+    for l in text.lines().filter(|l| l.contains("GPU-77ab")) {
+        assert!(
+            !gpm.iter().any(|n| l.starts_with(n)),
+            "unmeasured, yet a series: {l}"
+        );
+    }
+}
+
+/// Launches are a series only where they were counted: none at all for a process at GPU level
+/// `calls` (not a 0), a 0 for one at `process` that launched nothing.
+#[test]
+fn gpu_launches_only_where_counted() {
+    use ethand_exporters::gpu::GpuProcessStats;
+    let mut snap = device_snapshot();
+    let mut at_calls = process(901, "calls", "/", 0, Some(0));
+    at_calls.gpu = Some(GpuProcessStats {
+        sync: ethand_exporters::gpu::GpuTimedCalls {
+            calls: 7,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let mut at_process = process(902, "counted", "/", 0, Some(0));
+    at_process.gpu = Some(GpuProcessStats {
+        launches: Some(0),
+        graph_launches: Some(0),
+        ..Default::default()
+    });
+    snap.processes.push(at_calls);
+    snap.processes.push(at_process);
+    let text = render(&snap, &options());
+    let s = samples(&text);
+    let launches = "ethand_process_gpu_launches_total";
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with(launches) && l.contains("pid=\"901\"")),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            "ethand_process_gpu_sync_calls_total{pid=\"901\",comm=\"calls\"}"
+        ),
+        7.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!("{launches}{{pid=\"902\",comm=\"counted\",kind=\"kernel\"}}")
+        ),
+        0.0
+    );
+    assert!(!s.contains_key(&format!(
+        "{launches}{{pid=\"902\",comm=\"counted\",kind=\"graph\"}}"
+    )));
+
+    // When no process counted launches, the family has no series, so no HELP or TYPE either.
+    let mut snap = snapshot();
+    snap.processes.retain(|p| p.gpu.is_none());
+    let mut at_calls = process(901, "calls", "/", 0, Some(0));
+    at_calls.gpu = Some(GpuProcessStats::default());
+    snap.processes.push(at_calls);
+    let text = render(&snap, &options());
+    assert!(!text.contains(launches), "{text}");
+    assert!(text.contains("ethand_process_gpu_sync_calls_total{pid=\"901\""));
+    let (status, report) = promtool(&text);
+    assert!(
+        status.success() && report.trim().is_empty(),
+        "{status}\n{report}"
+    );
 }
 
 /// Every sample line as series -> value.
@@ -1394,10 +1507,10 @@ fn labels_by_family(text: &str) -> BTreeMap<String, BTreeSet<String>> {
         // name="value" pairs; values are escaped, so split on `",` boundaries.
         let body = labels.rsplit_once('}').map_or(labels, |(b, _)| b);
         for pair in body.split("\",") {
-            if let Some((name, _)) = pair.split_once("=\"") {
-                if name != "le" {
-                    set.insert(name.trim_start_matches(',').to_string());
-                }
+            if let Some((name, _)) = pair.split_once("=\"")
+                && name != "le"
+            {
+                set.insert(name.trim_start_matches(',').to_string());
             }
         }
     }
@@ -1430,11 +1543,11 @@ fn unit_of(name: &str) -> &'static str {
 /// Help text split into meaning and source: the source is the last parenthesised part.
 fn meaning_and_source(help: &str) -> (String, String) {
     let body = help.trim_end_matches('.');
-    if body.ends_with(')') {
-        if let Some(open) = body.rfind(" (") {
-            let source = &body[open + 2..body.len() - 1];
-            return (format!("{}.", &body[..open]), source.to_string());
-        }
+    if body.ends_with(')')
+        && let Some(open) = body.rfind(" (")
+    {
+        let source = &body[open + 2..body.len() - 1];
+        return (format!("{}.", &body[..open]), source.to_string());
     }
     (help.to_string(), String::new())
 }

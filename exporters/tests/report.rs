@@ -4,10 +4,10 @@
 //! matched by id.
 use std::collections::{BTreeMap, BTreeSet};
 
-use ethand_exporters::diagnosis::Finding;
+use ethand_exporters::diagnosis::{Finding, NotEvaluated};
 use ethand_exporters::gpu::{
     CollectiveStats, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuTimedCalls,
-    ProcessDeviceUsage,
+    LaunchSample, LaunchSampleProcess, ProcessDeviceUsage,
 };
 use ethand_exporters::report::{
     Comparison, compare, comparison_to_csv, metrics_rows, process_info_metric, render_comparison,
@@ -78,7 +78,7 @@ fn finding(id: &str, title: &str, impact: f64) -> Finding {
 
 fn gpu_stats() -> GpuProcessStats {
     GpuProcessStats {
-        launches: 5000,
+        launches: Some(5000),
         copies: vec![
             GpuCopyStats {
                 direction: "host_to_device".into(),
@@ -299,18 +299,19 @@ fn rows_cover_gpu_sections_and_are_deterministic() {
         device_utilization_ratio: Some(0.5),
     }];
     if let Some(w) = p.window.as_mut() {
-        w.gpu_launches = 400;
+        w.gpu_launches = Some(400);
         w.gpu_sync_ns = 1_000_000_000;
     }
     let mut t = tree("daemon", 0, vec![p]);
     t.total.gpu_derived = Some(GpuDerived {
         window_ms: 2000,
-        launches_per_second: 200.0,
+        launches_per_second: Some(200.0),
         sync_blocked_ratio: 0.5,
         collective_ratio: 0.01,
         copy_bytes_per_second: vec![("host_to_device".into(), 1e9)],
         device_utilization_ratio: Some(0.5),
         device_idle_ratio: Some(0.5),
+        ..Default::default()
     });
     t.devices.gpus = vec![ethand_exporters::devices::GpuDevice {
         index: 0,
@@ -523,4 +524,235 @@ fn standalone_snapshots_rate_over_their_measurement() {
     assert_eq!(c.after.rate_basis, "measured");
     let r = compared(&c, "rate.syscalls.count");
     assert_eq!((r.before, r.after, r.change), (None, Some(252.5), None));
+}
+
+/// The launch metrics, which a tree at GPU level `calls` does not measure.
+const LAUNCH_ROWS: [&str; 4] = [
+    "gpu.launches",
+    "gpu.graph_launches",
+    "window.gpu_launches",
+    "derived.gpu.launches_per_second",
+];
+
+/// A GPU tree whose figures were taken at GPU level `calls`: launches not counted.
+fn tree_at_calls() -> TreeSnapshot {
+    let mut w = window(5000, 10);
+    w.gpu_launches = None;
+    w.gpu_sync_ns = 1_000_000_000;
+    w.gpu_sync_calls = 40;
+    w.gpu_copy_h2d_calls = 6;
+    w.gpu_copy_d2h_calls = 2;
+    let mut p = process(7, "train", 10, Some(w));
+    p.gpu = Some(GpuProcessStats {
+        launches: None,
+        graph_launches: None,
+        ..gpu_stats()
+    });
+    let mut t = tree("daemon", 0, vec![p]);
+    t.gpu_level = Some("calls".into());
+    t.total.gpu_derived = Some(GpuDerived {
+        window_ms: 5000,
+        launches_per_second: None,
+        sync_blocked_ratio: 0.2,
+        syncs_per_second: 8.0,
+        sm_activity_ratio: Some(0.75),
+        dram_bandwidth_ratio: Some(0.25),
+        ..Default::default()
+    });
+    t
+}
+
+/// Launches not counted have no row at all (never a 0); the launch sample, the sync rate, the
+/// new window counts and the GPM ratios that were measured have theirs.
+#[test]
+fn csv_leaves_out_launches_not_counted_and_has_the_sample() {
+    let mut t = tree_at_calls();
+    let rows = metrics_rows(&t);
+    for m in LAUNCH_ROWS {
+        assert!(
+            !rows.iter().any(|r| r.metric == m),
+            "{m}: a row for launches not counted"
+        );
+    }
+    assert!(!rows.iter().any(|r| r.metric.starts_with("launch_sample.")));
+    assert_eq!(value(&rows, "total", "derived.gpu.syncs_per_second"), 8.0);
+    assert_eq!(value(&rows, "total", "derived.gpu.sm_activity_ratio"), 0.75);
+    assert_eq!(
+        value(&rows, "total", "derived.gpu.dram_bandwidth_ratio"),
+        0.25
+    );
+    for m in [
+        "derived.gpu.sm_occupancy_ratio",
+        "derived.gpu.tensor_activity_ratio",
+    ] {
+        assert!(!rows.iter().any(|r| r.metric == m), "{m}: not measured");
+    }
+    for scope in ["total", "pid:7"] {
+        assert_eq!(value(&rows, scope, "window.gpu_sync_calls"), 40.0);
+        assert_eq!(value(&rows, scope, "window.gpu_copy_h2d_calls"), 6.0);
+        assert_eq!(value(&rows, scope, "window.gpu_copy_d2h_calls"), 2.0);
+        // Other GPU figures are there.
+        assert_eq!(value(&rows, scope, "gpu.sync.calls"), 100.0);
+    }
+    let csv = to_csv(&t);
+    assert!(!csv.contains("launches"), "{csv}");
+
+    t.launch_sample = Some(LaunchSample {
+        method: "uprobes on cuLaunchKernel*".into(),
+        started_unix_ms: 1_764_000_000_000,
+        duration_ms: 2000,
+        launches: Some(2468),
+        launches_per_second: Some(1234.0),
+        processes: vec![LaunchSampleProcess {
+            pid: 7,
+            launches: 2468,
+        }],
+        notes: Vec::new(),
+    });
+    let rows = metrics_rows(&t);
+    assert_eq!(value(&rows, "total", "launch_sample.launches"), 2468.0);
+    assert_eq!(
+        value(&rows, "total", "launch_sample.launches_per_second"),
+        1234.0
+    );
+    assert_eq!(value(&rows, "total", "launch_sample.duration_ns"), 2e9);
+    assert_eq!(value(&rows, "pid:7", "launch_sample.launches"), 2468.0);
+    let units: BTreeMap<&str, &str> = rows
+        .iter()
+        .map(|r| (r.metric.as_str(), r.unit.as_str()))
+        .collect();
+    assert_eq!(units["launch_sample.launches_per_second"], "per_second");
+    assert_eq!(units["launch_sample.duration_ns"], "ns");
+    for m in LAUNCH_ROWS {
+        assert!(!rows.iter().any(|r| r.metric == m), "{m}");
+    }
+
+    // A sample in which no process could be sampled: its duration, no counts.
+    t.launch_sample = Some(LaunchSample {
+        duration_ms: 2000,
+        notes: vec!["no process maps libcuda".into()],
+        ..Default::default()
+    });
+    let rows = metrics_rows(&t);
+    assert_eq!(value(&rows, "total", "launch_sample.duration_ns"), 2e9);
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.metric.starts_with("launch_sample.launches"))
+    );
+}
+
+/// Rules that could not run get a row each, after the findings: their impact is unknown, so
+/// the value is empty (never 0).
+#[test]
+fn csv_has_a_row_per_rule_that_could_not_run() {
+    let mut t = tree_at_calls();
+    t.findings = vec![finding("sync_heavy", "Synchronization heavy", 0.3)];
+    t.not_evaluated = vec![
+        NotEvaluated {
+            rule: "launch_bound".into(),
+            title: "Kernel launch overhead".into(),
+            missing: vec!["gpu.launches_per_second".into()],
+            how: "ethand level process".into(),
+        },
+        NotEvaluated {
+            rule: "low,sm \"activity\"".into(),
+            title: "Low SM activity".into(),
+            missing: vec!["gpu.sm_activity_ratio".into()],
+            how: "a Hopper GPU".into(),
+        },
+    ];
+    t.dropped_events = vec![DropCounter {
+        reason: "ringbuf_full".into(),
+        count: 3,
+        loss: true,
+    }];
+    let records = parse_csv(&to_csv(&t));
+    let n = records.len();
+    assert_eq!(
+        records[n - 4..],
+        [
+            ["finding", "sync_heavy", "0.3", "impact"],
+            ["not_evaluated", "launch_bound", "", "impact"],
+            ["not_evaluated", "low,sm \"activity\"", "", "impact"],
+            ["dropped_events", "ringbuf_full", "3", "count"],
+        ]
+    );
+}
+
+/// A launch count on one side only (the other at GPU level `calls`) is "not measured", not a
+/// change from 0 or an appearance: no change, not ranked, listed apart.
+#[test]
+fn comparison_shows_launches_not_measured_on_one_side() {
+    let before = tree_at_calls();
+    let mut w = window(5000, 10);
+    w.gpu_launches = Some(4000);
+    let mut p = process(8, "train", 10, Some(w));
+    p.gpu = Some(gpu_stats());
+    let mut after = tree("daemon", 0, vec![p]);
+    after.gpu_level = Some("process".into());
+    after.total.gpu_derived = Some(GpuDerived {
+        window_ms: 5000,
+        launches_per_second: Some(800.0),
+        ..Default::default()
+    });
+    let c = compare(&before, &after);
+    for m in [
+        "gpu.launches",
+        "window.gpu_launches",
+        "derived.gpu.launches_per_second",
+        "rate.gpu.launches",
+    ] {
+        let r = compared(&c, m);
+        assert_eq!(r.not_measured.as_deref(), Some("before"), "{m}");
+        assert_eq!((r.before, r.change, r.ratio), (None, None, None), "{m}");
+        assert!(r.after.is_some(), "{m}");
+    }
+    assert_eq!(compared(&c, "rate.gpu.launches").after, Some(800.0));
+    assert_eq!(compared(&c, "gpu.sync.calls").not_measured, None);
+    let json = serde_json::to_value(&c).unwrap();
+    let row = json["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"] == "gpu.launches")
+        .unwrap();
+    assert_eq!(row["not_measured"], "before");
+    assert_eq!(row["before"], serde_json::Value::Null);
+    let back: Comparison = serde_json::from_value(json).unwrap();
+    assert_eq!(back, c);
+
+    let text = render_comparison(&c, false);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("METRIC"))
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert!(
+        !table.iter().any(|l| l.contains("launches")),
+        "launches ranked as a change:\n{text}"
+    );
+    assert!(
+        text.contains(
+            "not compared, not measured in before (kernel launches are counted at GPU level process or op, or sampled by `ethand snapshot`): gpu.launches, window.gpu_launches, derived.gpu.launches_per_second, rate.gpu.launches"
+        ),
+        "{text}"
+    );
+    let csv = parse_csv(&comparison_to_csv(&c));
+    let rec = csv.iter().find(|r| r[1] == "gpu.launches").unwrap();
+    assert_eq!(rec[3..], ["", "5000", "", ""]);
+
+    let page = ethand_exporters::html::render_comparison_html(&c);
+    assert!(page.contains("<b>Not compared</b>, not measured in the before snapshot"));
+    assert!(
+        !page.contains("<tr><td>gpu.launches</td>"),
+        "ranked as a change"
+    );
+
+    // Both at level calls: no launch row at all but the rate, unmeasured on both sides.
+    let c = compare(&before, &tree_at_calls());
+    assert!(!c.rows.iter().any(|r| r.metric == "gpu.launches"));
+    let r = compared(&c, "rate.gpu.launches");
+    assert_eq!((r.before, r.after), (None, None));
+    assert_eq!(r.not_measured.as_deref(), Some("both"));
 }

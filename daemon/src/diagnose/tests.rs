@@ -76,6 +76,7 @@ fn tree(processes: Vec<ProcessSnapshot>) -> TreeSnapshot {
         root_pid: processes[0].pid,
         processes,
         total,
+        node_cpus: Some(4),
         ..Default::default()
     }
 }
@@ -103,122 +104,235 @@ fn with_gpu(
 
 fn launches(n: u64) -> GpuProcessStats {
     GpuProcessStats {
-        launches: n,
+        launches: Some(n),
         ..Default::default()
     }
+}
+
+/// A GPU process over a 10 s window at the default level (`calls`): its main thread busy
+/// `main` of the time, `syncs` and `h2d` copies per second, the GPU's SMs busy `sm` (GPM),
+/// and launches per second from the snapshot's on-demand sample (None: no sample).
+fn calls_level(
+    main: f64,
+    syncs: u64,
+    h2d: u64,
+    sm: f64,
+    launches_per_s: Option<f64>,
+) -> TreeSnapshot {
+    let g = GpuProcessStats {
+        sync: GpuTimedCalls {
+            calls: syncs * 10,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut t = with_gpu(
+        healthy(),
+        g,
+        WindowStats {
+            oncpu_ns: (main * 10.0 * S as f64) as u64,
+            main_thread_oncpu_ns: Some((main * 10.0 * S as f64) as u64),
+            gpu_sync_calls: syncs * 10,
+            gpu_copy_h2d_calls: h2d * 10,
+            gpu_copy_h2d_bytes: h2d * 10 * 16384,
+            ..Default::default()
+        },
+        Some(0.9),
+    );
+    t.gpu_level = Some("calls".into());
+    t.total.gpu_derived.as_mut().unwrap().sm_activity_ratio = Some(sm);
+    t.launch_sample = launches_per_s.map(|r| ethand_exporters::gpu::LaunchSample {
+        duration_ms: 2000,
+        launches: Some((r * 2.0) as u64),
+        launches_per_second: Some(r),
+        processes: vec![ethand_exporters::gpu::LaunchSampleProcess {
+            pid: 100,
+            launches: (r * 2.0) as u64,
+        }],
+        ..Default::default()
+    });
+    t
+}
+
+fn top(t: &TreeSnapshot) -> Option<String> {
+    diagnose(t, &rules())
+        .into_iter()
+        .find(|f| f.severity != "info")
+        .map(|f| f.id)
 }
 
 #[test]
 fn healthy_tree_has_no_findings() {
     assert!(ids(&healthy()).is_empty(), "{:?}", ids(&healthy()));
-    // A healthy GPU process: busy GPU, little sync.
-    let t = with_gpu(
-        healthy(),
-        launches(100_000),
-        WindowStats {
-            gpu_launches: 100_000,
-            gpu_sync_ns: S / 10,
-            ..Default::default()
-        },
-        Some(0.95),
-    );
-    assert!(ids(&t).is_empty(), "{:?}", ids(&t));
+    // A healthy GPU process: SMs busy, a sync every few steps, a moderate launch rate.
+    let t = calls_level(0.5, 5, 0, 0.85, Some(3000.0));
+    let (f, ne) = evaluate(&t, &rules());
+    assert!(f.is_empty(), "{f:?}");
+    assert!(ne.is_empty(), "{ne:?}");
 }
 
+/// At `calls` without a launch sample the launch-based rules cannot run: the snapshot says
+/// which and why instead of "nothing found"; a CPU-only tree is not "not evaluated".
+#[test]
+fn rules_without_their_signals_are_listed_not_silent() {
+    let t = calls_level(0.95, 5, 0, 0.05, None);
+    let (f, ne) = evaluate(&t, &rules());
+    let missing: Vec<&str> = ne.iter().map(|n| n.rule.as_str()).collect();
+    for id in ["input_pipeline_stall", "launch_bound", "gpu_underutilized"] {
+        assert!(missing.contains(&id), "{id} not listed: {ne:?}");
+    }
+    let lb = ne.iter().find(|n| n.rule == "launch_bound").unwrap();
+    assert_eq!(lb.missing, vec!["gpu.launches_per_second"]);
+    assert!(lb.how.contains("level process"), "{}", lb.how);
+    assert!(!f.iter().any(|x| x.id == "input_pipeline_stall"), "{f:?}");
+    // No GPM and no NVML: every rule on GPU activity says so.
+    let mut blind = calls_level(0.95, 5, 0, 0.05, Some(1000.0));
+    let d = blind.total.gpu_derived.as_mut().unwrap();
+    d.sm_activity_ratio = None;
+    d.device_utilization_ratio = None;
+    d.device_idle_ratio = None;
+    let (_, ne) = evaluate(&blind, &rules());
+    let sync = ne
+        .iter()
+        .find(|n| n.rule == "excessive_sync")
+        .expect("listed");
+    assert!(sync.how.contains("NVML"), "{}", sync.how);
+    // A process that never touches a GPU: GPU rules do not apply, nothing is listed.
+    let (_, ne) = evaluate(&healthy(), &rules());
+    assert!(ne.is_empty(), "{ne:?}");
+}
+
+/// Preprocessing in the training process: main thread busy, SMs idle, a modest launch rate.
 #[test]
 fn input_pipeline_stall() {
-    let mut t = with_gpu(
-        healthy(),
-        launches(1000),
-        WindowStats {
-            gpu_launches: 1000,
-            ..Default::default()
-        },
-        Some(0.3),
-    );
-    // Main thread busy 90 % of its time on the CPU (decoding batches).
-    t.processes[0].threads = vec![thread(100, 9 * S, S, 0)];
-    let f = diagnose(&t, &rules());
-    assert_eq!(f[0].id, "input_pipeline_stall", "{f:?}");
-    let speedup = f[0].estimated_speedup.unwrap();
-    assert!((speedup - 1.0 / 0.3).abs() < 1e-9, "{speedup}");
-    // Same idle GPU, but the host is idle too (waiting on nothing we can see): not this rule.
-    let mut t2 = t.clone();
-    t2.processes[0].threads = vec![thread(100, S, 9 * S, 0)];
-    assert!(!ids(&t2).contains(&"input_pipeline_stall".to_string()));
-    // A busy GPU does not fire it.
-    let mut t3 = t.clone();
-    t3.total.gpu_derived.as_mut().unwrap().device_idle_ratio = Some(0.05);
-    assert!(!ids(&t3).contains(&"input_pipeline_stall".to_string()));
-}
-
-#[test]
-fn gpu_underutilized() {
-    let mut t = with_gpu(
-        healthy(),
-        launches(1000),
-        WindowStats {
-            gpu_launches: 1000,
-            ..Default::default()
-        },
-        Some(0.3),
-    );
-    t.processes[0].threads = vec![thread(100, S, 9 * S, 0)];
-    assert!(
-        ids(&t).contains(&"gpu_underutilized".to_string()),
+    let t = calls_level(0.9, 30, 30, 0.02, Some(1500.0));
+    assert_eq!(
+        top(&t).as_deref(),
+        Some("input_pipeline_stall"),
         "{:?}",
-        ids(&t)
+        diagnose(&t, &rules())
     );
-    let mut t2 = t.clone();
-    t2.total
-        .gpu_derived
-        .as_mut()
-        .unwrap()
-        .device_utilization_ratio = Some(0.9);
-    assert!(!ids(&t2).contains(&"gpu_underutilized".to_string()));
+    let f = diagnose(&t, &rules());
+    assert!(f[0].advice[0].contains("num_workers"), "{:?}", f[0].advice);
+    // A busy GPU does not fire it.
+    let busy = calls_level(0.9, 30, 30, 0.9, Some(1500.0));
+    assert!(!ids(&busy).contains(&"input_pipeline_stall".to_string()));
+    // An idle main thread (waiting on nothing we can see) does not either.
+    let idle = calls_level(0.1, 30, 30, 0.02, Some(1500.0));
+    assert!(!ids(&idle).contains(&"input_pipeline_stall".to_string()));
 }
 
+/// DataLoader workers busy, the main thread waiting for their batches, the GPU idle.
 #[test]
-fn excessive_sync() {
+fn input_workers_stall() {
+    let mut t = calls_level(0.1, 10, 10, 0.02, Some(300.0));
+    for i in 0..4u32 {
+        t.processes.push(ProcessSnapshot {
+            pid: 200 + i,
+            ppid: 100,
+            alive: true,
+            window: Some(WindowStats {
+                duration_ms: 10_000,
+                oncpu_ns: 9 * S,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    assert_eq!(
+        top(&t).as_deref(),
+        Some("input_workers_stall"),
+        "{:?}",
+        diagnose(&t, &rules())
+    );
+    let f = diagnose(&t, &rules());
+    assert!(
+        !f.iter()
+            .any(|x| x.id == "gpu_underutilized" || x.id == "input_pipeline_stall"),
+        "{f:?}"
+    );
+    let ev: Vec<&str> = f[0].evidence.iter().map(|e| e.signal.as_str()).collect();
+    assert!(ev.contains(&"cpu.workers"), "{ev:?}");
+}
+
+/// Hundreds of tiny kernels per step, rare syncs: launch-bound, with CUDA-graph advice; not an
+/// input stall although the main thread is busy and the GPU idle.
+#[test]
+fn launch_bound() {
+    let t = calls_level(0.99, 2, 0, 0.04, Some(90_000.0));
+    assert_eq!(
+        top(&t).as_deref(),
+        Some("launch_bound"),
+        "{:?}",
+        diagnose(&t, &rules())
+    );
+    let f = diagnose(&t, &rules());
+    assert!(
+        f[0].advice.iter().any(|a| a.contains("reduce-overhead")),
+        "{:?}",
+        f[0].advice
+    );
+    assert!(!f.iter().any(|x| x.id == "input_pipeline_stall"), "{f:?}");
+}
+
+/// `.item()` after every tiny step: a sync every few launches. Excessive sync, not launch-bound
+/// nor an input stall, even though launches run at tens of thousands per second.
+#[test]
+fn sync_storm_is_excessive_sync() {
+    let t = calls_level(1.0, 14_000, 0, 0.05, Some(42_000.0));
+    assert_eq!(
+        top(&t).as_deref(),
+        Some("excessive_sync"),
+        "{:?}",
+        diagnose(&t, &rules())
+    );
+    let f = diagnose(&t, &rules());
+    assert!(
+        !f.iter()
+            .any(|x| x.id == "launch_bound" || x.id == "input_pipeline_stall"),
+        "{f:?}"
+    );
+    assert!(f[0].advice[0].contains(".item()"), "{:?}", f[0].advice);
+    // Syncs counted at `calls` decide it without any launch count.
+    let no_sample = calls_level(1.0, 14_000, 0, 0.05, None);
+    assert_eq!(top(&no_sample).as_deref(), Some("excessive_sync"));
+    // A GPU kept busy makes waiting for it harmless.
+    let busy = calls_level(1.0, 14_000, 0, 0.95, Some(42_000.0));
+    assert!(!ids(&busy).contains(&"excessive_sync".to_string()));
+}
+
+/// PyTorch's pageable copies: each small cuMemcpyHtoDAsync followed by a stream sync.
+#[test]
+fn small_pageable_copies() {
+    let t = calls_level(0.9, 6000, 6000, 0.03, Some(9000.0));
+    assert_eq!(
+        top(&t).as_deref(),
+        Some("small_pageable_copies"),
+        "{:?}",
+        diagnose(&t, &rules())
+    );
+    let f = diagnose(&t, &rules());
+    assert!(
+        f[0].advice.iter().any(|a| a.contains("pin_memory")),
+        "{:?}",
+        f[0].advice
+    );
+    assert!(
+        !f.iter()
+            .any(|x| x.id == "excessive_sync" || x.id == "input_pipeline_stall"),
+        "{f:?}"
+    );
+    // The same copies from pinned memory, not waited for: not this rule.
+    let pinned = calls_level(0.5, 10, 6000, 0.5, Some(9000.0));
+    assert!(!ids(&pinned).contains(&"small_pageable_copies".to_string()));
+    // CuPy's synchronous copies (cuMemcpyHtoD_v2) count as waited for.
+    let mut cupy = calls_level(0.9, 0, 6000, 0.03, Some(9000.0));
     let g = GpuProcessStats {
-        launches: 1000,
-        sync: GpuTimedCalls {
-            calls: 1000,
-            time_ns: 5 * S,
-            timed_calls: 1000,
-        },
+        symbols: vec![copy_symbol("cuMemcpyHtoD_v2", 60_000, 60_000 * 16384)],
         ..Default::default()
     };
-    let t = with_gpu(
-        healthy(),
-        g.clone(),
-        WindowStats {
-            gpu_launches: 1000,
-            gpu_sync_ns: 5 * S,
-            ..Default::default()
-        },
-        None,
-    );
-    assert_eq!(ids(&t), vec!["excessive_sync"]);
-    // Few syncs, little time blocked: no.
-    let t2 = with_gpu(
-        healthy(),
-        GpuProcessStats {
-            sync: GpuTimedCalls {
-                calls: 1,
-                time_ns: S / 100,
-                timed_calls: 1,
-            },
-            ..g
-        },
-        WindowStats {
-            gpu_launches: 1000,
-            gpu_sync_ns: S / 100,
-            ..Default::default()
-        },
-        None,
-    );
-    assert!(ids(&t2).is_empty());
+    cupy.total.gpu = Some(g);
+    assert_eq!(top(&cupy).as_deref(), Some("small_pageable_copies"));
 }
 
 fn copy_symbol(name: &str, calls: u64, bytes: u64) -> GpuSymbolStats {
@@ -226,91 +340,11 @@ fn copy_symbol(name: &str, calls: u64, bytes: u64) -> GpuSymbolStats {
         library: "libcuda".into(),
         symbol: name.into(),
         category: "copy".into(),
+        direction: "host_to_device".into(),
         calls,
         bytes,
         ..Default::default()
     }
-}
-
-/// The `.item()`-per-step loop as measured on an H200: tiny kernels, a sync every 3 launches,
-/// GPU idle 70 %, the Python thread 100 % busy, little time inside the syncs themselves. That is
-/// excessive synchronization, not an input pipeline.
-#[test]
-fn item_per_step_is_sync_not_input_pipeline() {
-    let g = GpuProcessStats {
-        launches: 3_000_000,
-        sync: GpuTimedCalls {
-            calls: 1_000_000,
-            time_ns: S,
-            timed_calls: 1_000_000,
-        },
-        ..Default::default()
-    };
-    let mut t = with_gpu(
-        healthy(),
-        g,
-        WindowStats {
-            gpu_launches: 528_000,
-            gpu_sync_ns: 12 * S / 10,
-            ..Default::default()
-        },
-        Some(0.3),
-    );
-    t.processes[0].threads = vec![thread(100, 10 * S, 0, 0)];
-    assert_eq!(
-        ids(&t),
-        vec!["excessive_sync"],
-        "{:?}",
-        diagnose(&t, &rules())
-    );
-}
-
-/// The DataLoader loop as measured on an H200: one sync per step (the pageable batch copy),
-/// ~100 syncs/s, GPU idle 99 %, the main thread 92 % busy decoding. Input pipeline, not sync.
-#[test]
-fn dataloader_with_a_sync_per_step_is_input_pipeline() {
-    let g = GpuProcessStats {
-        launches: 19_000,
-        sync: GpuTimedCalls {
-            calls: 1_007,
-            time_ns: S / 50,
-            timed_calls: 1_007,
-        },
-        ..Default::default()
-    };
-    let mut t = with_gpu(
-        healthy(),
-        g,
-        WindowStats {
-            gpu_launches: 19_057,
-            gpu_sync_ns: S / 50,
-            ..Default::default()
-        },
-        Some(0.01),
-    );
-    t.processes[0].threads = vec![thread(100, 92 * S / 10, 8 * S / 10, 0)];
-    assert_eq!(
-        ids(&t),
-        vec!["input_pipeline_stall"],
-        "{:?}",
-        diagnose(&t, &rules())
-    );
-}
-
-#[test]
-fn small_pageable_copies() {
-    let g = GpuProcessStats {
-        symbols: vec![copy_symbol("cuMemcpyHtoD_v2", 5000, 5000 * 4096)],
-        ..Default::default()
-    };
-    let t = with_gpu(healthy(), g, WindowStats::default(), None);
-    assert_eq!(ids(&t), vec!["small_pageable_copies"]);
-    // The same bytes in large async copies from pinned memory: fine.
-    let g2 = GpuProcessStats {
-        symbols: vec![copy_symbol("cuMemcpyHtoDAsync_v2", 5000, 5000 << 20)],
-        ..Default::default()
-    };
-    assert!(ids(&with_gpu(healthy(), g2, WindowStats::default(), None)).is_empty());
 }
 
 #[test]
@@ -362,7 +396,7 @@ fn cpu_contention() {
 
 #[test]
 fn thread_oversubscription() {
-    let cpus = std::thread::available_parallelism().unwrap().get() as u32;
+    let cpus = 4u32; // node_cpus of `tree()`
     let mut t = healthy();
     // 4 threads per CPU, each running an eighth of the time and preempted the rest.
     t.processes[0].threads = (0..4 * cpus)
@@ -463,7 +497,7 @@ fn straggler_rank() {
         comm: "python".into(),
         alive: true,
         gpu: Some(GpuProcessStats {
-            launches: 1000,
+            launches: Some(1000),
             comm: Some(CommRank {
                 library: "nccl".into(),
                 rank: Some(r),
@@ -542,7 +576,7 @@ fn findings_are_ranked_by_impact() {
         healthy(),
         launches(1000),
         WindowStats {
-            gpu_launches: 1000,
+            gpu_launches: Some(1000),
             collective_ns: 4 * S,
             ..Default::default()
         },
@@ -611,6 +645,18 @@ fn broken_rules_name_file_rule_and_field() {
     assert!(e.to_string().contains("severity"), "{e}");
 }
 
+/// The CPU count is the snapshot's own host's: a file read elsewhere keeps it, and an older
+/// file without it has no per-CPU signals rather than this machine's.
+#[test]
+fn cpu_count_comes_from_the_snapshot() {
+    let mut t = healthy();
+    t.node_cpus = Some(128);
+    assert_eq!(signals(&t)["node.cpus"], 128.0);
+    t.node_cpus = None;
+    let s = signals(&t);
+    assert!(!s.contains_key("node.cpus") && !s.contains_key("cpu.threads_per_cpu"));
+}
+
 #[test]
 fn memory_pressure_condition() {
     let rule = rules()
@@ -626,19 +672,25 @@ fn memory_pressure_condition() {
     assert!(rule.when.truth(&sig(512.0 * 1048576.0, 0.0)));
     assert!(rule.when.truth(&sig(0.0, 500.0)));
     assert!(!rule.when.truth(&sig(0.0, 1.0)));
-    // This test process: real /proc figures, no swapping here.
+    // The figures come from the snapshot (read when it was taken), not from /proc now: a
+    // saved file diagnoses the same later, whatever runs under that pid today.
     let me = ProcessSnapshot {
         pid: std::process::id(),
         alive: true,
-        start_time_unix_s: 1,
+        start_time_unix_s: 1_000,
+        swap_bytes: Some(200 << 20),
+        major_faults: Some(5_000),
         ..Default::default()
     };
     let mut t = tree(vec![me]);
-    t.taken_at_unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    t.taken_at_unix_ms = 1_010_000;
     let s = signals(&t);
-    assert_eq!(s["mem.swap_bytes"], 0.0);
-    assert!(s["mem.major_faults_per_second"] < 100.0);
+    assert_eq!(s["mem.swap_bytes"], (200 << 20) as f64);
+    assert_eq!(s["mem.major_faults_per_second"], 500.0);
+    assert!(ids(&t).contains(&"memory_pressure".to_string()));
+    // Not read (an older file, an exited process): unknown, not 0.
+    t.processes[0].swap_bytes = None;
+    t.processes[0].major_faults = None;
+    let s = signals(&t);
+    assert!(!s.contains_key("mem.swap_bytes") && !s.contains_key("mem.major_faults_per_second"));
 }

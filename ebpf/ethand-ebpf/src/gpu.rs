@@ -34,6 +34,13 @@ pub static GPU_ALLOCS: HashMap<GpuAllocKey, GpuAlloc> = HashMap::with_max_entrie
 pub static GPU_PROC: HashMap<ethand_common::ProcKey, GpuProcState> =
     HashMap::with_max_entries(4096, 0);
 
+/// Kernel launches per process while a diagnosis samples them (`ethand snapshot` at a level
+/// that does not count launches): the links are scoped to the sampled processes and live only
+/// for the sample, and the counts stay apart from `GPU_CALLS` so that no cumulative counter
+/// ever holds a partial launch count.
+#[map]
+pub static LAUNCH_SAMPLE: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
+
 static ZERO_PROC: GpuProcState = GpuProcState {
     live_bytes: [0; gpu_mem::COUNT],
     peak_bytes: [0; gpu_mem::COUNT],
@@ -71,6 +78,33 @@ pub fn gpu_enter_multi(ctx: ProbeContext) -> u32 {
 pub fn gpu_return_multi(ctx: RetProbeContext) -> u32 {
     let _ = on_return(&ctx);
     0
+}
+
+#[uprobe]
+pub fn gpu_launch_sample(_ctx: ProbeContext) -> u32 {
+    count_launch();
+    0
+}
+
+#[uprobe(multi)]
+pub fn gpu_launch_sample_multi(_ctx: ProbeContext) -> u32 {
+    count_launch();
+    0
+}
+
+#[inline(always)]
+fn count_launch() {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if let Some(n) = LAUNCH_SAMPLE.get_ptr_mut(&tgid) {
+        atomic_add(n, 1);
+        return;
+    }
+    // BPF_NOEXIST: a racing first launch on another CPU wins and this one adds to it.
+    if LAUNCH_SAMPLE.insert(&tgid, &1, 1).is_err() {
+        if let Some(n) = LAUNCH_SAMPLE.get_ptr_mut(&tgid) {
+            atomic_add(n, 1);
+        }
+    }
 }
 
 /// The six integer argument registers, read once with constant offsets: the verifier

@@ -49,7 +49,7 @@ fn snapshot() -> NodeSnapshot {
     let idle = proc(11, "idle", 0);
     let mut gpu = proc(12, "trainer", 5);
     gpu.gpu = Some(GpuProcessStats {
-        launches: 42,
+        launches: Some(42),
         collectives: vec![CollectiveStats {
             library: "nccl".into(),
             operation: "all_reduce".into(),
@@ -241,6 +241,57 @@ fn values_and_attributes_equal_the_snapshot() {
     );
 }
 
+/// Launches not counted (GPU level `calls`) give no point at all, not a 0; a 0 that was
+/// counted (level `process`) is a point.
+#[test]
+fn gpu_launches_are_points_only_where_counted() {
+    let mut snap = snapshot();
+    let mut at_calls = proc(14, "calls", 1);
+    at_calls.gpu = Some(GpuProcessStats {
+        graph_launches: None,
+        ..Default::default()
+    });
+    let mut at_process = proc(15, "counted", 1);
+    at_process.gpu = Some(GpuProcessStats {
+        launches: Some(0),
+        graph_launches: Some(0),
+        ..Default::default()
+    });
+    snap.processes.push(at_calls);
+    snap.processes.push(at_process);
+    let mut o = options();
+    o.pids = vec![14, 15];
+    let v = View::new(Arc::new(snap), &o, OtlpStatus::default());
+    let name = "ethand.process.gpu.launches";
+    assert_eq!(value(&v, name, &[("process.pid", "14")]), None);
+    assert_eq!(
+        value(
+            &v,
+            name,
+            &[("process.pid", "15"), ("ethand.gpu.launch.kind", "kernel")]
+        ),
+        Some(V::U(0))
+    );
+    // A graph launch count of 0 is left out, as before.
+    assert_eq!(
+        value(
+            &v,
+            name,
+            &[("process.pid", "15"), ("ethand.gpu.launch.kind", "graph")]
+        ),
+        None
+    );
+    // Process 14 keeps its other GPU points.
+    assert_eq!(
+        value(
+            &v,
+            "ethand.process.gpu.sync.calls",
+            &[("process.pid", "14")]
+        ),
+        Some(V::U(0))
+    );
+}
+
 #[test]
 fn pid_reuse_is_summed_not_duplicated() {
     let mut snap = snapshot();
@@ -252,6 +303,55 @@ fn pid_reuse_is_summed_not_duplicated() {
     assert_eq!(
         value(&v, "process.cpu.time", &[("process.pid", "10")]),
         Some(V::F(4.0))
+    );
+}
+
+/// The GPM ratios (Hopper and newer) are hw.* points of the GPUs that measured them, and
+/// absent (not 0) elsewhere.
+#[test]
+fn gpm_ratios_are_points_only_where_measured() {
+    use crate::devices::GpuDevice;
+    let mut snap = snapshot();
+    snap.devices.gpus = vec![
+        GpuDevice {
+            index: 0,
+            uuid: "GPU-h200".into(),
+            gpm_supported: Some(true),
+            sm_activity_ratio: Some(0.75),
+            sm_occupancy_ratio: Some(0.25),
+            tensor_activity_ratio: Some(0.5),
+            dram_bandwidth_ratio: Some(0.125),
+            ..Default::default()
+        },
+        GpuDevice {
+            index: 1,
+            uuid: "GPU-t4".into(),
+            gpm_supported: Some(false),
+            utilization_ratio: Some(0.5),
+            ..Default::default()
+        },
+    ];
+    let v = view(snap);
+    for (name, want) in [
+        ("ethand.gpu.sm.activity", 0.75),
+        ("ethand.gpu.sm.occupancy", 0.25),
+        ("ethand.gpu.tensor.activity", 0.5),
+        ("ethand.gpu.memory.bandwidth.utilization", 0.125),
+    ] {
+        let m = spec(name);
+        assert_eq!((m.unit, m.kind), ("1", Kind::Gauge), "{name}");
+        assert_eq!(
+            value(&v, name, &[("hw.id", "GPU-h200"), ("hw.type", "gpu")]),
+            Some(V::F(want)),
+            "{name}"
+        );
+        assert_eq!(value(&v, name, &[("hw.id", "GPU-t4")]), None, "{name}");
+        assert_eq!(m.points(&v).iter().count(), 1, "{name}");
+    }
+    // The GPU without GPM keeps its other points.
+    assert_eq!(
+        value(&v, "hw.gpu.utilization", &[("hw.id", "GPU-t4")]),
+        Some(V::F(0.5))
     );
 }
 

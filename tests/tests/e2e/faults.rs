@@ -80,7 +80,11 @@ fn wait_attached_within(d: &Daemon, inode: u64, limit: Duration) -> (SelfStatus,
 fn launches(d: &Daemon, pid: u32) -> u64 {
     thread::sleep(SETTLE);
     let snap = d.snapshot(pid);
-    find_proc(&snap, pid).gpu.as_ref().map_or(0, |g| g.launches)
+    find_proc(&snap, pid)
+        .gpu
+        .as_ref()
+        .and_then(|g| g.launches)
+        .unwrap_or(0)
 }
 
 /// BPF object ids a process holds through its file descriptors (/proc/PID/fdinfo).

@@ -18,6 +18,7 @@ mod diagnose;
 mod escaping;
 mod faults;
 mod gpu;
+mod gpu_diagnosis;
 mod hostile;
 mod html;
 mod lifecycle;

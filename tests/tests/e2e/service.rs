@@ -250,7 +250,8 @@ pub(crate) fn nobody_launches(
     let seen = find_proc(&d.snapshot(pid), pid)
         .gpu
         .as_ref()
-        .map_or(0, |g| g.launches);
+        .and_then(|g| g.launches)
+        .unwrap_or(0);
     drv.resume();
     let truth = drv.finish();
     Ok((seen, truth.symbol(&gpu.lib, "cuLaunchKernel").calls))

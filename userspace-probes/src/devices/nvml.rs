@@ -3,7 +3,9 @@
 //! The translation from NVML's answers to [`GpuDevice`] ([`read_gpu`]) is a pure function
 //! over [`GpuSource`], a narrow view of one GPU in NVML's own units, so it is tested with a
 //! stand-in; [`NvmlCollector`] implements that view over the real library and adds what
-//! needs state across collections: the XID event set and the process-utilization timestamp.
+//! needs state across collections: the XID event set, the process-utilization timestamp and,
+//! on GPUs with GPM (Hopper and newer), the previous GPM sample ([`read_gpm`], also a
+//! function over a narrow view, [`GpmSource`]).
 //!
 //! Field by field (the NVML call is named in each metric's help text): a call that returns
 //! `NVML_ERROR_NOT_SUPPORTED` (or that an older driver lacks) leaves the field `None`
@@ -22,11 +24,12 @@ use nvml_wrapper::enum_wrappers::device::{
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 use nvml_wrapper::struct_wrappers::device::{
     MemoryInfo, ProcessInfo, ProcessUtilizationSample, Utilization,
 };
-use nvml_wrapper::{Device, EventSet, Nvml};
+use nvml_wrapper::{Device, EventSet, GpmSample, Nvml};
 
 use super::{
     CollectorState, DeviceCollector, DeviceError, DeviceProcess, DeviceSample, GpuDevice,
@@ -232,6 +235,12 @@ pub fn read_gpu(
             .map(throttle_names),
         xid_errors: state.xid_errors,
         last_xid: state.last_xid,
+        // GPM needs samples kept across collections: the collector adds them (`read_gpm`).
+        gpm_supported: None,
+        sm_activity_ratio: None,
+        sm_occupancy_ratio: None,
+        tensor_activity_ratio: None,
+        dram_bandwidth_ratio: None,
     };
 
     let due = |at: Option<Instant>, every: Duration| {
@@ -378,6 +387,180 @@ fn read_counters(
         nvlinks,
         sm_share,
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPM (GPU Performance Monitoring, Hopper and newer): SM activity, SM occupancy, tensor
+// activity and DRAM bandwidth, each computed by NVML between two samples of the GPU's
+// performance counters. Read at every collection (one device interval apart), whatever the
+// cadence: one nvmlGpmSampleGet costs ~42 µs on an H200.
+
+/// The GPM metrics ethand reads, in the order of [`GpmRatios`]' fields.
+pub const GPM_METRICS: [GpmMetricId; 4] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+];
+
+/// GPM values (percent) above 100 or below 0 by at most this much are rounding and are
+/// clamped; further out they are not a share of anything and are dropped.
+const GPM_PERCENT_SLACK: f64 = 0.5;
+
+/// One GPU's GPM calls, in NVML's units. Implemented over `nvml_wrapper::Device` by the
+/// collector and by stand-ins in tests.
+pub trait GpmSource {
+    /// A filled sample; freed when dropped (`nvmlGpmSampleFree`).
+    type Sample;
+    /// `nvmlGpmQueryDeviceSupport`.
+    fn gpm_supported(&self) -> Result<bool, NvmlError>;
+    /// `nvmlGpmSampleAlloc` + `nvmlGpmSampleGet`: the GPU's counters now.
+    fn gpm_sample(&self) -> Result<Self::Sample, NvmlError>;
+    /// `nvmlGpmMetricsGet` of [`GPM_METRICS`] between two samples: percent, each on its own.
+    fn gpm_metrics(
+        &self,
+        earlier: &Self::Sample,
+        later: &Self::Sample,
+    ) -> Result<[Result<f64, NvmlError>; 4], NvmlError>;
+}
+
+/// What [`read_gpm`] keeps about one GPU between collections: `S` is the sample type of its
+/// [`GpmSource`]. Kept apart from [`GpuState`] because a sample is a handle to memory NVML
+/// allocated (neither `Clone` nor comparable).
+#[derive(Debug)]
+pub struct GpmState<S> {
+    /// None: not asked yet, or asking failed (asked again next time); Some(false): the GPU
+    /// or the library has no GPM (never asked again).
+    pub supported: Option<bool>,
+    /// The sample of the previous collection: the start of the next interval.
+    pub previous: Option<S>,
+}
+
+impl<S> Default for GpmState<S> {
+    fn default() -> Self {
+        Self {
+            supported: None,
+            previous: None,
+        }
+    }
+}
+
+/// The GPM metrics of one interval as 0-1 ratios; None: unsupported, first interval, or not
+/// readable this time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpmRatios {
+    pub sm_activity: Option<f64>,
+    pub sm_occupancy: Option<f64>,
+    pub tensor_activity: Option<f64>,
+    pub dram_bandwidth: Option<f64>,
+}
+
+/// One GPU's GPM reading: whether it has GPM, and the interval's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpmReading {
+    /// [`GpuDevice::gpm_supported`].
+    pub supported: Option<bool>,
+    pub ratios: GpmRatios,
+}
+
+impl GpmReading {
+    /// Copies the reading into the GPU's fields.
+    pub fn apply(&self, gpu: &mut GpuDevice) {
+        gpu.gpm_supported = self.supported;
+        gpu.sm_activity_ratio = self.ratios.sm_activity;
+        gpu.sm_occupancy_ratio = self.ratios.sm_occupancy;
+        gpu.tensor_activity_ratio = self.ratios.tensor_activity;
+        gpu.dram_bandwidth_ratio = self.ratios.dram_bandwidth;
+    }
+}
+
+/// A GPM percentage as a 0-1 ratio. NaN, infinities and values outside 0-100 by more than
+/// rounding ([`GPM_PERCENT_SLACK`]) are None; the rest is clamped to 0-1.
+pub fn gpm_ratio(percent: f64) -> Option<f64> {
+    let slack = -GPM_PERCENT_SLACK..=100.0 + GPM_PERCENT_SLACK;
+    // NaN is in no range.
+    slack
+        .contains(&percent)
+        .then(|| (percent / 100.0).clamp(0.0, 1.0))
+}
+
+/// The interval bookkeeping: `new` becomes the start of the next interval, and the sample it
+/// replaces, if any, is returned with it as the interval just ended (earlier, later). None on
+/// the first call (no interval yet). The replaced sample is the caller's to drop (free).
+pub fn next_interval<S>(previous: &mut Option<S>, new: S) -> Option<(S, &S)> {
+    let earlier = previous.replace(new);
+    match (earlier, previous.as_ref()) {
+        (Some(earlier), Some(later)) => Some((earlier, later)),
+        _ => None,
+    }
+}
+
+/// Reads one GPU's GPM metrics over the interval since the previous call: asks once whether
+/// the GPU has GPM, then at every call takes a sample and computes the metrics between the
+/// previous sample and it. Unsupported (an older GPU, or a library without the GPM symbols)
+/// is `supported: Some(false)` and no values, silently; other failures leave the values
+/// None and add a note, and never fail the collection. A failed sample also drops the
+/// previous one, so the next call starts a new interval rather than spanning the gap.
+pub fn read_gpm<G: GpmSource>(
+    src: &G,
+    state: &mut GpmState<G::Sample>,
+    label: &str,
+    notes: &mut Vec<String>,
+) -> GpmReading {
+    let mut f = Fields { label, notes };
+    if state.supported.is_none() {
+        state.supported = match src.gpm_supported() {
+            Ok(s) => Some(s),
+            Err(e) if unsupported(&e) => Some(false),
+            Err(e) => f.get::<bool>("gpm support", Err(e)),
+        };
+    }
+    let mut reading = GpmReading {
+        supported: state.supported,
+        ratios: GpmRatios::default(),
+    };
+    if state.supported != Some(true) {
+        state.previous = None;
+        return reading;
+    }
+    let sample = match src.gpm_sample() {
+        Ok(s) => s,
+        Err(e) => {
+            state.previous = None;
+            if unsupported(&e) {
+                // The GPU has GPM but will not sample it now (with MIG enabled NVML samples
+                // per GPU instance): nothing this time, asked again next time.
+                reading.supported = Some(false);
+            } else {
+                f.get::<()>("gpm sample", Err(e));
+            }
+            return reading;
+        }
+    };
+    let Some((earlier, later)) = next_interval(&mut state.previous, sample) else {
+        return reading;
+    };
+    let values = f.get("gpm metrics", src.gpm_metrics(&earlier, later));
+    drop(earlier);
+    let Some([sm, occupancy, tensor, dram]) = values else {
+        return reading;
+    };
+    let mut ratio = |what: &str, v: Result<f64, NvmlError>| {
+        let percent = f.get(what, v)?;
+        let r = gpm_ratio(percent);
+        if r.is_none() {
+            f.notes
+                .push(format!("{} {what}: {percent} is not a percentage", f.label));
+        }
+        r
+    };
+    reading.ratios = GpmRatios {
+        sm_activity: ratio("gpm sm activity", sm),
+        sm_occupancy: ratio("gpm sm occupancy", occupancy),
+        tensor_activity: ratio("gpm tensor activity", tensor),
+        dram_bandwidth: ratio("gpm dram bandwidth", dram),
+    };
+    reading
 }
 
 /// Turns per-field errors into `None`, noting the ones that are not "not supported".
@@ -559,6 +742,31 @@ impl GpuSource for NvmlGpu<'_> {
     }
 }
 
+impl<'a> GpmSource for NvmlGpu<'a> {
+    type Sample = GpmSample<'a>;
+    fn gpm_supported(&self) -> Result<bool, NvmlError> {
+        self.device.gpm_support()
+    }
+    fn gpm_sample(&self) -> Result<GpmSample<'a>, NvmlError> {
+        self.device.gpm_sample()
+    }
+    fn gpm_metrics(
+        &self,
+        earlier: &GpmSample<'a>,
+        later: &GpmSample<'a>,
+    ) -> Result<[Result<f64, NvmlError>; 4], NvmlError> {
+        let mut values =
+            nvml_wrapper::gpm::gpm_metrics_get(self.nvml, earlier, later, &GPM_METRICS)?
+                .into_iter()
+                .map(|r| r.map(|m| m.value));
+        Ok(std::array::from_fn(|_| {
+            values
+                .next()
+                .unwrap_or(Err(NvmlError::UnexpectedVariant(0)))
+        }))
+    }
+}
+
 /// Reads every GPU through NVML. Holds the library (and NVML's initialisation) for its
 /// lifetime, and an event set registered for critical XID errors on every GPU that supports
 /// them, drained without blocking at each collection.
@@ -567,6 +775,8 @@ pub struct NvmlCollector {
     events: Option<EventSet<'static>>,
     /// Per NVML index.
     states: Vec<GpuState>,
+    /// Per NVML index. Its samples borrow the `Nvml` below: emptied in `Drop` before it.
+    gpm: Vec<GpmState<GpmSample<'static>>>,
     driver_version: String,
     /// What this collector cannot do here (XID events), for the status.
     detail: String,
@@ -583,8 +793,9 @@ unsafe impl Send for NvmlCollector {}
 impl Drop for NvmlCollector {
     fn drop(&mut self) {
         self.events = None;
-        // SAFETY: from Box::leak in `open`; the event set, the only thing left that borrowed
-        // it, is gone, and devices are never kept across calls.
+        self.gpm.clear();
+        // SAFETY: from Box::leak in `open`; the event set and the GPM samples, the only
+        // things left that borrowed it, are gone, and devices are never kept across calls.
         drop(unsafe { Box::from_raw(self.nvml.as_ptr()) });
     }
 }
@@ -633,12 +844,14 @@ impl NvmlCollector {
         let mut me = Self {
             events: None,
             states: vec![GpuState::default(); count as usize],
+            gpm: Vec::new(),
             driver_version,
             detail: String::new(),
             cadence,
             nvml: NonNull::from(Box::leak(Box::new(nvml))),
         };
         me.register_xid_events(count);
+        me.ask_gpm_support(count);
         Ok(me)
     }
 
@@ -726,6 +939,40 @@ impl NvmlCollector {
         }
     }
 
+    /// Asks every GPU once whether it has GPM, and says in the status which do not.
+    fn ask_gpm_support(&mut self, count: u32) {
+        let nvml = self.nvml();
+        self.gpm.resize_with(count as usize, GpmState::default);
+        let mut without = Vec::new();
+        for i in 0..count {
+            let Ok(device) = nvml.device_by_index(i) else {
+                continue;
+            };
+            let st = &mut self.gpm[i as usize];
+            st.supported = match device.gpm_support() {
+                Ok(s) => Some(s),
+                Err(e) if unsupported(&e) => Some(false),
+                // Asked again at the first collection, which notes the error.
+                Err(_) => None,
+            };
+            if st.supported == Some(false) {
+                without.push(format!("gpu{i}"));
+            }
+        }
+        if !without.is_empty() {
+            let gpm = format!(
+                "GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth: Hopper and newer) \
+                 not supported on {}",
+                without.join(", ")
+            );
+            self.detail = if self.detail.is_empty() {
+                gpm
+            } else {
+                format!("{}; {gpm}", self.detail)
+            };
+        }
+    }
+
     /// Counts the XID events that arrived since the last call, without waiting.
     fn drain_xid_events(&mut self, notes: &mut Vec<String>) {
         let Some(set) = &self.events else { return };
@@ -777,6 +1024,9 @@ impl DeviceCollector for NvmlCollector {
         if self.states.len() < count as usize {
             self.states.resize(count as usize, GpuState::default());
         }
+        if self.gpm.len() < count as usize {
+            self.gpm.resize_with(count as usize, GpmState::default);
+        }
         for i in 0..count {
             let device = match nvml.device_by_index(i) {
                 Ok(d) => d,
@@ -794,7 +1044,10 @@ impl DeviceCollector for NvmlCollector {
                 Instant::now(),
                 &self.cadence,
             ) {
-                Ok(r) => {
+                Ok(mut r) => {
+                    let label = r.gpu.label();
+                    read_gpm(&src, &mut self.gpm[i as usize], &label, &mut r.notes)
+                        .apply(&mut r.gpu);
                     sample.gpus.push(r.gpu);
                     sample.processes.extend(r.processes);
                     sample.notes.extend(r.notes);
@@ -808,7 +1061,8 @@ impl DeviceCollector for NvmlCollector {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
 
     use super::*;
 
@@ -1199,5 +1453,299 @@ mod tests {
             detail.starts_with("/nonexistent/libnvml.so not found: no NVIDIA driver ("),
             "{detail}"
         );
+    }
+
+    /// Percent values of a GPM stand-in: per metric, the later sample's number times 10.
+    type Metrics = fn(u32, u32) -> Result<[Result<f64, NvmlError>; 4], NvmlError>;
+
+    /// A GPU's GPM as a stand-in: samples are numbered 1, 2, ... and count their frees.
+    struct GpmStandIn {
+        supported: fn() -> Result<bool, NvmlError>,
+        /// Given the number of the sample asked for.
+        sample: fn(u32) -> Result<(), NvmlError>,
+        metrics: Metrics,
+        support_calls: Cell<u32>,
+        samples: Cell<u32>,
+        /// (earlier, later) of each metrics call.
+        intervals: RefCell<Vec<(u32, u32)>>,
+        freed: Rc<Cell<u32>>,
+    }
+
+    /// A sample handle: its number, and the stand-in's free count.
+    #[derive(Debug)]
+    struct Sample(u32, Rc<Cell<u32>>);
+
+    impl Drop for Sample {
+        fn drop(&mut self) {
+            self.1.set(self.1.get() + 1);
+        }
+    }
+
+    impl GpmStandIn {
+        /// An H100-like GPU: GPM there, every metric read.
+        fn hopper() -> Self {
+            Self {
+                supported: || Ok(true),
+                sample: |_| Ok(()),
+                metrics: |_, later| {
+                    let p = f64::from(later) * 10.0;
+                    Ok([Ok(p), Ok(p + 1.0), Ok(p + 2.0), Ok(p + 3.0)])
+                },
+                support_calls: Cell::new(0),
+                samples: Cell::new(0),
+                intervals: RefCell::new(Vec::new()),
+                freed: Rc::new(Cell::new(0)),
+            }
+        }
+    }
+
+    impl GpmSource for GpmStandIn {
+        type Sample = Sample;
+        fn gpm_supported(&self) -> Result<bool, NvmlError> {
+            self.support_calls.set(self.support_calls.get() + 1);
+            (self.supported)()
+        }
+        fn gpm_sample(&self) -> Result<Sample, NvmlError> {
+            let n = self.samples.get() + 1;
+            self.samples.set(n);
+            (self.sample)(n).map(|()| Sample(n, self.freed.clone()))
+        }
+        fn gpm_metrics(
+            &self,
+            earlier: &Sample,
+            later: &Sample,
+        ) -> Result<[Result<f64, NvmlError>; 4], NvmlError> {
+            self.intervals.borrow_mut().push((earlier.0, later.0));
+            (self.metrics)(earlier.0, later.0)
+        }
+    }
+
+    fn gpm(src: &GpmStandIn, state: &mut GpmState<Sample>) -> (GpmReading, Vec<String>) {
+        let mut notes = Vec::new();
+        let r = read_gpm(src, state, "gpu0", &mut notes);
+        (r, notes)
+    }
+
+    fn ratios(a: f64, b: f64, c: f64, d: f64) -> GpmRatios {
+        GpmRatios {
+            sm_activity: Some(a),
+            sm_occupancy: Some(b),
+            tensor_activity: Some(c),
+            dram_bandwidth: Some(d),
+        }
+    }
+
+    #[test]
+    fn gpm_percent_to_ratio() {
+        assert_eq!(gpm_ratio(0.0), Some(0.0));
+        assert_eq!(gpm_ratio(50.0), Some(0.5));
+        assert_eq!(gpm_ratio(100.0), Some(1.0));
+        // Rounding just past the ends: clamped.
+        assert_eq!(gpm_ratio(100.3), Some(1.0));
+        assert_eq!(gpm_ratio(-0.2), Some(0.0));
+        assert_eq!(gpm_ratio(-0.0), Some(0.0));
+        // Not a share of anything: dropped, never reported as 0 or 1.
+        for bad in [
+            101.0,
+            250.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ] {
+            assert_eq!(gpm_ratio(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn intervals_run_between_consecutive_samples() {
+        let mut previous = None;
+        assert_eq!(next_interval(&mut previous, 1), None, "first: no interval");
+        assert_eq!(previous, Some(1));
+        assert_eq!(next_interval(&mut previous, 2), Some((1, &2)));
+        assert_eq!(next_interval(&mut previous, 3), Some((2, &3)));
+        assert_eq!(previous, Some(3));
+    }
+
+    #[test]
+    fn gpm_first_interval_is_none_then_each_interval_is_read() {
+        let src = GpmStandIn::hopper();
+        let mut state = GpmState::default();
+        let (r, notes) = gpm(&src, &mut state);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(r.supported, Some(true));
+        assert_eq!(
+            r.ratios,
+            GpmRatios::default(),
+            "one sample: no interval yet"
+        );
+        let (r, notes) = gpm(&src, &mut state);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(r.ratios, ratios(0.2, 0.21, 0.22, 0.23));
+        let (r, _) = gpm(&src, &mut state);
+        assert_eq!(r.ratios, ratios(0.3, 0.31, 0.32, 0.33));
+        // Each interval from the previous sample to the new one; support asked once.
+        assert_eq!(*src.intervals.borrow(), vec![(1, 2), (2, 3)]);
+        assert_eq!(src.support_calls.get(), 1);
+        // Only the newest sample is kept; it is freed with the state.
+        assert_eq!(src.freed.get(), 2);
+        assert_eq!(state.previous.as_ref().map(|s| s.0), Some(3));
+        drop(state);
+        assert_eq!(src.freed.get(), 3);
+
+        let mut gpu = GpuDevice::default();
+        r.apply(&mut gpu);
+        assert_eq!(gpu.gpm_supported, Some(true));
+        assert_eq!(gpu.sm_activity_ratio, Some(0.3));
+        assert_eq!(gpu.sm_occupancy_ratio, Some(0.31));
+        assert_eq!(gpu.tensor_activity_ratio, Some(0.32));
+        assert_eq!(gpu.dram_bandwidth_ratio, Some(0.33));
+    }
+
+    #[test]
+    fn gpm_unsupported_is_reported_once_and_silently() {
+        for supported in [
+            (|| Ok(false)) as fn() -> Result<bool, NvmlError>,
+            || Err(NvmlError::NotSupported),
+            // A library older than GPM (R520).
+            || {
+                Err(NvmlError::FailedToLoadSymbol(
+                    "nvmlGpmQueryDeviceSupport".into(),
+                ))
+            },
+        ] {
+            let src = GpmStandIn {
+                supported,
+                ..GpmStandIn::hopper()
+            };
+            let mut state = GpmState::default();
+            for _ in 0..3 {
+                let (r, notes) = gpm(&src, &mut state);
+                assert!(notes.is_empty(), "{notes:?}");
+                assert_eq!(r.supported, Some(false));
+                assert_eq!(r.ratios, GpmRatios::default());
+            }
+            assert_eq!(src.support_calls.get(), 1, "asked once");
+            assert_eq!(src.samples.get(), 0, "never sampled");
+            let mut gpu = GpuDevice::default();
+            gpm(&src, &mut state).0.apply(&mut gpu);
+            assert_eq!(
+                (gpu.gpm_supported, gpu.sm_activity_ratio),
+                (Some(false), None)
+            );
+        }
+    }
+
+    #[test]
+    fn gpm_support_question_failing_is_noted_and_asked_again() {
+        let src = GpmStandIn {
+            supported: || Err(NvmlError::Unknown),
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        let (r, notes) = gpm(&src, &mut state);
+        assert_eq!(r, GpmReading::default());
+        assert_eq!(
+            notes,
+            vec![format!("gpu0 gpm support: {}", NvmlError::Unknown)]
+        );
+        gpm(&src, &mut state);
+        assert_eq!(src.support_calls.get(), 2);
+        assert_eq!(src.samples.get(), 0);
+    }
+
+    #[test]
+    fn gpm_failed_sample_starts_a_new_interval() {
+        let src = GpmStandIn {
+            // The third sample fails.
+            sample: |n| match n {
+                3 => Err(NvmlError::GpuLost),
+                _ => Ok(()),
+            },
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        gpm(&src, &mut state);
+        assert!(gpm(&src, &mut state).0.ratios.sm_activity.is_some());
+        let (r, notes) = gpm(&src, &mut state);
+        assert_eq!(r.supported, Some(true));
+        assert_eq!(r.ratios, GpmRatios::default());
+        assert_eq!(
+            notes,
+            vec![format!("gpu0 gpm sample: {}", NvmlError::GpuLost)]
+        );
+        assert!(
+            state.previous.is_none(),
+            "the interval across the gap is dropped"
+        );
+        // Sample 4 starts the next interval, sample 5 ends it.
+        assert_eq!(gpm(&src, &mut state).0.ratios, GpmRatios::default());
+        assert_eq!(
+            gpm(&src, &mut state).0.ratios,
+            ratios(0.5, 0.51, 0.52, 0.53)
+        );
+        assert_eq!(*src.intervals.borrow(), vec![(1, 2), (4, 5)]);
+
+        // Sampling unsupported although the GPU has GPM: unsupported now, silently.
+        let src = GpmStandIn {
+            sample: |_| Err(NvmlError::NotSupported),
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        let (r, notes) = gpm(&src, &mut state);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(
+            r,
+            GpmReading {
+                supported: Some(false),
+                ratios: GpmRatios::default(),
+            }
+        );
+        gpm(&src, &mut state);
+        assert_eq!(src.samples.get(), 2, "tried again");
+    }
+
+    #[test]
+    fn gpm_bad_metric_values_are_none() {
+        let src = GpmStandIn {
+            metrics: |_, _| {
+                Ok([
+                    Ok(f64::NAN),
+                    Err(NvmlError::NotSupported),
+                    Ok(180.0),
+                    Err(NvmlError::Unknown),
+                ])
+            },
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        gpm(&src, &mut state);
+        let (r, notes) = gpm(&src, &mut state);
+        assert_eq!(r.supported, Some(true));
+        assert_eq!(r.ratios, GpmRatios::default());
+        // NOT_SUPPORTED for one metric is silent; the rest are noted.
+        assert_eq!(
+            notes,
+            vec![
+                "gpu0 gpm sm activity: NaN is not a percentage".to_owned(),
+                "gpu0 gpm tensor activity: 180 is not a percentage".to_owned(),
+                format!("gpu0 gpm dram bandwidth: {}", NvmlError::Unknown),
+            ]
+        );
+
+        let src = GpmStandIn {
+            metrics: |_, _| Err(NvmlError::InvalidArg),
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        gpm(&src, &mut state);
+        let (r, notes) = gpm(&src, &mut state);
+        assert_eq!(r.ratios, GpmRatios::default());
+        assert_eq!(
+            notes,
+            vec![format!("gpu0 gpm metrics: {}", NvmlError::InvalidArg)]
+        );
+        // The new sample still starts the next interval.
+        assert_eq!(state.previous.as_ref().map(|s| s.0), Some(2));
     }
 }
