@@ -150,18 +150,25 @@ fn driver_library_probed_before_any_process_maps_it() {
             lib.display()
         ),
     );
-    let st = d.status();
-    let entry = st
-        .gpu_libraries
-        .iter()
-        .find(|l| std::path::Path::new(&l.path) == lib)
-        .unwrap_or_else(|| {
-            panic!(
-                "{} not probed at start-up: {:#?}",
-                lib.display(),
-                st.gpu_libraries
-            )
-        });
+    // Probed at the daemon's first GPU scan, before any process maps it.
+    let t0 = Instant::now();
+    let entry = loop {
+        let st = d.status();
+        if let Some(e) = st
+            .gpu_libraries
+            .iter()
+            .find(|l| std::path::Path::new(&l.path) == lib)
+        {
+            break e.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{} not probed at start-up: {:#?}",
+            lib.display(),
+            st.gpu_libraries
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(entry.state, ethand_tests::ProbeState::Attached, "{entry:?}");
     assert!(entry.detail.contains("start-up"), "{}", entry.detail);
     let mut drv = s.spawn_driver(
