@@ -22,11 +22,28 @@ pub enum Format {
     Csv,
 }
 
-/// Reads one snapshot file; the error names the file and, for bad JSON, the line and column.
+/// Largest snapshot file read (a snapshot is a few KB per process).
+const MAX_FILE: u64 = 256 << 20;
+
+/// Reads one snapshot file ("-": standard input), at most [`MAX_FILE`] bytes; the error names
+/// the file and, for bad JSON, the line and column.
 pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let t: TreeSnapshot = serde_json::from_str(&text).map_err(|e| {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    let read = if path == Path::new("-") {
+        std::io::stdin().take(MAX_FILE + 1).read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut bytes))
+    };
+    read.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!(
+            "{} is larger than {} MiB: not an ethand snapshot",
+            path.display(),
+            MAX_FILE >> 20
+        ));
+    }
+    let t: TreeSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
         format!(
             "{} is not an ethand snapshot (the output of `ethand snapshot --pid PID --json`): {e}",
             path.display()

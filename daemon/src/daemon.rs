@@ -193,10 +193,12 @@ impl Shared {
                     let node = self.node.read().expect("lock");
                     (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
                 };
-                let known = !self.model.lock().expect("lock").tree_keys(pid).is_empty();
-                let sample = (known && launch_sample.unwrap_or(true) && level == "calls")
-                    .then(|| self.sample_launches(pid, self.launch_sample))
-                    .flatten();
+                // Only for a tree the model knows (else the answer is "not found" at once).
+                let sample = (launch_sample.unwrap_or(true)
+                    && level == "calls"
+                    && !self.model.lock().expect("lock").tree_keys(pid).is_empty())
+                .then(|| self.sample_launches(pid, self.launch_sample))
+                .flatten();
                 Arc::new(
                     match self.tree(
                         pid,

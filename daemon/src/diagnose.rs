@@ -841,38 +841,17 @@ fn memory_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
     }
 }
 
-/// Largest snapshot file `ethand diagnose` reads.
-const MAX_FILE: u64 = 256 << 20;
-
 /// `ethand diagnose FILE`: the rules (built-in plus the rules directory) over a saved
-/// snapshot. Prints the findings and the rules that could not run; exit 0.
+/// snapshot. Prints the findings and the rules that could not run; exit 0, or 2 when the file
+/// cannot be read or is not a snapshot (as `ethand compare`).
 pub fn run_file(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow::Result<u8> {
-    use anyhow::Context as _;
-    use std::io::Read as _;
-    let mut text = Vec::new();
-    let what = file.display().to_string();
-    if what == "-" {
-        std::io::stdin()
-            .take(MAX_FILE + 1)
-            .read_to_end(&mut text)
-            .context("reading the snapshot from standard input")?;
-    } else {
-        std::fs::File::open(file)
-            .and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut text))
-            .with_context(|| format!("cannot read {what}"))?;
-    }
-    if text.len() as u64 > MAX_FILE {
-        return Err(crate::UsageError(format!(
-            "{what} is larger than {} MiB: not an ethand snapshot",
-            MAX_FILE >> 20
-        ))
-        .into());
-    }
-    let mut tree: TreeSnapshot = serde_json::from_slice(&text).map_err(|e| {
-        crate::UsageError(format!(
-            "{what} is not an `ethand snapshot --json` file: {e}"
-        ))
-    })?;
+    let mut tree = match crate::compare::load(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ethand: error: {e}");
+            return Ok(crate::EXIT_USAGE);
+        }
+    };
     let rules = load_rules(&cfg.diagnosis.rules_dir);
     apply(&mut tree, &rules);
     if json {

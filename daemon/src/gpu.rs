@@ -208,27 +208,33 @@ impl GpuProbes {
             None => None,
         };
         for lib in self.scanner.scan(&self.runtimes, only.as_ref()) {
-            let key = (lib.dev.clone(), lib.inode);
-            if self.libs.contains_key(&key) {
-                continue;
-            }
-            let mut l = resolve(&lib);
-            if l.status.state != ProbeState::Failed {
-                attach(ebpf, self.progs, &mut l, self.level);
-            }
-            self.libs.insert(key, l);
+            self.add_library(ebpf, &lib);
         }
+    }
+
+    /// Resolves and attaches a library file not probed yet; the new entry, or None when the
+    /// file (device, inode) is known already.
+    fn add_library(&mut self, ebpf: &mut Ebpf, lib: &MappedLibrary) -> Option<&mut Lib> {
+        let key = (lib.dev.clone(), lib.inode);
+        if self.libs.contains_key(&key) {
+            return None;
+        }
+        let mut l = resolve(lib);
+        if l.status.state != ProbeState::Failed {
+            attach(ebpf, self.progs, &mut l, self.level);
+        }
+        Some(self.libs.entry(key).or_insert(l))
     }
 
     /// Probes the system's driver libraries before any process maps them: once at the first
     /// scan, and once more when NVML's library (loaded by the device thread) shows where the
     /// driver lives.
     fn preload(&mut self, ebpf: &mut Ebpf) {
-        let nvml_dir = if self.driver_libraries.is_empty() {
-            nvml_directory()
-        } else {
-            None
-        };
+        // NVML is loaded by the device thread, soon after start-up or never (no GPU): looked
+        // for at the first PRELOAD_SCANS scans only.
+        let nvml_dir = (self.driver_libraries.is_empty() && self.scans <= PRELOAD_SCANS)
+            .then(nvml_directory)
+            .flatten();
         let want = if nvml_dir.is_some() { 2 } else { 1 };
         if self.preloaded >= want {
             return;
@@ -243,17 +249,12 @@ impl GpuProbes {
             let Some(lib) = library_file(&path, &self.runtimes) else {
                 continue;
             };
-            let key = (lib.dev.clone(), lib.inode);
-            if self.libs.contains_key(&key) {
-                continue;
+            if let Some(l) = self.add_library(ebpf, &lib) {
+                if l.status.state == ProbeState::Attached {
+                    info!(library = %lib.path.display(), "driver library probed at start-up");
+                }
+                l.status.detail = format!("probed at start-up; {}", l.status.detail);
             }
-            let mut l = resolve(&lib);
-            if l.status.state != ProbeState::Failed {
-                attach(ebpf, self.progs, &mut l, self.level);
-                info!(library = %lib.path.display(), "driver library probed at start-up");
-            }
-            l.status.detail = format!("probed at start-up; {}", l.status.detail);
-            self.libs.insert(key, l);
         }
     }
 
@@ -491,6 +492,9 @@ fn library_file(path: &std::path::Path, runtimes: &[Runtime]) -> Option<MappedLi
 /// A library file's (device, inode), the path to attach through, and its launch symbols'
 /// file offsets.
 pub type LaunchPoints = ((String, u64), PathBuf, Vec<u64>);
+
+/// How many of the first scans look for the directory NVML was loaded from.
+const PRELOAD_SCANS: u64 = 10;
 
 /// Every this many scans, all processes are looked at, hints or not.
 const FULL_SCAN_EVERY: u64 = 15;

@@ -188,26 +188,20 @@ fn driver_library_probed_before_any_process_maps_it() {
     assert_eq!(g.sync.calls, 2);
 }
 
-/// `ethand diagnose` on what is not a snapshot: a clear error and exit 2 (usage), never a
-/// diagnosis of nothing; a missing file exits 1.
+/// `ethand diagnose` on what is not a snapshot, or a missing file: a clear error and exit 2
+/// (as `ethand compare`), never a diagnosis of nothing.
 #[test]
 fn diagnose_refuses_what_is_not_a_snapshot() {
     let f = ethand_tests::temp_path("diagnose-bad", "json");
     let _rm = ethand_tests::RemoveOnDrop(f.clone());
     for (content, want) in [
-        (
-            &b"not json at all"[..],
-            "is not an `ethand snapshot --json` file",
-        ),
-        (b"", "is not an `ethand snapshot --json` file"),
+        (&b"not json at all"[..], "is not an ethand snapshot"),
+        (b"", "is not an ethand snapshot"),
         (
             b"{\"schema_version\": \"one\"}",
-            "is not an `ethand snapshot --json` file",
+            "is not an ethand snapshot",
         ),
-        (
-            b"\xff\xfe\x00garbage",
-            "is not an `ethand snapshot --json` file",
-        ),
+        (b"\xff\xfe\x00garbage", "is not an ethand snapshot"),
     ] {
         std::fs::write(&f, content).expect("write");
         let out = ethand_tests::ethand(&["diagnose", f.to_str().expect("utf-8")]);
@@ -224,7 +218,7 @@ fn diagnose_refuses_what_is_not_a_snapshot() {
         );
     }
     let out = ethand_tests::ethand(&["diagnose", "/nonexistent/snapshot.json"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot read /nonexistent/snapshot.json"),
         "{}",
