@@ -337,6 +337,26 @@ pub async fn call(
     }
 }
 
+/// Who else serves at `path`, asked before a daemon binds it: a daemon that answers (its pid
+/// named), or something that takes connections there and does not answer as one. None when
+/// nobody listens: no socket, or one left by a killed daemon (`bind` replaces it).
+pub async fn other_daemon(path: &Path, timeout: std::time::Duration) -> Option<String> {
+    let p = path.display();
+    match call(path, &Request::Status, timeout).await {
+        Ok(Response::Ok(v)) => Some(match v["pid"].as_u64() {
+            Some(pid) => format!("another ethand daemon (pid {pid}) answers on {p}"),
+            None => format!("another ethand daemon answers on {p}"),
+        }),
+        // A daemon at its connection cap still answers, with an error line.
+        Ok(_) => Some(format!("another ethand daemon answers on {p}")),
+        Err(CallError::Timeout { secs, .. }) => Some(format!(
+            "something takes connections on {p} but did not answer within {secs} s (another ethand daemon starting?)"
+        )),
+        Err(e @ CallError::NotEthand { .. }) => Some(e.to_string()),
+        Err(_) => None,
+    }
+}
+
 async fn call_unbounded(path: &Path, req: &Request) -> Result<Response, CallError> {
     let p = || path.display().to_string();
     let stream = UnixStream::connect(path)

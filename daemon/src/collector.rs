@@ -261,7 +261,7 @@ impl Collector {
             };
             match e.kind {
                 lifecycle_kind::EXEC => model.on_exec(key),
-                lifecycle_kind::EXIT => model.on_exit(key),
+                lifecycle_kind::EXIT => model.on_exit(key, Some(kernel_identity(&e))),
                 _ => {}
             }
         }
@@ -369,4 +369,16 @@ pub fn program_costs(
             })
         })
         .collect()
+}
+
+/// What an exit event recorded of its process (see lifecycle.rs).
+fn kernel_identity(e: &LifecycleEvent) -> crate::model::KernelIdentity {
+    let len = e.comm.iter().position(|b| *b == 0).unwrap_or(e.comm.len());
+    crate::model::KernelIdentity {
+        ppid: e.parent_tgid,
+        parent_start_ns: e.parent_start_ns,
+        uid: e.uid,
+        cgroup_id: e.cgroup_id,
+        comm: String::from_utf8_lossy(&e.comm[..len]).into_owned(),
+    }
 }

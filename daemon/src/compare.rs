@@ -6,10 +6,7 @@
 //! shown as not measured on that side, never as a change from 0 (`ComparedRow::not_measured`).
 //! Files written before launches became optional say 0 there; [`load`] reads that 0 as not
 //! measured.
-use std::{
-    io::{IsTerminal as _, Write as _},
-    path::Path,
-};
+use std::{io::IsTerminal as _, path::Path};
 
 use ethand_exporters::{report, snapshot::TreeSnapshot};
 
@@ -134,16 +131,8 @@ pub fn run(before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
             report::render_comparison(&c, color)
         }
     };
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(0),
-        // `ethand compare ... | head`: not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(e.into()),
-    }
+    crate::write_stdout(out)?;
+    Ok(0)
 }
 
 #[cfg(test)]

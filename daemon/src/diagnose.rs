@@ -294,6 +294,7 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
                     .and_then(|e| e.eval(&s))
                     .filter(|v| v.is_finite())
                     .map_or(0.0, |v| v.clamp(0.0, 1.0)),
+                detail: detail(&r.id, t),
             }
         })
         .collect();
@@ -304,6 +305,101 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
             .then(a.id.cmp(&b.id))
     });
     (out, not_evaluated)
+}
+
+/// Where a finding was found, for the rules whose numbers alone do not say it.
+fn detail(rule: &str, t: &TreeSnapshot) -> Vec<String> {
+    match rule {
+        "stalled" => {
+            let mut waits: Vec<(u64, String)> = live_threads(t)
+                .filter_map(|(p, th)| {
+                    let sc = th.now.as_ref()?.syscall.as_ref()?;
+                    let ns = sc.blocked_ns()?;
+                    let at_least = if sc.elapsed_ns.is_none() { "at least " } else { "" };
+                    Some((
+                        ns,
+                        format!(
+                            "pid {} ({}) thread {} ({}): {} in {} for {at_least}{:.1} s",
+                            p.pid,
+                            p.comm,
+                            th.tid,
+                            th.comm,
+                            th.now.as_ref()?.state,
+                            sc.describe(),
+                            ns as f64 / 1e9
+                        ),
+                    ))
+                })
+                .collect();
+            waits.sort_by(|a, b| b.0.cmp(&a.0));
+            waits.into_iter().take(8).map(|(_, s)| s).collect()
+        }
+        // The process the signal came from (the busiest such main thread).
+        "single_thread_cpu_bound" => single_threaded(t)
+            .filter(|(_, _, others)| *others < SINGLE_THREAD_OTHERS)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(p, main, others)| {
+                format!(
+                    "pid {} ({}): main thread on a CPU or waiting for one {:.0} % of the window, its other threads {others:.2} cores",
+                    p.pid,
+                    p.comm,
+                    main * 100.0
+                )
+            })
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Live threads of live processes whose state the snapshot read (not zombies).
+fn live_threads(
+    t: &TreeSnapshot,
+) -> impl Iterator<Item = (&ProcessSnapshot, &ethand_exporters::snapshot::ThreadSnapshot)> {
+    t.processes
+        .iter()
+        .filter(|p| p.alive)
+        .flat_map(|p| p.threads.iter().map(move |th| (p, th)))
+        .filter(|(_, th)| {
+            th.alive
+                && th
+                    .now
+                    .as_ref()
+                    .is_some_and(|n| n.state != "zombie" && n.state != "dead")
+        })
+}
+
+/// How long a live thread has been blocked in its syscall (0: running, runnable, or asleep
+/// outside a syscall, which cannot be timed).
+fn blocked_seconds(th: &ethand_exporters::snapshot::ThreadSnapshot) -> f64 {
+    match &th.now {
+        Some(n) if n.state != "running" => n
+            .syscall
+            .as_ref()
+            .and_then(|s| s.blocked_ns())
+            .map_or(0.0, |ns| ns as f64 / 1e9),
+        _ => 0.0,
+    }
+}
+
+/// Main thread's demand (on a CPU or waiting for one) and the other threads' cores, over the
+/// window, per live process.
+const SINGLE_THREAD_OTHERS: f64 = 0.25;
+fn single_threaded(t: &TreeSnapshot) -> impl Iterator<Item = (&ProcessSnapshot, f64, f64)> {
+    t.processes.iter().filter(|p| p.alive).filter_map(|p| {
+        let w = p.window.as_ref()?;
+        let main = w.main_thread_oncpu_ns? as f64;
+        let d = w.duration_ms as f64 * 1e6;
+        // On a CPU or waiting for one: a serial loop on a busy node still wants a whole core
+        // (the run-queue wait is the process's; its other threads use little by definition).
+        (d > 0.0).then(|| {
+            (
+                p,
+                ((main + w.runq_wait_ns as f64) / d).min(1.0),
+                (w.oncpu_ns as f64 - main).max(0.0) / d,
+            )
+        })
+    })
 }
 
 /// The tree calls a GPU/NPU runtime or holds a device (by the driver's process list).
@@ -392,6 +488,28 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let cpus = t.node_cpus.map(f64::from);
     if let Some(c) = cpus {
         put("node.cpus", c);
+    }
+    put("tree.uses_accelerator", f64::from(u8::from(uses_accelerator(t))));
+    // In-flight state: the shortest wait among the live threads (0 when one runs).
+    let live: Vec<f64> = live_threads(t).map(|(_, th)| blocked_seconds(th)).collect();
+    if !live.is_empty() {
+        put(
+            "state.stalled_seconds",
+            live.iter().copied().fold(f64::INFINITY, f64::min),
+        );
+        put("state.threads", live.len() as f64);
+        put(
+            "state.blocked_threads",
+            live.iter().filter(|s| **s >= 1.0).count() as f64,
+        );
+    }
+    // A process held to one core: its main thread busy, its other threads (if any) idle.
+    if let Some(best) = single_threaded(t)
+        .filter(|(_, _, others)| *others < SINGLE_THREAD_OTHERS)
+        .map(|(_, main, _)| main)
+        .reduce(f64::max)
+    {
+        put("cpu.single_thread_busy_ratio", best);
     }
     // The window: the daemon's history, else the standalone measurement.
     let windows: Vec<&WindowStats> = t
@@ -855,16 +973,14 @@ pub fn run_file(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow:
     let rules = load_rules(&cfg.diagnosis.rules_dir);
     apply(&mut tree, &rules);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "root_pid": tree.root_pid,
-                "findings": tree.findings,
-                "not_evaluated": tree.not_evaluated,
-            }))?
-        );
+        let v = serde_json::json!({
+            "root_pid": tree.root_pid,
+            "findings": tree.findings,
+            "not_evaluated": tree.not_evaluated,
+        });
+        crate::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
     } else {
-        print!("{}", crate::render::diagnosis(&tree));
+        crate::write_stdout(crate::render::diagnosis(&tree))?;
     }
     Ok(0)
 }

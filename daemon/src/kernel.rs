@@ -126,6 +126,7 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         task_tgid: member_offset(btf, "task_struct", "tgid")?,
         task_group_leader: member_offset(btf, "task_struct", "group_leader")?,
         task_start_time: member_offset(btf, "task_struct", "start_time")?,
+        task_real_parent: member_offset(btf, "task_struct", "real_parent").unwrap_or(0),
         // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
         skip_syscall_nr: 335,
         sock_protocol: sock_protocol_offset(btf).unwrap_or(0),

@@ -14,6 +14,7 @@ pub mod diagnose;
 pub mod drop_history;
 pub mod expr;
 pub mod gpu;
+pub mod inflight;
 pub mod http;
 pub mod kernel;
 pub mod launch_sample;
@@ -40,6 +41,19 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
+
+/// Writes a command's output to stdout. A reader that went away (`ethand ... | head`) ends
+/// the output quietly, as a finished one: print! would panic there.
+pub fn write_stdout(out: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(out.as_ref()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write to standard output"))
+        }
+        _ => Ok(()),
+    }
+}
 
 /// The exit code for an error: 2 when a [`UsageError`] is among its causes, else 1.
 pub fn exit_code(e: &anyhow::Error) -> u8 {

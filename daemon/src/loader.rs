@@ -129,6 +129,12 @@ const PROBES: &[ProbeSpec] = &[
     },
     ProbeSpec {
         family: "lifecycle",
+        name: "sched_process_fork",
+        btf: Some(("sched_process_fork_btf", "sched_process_fork")),
+        classic: None,
+    },
+    ProbeSpec {
+        family: "lifecycle",
         name: "sched_process_exit",
         btf: Some(("sched_process_exit_btf", "sched_process_exit")),
         classic: Some("sched_process_exit"),

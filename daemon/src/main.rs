@@ -1,6 +1,11 @@
 //! `ethand`: the daemon and its CLI. This file only parses flags and wires crates together.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::{IsTerminal as _, Write as _},
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -26,6 +31,10 @@ struct Cli {
     /// How long `status`, `snapshot` and `level` wait for the daemon's answer (seconds).
     #[arg(long, global = true, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout: u64,
+    /// Log progress on stderr: -v info, -vv debug (commands other than `run`, which logs at
+    /// daemon.log; RUST_LOG overrides both).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -188,24 +197,25 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Generated from the CLI definition; needs no configuration.
     match &cli.command {
+        // Built whole, then written: clap_complete panics on a failed write.
         Command::Completions { shell } => {
+            let mut out = Vec::new();
             clap_complete::generate(
                 *shell,
                 &mut <Cli as clap::CommandFactory>::command(),
                 "ethand",
-                &mut std::io::stdout(),
+                &mut out,
             );
-            return ExitCode::SUCCESS;
+            return exit(ethand::write_stdout(out).map(|()| 0));
         }
         Command::Man => {
             let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
-            return match man.render(&mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("ethand: error: cannot write the man page: {e}");
-                    ExitCode::from(EXIT_FAILURE)
-                }
-            };
+            let mut out = Vec::new();
+            let written = man
+                .render(&mut out)
+                .context("cannot render the man page")
+                .and_then(|()| ethand::write_stdout(out));
+            return exit(written.map(|()| 0));
         }
         // Single-threaded, before any configuration or runtime: it only drops to
         // CAP_SYS_ADMIN and answers bytes.
@@ -238,10 +248,21 @@ fn main() -> ExitCode {
             }
         }
     }
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.daemon.log.clone());
+    // The CLI's own measurements (standalone snapshot, record, survey) log what they attach
+    // at info: noise to whoever only wants the answer.
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| match (&cli.command, cli.verbose) {
+        (Command::Run { .. }, _) => cfg.daemon.log.clone(),
+        (_, 0) => "warn".into(),
+        (_, 1) => "info".into(),
+        _ => "debug".into(),
+    });
+    // Colours only for a terminal: never into the journal, a file or a pipe.
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     // A bounded blocking pool: the unit's TasksMax counts threads, and nothing ethand does
     // needs more than a few at once (the API builds two snapshots at a time).
@@ -258,11 +279,15 @@ fn main() -> ExitCode {
         }
     };
     let timeout = Duration::from_secs(cli.timeout);
-    let result = rt.block_on(dispatch(cli.command, cfg, timeout));
+    exit(rt.block_on(dispatch(cli.command, cfg, timeout)))
+}
+
+fn exit(result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("ethand: error: {}", one_line(&e));
+            // Not eprintln!: a closed stderr must not turn an error into a panic.
+            let _ = writeln!(std::io::stderr(), "ethand: error: {}", one_line(&e));
             ExitCode::from(ethand::exit_code(&e))
         }
     }
@@ -298,22 +323,22 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
         Command::Config {
             command: ConfigCommand::Show,
         } => {
-            print!("{}", cfg.to_toml());
+            ethand::write_stdout(cfg.to_toml())?;
             Ok(0)
         }
         Command::Config {
             command: ConfigCommand::Default,
         } => {
-            print!("{}", config::DEFAULT_TOML);
+            ethand::write_stdout(config::DEFAULT_TOML)?;
             Ok(0)
         }
         Command::Status { json } => {
             let v = ask(&cfg, api::Request::Status, timeout).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                ethand::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
             } else {
                 let s: ethand_exporters::snapshot::SelfStatus = serde_json::from_value(v)?;
-                print!("{}", render::status(&s));
+                ethand::write_stdout(render::status(&s))?;
             }
             Ok(0)
         }
@@ -389,10 +414,8 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 timeout.max(Duration::from_secs(12)),
             )
             .await?;
-            println!(
-                "{}",
-                render::clean(v["message"].as_str().unwrap_or_default())
-            );
+            let msg = render::clean(v["message"].as_str().unwrap_or_default());
+            ethand::write_stdout(format!("{msg}\n"))?;
             Ok(0)
         }
     }
@@ -474,11 +497,11 @@ async fn snapshot(
         eprintln!("ethand: HTML report written to {}", path.display());
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&tree)?);
+        ethand::write_stdout(serde_json::to_string_pretty(&tree)? + "\n")?;
     } else if csv {
-        print!("{}", ethand_exporters::report::to_csv(&tree));
+        ethand::write_stdout(ethand_exporters::report::to_csv(&tree))?;
     } else {
-        print!("{}", render::snapshot(&tree));
+        ethand::write_stdout(render::snapshot(&tree))?;
     }
     Ok(0)
 }
@@ -489,6 +512,8 @@ async fn standalone(
     duration: Duration,
     launch_sample: bool,
 ) -> anyhow::Result<Option<TreeSnapshot>> {
+    // A thread id stands for its process (its launch sample too).
+    let pid = procinfo::tgid_of(pid).unwrap_or(pid);
     let mut engine = daemon::Engine::start(cfg)?;
     let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
     let t0 = std::time::Instant::now();
@@ -508,10 +533,13 @@ async fn standalone(
                 reply: tx,
             });
     }
+    let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);
     while t0.elapsed() < duration {
         tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
         engine.collect();
+        progress.show(t0.elapsed());
     }
+    drop(progress);
     engine.sample_tick(true);
     let sample = rx.try_recv().ok();
     let probes = engine

@@ -392,6 +392,27 @@ pub struct Model {
     now_unix_ms: u64,
     /// Container / pod / job / rank of processes (None: no attribution, as in unit tests).
     pub attribution: Option<crate::attribution::Attributor>,
+    /// cgroup ids of exit events to paths.
+    cgroup_paths: procinfo::CgroupPaths,
+    /// Processes entered from the /proc scan at start ([`Model::seed_live_processes`]), by
+    /// tgid: keyed by a start time from /proc's clock ticks until the kernel's exact one
+    /// appears with their first counters, when the entry moves to that key.
+    seeded: HashMap<u32, ProcKey>,
+    /// New keys this round whose tgid is a seeded process's.
+    seed_hits: Vec<ProcKey>,
+    /// Wall clock minus CLOCK_MONOTONIC (ms) at the last ingest: births in wall time.
+    unix_minus_mono_ms: i64,
+}
+
+/// What the kernel recorded of a process at its exit (lifecycle.rs): all that is known of
+/// one that exited before its /proc entry was read.
+#[derive(Clone, Debug, Default)]
+pub struct KernelIdentity {
+    pub ppid: u32,
+    pub parent_start_ns: u64,
+    pub uid: u32,
+    pub cgroup_id: u64,
+    pub comm: String,
 }
 
 impl Model {
@@ -429,6 +450,90 @@ impl Model {
             departed_blk: BTreeMap::new(),
             now_unix_ms: 0,
             attribution: None,
+            cgroup_paths: procinfo::CgroupPaths::new(),
+            seeded: HashMap::new(),
+            seed_hits: Vec::new(),
+            unix_minus_mono_ms: 0,
+        }
+    }
+
+    /// Enters every live process from a /proc scan: those the probes have not seen (asleep
+    /// since before ethand started, a launcher in wait(), pid 1) are known, with no activity,
+    /// rather than "not found". Called once the probes are attached, so that a process born
+    /// after the scan is seen by its counters. At most half of `max_processes`.
+    pub fn seed_live_processes(&mut self, now_unix_ms: u64) -> usize {
+        self.now_unix_ms = now_unix_ms;
+        let known: HashSet<u32> = self.procs.keys().map(|k| k.tgid).collect();
+        let limit = self.max_processes / 2;
+        let mut n = 0;
+        for pid in procinfo::pids() {
+            if self.procs.len() >= limit {
+                break;
+            }
+            if known.contains(&pid) {
+                continue;
+            }
+            let Some(mut meta) = procinfo::read(pid) else {
+                continue;
+            };
+            if let Some(a) = self.attribution.as_mut() {
+                meta.workload = a.identify(pid, &meta.cgroup).map(Box::new);
+            }
+            let key = proc_key(pid, self.mono_ns_of_ticks(meta.start_ticks));
+            let mut p = Box::new(Proc::new(key));
+            p.meta = Some(Box::new(meta));
+            p.meta_stale = false;
+            p.first_seen_unix_ms = self.now_unix_ms;
+            self.seeded.insert(pid, key);
+            self.procs.insert(key, p);
+            n += 1;
+        }
+        n
+    }
+
+    /// CLOCK_MONOTONIC ns of a /proc start time in clock ticks (never 0: 0 means unknown).
+    fn mono_ns_of_ticks(&self, ticks: u64) -> u64 {
+        let boot_ns = (ticks as u128 * 1_000_000_000 / self.clk_tck.max(1) as u128) as u64;
+        boot_ns.saturating_sub(self.boot_minus_mono_ns).max(1)
+    }
+
+    /// Wall clock (ms) of a CLOCK_MONOTONIC time; None for 0 (unknown).
+    fn unix_ms_of_mono_ns(&self, ns: u64) -> Option<u64> {
+        (ns != 0).then(|| (self.unix_minus_mono_ms + (ns / 1_000_000) as i64).max(0) as u64)
+    }
+
+    /// /proc's start time in clock ticks of a kernel start time.
+    fn ticks_of_mono_ns(&self, ns: u64) -> u64 {
+        ((ns + self.boot_minus_mono_ns) as u128 * self.clk_tck as u128 / 1_000_000_000) as u64
+    }
+
+    /// Moves seeded processes whose exact key appeared to it: the exact entry takes the
+    /// metadata and first-seen time; the seed entry (no counters) goes.
+    fn merge_seeds(&mut self) {
+        for key in std::mem::take(&mut self.seed_hits) {
+            let Some(seed_key) = self.seeded.get(&key.tgid).copied() else {
+                continue;
+            };
+            let Some(ticks) = self
+                .procs
+                .get(&seed_key)
+                .and_then(|p| Some(p.meta.as_ref()?.start_ticks))
+            else {
+                self.seeded.remove(&key.tgid);
+                continue;
+            };
+            // Another process that reused the pid: the seed stays for the liveness check.
+            if seed_key == key || !self.start_matches(key.proc_start_ns, ticks) {
+                continue;
+            }
+            self.seeded.remove(&key.tgid);
+            let seed = self.procs.remove(&seed_key).expect("present");
+            if let Some(p) = self.procs.get_mut(&key) {
+                if p.meta.is_none() {
+                    p.meta = seed.meta;
+                }
+                p.first_seen_unix_ms = p.first_seen_unix_ms.min(seed.first_seen_unix_ms);
+            }
         }
     }
 
@@ -457,6 +562,9 @@ impl Model {
                 p.first_seen_unix_ms = self.now_unix_ms;
                 p.read_this_round = true;
                 self.maps_changed.insert(key);
+                if self.seeded.contains_key(&key.tgid) {
+                    self.seed_hits.push(key);
+                }
                 Some(&mut **v.insert(p))
             }
         }
@@ -473,23 +581,72 @@ impl Model {
             .map(|k| k.tgid)
     }
 
-    /// A process exec'd: its name and command line changed.
+    /// A process exec'd: its name and command line changed, and its threads' names.
     pub fn on_exec(&mut self, key: ProcKey) {
         if let Some(p) = self.proc_mut(key) {
             p.meta_stale = true;
+            p.thread_comms.clear();
         }
         self.maps_changed.insert(key);
     }
 
-    /// A process exited (all its threads).
-    pub fn on_exit(&mut self, key: ProcKey) {
+    /// A process exited (all its threads). `kernel`: what the exit event recorded, which
+    /// identifies a process that exited before /proc was read (its parent, cgroup, name),
+    /// so that its counters reach its tree and its cgroup.
+    pub fn on_exit(&mut self, key: ProcKey, kernel: Option<KernelIdentity>) {
         let round = self.round;
+        // Known from its exit alone when it exited before its first counters were read
+        // (not when the model is full: its counters will count it as overflow, once).
+        if self.procs.len() < self.max_processes && !self.untracked.contains_key(&key) {
+            let _ = self.proc_mut(key);
+        }
+        let needs_meta = self.procs.get(&key).is_some_and(|p| p.meta.is_none());
+        let meta = match kernel {
+            Some(k) if needs_meta => Some(self.meta_from_kernel(key, k)),
+            _ => None,
+        };
         if let Some(p) = self.procs.get_mut(&key) {
             p.alive = false;
             // Counted from the round that will ingest this exit.
             p.exited_round.get_or_insert(round + 1);
+            if let Some(m) = meta {
+                p.meta = Some(Box::new(m));
+            }
         } else if let Some(exited) = self.untracked.get_mut(&key) {
             *exited = true;
+        }
+    }
+
+    /// Metadata of an exited process from its exit event: no command line or executable
+    /// (they are gone with it); its container from the cgroup; its job from its parent's,
+    /// whose environment it inherited (its own pid may already be another process's).
+    fn meta_from_kernel(&mut self, key: ProcKey, k: KernelIdentity) -> procinfo::ProcMeta {
+        let cgroup = self
+            .cgroup_paths
+            .path(k.cgroup_id, self.round)
+            .unwrap_or_default();
+        let parent_job = self
+            .procs
+            .get(&proc_key(k.ppid, k.parent_start_ns))
+            .and_then(|p| p.meta.as_ref()?.workload.as_ref())
+            .map(|w| (w.job_id.clone(), w.job_id_source.clone()));
+        let mut workload = self
+            .attribution
+            .as_mut()
+            .and_then(|a| a.container(&cgroup));
+        if let Some((Some(job), source)) = parent_job {
+            let w = workload.get_or_insert_with(Default::default);
+            w.job_id = Some(job);
+            w.job_id_source = source;
+        }
+        procinfo::ProcMeta {
+            ppid: k.ppid,
+            comm: k.comm,
+            cgroup,
+            uid: k.uid,
+            start_ticks: self.ticks_of_mono_ns(key.proc_start_ns),
+            workload: workload.map(Box::new),
+            ..Default::default()
         }
     }
 
@@ -497,6 +654,7 @@ impl Model {
     pub fn ingest(&mut self, raw: &RawRead, now_unix_ms: u64) -> Reclaim {
         self.round += 1;
         self.now_unix_ms = now_unix_ms;
+        self.unix_minus_mono_ms = now_unix_ms as i64 - (procinfo::clocks_ns().0 / 1_000_000) as i64;
         let mut reclaim = Reclaim::default();
         self.make_room(&mut reclaim);
         let mut untracked_exited = HashSet::new();
@@ -798,6 +956,7 @@ impl Model {
     }
 
     fn refresh_meta(&mut self, new_threads: &[(ProcKey, u32)]) {
+        self.merge_seeds();
         let round = self.round;
         let stale: Vec<ProcKey> = self
             .procs
@@ -810,12 +969,22 @@ impl Model {
                 .filter(|m| self.start_matches(k.proc_start_ns, m.start_ticks));
             let meta = meta.map(|mut m| {
                 if let Some(a) = self.attribution.as_mut() {
-                    m.workload = a.identify(k.tgid, &m.cgroup);
+                    m.workload = a.identify(k.tgid, &m.cgroup).map(Box::new);
                 }
                 m
             });
             let p = self.procs.get_mut(&k).expect("present");
             p.meta_stale = false;
+            // After an exec the threads' names changed too (exec leaves one thread).
+            if meta.is_some() {
+                for tid in p.threads.keys() {
+                    if !p.thread_comms.contains_key(tid)
+                        && let Some(c) = procinfo::thread_comm(k.tgid, *tid)
+                    {
+                        p.thread_comms.insert(*tid, c);
+                    }
+                }
+            }
             match meta {
                 Some(m) => p.meta = Some(Box::new(m)),
                 // Never identified: it exited before we looked (its exit event may have come
@@ -845,6 +1014,21 @@ impl Model {
         }
     }
 
+    /// The syscall each thread of `p` was in at its last switch-out, and when it entered it
+    /// (see [`crate::inflight`]).
+    pub fn entered_syscalls(&self, p: &Proc) -> crate::inflight::Entered {
+        p.threads
+            .iter()
+            .filter(|(_, t)| !t.exited)
+            .map(|(tid, t)| (*tid, (t.last.sys_nr, t.last.sys_start_ns)))
+            .collect()
+    }
+
+    /// How long (ms) ethand has known `p`.
+    pub fn known_ms(&self, p: &Proc) -> u64 {
+        self.now_unix_ms.saturating_sub(p.first_seen_unix_ms)
+    }
+
     /// Change of the totals of `key` over the last `window_ms` (None without history).
     fn window(&self, key: &ProcKey, window_ms: u64) -> Option<snap::WindowStats> {
         let (now_ms, _) = *self.rounds.last()?;
@@ -856,8 +1040,14 @@ impl Model {
             .iter()
             .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
             .map(|(t, _)| *t)?;
-        // A process first seen after the window started counts from zero.
+        // A process first seen after the window started counts from zero, and its window
+        // starts at its birth: rates over a span before it was born would be diluted.
         let old = p.history.at(then_ms).copied().unwrap_or([0; TOTALS]);
+        let born_ms = self.unix_ms_of_mono_ns(p.key.proc_start_ns);
+        let then_ms = match born_ms {
+            Some(b) if b > then_ms => b.min(now_ms),
+            _ => then_ms,
+        };
         let d: Vec<u64> = cur
             .iter()
             .zip(old)
@@ -1065,13 +1255,14 @@ impl Model {
                     comm: p.thread_comms.get(tid).cloned().unwrap_or_default(),
                     alive: !t.exited,
                     sched: t.current().to_snapshot(),
+                    now: None,
                 })
                 .collect(),
             syscalls,
             block,
             net: net_snapshot(&p.net),
             workload: crate::attribution::with_nccl_rank(
-                meta.workload,
+                meta.workload.map(|w| *w),
                 gpu.as_ref().and_then(|g| g.comm.as_ref()?.rank),
             ),
             gpu,
@@ -1478,7 +1669,7 @@ mod tests {
             ..Default::default()
         };
         m.ingest(&read(100, 1000), 0);
-        m.on_exit(key);
+        m.on_exit(key, None);
         let r = m.ingest(&read(120, 1200), 1000);
         assert_eq!(r.procs, vec![key], "entries freed after the exit's read");
         // Another exiting thread's batch, flushed after that: a new entry holding only it.
@@ -1546,7 +1737,7 @@ mod tests {
         );
         let before: u64 = m.cgroups().iter().map(|c| c.oncpu_ns).sum();
         assert_eq!(before, 4000);
-        m.on_exit(key);
+        m.on_exit(key, None);
         // Visible for the round that sees the exit, then for one interval of grace; its
         // kernel entries are freed at once (the read of that round holds its final values).
         let r = m.ingest(&RawRead::default(), 1000);

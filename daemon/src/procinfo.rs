@@ -15,7 +15,8 @@ pub struct ProcMeta {
     /// Start time in clock ticks after boot (field 22 of /proc/PID/stat).
     pub start_ticks: u64,
     /// Container, pod, job and rank (filled by the model through `attribution`).
-    pub workload: Option<ethand_exporters::snapshot::WorkloadIdentity>,
+    /// Boxed: most processes have none, and thousands of short-lived ones are kept at once.
+    pub workload: Option<Box<ethand_exporters::snapshot::WorkloadIdentity>>,
 }
 
 /// Parses /proc/PID/stat: "pid (comm) state ppid ...". comm may contain spaces and ')'.
@@ -224,6 +225,210 @@ pub fn memory(pid: u32) -> (Option<u64>, Option<u64>) {
     (swap, majflt)
 }
 
+/// The pids of /proc (processes, not threads), in directory order.
+pub fn pids() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+/// The process a thread id belongs to (`Tgid:` of /proc/TID/status; a tid is not listed in
+/// /proc but resolves there). None when no such task lives.
+pub fn tgid_of(tid: u32) -> Option<u32> {
+    fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// cgroup v2 ids (the kernel's `bpf_get_current_cgroup_id()`, the inode number of the
+/// cgroup's directory) to paths as /proc/PID/cgroup writes them ("/system.slice/x.service"),
+/// for processes that exited before their /proc entry was read.
+#[derive(Debug, Default)]
+pub struct CgroupPaths {
+    root: Option<std::path::PathBuf>,
+    by_id: std::collections::HashMap<u64, String>,
+    /// Collection round of the last walk: a miss walks the hierarchy at most once a round.
+    walked_round: Option<u64>,
+}
+
+/// Most cgroups one walk records (and directory levels it descends): bounds the daemon's
+/// work and memory however many cgroups local users create.
+const CGROUP_WALK_MAX: usize = 100_000;
+const CGROUP_WALK_DEPTH: usize = 64;
+
+impl CgroupPaths {
+    pub fn new() -> Self {
+        // The unified hierarchy: /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts.
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.join("cgroup.procs").exists());
+        Self::with_root(root)
+    }
+
+    pub fn with_root(root: Option<std::path::PathBuf>) -> Self {
+        Self {
+            root,
+            ..Default::default()
+        }
+    }
+
+    /// The path of cgroup `id`; walks the hierarchy again on a miss (once per `round`).
+    /// None: not found (removed before it could be looked up) or no cgroup v2.
+    pub fn path(&mut self, id: u64, round: u64) -> Option<String> {
+        if id == 0 {
+            return None;
+        }
+        if let Some(p) = self.by_id.get(&id) {
+            return Some(p.clone());
+        }
+        if self.walked_round == Some(round) {
+            return None;
+        }
+        self.walked_round = Some(round);
+        self.walk();
+        self.by_id.get(&id).cloned()
+    }
+
+    fn walk(&mut self) {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some(root) = self.root.clone() else {
+            return;
+        };
+        // Rebuilt whole: removed cgroups leave, so the table is bounded by the live ones.
+        self.by_id.clear();
+        let mut stack = vec![(root.clone(), 0usize)];
+        while let Some((dir, depth)) = stack.pop() {
+            if self.by_id.len() >= CGROUP_WALK_MAX {
+                break;
+            }
+            let Ok(md) = fs::symlink_metadata(&dir) else {
+                continue;
+            };
+            let rel = dir
+                .strip_prefix(&root)
+                .map(|r| r.to_string_lossy().into_owned());
+            let Ok(rel) = rel else { continue };
+            self.by_id.insert(md.ino(), format!("/{rel}"));
+            if depth >= CGROUP_WALK_DEPTH {
+                continue;
+            }
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push((e.path(), depth + 1));
+                }
+            }
+        }
+    }
+}
+
+/// What a live thread is doing when a snapshot is taken, from /proc/PID/task/TID.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadNow {
+    /// The state letter of /proc's stat (R, S, D, T, t, Z, X, I).
+    pub state: char,
+    /// The syscall it is in and its six arguments (/proc's `syscall` file); None when it is
+    /// not in one (running in user space, or asleep outside a syscall such as a page fault),
+    /// or the file could not be read.
+    pub syscall: Option<(u32, [u64; 6])>,
+}
+
+/// Most threads of one process whose state a snapshot reads: a process with 100,000 threads
+/// costs a bounded number of /proc reads.
+pub const THREADS_NOW_MAX: usize = 1024;
+
+/// The thread ids of a live process (at most `max`, lowest first).
+pub fn task_ids(pid: u32, max: usize) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids.truncate(max);
+    tids
+}
+
+/// The state letter of /proc/PID/task/TID/stat (the field after the name).
+pub fn parse_state(stat: &str) -> Option<char> {
+    stat.get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// /proc/PID/task/TID/syscall: "NR ARG1 .. ARG6 SP PC" (arguments in hex) while in a syscall,
+/// "-1 SP PC" when blocked outside one, "running" when on a CPU.
+pub fn parse_syscall(text: &str) -> Option<(u32, [u64; 6])> {
+    let mut f = text.split_whitespace();
+    let nr: i64 = f.next()?.parse().ok()?;
+    if nr < 0 {
+        return None;
+    }
+    let mut args = [0u64; 6];
+    for a in &mut args {
+        let v = f.next()?;
+        *a = u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?;
+    }
+    Some((u32::try_from(nr).ok()?, args))
+}
+
+pub fn thread_now(pid: u32, tid: u32) -> Option<ThreadNow> {
+    let stat = fs::read(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let state = parse_state(&String::from_utf8_lossy(&stat))?;
+    // Only a thread that is not running has a syscall worth reading (and a stable one).
+    let syscall = if state == 'R' {
+        None
+    } else {
+        fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+            .ok()
+            .and_then(|t| parse_syscall(&t))
+    };
+    Some(ThreadNow { state, syscall })
+}
+
+/// What ps calls a state letter.
+pub fn state_name(c: char) -> &'static str {
+    match c {
+        'R' => "running",
+        'S' => "sleeping",
+        'D' => "disk sleep",
+        'T' => "stopped",
+        't' => "tracing stop",
+        'Z' => "zombie",
+        'X' => "dead",
+        'I' => "idle",
+        _ => "unknown",
+    }
+}
+
+/// What descriptor `fd` of `pid` refers to: a path, "pipe:[INODE]", "socket:[INODE]",
+/// "anon_inode:[eventfd]" (at most 4 KiB of it; None when it cannot be read).
+pub fn fd_target(pid: u32, fd: u64) -> Option<String> {
+    let fd = i32::try_from(fd).ok().filter(|f| *f >= 0)?;
+    let target = fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let mut t = target.to_string_lossy().into_owned();
+    if t.len() > 4096 {
+        let mut cut = 4096;
+        while !t.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        t.truncate(cut);
+    }
+    Some(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +464,28 @@ mod tests {
         // Exactly the limit is not cut.
         let (_, cut) = parse_cmdline(&vec![b'y'; CMDLINE_MAX]);
         assert!(!cut);
+    }
+
+    #[test]
+    fn thread_state_and_syscall_files() {
+        assert_eq!(parse_state("77 (a) b) S 1 77 77"), Some('S'));
+        assert_eq!(parse_state("77 (x) D 1"), Some('D'));
+        assert_eq!(parse_state("garbage"), None);
+        let t = "0 0x3 0x7ffd1234 0x1000 0x0 0x0 0x0 0x7ffd0000 0x7f00aa";
+        assert_eq!(
+            parse_syscall(t),
+            Some((0, [3, 0x7ffd1234, 0x1000, 0, 0, 0]))
+        );
+        assert_eq!(parse_syscall("-1 0x7ffd0000 0x7f00aa"), None);
+        assert_eq!(parse_syscall("running"), None);
+        assert_eq!(parse_syscall("0 0x3"), None, "cut short");
+        // This thread, reading its own state: running.
+        let me = std::process::id();
+        let tid = unsafe { libc::gettid() } as u32;
+        assert_eq!(thread_now(me, tid).map(|t| t.state), Some('R'));
+        assert!(task_ids(me, 10).contains(&tid));
+        assert!(fd_target(me, 0).is_some() || fd_target(me, 1).is_some());
+        assert_eq!(fd_target(me, u64::MAX), None);
     }
 
     #[test]

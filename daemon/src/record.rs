@@ -299,12 +299,12 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "warnings": warnings,
     });
     tw.finish(o.pid, t_end, dropped, &meta)?;
-    println!(
-        "recorded {} events ({} dropped) to {}",
+    crate::write_stdout(format!(
+        "recorded {} events ({} dropped) to {}\n",
         events,
         dropped,
         o.output.display()
-    );
+    ))?;
     if threads_full + inflight_full > 0 {
         eprintln!(
             "ethand: warning: {} thread(s) and {} block/GPU call(s) not recorded: tables full",

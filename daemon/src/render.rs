@@ -149,6 +149,137 @@ pub fn status(s: &SelfStatus) -> String {
     ethand_exporters::text::for_terminal_keep_lines(&o)
 }
 
+/// Bytes per second over `secs`.
+fn rate_bytes(b: u64, secs: f64) -> String {
+    format!("{}/s", bytes((b as f64 / secs) as u64))
+}
+
+/// What a live process's threads are doing now: "running", "2 running, 3 blocked", or the
+/// longest wait when all are blocked ("blocked in read() on pipe:[1] for 15.2 s").
+fn threads_now(p: &ProcessSnapshot) -> String {
+    let live: Vec<_> = p
+        .threads
+        .iter()
+        .filter(|t| t.alive)
+        .filter_map(|t| t.now.as_ref())
+        .collect();
+    if live.is_empty() {
+        return String::new();
+    }
+    let running = live.iter().filter(|n| n.state == "running").count();
+    let longest = live
+        .iter()
+        .filter_map(|n| n.syscall.as_ref())
+        .filter_map(|s| Some((s.blocked_ns()?, s)))
+        .max_by_key(|(ns, _)| *ns);
+    let waiting = live.len() - running;
+    let mut out = match (running, waiting) {
+        (r, 0) => format!("{r} running"),
+        (0, w) => format!("{w} waiting"),
+        (r, w) => format!("{r} running, {w} waiting"),
+    };
+    if let Some((ns, sc)) = longest {
+        let _ = write!(
+            out,
+            " (longest: {} for {}{:.1} s)",
+            clean(&sc.describe()),
+            if sc.elapsed_ns.is_none() { "at least " } else { "" },
+            ns as f64 / 1e9
+        );
+    }
+    out
+}
+
+/// One process's line of the "now" table: its rates over its window.
+fn now_line(o: &mut String, p: &ProcessSnapshot, depth: usize) {
+    let state = if p.alive {
+        threads_now(p)
+    } else {
+        "exited".to_string()
+    };
+    match p.window.as_ref().filter(|w| w.duration_ms > 0) {
+        Some(w) => {
+            let secs = w.duration_ms as f64 / 1000.0;
+            let _ = writeln!(
+                o,
+                "{:indent$}{:<7} {:<16} cores {:>5.2}  runq {:>5.2} s/s  syscalls {:>8.0}/s  {}",
+                "",
+                p.pid,
+                clean(&p.comm),
+                w.oncpu_ns as f64 / 1e9 / secs,
+                w.runq_wait_ns as f64 / 1e9 / secs,
+                w.syscalls as f64 / secs,
+                state,
+                indent = depth * 2
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "{:indent$}{:<7} {:<16} (no window)  {}",
+                "",
+                p.pid,
+                clean(&p.comm),
+                state,
+                indent = depth * 2
+            );
+        }
+    }
+}
+
+/// The tree's rates over the window, first thing in the snapshot.
+fn now_section(o: &mut String, t: &TreeSnapshot) {
+    let Some(w) = ethand_exporters::report::tree_window(t) else {
+        let _ = writeln!(
+            o,
+            "NOW: no window yet (the daemon has not collected two rounds of these processes)\n"
+        );
+        return;
+    };
+    let secs = w.duration_ms as f64 / 1000.0;
+    let _ = writeln!(o, "NOW (last {secs:.1} s)");
+    let _ = writeln!(
+        o,
+        "  cpu {:.2} cores, run-queue wait {:.2} s/s, blocked {:.2} s/s",
+        w.oncpu_ns as f64 / 1e9 / secs,
+        w.runq_wait_ns as f64 / 1e9 / secs,
+        w.offcpu_blocked_ns as f64 / 1e9 / secs
+    );
+    let _ = writeln!(
+        o,
+        "  syscalls {:.0}/s ({:.3} s/s in them); disk read {}, write {}; network sent {}, received {}",
+        w.syscalls as f64 / secs,
+        w.syscall_time_ns as f64 / 1e9 / secs,
+        rate_bytes(w.block_read_bytes, secs),
+        rate_bytes(w.block_write_bytes, secs),
+        rate_bytes(w.net_tx_bytes, secs),
+        rate_bytes(w.net_rx_bytes, secs)
+    );
+    if t.total.gpu.is_some() {
+        let launches = match w.gpu_launches {
+            Some(n) => format!("{:.0}/s", n as f64 / secs),
+            None => match t.launch_sample.as_ref().and_then(|l| l.launches_per_second) {
+                Some(r) => format!("{r:.0}/s (sampled)"),
+                None => "not counted".to_string(),
+            },
+        };
+        let _ = writeln!(
+            o,
+            "  GPU: launches {launches}, syncs {:.0}/s blocking {:.2} s/s, copies H2D {} D2H {}, collectives {:.2} s/s",
+            w.gpu_sync_calls as f64 / secs,
+            w.gpu_sync_ns as f64 / 1e9 / secs,
+            rate_bytes(w.gpu_copy_h2d_bytes, secs),
+            rate_bytes(w.gpu_copy_d2h_bytes, secs),
+            w.collective_ns as f64 / 1e9 / secs
+        );
+    }
+    let root = &t.processes[0];
+    for p in &t.processes {
+        now_line(o, p, usize::from(p.pid != root.pid));
+    }
+    o.push('\n');
+}
+
 fn proc_line(o: &mut String, p: &ProcessSnapshot, depth: usize) {
     let s = &p.sched;
     let _ = writeln!(
@@ -175,7 +306,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     let mut o = String::new();
     let root = &t.processes[0];
     let what = if t.source == "daemon" {
-        "totals since ethand first saw each process".to_string()
+        "now, then totals since ethand first saw each process".to_string()
     } else {
         format!(
             "measured for {:.1}s by a standalone ethand (no daemon running)",
@@ -219,7 +350,17 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             why.join(", ")
         );
     }
+    now_section(&mut o, t);
     findings(&mut o, &t.findings, &t.not_evaluated);
+    let _ = writeln!(
+        o,
+        "LIFETIME ({})",
+        if t.source == "daemon" {
+            "since ethand first saw each process"
+        } else {
+            "over the measurement"
+        }
+    );
     for p in &t.processes {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));
     }
@@ -561,6 +702,9 @@ fn findings(
         if !ev.is_empty() {
             let _ = writeln!(o, "   evidence: {}", ev.join(", "));
         }
+        for d in &x.detail {
+            let _ = writeln!(o, "   where: {}", clean(d));
+        }
         let _ = writeln!(o, "   why: {}", clean(&x.explanation));
         for a in &x.advice {
             let _ = writeln!(o, "   - {}", clean(a));
@@ -615,10 +759,88 @@ fn evidence_value(e: &ethand_exporters::diagnosis::Evidence) -> String {
     }
 }
 
+/// One progress line on stderr ("measuring pid 42: 3/10 s"), rewritten in place and cleared
+/// on drop; nothing at all when stderr is not a terminal (a file, a pipe, the journal).
+pub struct Progress {
+    label: String,
+    total_s: u64,
+    shown_s: Option<u64>,
+    on: bool,
+}
+
+/// Back to the start of the line, and the line erased.
+const CLEAR_LINE: &str = "\r\x1b[K";
+
+impl Progress {
+    pub fn new(label: String, total: std::time::Duration) -> Self {
+        use std::io::IsTerminal as _;
+        Self {
+            label,
+            total_s: total.as_secs(),
+            shown_s: None,
+            on: std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn show(&mut self, elapsed: std::time::Duration) {
+        if let Some(line) = self.on.then(|| self.update(elapsed)).flatten() {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
+    }
+
+    /// What to write for `elapsed`: None when the shown second has not changed.
+    fn update(&mut self, elapsed: std::time::Duration) -> Option<String> {
+        let s = elapsed.as_secs().min(self.total_s);
+        if self.shown_s == Some(s) {
+            return None;
+        }
+        self.shown_s = Some(s);
+        Some(format!(
+            "{CLEAR_LINE}{}: {s}/{} s",
+            self.label, self.total_s
+        ))
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.on && self.shown_s.is_some() {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), CLEAR_LINE.as_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use ethand_exporters::snapshot::DropCounter;
+
+    #[test]
+    fn progress_line_is_rewritten_once_per_second() {
+        let mut p = Progress {
+            label: "measuring pid 42".into(),
+            total_s: 3,
+            shown_s: None,
+            on: false,
+        };
+        let ms = std::time::Duration::from_millis;
+        let lines: Vec<Option<String>> = [250, 900, 1000, 2600, 3100, 3500]
+            .into_iter()
+            .map(|t| p.update(ms(t)))
+            .collect();
+        let want = |s: &str| Some(format!("\r\x1b[Kmeasuring pid 42: {s} s"));
+        assert_eq!(
+            lines,
+            [
+                want("0/3"),
+                None,
+                want("1/3"),
+                want("2/3"),
+                want("3/3"),
+                None
+            ]
+        );
+    }
 
     fn fixture(name: &str) -> serde_json::Value {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -97,12 +97,13 @@ pub async fn run(
     }
     let mut rows: Vec<_> = rows.into_iter().collect();
     rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    println!("{:<8} {:<40} {:>12}", "PID", "SYMBOL", "CALLS");
+    let mut out = format!("{:<8} {:<40} {:>12}\n", "PID", "SYMBOL", "CALLS");
     for ((p, name), n) in &rows {
-        println!("{p:<8} {name:<40} {n:>12}");
+        out += &format!("{p:<8} {name:<40} {n:>12}\n");
     }
     if rows.is_empty() {
-        println!("(no calls)");
+        out += "(no calls)\n";
     }
+    crate::write_stdout(out)?;
     Ok(0)
 }

@@ -20,6 +20,9 @@ pub struct Finding {
     pub estimated_speedup: Option<f64>,
     /// Ranking score (0-1): the share of wall time or throughput the finding accounts for.
     pub impact: f64,
+    /// Where in the tree the rule found it, one line each (which threads wait on what).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub detail: Vec<String>,
 }
 
 /// A rule the diagnosis could not evaluate on a tree, because a signal it reads was not

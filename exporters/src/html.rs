@@ -780,6 +780,13 @@ fn findings(o: &mut String, f: &[Finding], n: &[NotEvaluated]) {
         if !x.explanation.is_empty() {
             w!(o, "<p>{}</p>", escape(&x.explanation));
         }
+        if !x.detail.is_empty() {
+            o.push_str("<ul class=\"where\">");
+            for d in &x.detail {
+                w!(o, "<li><code>{}</code></li>", escape(d));
+            }
+            o.push_str("</ul>");
+        }
         if !x.advice.is_empty() {
             o.push_str("<div class=\"advice\"><b>What to try</b><ol>");
             for a in &x.advice {

@@ -148,6 +148,55 @@ pub struct ThreadSnapshot {
     pub comm: String,
     pub alive: bool,
     pub sched: SchedStats,
+    /// What the thread was doing when the snapshot was taken (live threads of a tree
+    /// snapshot; absent where it was not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now: Option<ThreadNow>,
+}
+
+/// A live thread's state at the snapshot, from /proc and the probes' in-flight syscall.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadNow {
+    /// As ps names it: "running", "sleeping", "disk sleep", "stopped", "tracing stop",
+    /// "zombie", "idle".
+    pub state: String,
+    /// The syscall it is blocked in; absent when it is running or asleep outside one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<InFlightSyscall>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct InFlightSyscall {
+    pub nr: u32,
+    pub name: String,
+    /// How long it has been in it, from the probes' entry time; absent when it entered
+    /// before the probes were attached (then `elapsed_at_least_ns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_ns: Option<u64>,
+    /// It entered before ethand first saw the process: at least this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_at_least_ns: Option<u64>,
+    /// The descriptor it waits on (the first argument of the syscalls that take one) and
+    /// what it refers to: a path, "pipe:[INODE]", "socket:[INODE]", "anon_inode:[eventpoll]".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fd: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+impl InFlightSyscall {
+    /// Its duration so far: exact, else the lower bound.
+    pub fn blocked_ns(&self) -> Option<u64> {
+        self.elapsed_ns.or(self.elapsed_at_least_ns)
+    }
+
+    /// "read() on pipe:[123]" / "futex()".
+    pub fn describe(&self) -> String {
+        match &self.file {
+            Some(f) => format!("{}() on {}", self.name, f),
+            None => format!("{}()", self.name),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

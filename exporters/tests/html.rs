@@ -31,6 +31,7 @@ fn proc(pid: u32, ppid: u32, comm: &str) -> ProcessSnapshot {
                 oncpu_ns: 1_500_000_000,
                 ..Default::default()
             },
+            now: None,
         }],
         ..Default::default()
     }
@@ -127,6 +128,7 @@ fn user_controlled_strings_are_escaped_everywhere() {
         advice: vec![EVIL.into()],
         estimated_speedup: Some(1.5),
         impact: 0.5,
+        detail: vec![EVIL.into()],
     }];
     t.devices.hostname = EVIL.into();
     let h = render_html(&t);
@@ -277,6 +279,7 @@ fn findings_come_first_with_severity_evidence_advice_and_speedup() {
             advice: vec!["Raise num_workers".into(), "Use pinned memory".into()],
             estimated_speedup: Some(2.6),
             impact: 0.62,
+            detail: Vec::new(),
         },
         Finding {
             id: "runq".into(),

@@ -138,6 +138,31 @@ fn real_gpu_scenarios_get_their_expected_diagnosis() {
                     f.display()
                 ));
             }
+            // Every live thread of these real jobs has its state read (PyTorch's threads
+            // blocked in futex/poll, the launcher in wait4), and none is a stalled tree.
+            let t: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&f).expect("fixture")).expect("JSON");
+            for p in t["processes"].as_array().expect("processes") {
+                if p["alive"] != true {
+                    continue;
+                }
+                for th in p["threads"].as_array().expect("threads") {
+                    if th["alive"] == true && th["now"]["state"].as_str().is_none() {
+                        wrong.push(format!(
+                            "{}: pid {} thread {} has no state",
+                            f.display(),
+                            p["pid"],
+                            th["tid"]
+                        ));
+                    }
+                }
+            }
+            if all
+                .iter()
+                .any(|id| id == "stalled" || id == "single_thread_cpu_bound")
+            {
+                wrong.push(format!("{}: {all:?} on a busy GPU job", f.display()));
+            }
             // At the default level every rule that bears on these jobs could run.
             if !ne.is_empty() {
                 wrong.push(format!("{}: rules not evaluated: {ne:?}", f.display()));

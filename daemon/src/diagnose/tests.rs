@@ -4,8 +4,8 @@ use ethand_exporters::{
     devices::{DevicesSnapshot, GpuDevice},
     gpu::{CommRank, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuSymbolStats, GpuTimedCalls},
     snapshot::{
-        BlockStats, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadSnapshot,
-        TreeSnapshot, WindowStats,
+        BlockStats, InFlightSyscall, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadNow,
+        ThreadSnapshot, TreeSnapshot, WindowStats,
     },
 };
 
@@ -36,6 +36,7 @@ fn thread(tid: u32, on: u64, blocked: u64, preempted: u64) -> ThreadSnapshot {
             offcpu_preempted_ns: preempted,
             ..Default::default()
         },
+        now: None,
     }
 }
 
@@ -693,4 +694,89 @@ fn memory_pressure_condition() {
     t.processes[0].major_faults = None;
     let s = signals(&t);
     assert!(!s.contains_key("mem.swap_bytes") && !s.contains_key("mem.major_faults_per_second"));
+}
+
+fn now(state: &str, syscall: Option<(&str, Option<u64>, Option<&str>)>) -> ThreadNow {
+    ThreadNow {
+        state: state.into(),
+        syscall: syscall.map(|(name, elapsed, file)| InFlightSyscall {
+            nr: 0,
+            name: name.into(),
+            elapsed_ns: elapsed,
+            file: file.map(str::to_string),
+            fd: file.map(|_| 0),
+            ..Default::default()
+        }),
+    }
+}
+
+#[test]
+fn stalled_needs_every_live_thread_blocked_long() {
+    let mut t = healthy();
+    t.processes[0].window.as_mut().unwrap().oncpu_ns = 0;
+    t.processes[0].threads[0].now = Some(now(
+        "sleeping",
+        Some(("read", Some(15 * S + S / 5), Some("pipe:[77]"))),
+    ));
+    let f = diagnose(&t, &rules());
+    let stalled = f.iter().find(|f| f.id == "stalled").expect("fires");
+    assert_eq!(
+        stalled.detail,
+        ["pid 100 (train) thread 100 (t): sleeping in read() on pipe:[77] for 15.2 s"]
+    );
+    // A second thread that runs: not stalled.
+    let mut busy = t.clone();
+    let mut th = thread(101, S, 0, 0);
+    th.now = Some(now("running", None));
+    busy.processes[0].threads.push(th);
+    assert!(!ids(&busy).contains(&"stalled".to_string()));
+    // Blocked, but briefly.
+    let mut brief = t.clone();
+    brief.processes[0].threads[0].now = Some(now("sleeping", Some(("read", Some(S), None))));
+    assert!(!ids(&brief).contains(&"stalled".to_string()));
+    // Asleep since before ethand knew it: at least that long counts.
+    let mut old = t.clone();
+    let sc = old.processes[0].threads[0]
+        .now
+        .as_mut()
+        .unwrap()
+        .syscall
+        .as_mut()
+        .unwrap();
+    sc.elapsed_ns = None;
+    sc.elapsed_at_least_ns = Some(60 * S);
+    let f = diagnose(&old, &rules());
+    let d = &f.iter().find(|f| f.id == "stalled").expect("fires").detail;
+    assert!(d[0].contains("for at least 60.0 s"), "{d:?}");
+    // No thread state (an older file): no signal, no finding.
+    assert!(!ids(&healthy()).contains(&"stalled".to_string()));
+}
+
+#[test]
+fn single_thread_cpu_bound() {
+    let mut t = healthy();
+    let w = t.processes[0].window.as_mut().unwrap();
+    w.oncpu_ns = 97 * S / 10;
+    w.main_thread_oncpu_ns = Some(97 * S / 10);
+    assert!(ids(&t).contains(&"single_thread_cpu_bound".to_string()));
+    // Its other threads busy too: not held to one core.
+    let mut multi = t.clone();
+    multi.processes[0].window.as_mut().unwrap().oncpu_ns = 30 * S;
+    assert!(!ids(&multi).contains(&"single_thread_cpu_bound".to_string()));
+    // Half busy: no.
+    let mut half = t.clone();
+    half.processes[0]
+        .window
+        .as_mut()
+        .unwrap()
+        .main_thread_oncpu_ns = Some(5 * S);
+    assert!(!ids(&half).contains(&"single_thread_cpu_bound".to_string()));
+    // A GPU tree is judged by the GPU rules.
+    let gpu = with_gpu(
+        t.clone(),
+        launches(1000),
+        t.processes[0].window.clone().unwrap(),
+        Some(0.9),
+    );
+    assert!(!ids(&gpu).contains(&"single_thread_cpu_bound".to_string()));
 }

@@ -348,14 +348,35 @@ pub struct NetStats {
     pub tcp_resets_received: u64,
 }
 
-/// Sent through the LIFECYCLE ring buffer on process exec and exit. Only what userspace needs
-/// to find the process: under churn (10,000 exits/s) every byte here is ring buffer room.
+/// Sent through the LIFECYCLE ring buffer on process exec and exit: the process, and what
+/// /proc can no longer tell once it has exited (its parent, cgroup, user and name), taken in
+/// kernel context. A process that lives between two collection rounds is known by this alone.
+/// Under churn (10,000 exits/s) every byte here is ring buffer room: 56 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LifecycleEvent {
     pub kind: u32,
     pub tgid: u32,
     pub proc_start_ns: u64,
+    /// The parent that forked it (from [`ProcOrigin`]), else its parent now; 0: unknown.
+    pub parent_tgid: u32,
+    pub uid: u32,
+    pub parent_start_ns: u64,
+    /// cgroup v2 id (the inode number of its directory in cgroupfs) at the event.
+    pub cgroup_id: u64,
+    /// `comm` of the thread that sent the event, NUL-padded.
+    pub comm: [u8; 16],
+}
+
+/// Recorded at fork for a new process (not a thread), keyed by its tgid: the parent that forked
+/// it, which a later reparenting (its parent exiting first) does not change.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcOrigin {
+    pub proc_start_ns: u64,
+    pub parent_tgid: u32,
+    pub _pad0: u32,
+    pub parent_start_ns: u64,
 }
 
 /// How one probed runtime-library symbol is accounted ([`GpuOpDesc::kind`]).
@@ -639,6 +660,8 @@ pub struct KernelOffsets {
     /// and the switch-in nothing; the running thread's per-CPU context is filled by its first
     /// event instead. 0: the switch-in times off-CPU spans.
     pub offcpu_from_task: u32,
+    /// `task_struct.real_parent` (a pointer): the parent a fork and an exit record.
+    pub task_real_parent: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from
@@ -752,6 +775,7 @@ mod pod {
     unsafe impl aya::Pod for BlkStats {}
     unsafe impl aya::Pod for NetStats {}
     unsafe impl aya::Pod for LifecycleEvent {}
+    unsafe impl aya::Pod for ProcOrigin {}
     unsafe impl aya::Pod for KernelOffsets {}
     unsafe impl aya::Pod for TracepointOffsets {}
     unsafe impl aya::Pod for GpuOpDesc {}
@@ -790,8 +814,9 @@ mod tests {
         assert_eq!(size_of::<BlkKey>(), 24);
         assert_eq!(size_of::<BlkStats>(), 32 + 16 * HIST_BUCKETS);
         assert_eq!(size_of::<NetStats>(), 72);
-        assert_eq!(size_of::<LifecycleEvent>(), 16);
-        assert_eq!(size_of::<KernelOffsets>(), 108);
+        assert_eq!(size_of::<LifecycleEvent>(), 56);
+        assert_eq!(size_of::<ProcOrigin>(), 24);
+        assert_eq!(size_of::<KernelOffsets>(), 112);
         assert_eq!(size_of::<TracepointOffsets>(), 30 * 4);
         assert_eq!(size_of::<GpuOpDesc>(), 8);
         assert_eq!(size_of::<GpuCallKey>(), 16);

@@ -1,21 +1,54 @@
 //! Process lifecycle: exec and exit go to userspace through a ring buffer; they drive metadata
-//! refreshes and the reclaiming of map entries. Births send nothing: a new process appears
-//! with its first counters, and under churn a fork event would only halve the room for
-//! exits. Thread exits only mark the thread's entry so that userspace reads its final
+//! refreshes and the reclaiming of map entries, and carry what /proc no longer tells of a
+//! process that has exited (parent, cgroup, user, name), so that one living between two
+//! collection rounds still reaches its tree and its cgroup. A fork sends nothing (under churn
+//! a fork event would halve the room for exits): it records the parent in `ORIGINS`, which the
+//! exit reads. Thread exits only mark the thread's entry so that userspace reads its final
 //! counters before deleting it.
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_current_uid_gid, bpf_probe_read_kernel, generated::bpf_get_current_cgroup_id,
+    },
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use ethand_common::{LifecycleEvent, counter, lifecycle_kind, thread_flags};
+use ethand_common::{LifecycleEvent, ProcOrigin, counter, lifecycle_kind, thread_flags};
 
-use crate::maps::{LIFECYCLE, LIFECYCLE_WAKEUP_BYTES, THREADS, bump, current_ctx};
+use crate::maps::{
+    LIFECYCLE, LIFECYCLE_WAKEUP_BYTES, ORIGINS, THREADS, btf_u32, bump, current_ctx, proc_start_of,
+};
 use crate::{koff, tpoff};
+
+/// The real parent of `task` as (tgid, start time); (0, 0) when it cannot be read.
+#[inline(always)]
+fn parent_of(task: *const u8) -> (u32, u64) {
+    let off = koff!(task_real_parent);
+    if off == 0 || task.is_null() {
+        return (0, 0);
+    }
+    let parent: *const u8 =
+        match unsafe { bpf_probe_read_kernel(task.add(off as usize) as *const *const u8) } {
+            Ok(p) if !p.is_null() => p,
+            _ => return (0, 0),
+        };
+    let tgid =
+        unsafe { bpf_probe_read_kernel(parent.add(koff!(task_tgid) as usize) as *const u32) }
+            .unwrap_or(0);
+    (tgid, proc_start_of(parent))
+}
 
 #[inline(always)]
 fn emit(kind: u32, tgid: u32, proc_start_ns: u64) {
+    // The parent that forked it; a process forked before ethand attached has none recorded.
+    let (parent_tgid, parent_start_ns) = match unsafe { ORIGINS.get(&tgid) } {
+        Some(o) if o.proc_start_ns == proc_start_ns => (o.parent_tgid, o.parent_start_ns),
+        _ => parent_of(unsafe { bpf_get_current_task() } as *const u8),
+    };
+    if kind == lifecycle_kind::EXIT {
+        let _ = ORIGINS.remove(&tgid);
+    }
     let Some(mut e) = LIFECYCLE.reserve::<LifecycleEvent>(0) else {
         bump(counter::LIFECYCLE_RINGBUF_FULL);
         return;
@@ -24,6 +57,11 @@ fn emit(kind: u32, tgid: u32, proc_start_ns: u64) {
         kind,
         tgid,
         proc_start_ns,
+        parent_tgid,
+        uid: bpf_get_current_uid_gid() as u32,
+        parent_start_ns,
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     // Userspace drains at every collection round; it is woken in between only when a burst
     // of exits has filled a quarter of the buffer. Waking it per event (the default) would
@@ -34,6 +72,29 @@ fn emit(kind: u32, tgid: u32, proc_start_ns: u64) {
         BPF_RB_NO_WAKEUP
     };
     e.submit(flags as u64);
+}
+
+/// `btf_trace_sched_process_fork(void *ctx, struct task_struct *parent, struct task_struct
+/// *child)`. No classic fallback: its fields are pids only (the exit then records the parent
+/// of the moment).
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
+    let child: *const u8 = ctx.arg(1);
+    let tgid = btf_u32(child, koff!(task_tgid));
+    // A new thread is not a new process.
+    if btf_u32(child, koff!(task_pid)) != tgid {
+        return 0;
+    }
+    let (parent_tgid, parent_start_ns) = parent_of(child);
+    let o = ProcOrigin {
+        proc_start_ns: proc_start_of(child),
+        parent_tgid,
+        _pad0: 0,
+        parent_start_ns,
+    };
+    // LRU: a full map drops the oldest entry, a process whose exit was lost.
+    let _ = ORIGINS.insert(&tgid, &o, 0);
+    0
 }
 
 #[btf_tracepoint(function = "sched_process_exec")]

@@ -6,8 +6,8 @@ use aya_ebpf::{
 };
 use ethand_common::{
     BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, MAX_SYSCALL_NR,
-    NO_SYSCALL, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
-    TracepointOffsets, WAKEUP_SLOTS, WakeupSlot, counter,
+    NO_SYSCALL, NetStats, ProcKey, ProcOrigin, SyscallHistKey, SyscallKey, SyscallStats,
+    ThreadStats, TracepointOffsets, WAKEUP_SLOTS, WakeupSlot, counter,
 };
 
 /// Kernel struct offsets (from BTF); set by the loader.
@@ -40,6 +40,7 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     runq_from_task: 0,
     task_last_arrival: 0,
     offcpu_from_task: 0,
+    task_real_parent: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.
@@ -168,7 +169,12 @@ pub static SOCK_OWNER: LruHashMap<u64, ProcKey> = LruHashMap::with_max_entries(6
 /// 512 KiB: 21,000 exits (24 bytes with the header), two seconds of 10,000 exits/s.
 #[map]
 pub static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_BYTES as u32, 0);
-const LIFECYCLE_BYTES: u64 = 512 * 1024;
+/// 16,000 events of 64 bytes (with the ring buffer's header).
+const LIFECYCLE_BYTES: u64 = 1024 * 1024;
+/// The parent each process was forked by (lifecycle.rs): LRU, so entries of processes whose
+/// exit was lost age out.
+#[map]
+pub static ORIGINS: LruHashMap<u32, ProcOrigin> = LruHashMap::with_max_entries(32768, 0);
 /// Pending bytes at which a lifecycle event wakes userspace to drain before its next round:
 /// a quarter of the buffer, so a stalled or slow round still has three quarters to go.
 pub const LIFECYCLE_WAKEUP_BYTES: u64 = LIFECYCLE_BYTES / 4;

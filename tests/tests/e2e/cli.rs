@@ -407,3 +407,322 @@ fn client_tells_a_silent_or_foreign_socket_from_no_daemon() {
     assert!(err.contains("not an ethand daemon"), "{err}");
     assert!(!err.contains("standalone"), "{err}");
 }
+
+/// A second `ethand run` on the socket where a daemon answers (the same config, another
+/// /metrics port): refused before it loads a probe, exit 1, naming the socket and the first
+/// daemon's pid; the first keeps its socket and answers. A socket left by a dead daemon
+/// (nobody listens) is no obstacle.
+#[test]
+fn second_daemon_on_the_same_socket_is_refused() {
+    let _serial = serial();
+    let d = Daemon::start("second-daemon", "");
+    let t0 = Instant::now();
+    let out = run_with_timeout(
+        Command::new(ethand_bin())
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{}", free_port()),
+                "--config",
+            ])
+            .arg(&d.config)
+            .env_remove("ETHAND_CONFIG")
+            .env("NO_COLOR", "1"),
+        Duration::from_secs(30),
+    );
+    let err = text(&out.stderr);
+    eprintln!(
+        "observed: second daemon: {} after {:?}: {err:?}",
+        out.status,
+        t0.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let want = format!(
+        "another ethand daemon (pid {}) answers on {}",
+        d.pid(),
+        d.socket.display()
+    );
+    assert!(err.contains(&want), "expected {want:?} in {err:?}");
+    assert!(
+        !err.contains("attached probe"),
+        "probes loaded first: {err}"
+    );
+    assert!(d.socket.exists(), "the first daemon's socket was removed");
+    let st = d.status();
+    assert_eq!(st.pid, d.pid(), "another daemon answers on the socket");
+    drop(d);
+
+    // A socket file nobody listens on, as a killed daemon leaves it.
+    let stale = temp_path("stale-socket", "sock");
+    let _ = fs::remove_file(&stale);
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+    assert!(stale.exists(), "stale socket file");
+    let d = Daemon::start("stale-socket", "");
+    assert_eq!(d.socket, stale);
+    assert_eq!(d.status().pid, d.pid());
+}
+
+/// `ethand ARGS` with stdout a pipe whose reader takes `read` bytes and closes it (at once
+/// for 0: then every write fails with EPIPE): the exit status and stderr.
+fn with_early_closed_stdout(args: &[&str], read: usize) -> (std::process::ExitStatus, String) {
+    use std::io::Read as _;
+    let what = format!("ethand {}", args.join(" "));
+    let (mut r, w) = std::io::pipe().expect("pipe");
+    let mut child = Command::new(ethand_bin())
+        .args(args)
+        .env_remove("ETHAND_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(w)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut stderr = child.stderr.take().expect("piped");
+    let err = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        text(&v)
+    });
+    let mut head = vec![0u8; read];
+    r.read_exact(&mut head)
+        .unwrap_or_else(|e| panic!("{what}: no {read} bytes on stdout: {e}"));
+    drop(r);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{what} still running 60 s after its reader went away");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    (status, err.join().expect("stderr reader"))
+}
+
+/// `ethand ... | head`: a reader that goes away ends the output like a finished one, exit
+/// 0, for every command that prints; never a panic or an abort (SIGABRT, 134).
+#[test]
+fn closed_stdout_is_a_quiet_exit() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let _serial = serial();
+    let d = Daemon::start("closed-stdout", "");
+    let sock = d.socket.to_str().expect("utf-8").to_string();
+    let snap = d.cli(&["snapshot", "--pid", "1", "--json"]);
+    assert!(snap.status.success(), "{}", text(&snap.stderr));
+    let file = temp_path("closed-stdout-snapshot", "json");
+    let _rm = ethand_tests::RemoveOnDrop(file.clone());
+    fs::write(&file, &snap.stdout).expect("write the snapshot");
+    let f = file.to_str().expect("utf-8");
+    let me = std::process::id().to_string();
+    let nowhere = temp_path("closed-stdout-nowhere", "sock");
+    let nowhere = nowhere.to_str().expect("utf-8");
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["completions", "zsh"],
+        vec!["completions", "bash"],
+        vec!["man"],
+        vec!["config", "default"],
+        vec!["config", "show"],
+        vec!["status", "--socket", &sock],
+        vec!["status", "--json", "--socket", &sock],
+        vec!["snapshot", "--pid", "1", "--socket", &sock],
+        vec!["snapshot", "--pid", "1", "--json", "--socket", &sock],
+        vec!["snapshot", "--pid", "1", "--csv", "--socket", &sock],
+        vec!["level", "calls", "--socket", &sock],
+        vec!["diagnose", f],
+        vec!["diagnose", f, "--json"],
+        vec!["compare", f, f],
+        vec!["compare", f, f, "--json"],
+        vec!["compare", f, f, "--csv"],
+        vec![
+            "snapshot",
+            "--pid",
+            &me,
+            "--json",
+            "--duration",
+            "1",
+            "--socket",
+            nowhere,
+        ],
+    ];
+    let mut bad = Vec::new();
+    for args in &commands {
+        for read in [0, 3] {
+            let (status, err) = with_early_closed_stdout(args, read);
+            eprintln!(
+                "observed: {args:?}, reader gone after {read} bytes: {status}, stderr {err:?}"
+            );
+            let quiet = !err.contains("panicked") && !err.contains("error");
+            if status.code() != Some(0) || status.signal().is_some() || !quiet {
+                bad.push(format!("{args:?} after {read} bytes: {status}: {err}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "not a quiet exit:\n{}", bad.join("\n"));
+}
+
+/// `ethand ARGS` with NO_COLOR and RUST_LOG unset, stdout and stderr pipes.
+fn ethand_plain(args: &[&str]) -> std::process::Output {
+    run_with_timeout(
+        Command::new(ethand_bin())
+            .args(args)
+            .env_remove("ETHAND_CONFIG")
+            .env_remove("NO_COLOR")
+            .env_remove("RUST_LOG"),
+        Duration::from_secs(60),
+    )
+}
+
+/// A standalone snapshot with stderr into a pipe: its own line, no log lines (warnings and
+/// worse only; `-v` brings info back) and no terminal escapes. On a terminal (script(1)):
+/// one progress line, rewritten in place and cleared before the answer.
+#[test]
+fn standalone_snapshot_is_quiet() {
+    let _serial = serial();
+    let sock = temp_path("quiet", "sock");
+    let s = sock.to_str().expect("utf-8");
+    let mut w = workload(&["getpid-loop"]);
+    w.send_byte();
+    let pid = w.pid.to_string();
+    let args = [
+        "snapshot",
+        "--pid",
+        &pid,
+        "--duration",
+        "2",
+        "--json",
+        "--socket",
+        s,
+    ];
+    let out = ethand_plain(&args);
+    let err = text(&out.stderr);
+    eprintln!(
+        "observed: standalone snapshot into a pipe: {} stderr {err:?}",
+        out.status
+    );
+    assert!(out.status.success(), "{err}");
+    serde_json::from_slice::<TreeSnapshot>(&out.stdout).expect("a TreeSnapshot");
+    assert!(err.contains("standalone measurement"), "{err}");
+    assert!(!err.contains("INFO"), "info log lines: {err}");
+    assert!(
+        !err.contains('\x1b'),
+        "terminal escapes into a pipe: {err:?}"
+    );
+    assert!(
+        !err.contains("measuring pid"),
+        "progress into a pipe: {err:?}"
+    );
+
+    let mut verbose = args.to_vec();
+    verbose.push("-v");
+    let out = ethand_plain(&verbose);
+    let err = text(&out.stderr);
+    let infos = err.lines().filter(|l| l.contains(" INFO ")).count();
+    eprintln!("observed: with -v: {} and {infos} info lines", out.status);
+    assert!(out.status.success(), "{err}");
+    assert!(infos > 0, "-v logs no info lines: {err}");
+    assert!(
+        !err.contains('\x1b'),
+        "terminal escapes into a pipe: {err:?}"
+    );
+
+    // On a terminal: script(1) runs the command on a pseudo-terminal, its output on stdout.
+    let line = format!("{} {}", ethand_bin().display(), args.join(" "));
+    let out = match Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .env_remove("ETHAND_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped the terminal part: no script(1): {e}");
+            w.stop();
+            return;
+        }
+    };
+    w.stop();
+    let tty = text(&out.stdout);
+    eprintln!(
+        "observed: on a terminal: {} {:?}",
+        out.status,
+        &tty[..tty.len().min(400)]
+    );
+    assert!(out.status.success(), "{tty}");
+    // Rewritten in place (each update starts by erasing the line), cleared before the JSON.
+    let (before, _) = tty.split_once('{').expect("the JSON on the terminal");
+    let shown = format!("\r\x1b[Kmeasuring pid {pid}: 1/2 s\r\x1b[K");
+    assert!(before.contains(&shown), "expected {shown:?} in {before:?}");
+    assert!(before.ends_with("/2 s\r\x1b[K"), "not cleared: {before:?}");
+    assert!(
+        !tty.contains("INFO"),
+        "info log lines on the terminal: {tty}"
+    );
+    w.finish();
+}
+
+/// The daemon's log into a pipe (as into the journal): no terminal escapes, with NO_COLOR
+/// unset. A SIGTERM right after "ready" is a clean stop (exit 0, socket removed).
+#[test]
+fn daemon_log_into_a_pipe_has_no_colours() {
+    use std::io::{BufRead as _, BufReader};
+    let _serial = serial();
+    let port = free_port();
+    let path = config_file(
+        "log-pipe",
+        &format!("[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let sock = temp_path("log-pipe", "sock");
+    let mut child = Command::new(ethand_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .env_remove("ETHAND_CONFIG")
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ethand run");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("piped");
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(stderr).split(b'\n') {
+            let Ok(line) = line else { return };
+            let _ = tx.send(text(&line));
+        }
+    });
+    let mut log = Vec::new();
+    let t0 = Instant::now();
+    while !log.iter().any(|l: &String| l.contains(" ready ")) {
+        match rx.recv_timeout(Duration::from_secs(30).saturating_sub(t0.elapsed())) {
+            Ok(l) => log.push(l),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no \"ready\" line ({e}); log:\n{}", log.join("\n"));
+            }
+        }
+    }
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().expect("wait");
+    reader.join().expect("reader");
+    log.extend(rx.try_iter());
+    let _ = fs::remove_file(&path);
+    let socket_left = sock.exists();
+    let _ = fs::remove_file(&sock);
+    let all = log.join("\n");
+    let escapes = all.matches('\x1b').count();
+    eprintln!(
+        "observed: {} log lines, {escapes} escapes, {st}, socket left: {socket_left}",
+        log.len()
+    );
+    assert_eq!(escapes, 0, "terminal escapes in the log: {all:?}");
+    assert!(all.contains(" INFO "), "no info lines: {all}");
+    assert!(
+        st.success() && !socket_left,
+        "SIGTERM after ready: {st}; log:\n{all}"
+    );
+}

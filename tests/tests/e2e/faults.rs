@@ -551,18 +551,20 @@ fn tracefs_unmounted_is_mounted_or_reported_per_probe() {
         &[],
     );
     let st = d.status();
-    // sched_wakeup_new has no classic program: it stays on its BTF tracepoint.
-    let wakeup_new = probe(&st.probes, "sched_wakeup_new");
-    assert_eq!(
-        (wakeup_new.state, wakeup_new.attach_point.as_str()),
-        (ProbeState::Attached, "tp_btf/sched_wakeup_new"),
-        "{wakeup_new:?}"
-    );
+    // sched_wakeup_new and sched_process_fork have no classic program: they stay on their
+    // BTF tracepoints.
+    for name in ["sched_wakeup_new", "sched_process_fork"] {
+        let p = probe(&st.probes, name);
+        assert_eq!(
+            (p.state, p.attach_point.as_str()),
+            (ProbeState::Attached, format!("tp_btf/{name}").as_str()),
+            "{p:?}"
+        );
+    }
     assert_wakeup_not_needed(&st.probes);
-    for p in kernel_probes(&st)
-        .into_iter()
-        .filter(|p| p.name != "sched_wakeup_new" && p.name != "sched_wakeup")
-    {
+    for p in kernel_probes(&st).into_iter().filter(|p| {
+        p.name != "sched_wakeup_new" && p.name != "sched_wakeup" && p.name != "sched_process_fork"
+    }) {
         eprintln!(
             "observed: prefer_btf = false, no tracefs: {} {:?}: {}",
             p.name, p.state, p.detail

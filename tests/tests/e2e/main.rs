@@ -7,6 +7,7 @@
 //!
 //! Needs: root, a kernel with BPF and BTF, `cargo build --release -p ethand` (or ETHAND_BIN),
 //! promtool on PATH for the /metrics test, setpriv for the capability test.
+mod ancestry;
 mod attribution;
 mod badinput;
 mod block;
@@ -20,6 +21,7 @@ mod faults;
 mod gpu;
 mod gpu_diagnosis;
 mod hostile;
+mod inflight;
 mod html;
 mod lifecycle;
 mod metrics;

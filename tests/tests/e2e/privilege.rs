@@ -210,6 +210,46 @@ fn api_socket_is_root_and_group_ethand_0660() {
     );
 }
 
+/// A user outside group ethand asking the daemon (status, snapshot, level): told that the
+/// socket refused them and which group to join, exit 1, never "no daemon" followed by the
+/// capability error of a standalone measurement it cannot make.
+#[test]
+fn user_outside_the_group_is_told_the_group_not_a_capability_error() {
+    let _serial = serial();
+    let _group = Group::ethand();
+    let d = Daemon::start("priv-outsider", "");
+    let socket = d.socket.display().to_string();
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["snapshot", "--pid", "1"],
+        vec!["level", "calls"],
+    ] {
+        let out = ethand_as_nobody(&d, &[], &args);
+        let err = text(&out.stderr);
+        eprintln!("observed: nobody: {args:?}: {} {err:?}", out.status);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("ethand: error: permission denied on {socket}: ")),
+            "{args:?}: not a permission error on the socket: {err}"
+        );
+        assert!(
+            err.contains("group ethand") && err.contains("or run as root"),
+            "{args:?}: the group to join is not named: {err}"
+        );
+        for wrong in [
+            "no ethand daemon",
+            "no daemon",
+            "standalone",
+            "CAP_",
+            "capabilit",
+        ] {
+            assert!(!err.contains(wrong), "{args:?}: says {wrong:?}: {err}");
+        }
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    }
+}
+
 /// The TCP sockets `pid` listens on, from /proc/net/tcp and tcp6: "addr:port" strings.
 fn listening(pid: u32) -> Vec<String> {
     let mut inodes = Vec::new();
