@@ -189,6 +189,7 @@ impl Shared {
                 window_s,
                 launch_sample,
             } => {
+                let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
                 let (probes, level) = {
                     let node = self.node.read().expect("lock");
                     (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
@@ -267,6 +268,8 @@ impl Shared {
         probes: Vec<snap::ProbeStatus>,
         launch_sample: Option<ethand_exporters::gpu::LaunchSample>,
     ) -> Option<TreeSnapshot> {
+        // A thread id stands for its process.
+        let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
         let model = self.model.lock().expect("lock");
         let mut keys = model.tree_keys(pid);
         // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
@@ -299,12 +302,25 @@ impl Shared {
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
         let timeline = model.timeline(&keys, window_ms);
+        let entered: HashMap<u32, (crate::inflight::Entered, u64)> = keys
+            .iter()
+            .filter_map(|k| model.procs.get(k))
+            .filter(|p| p.alive)
+            .map(|p| (p.key.tgid, (model.entered_syscalls(p), model.known_ms(p))))
+            .collect();
         if let Some(meta) = unseen_root {
             processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
         }
         drop(model);
+        let mono_now_ns = crate::procinfo::clocks_ns().0;
+        let mut budget = crate::inflight::TREE_THREADS_MAX;
         for p in processes.iter_mut().filter(|p| p.alive) {
             (p.swap_bytes, p.major_faults) = crate::procinfo::memory(p.pid);
+            let (e, known_ms) = entered
+                .get(&p.pid)
+                .cloned()
+                .unwrap_or((Default::default(), measured_ms));
+            crate::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
         }
         let now = unix_ms();
         let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
@@ -498,6 +514,9 @@ impl Engine {
             p.name == "sched_process_exit"
                 && p.state == ethand_exporters::snapshot::ProbeState::Attached
         });
+        // After attaching: a process born since is seen by its counters.
+        let seeded = model.seed_live_processes(unix_ms());
+        tracing::debug!(processes = seeded, "live processes entered from /proc");
         let shared = Arc::new(Shared {
             model: Mutex::new(model),
             level_request: Mutex::new(None),
@@ -733,7 +752,19 @@ fn start_otlp(
     })
 }
 
+async fn refuse_second_daemon(socket: &std::path::Path) -> anyhow::Result<()> {
+    match api::other_daemon(socket, Duration::from_secs(3)).await {
+        Some(other) => anyhow::bail!(
+            "{other}: stop it first (systemctl stop ethand), or give this daemon its own daemon.socket (--socket)"
+        ),
+        None => Ok(()),
+    }
+}
+
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    // Two daemons would both attach every probe (each event paid twice) and the later one
+    // would take the socket over: refuse while another serves there.
+    refuse_second_daemon(&cfg.daemon.socket).await?;
     // Bind the listeners first: a bad address is a config error, reported before BPF work.
     let metrics = if cfg.prometheus.enabled {
         let addr = cfg.listen_addr();
@@ -755,6 +786,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
     let fd_limit = crate::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
+    // Again: one started while this one loaded its probes.
+    refuse_second_daemon(&cfg.daemon.socket).await?;
     let (api_listener, access) = api::bind(&cfg.daemon.socket, &cfg.daemon.socket_group)
         .with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
     engine.socket_access = access;
@@ -912,6 +945,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .iter()
         .filter(|p| p.state != snap::ProbeState::Disabled)
         .count();
+    // Before "ready": a SIGTERM right after it (systemctl stop) must still shut down cleanly.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     info!(attached, total, socket = %cfg.daemon.socket.display(), "ready");
     // Type=notify: systemd considers ethand started only now that probes are attached, the
     // first snapshot exists and both servers listen. Outside systemd this does nothing.
@@ -942,7 +977,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             None
         }
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = tick.tick() => {

@@ -355,7 +355,12 @@ fn detail(rule: &str, t: &TreeSnapshot) -> Vec<String> {
 /// Live threads of live processes whose state the snapshot read (not zombies).
 fn live_threads(
     t: &TreeSnapshot,
-) -> impl Iterator<Item = (&ProcessSnapshot, &ethand_exporters::snapshot::ThreadSnapshot)> {
+) -> impl Iterator<
+    Item = (
+        &ProcessSnapshot,
+        &ethand_exporters::snapshot::ThreadSnapshot,
+    ),
+> {
     t.processes
         .iter()
         .filter(|p| p.alive)
@@ -489,7 +494,10 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     if let Some(c) = cpus {
         put("node.cpus", c);
     }
-    put("tree.uses_accelerator", f64::from(u8::from(uses_accelerator(t))));
+    put(
+        "tree.uses_accelerator",
+        f64::from(u8::from(uses_accelerator(t))),
+    );
     // In-flight state: the shortest wait among the live threads (0 when one runs).
     let live: Vec<f64> = live_threads(t).map(|(_, th)| blocked_seconds(th)).collect();
     if !live.is_empty() {

@@ -630,10 +630,7 @@ impl Model {
             .get(&proc_key(k.ppid, k.parent_start_ns))
             .and_then(|p| p.meta.as_ref()?.workload.as_ref())
             .map(|w| (w.job_id.clone(), w.job_id_source.clone()));
-        let mut workload = self
-            .attribution
-            .as_mut()
-            .and_then(|a| a.container(&cgroup));
+        let mut workload = self.attribution.as_mut().and_then(|a| a.container(&cgroup));
         if let Some((Some(job), source)) = parent_job {
             let w = workload.get_or_insert_with(Default::default);
             w.job_id = Some(job);

@@ -183,7 +183,11 @@ fn threads_now(p: &ProcessSnapshot) -> String {
             out,
             " (longest: {} for {}{:.1} s)",
             clean(&sc.describe()),
-            if sc.elapsed_ns.is_none() { "at least " } else { "" },
+            if sc.elapsed_ns.is_none() {
+                "at least "
+            } else {
+                ""
+            },
             ns as f64 / 1e9
         );
     }
