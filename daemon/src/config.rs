@@ -136,6 +136,8 @@ pub struct DaemonConfig {
     pub history_seconds: u64,
     pub exit_grace_seconds: u64,
     pub max_processes: usize,
+    /// Most exited processes kept for the grace period; beyond, the earliest exits leave.
+    pub max_exited_processes: usize,
     pub log: String,
     pub bpf_stats: BpfStatsMode,
     pub bpf_stats_window_ms: u64,
@@ -162,6 +164,10 @@ pub struct PrometheusConfig {
     pub enabled: bool,
     pub listen: String,
     pub top_n: usize,
+    /// A process keeps its series until it exits or uses no CPU for this long.
+    pub selection_hold_seconds: u64,
+    /// Only processes at least this old take one of the top_n slots.
+    pub selection_min_age_seconds: u64,
     pub pids: Vec<u32>,
     pub comms: Vec<String>,
     pub cgroups: Vec<String>,
@@ -301,6 +307,12 @@ impl Config {
             16,
             1_000_000,
         )?;
+        in_range(
+            "daemon.max_exited_processes",
+            d.max_exited_processes as u64,
+            0,
+            1_000_000,
+        )?;
         in_range("daemon.api_max_connections", d.api_max_connections, 1, 4096)?;
         check_log_filter(&d.log).map_err(|m| ("daemon.log".into(), m))?;
         in_range(
@@ -368,6 +380,18 @@ impl Config {
             ));
         }
         in_range("prometheus.top_n", p.top_n as u64, 0, 100_000)?;
+        in_range(
+            "prometheus.selection_hold_seconds",
+            p.selection_hold_seconds,
+            0,
+            86_400,
+        )?;
+        in_range(
+            "prometheus.selection_min_age_seconds",
+            p.selection_min_age_seconds,
+            0,
+            86_400,
+        )?;
         in_range("prometheus.max_connections", p.max_connections, 1, 65_536)?;
         in_range(
             "prometheus.max_connections_per_peer",

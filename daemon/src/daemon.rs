@@ -9,6 +9,7 @@ use std::{
 use anyhow::Context as _;
 use ethand_exporters::{
     prometheus::{PrometheusOptions, render},
+    selection::{Selection, SelectionPolicy},
     snapshot::{self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals},
 };
 use tracing::{info, warn};
@@ -52,6 +53,9 @@ pub struct Shared {
     built: Mutex<(u64, std::sync::Weak<NodeSnapshot>)>,
     /// The exporters' snapshot of the round (see [`Shared::export_node`]).
     exported: Mutex<Option<(u64, Arc<NodeSnapshot>)>>,
+    /// Which processes get series (`[prometheus]` top_n, pids, comms, cgroups, hold), and
+    /// the slot holders between rounds: /metrics and OTLP export the same processes.
+    selection: Mutex<(SelectionPolicy, Selection)>,
     pub devnames: HashMap<u32, String>,
     /// Diagnosis rules (built-in plus the rules directory).
     pub rules: Vec<crate::diagnose::Rule>,
@@ -101,7 +105,7 @@ impl Shared {
     /// only of the processes the exporters select (top N, named, GPU users; the selection of
     /// the result is the same set). At 4,000 tracked processes building all of them for each
     /// scrape was 90 % of its time; kept for the round, it is small.
-    pub fn export_node(&self, selection: &PrometheusOptions) -> Arc<NodeSnapshot> {
+    pub fn export_node(&self) -> Arc<NodeSnapshot> {
         let head = self.node.read().expect("lock").clone();
         let mut cached = self.exported.lock().expect("lock");
         if let Some((t, node)) = cached.as_ref() {
@@ -115,7 +119,10 @@ impl Shared {
                 .iter()
                 .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
                 .collect();
-            ethand_exporters::prometheus::select(&views, selection)
+            let mut guard = self.selection.lock().expect("lock");
+            let (policy, selection) = &mut *guard;
+            selection
+                .pick(&views, policy, head.taken_at_unix_ms)
                 .into_iter()
                 .map(|i| model.process_snapshot(procs[i], SNAPSHOT_WINDOW_MS, &self.devnames))
                 .collect()
@@ -134,12 +141,14 @@ impl Shared {
         let model = self.model.lock().expect("lock");
         let mut processes = processes(&model);
         let cgroups = model.cgroups();
+        let comms = model.comms();
         let block_devices = model.block_devices(&self.devnames);
         drop(model);
         crate::devices::join(&mut processes, &head.devices);
         Arc::new(NodeSnapshot {
             processes,
             cgroups,
+            comms,
             block_devices,
             ..head.clone()
         })
@@ -155,7 +164,7 @@ impl Shared {
                 return body.clone();
             }
         }
-        let node = self.export_node(opts);
+        let node = self.export_node();
         let body = axum::body::Bytes::from(render(&node, opts));
         *cached = Some((node.taken_at_unix_ms, body.clone()));
         body
@@ -510,6 +519,7 @@ impl Engine {
         );
         model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
         model.launches_counted = cfg.gpu.level.counts_launches();
+        model.max_exited = d.max_exited_processes;
         model.exit_events = loaded.probes.iter().any(|p| {
             p.name == "sched_process_exit"
                 && p.state == ethand_exporters::snapshot::ProbeState::Attached
@@ -523,6 +533,7 @@ impl Engine {
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             built: Mutex::new((u64::MAX, std::sync::Weak::new())),
             exported: Mutex::new(None),
+            selection: Mutex::new((selection_policy(&cfg.prometheus), Selection::new())),
             devnames: model::block_device_names(),
             rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
             otlp: std::sync::OnceLock::new(),
@@ -607,6 +618,7 @@ impl Engine {
                 interval_ms: self.cfg.daemon.interval_ms,
                 processes: Vec::new(),
                 cgroups: Vec::new(),
+                comms: Vec::new(),
                 block_devices: Vec::new(),
                 devices: (*devices).clone(),
                 ethand: SelfStatus {
@@ -708,6 +720,18 @@ impl Engine {
     }
 }
 
+/// The process selection `[prometheus]` asks for.
+fn selection_policy(p: &crate::config::PrometheusConfig) -> SelectionPolicy {
+    SelectionPolicy {
+        top_n: p.top_n,
+        pids: p.pids.clone(),
+        comms: p.comms.clone(),
+        cgroups: p.cgroups.clone(),
+        hold_ms: p.selection_hold_seconds.saturating_mul(1000),
+        min_age_ms: p.selection_min_age_seconds.saturating_mul(1000),
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -735,16 +759,12 @@ fn start_otlp(
             .filter(|s| !s.is_empty()),
         service_version: env!("CARGO_PKG_VERSION").into(),
         selection: PrometheusOptions {
-            top_n: cfg.prometheus.top_n,
-            pids: cfg.prometheus.pids.clone(),
-            comms: cfg.prometheus.comms.clone(),
-            cgroups: cfg.prometheus.cgroups.clone(),
-            dcgm_aliases: false,
+            preselected: true,
+            ..Default::default()
         },
     };
     let shared = shared.clone();
-    let selection = opts.selection.clone();
-    OtlpExporter::start(opts, move || shared.export_node(&selection)).with_context(|| {
+    OtlpExporter::start(opts, move || shared.export_node()).with_context(|| {
         format!(
             "cannot start the OTLP export (otlp.endpoint = {:?})",
             o.endpoint
@@ -829,12 +849,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let shared = engine.shared.clone();
     tokio::spawn(api::serve(api_listener, shared.clone(), api_limiter));
     if let Some(listener) = metrics {
+        // The processes of the export snapshot are the held selection already.
         let opts = PrometheusOptions {
-            top_n: cfg.prometheus.top_n,
-            pids: cfg.prometheus.pids.clone(),
-            comms: cfg.prometheus.comms.clone(),
-            cgroups: cfg.prometheus.cgroups.clone(),
             dcgm_aliases: cfg.devices.dcgm_aliases,
+            preselected: true,
+            ..Default::default()
         };
         let shared = shared.clone();
         let app = axum::Router::new().route(

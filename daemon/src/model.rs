@@ -167,6 +167,10 @@ pub struct Proc {
     /// A map entry of it was read this round: its totals may have moved (a history point
     /// is due). Idle and released processes are not summed again.
     read_this_round: bool,
+    /// CPU, run-queue wait and syscalls already added to its name's totals (`Model::comms`):
+    /// each round adds what came since, so a name's totals only grow, even when exec renames
+    /// the process.
+    comm_charged: [u64; 3],
 }
 
 impl Proc {
@@ -191,6 +195,7 @@ impl Proc {
             kernel_released: false,
             read_this_round: false,
             meta_stale: true,
+            comm_charged: [0; 3],
         }
     }
 
@@ -373,6 +378,12 @@ pub struct Model {
     pub round: u64,
     grace_rounds: u64,
     max_processes: usize,
+    /// Most exited processes kept for their grace period (`daemon.max_exited_processes`):
+    /// under heavy churn the earliest exits leave first, so that memory follows the live
+    /// processes rather than the birth rate.
+    pub max_exited: usize,
+    /// Exited processes with final counters in the model, as of the last ingest.
+    released: usize,
     /// Distinct processes not tracked because the model was full.
     pub overflow: u64,
     /// Those processes, with whether their exit was seen: their kernel map entries are freed
@@ -388,6 +399,9 @@ pub struct Model {
     /// Totals of reclaimed processes, so that per-cgroup and per-device series only grow.
     departed_cgroups: HashMap<String, snap::CgroupSnapshot>,
     departed_blk: BTreeMap<(u32, u32), RawBlk>,
+    /// Per process name: what its processes did, charged round by round (`processes` left
+    /// 0); at most COMMS_MAX names plus COMM_OTHER.
+    comm_totals: HashMap<String, snap::CommSnapshot>,
     /// Wall clock of the ingest in progress (for first-seen times).
     now_unix_ms: u64,
     /// Container / pod / job / rank of processes (None: no attribution, as in unit tests).
@@ -440,6 +454,8 @@ impl Model {
             round: 0,
             grace_rounds: ((exit_grace_seconds * 1000) / interval_ms.max(1)).max(1),
             max_processes,
+            max_exited: usize::MAX,
+            released: 0,
             overflow: 0,
             untracked: HashMap::new(),
             untracked_exited_threads: HashSet::new(),
@@ -448,6 +464,7 @@ impl Model {
             btime_unix_s: btime,
             departed_cgroups: HashMap::new(),
             departed_blk: BTreeMap::new(),
+            comm_totals: HashMap::new(),
             now_unix_ms: 0,
             attribution: None,
             cgroup_paths: procinfo::CgroupPaths::new(),
@@ -601,6 +618,13 @@ impl Model {
             let _ = self.proc_mut(key);
         }
         let needs_meta = self.procs.get(&key).is_some_and(|p| p.meta.is_none());
+        // An exec since /proc was read (meta_stale) and no /proc to read it again: the name
+        // at exit is the one after the exec. (Otherwise /proc's name stands: the exit event's
+        // is the last thread's, which may be a worker thread's own name.)
+        let exit_comm = kernel
+            .as_ref()
+            .filter(|_| self.procs.get(&key).is_some_and(|p| p.meta_stale))
+            .map(|k| k.comm.clone());
         let meta = match kernel {
             Some(k) if needs_meta => Some(self.meta_from_kernel(key, k)),
             _ => None,
@@ -611,6 +635,10 @@ impl Model {
             p.exited_round.get_or_insert(round + 1);
             if let Some(m) = meta {
                 p.meta = Some(Box::new(m));
+            } else if let (Some(m), Some(comm)) = (p.meta.as_mut(), exit_comm)
+                && !comm.is_empty()
+            {
+                m.comm = comm;
             }
         } else if let Some(exited) = self.untracked.get_mut(&key) {
             *exited = true;
@@ -653,7 +681,7 @@ impl Model {
         self.now_unix_ms = now_unix_ms;
         self.unix_minus_mono_ms = now_unix_ms as i64 - (procinfo::clocks_ns().0 / 1_000_000) as i64;
         let mut reclaim = Reclaim::default();
-        self.make_room(&mut reclaim);
+        self.make_room(&mut reclaim, true);
         let mut untracked_exited = HashSet::new();
         // Thread entries new this round: their names are read once the processes' are.
         let mut new_threads: Vec<(ProcKey, u32)> = Vec::new();
@@ -812,6 +840,7 @@ impl Model {
         // One pass over the processes for expiry, release and history: at 1,000 processes
         // (and 3,000 exited ones in their grace period) each pass was a cache miss per process.
         let mut expired = Vec::new();
+        let mut released = 0;
         for p in self.procs.values_mut() {
             if p.exited_round
                 .is_some_and(|r| round.saturating_sub(r) >= grace)
@@ -832,6 +861,7 @@ impl Model {
                 if p.history.last().is_none_or(|(_, v)| *v != totals) {
                     p.history.push(now_unix_ms, totals);
                 }
+                charge_comm(&mut self.comm_totals, p, &totals);
             }
             if thin_now && !p.kernel_released {
                 p.history.thin(now_unix_ms, self.history_ms);
@@ -841,21 +871,26 @@ impl Model {
                 reclaim.procs.push(p.key);
                 p.compact();
             }
+            released += usize::from(p.kernel_released);
         }
+        self.released = released;
         for k in expired {
             self.retire(k, &mut reclaim);
         }
+        // Again with this round's exits counted: between rounds the model holds at most
+        // max_exited exited processes, whatever the birth rate.
+        self.make_room(&mut reclaim, false);
         reclaim
     }
 
     /// Removes a process from the model (its kernel entries go with it).
     fn retire(&mut self, k: ProcKey, reclaim: &mut Reclaim) {
-        if let Some(p) = self.procs.remove(&k) {
+        if let Some(mut p) = self.procs.remove(&k) {
             reclaim.threads.extend(p.threads.keys().map(|t| (*t, k)));
             if !p.kernel_released {
                 reclaim.procs.push(k);
             }
-            self.depart(&p);
+            self.depart(&mut p);
         }
     }
 
@@ -863,29 +898,39 @@ impl Model {
     /// counters were read leave before their grace period ends, earliest exit first, until
     /// it is a quarter full (or no such process is left). So a burst of short-lived processes
     /// (10,000 per second) does not keep new long-lived ones out for the grace period; only
-    /// more than max_processes live ones overflow.
-    fn make_room(&mut self, reclaim: &mut Reclaim) {
-        if self.procs.len() < self.max_processes * 3 / 4 {
+    /// more than max_processes live ones overflow. Beyond `max_exited` exited ones, the
+    /// earliest exits leave too. `for_new`: called before new processes come in (only then
+    /// the three-quarters rule applies; after a round only the `max_exited` cap does).
+    fn make_room(&mut self, reclaim: &mut Reclaim, for_new: bool) {
+        let full = for_new && self.procs.len() >= self.max_processes * 3 / 4;
+        let too_many_exited = self.released > self.max_exited;
+        if !full && !too_many_exited {
             return;
         }
-        let excess = self.procs.len() - self.max_processes / 4;
         let mut done: Vec<(u64, ProcKey)> = self
             .procs
             .values()
             .filter(|p| p.kernel_released)
             .filter_map(|p| Some((p.exited_round?, p.key)))
             .collect();
+        let mut excess = done.len().saturating_sub(self.max_exited);
+        if full {
+            excess = excess.max(self.procs.len() - self.max_processes / 4);
+        }
         if done.len() > excess {
             done.select_nth_unstable(excess);
             done.truncate(excess);
         }
+        self.released = self.released.saturating_sub(done.len());
         for (_, k) in done {
             self.retire(k, reclaim);
         }
     }
 
     /// Keeps a reclaimed process's totals in its cgroup's and devices' running sums.
-    fn depart(&mut self, p: &Proc) {
+    fn depart(&mut self, p: &mut Proc) {
+        let c = charge_comm(&mut self.comm_totals, p, &p.totals());
+        c.exited += 1;
         let cg = self.departed_cgroups.entry(cgroup_of(p)).or_default();
         let snap = cgroup_totals(p);
         add_cgroup(cg, &snap);
@@ -913,6 +958,31 @@ impl Model {
                     .as_ref()
                     .and_then(|a| a.cached_container(&k));
                 v.cgroup = k;
+                v
+            })
+            .collect()
+    }
+
+    /// Per process name totals, exited processes included; `processes` counts the ones in
+    /// the model now.
+    pub fn comms(&self) -> Vec<snap::CommSnapshot> {
+        let mut m: BTreeMap<&str, snap::CommSnapshot> = self
+            .comm_totals
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        for p in self.procs.values() {
+            let name = comm_of(p);
+            let slot = if m.contains_key(name) {
+                name
+            } else {
+                snap::COMM_OTHER
+            };
+            m.entry(slot).or_default().processes += 1;
+        }
+        m.into_iter()
+            .map(|(k, mut v)| {
+                v.comm = k.to_string();
                 v
             })
             .collect()
@@ -1145,6 +1215,10 @@ impl Model {
         let mut v = snap::ProcessSnapshot {
             pid: p.key.tgid,
             start_time_ns: p.key.proc_start_ns,
+            // The selection's age test (0: unknown).
+            start_time_unix_s: self
+                .unix_ms_of_mono_ns(p.key.proc_start_ns)
+                .map_or(0, |ms| ms / 1000),
             comm,
             cgroup: meta.map(|m| m.cgroup.clone()).unwrap_or_default(),
             window: self.window(&p.key, window_ms),
@@ -1340,6 +1414,41 @@ fn add_blk(a: &mut RawBlk, b: &RawBlk) {
         a.queue_hist[i] += b.queue_hist[i];
         a.service_hist[i] += b.service_hist[i];
     }
+}
+
+/// The process's name as the snapshots show it.
+fn comm_of(p: &Proc) -> &str {
+    match p.meta.as_ref().map(|m| m.comm.as_str()) {
+        Some(c) if !c.is_empty() => c,
+        _ => &p.comm_fallback,
+    }
+}
+
+/// Adds what `p` did since its last charge (`totals` its totals now) to its name's totals,
+/// which are made for at most COMMS_MAX names (later names go to COMM_OTHER), and returns
+/// them.
+fn charge_comm<'a>(
+    comms: &'a mut HashMap<String, snap::CommSnapshot>,
+    p: &mut Proc,
+    totals: &[u64; TOTALS],
+) -> &'a mut snap::CommSnapshot {
+    let now = [totals[0], totals[3], totals[4]];
+    let name = comm_of(p);
+    let key = if comms.contains_key(name) || comms.len() < snap::COMMS_MAX {
+        name
+    } else {
+        snap::COMM_OTHER
+    };
+    if !comms.contains_key(key) {
+        comms.insert(key.to_string(), snap::CommSnapshot::default());
+    }
+    let c = comms.get_mut(key).expect("inserted");
+    let d = std::array::from_fn::<u64, 3, _>(|i| now[i].saturating_sub(p.comm_charged[i]));
+    c.oncpu_ns += d[0];
+    c.runq_wait_ns += d[1];
+    c.syscalls += d[2];
+    p.comm_charged = std::array::from_fn(|i| p.comm_charged[i].max(now[i]));
+    c
 }
 
 fn cgroup_of(p: &Proc) -> String {
@@ -1709,6 +1818,116 @@ mod tests {
         m.ingest(&raw, 0);
         assert_eq!(m.procs.len(), 1);
         assert_eq!(m.overflow, 1);
+    }
+
+    /// Under churn at most `max_exited` exited processes stay for their grace period: the
+    /// earliest exits leave first, their CPU stays in the cgroup totals.
+    #[test]
+    fn exited_processes_beyond_the_cap_leave_earliest_first() {
+        let mut m = Model::new(1000, 60, 30, 10_000);
+        m.max_exited = 3;
+        // Pids above pid_max: never alive in /proc, so each exits at its first round.
+        for (round, pid) in (4_999_000u32..4_999_010).enumerate() {
+            let mut t = th(100, 1, 0);
+            t.tgid = pid;
+            t.proc_start_ns = u64::from(pid);
+            m.ingest(
+                &RawRead {
+                    threads: vec![(pid, t)],
+                    ..Default::default()
+                },
+                round as u64 * 1000,
+            );
+            assert!(m.procs.len() <= 3, "round {round}: {} kept", m.procs.len());
+        }
+        let mut kept: Vec<u32> = m.procs.keys().map(|k| k.tgid).collect();
+        kept.sort();
+        assert_eq!(kept, vec![4_999_007, 4_999_008, 4_999_009]);
+        let cpu: u64 = m.cgroups().iter().map(|c| c.oncpu_ns).sum();
+        assert_eq!(cpu, 10 * 100, "retired early, still counted");
+    }
+
+    /// A name's totals only grow: what a process did before exec stays with its old name,
+    /// and what it does after goes to the new one; an exit counts once.
+    #[test]
+    fn comm_totals_follow_renames_and_only_grow() {
+        let mut m = Model::new(1000, 60, 30, 100);
+        let (pid, start) = (4_999_100u32, 77u64);
+        let key = ProcKey {
+            tgid: pid,
+            _pad0: 0,
+            proc_start_ns: start,
+        };
+        let read = |oncpu: u64| {
+            let mut t = th(oncpu, 1, 0);
+            t.tgid = pid;
+            t.proc_start_ns = start;
+            RawRead {
+                threads: vec![(pid, t)],
+                ..Default::default()
+            }
+        };
+        m.ingest(&read(100), 0);
+        m.procs.get_mut(&key).expect("tracked").comm_fallback = "bash".into();
+        m.ingest(&read(300), 1000);
+        let by_name = |m: &Model| -> BTreeMap<String, (u64, u64)> {
+            m.comms()
+                .into_iter()
+                .map(|c| (c.comm, (c.oncpu_ns, c.exited)))
+                .collect()
+        };
+        // The first 100 ns were charged before it had a name.
+        assert_eq!(by_name(&m).get("bash"), Some(&(200, 0)));
+        m.procs.get_mut(&key).expect("tracked").comm_fallback = "python3".into();
+        m.ingest(&read(1300), 2000);
+        let names = by_name(&m);
+        assert_eq!(names.get("bash"), Some(&(200, 0)), "{names:?}");
+        assert_eq!(names.get("python3"), Some(&(1000, 0)), "{names:?}");
+        // Gone from the model (exited; no room for exited ones): counted once as exited,
+        // totals kept.
+        m.max_exited = 0;
+        for t in 3..6 {
+            m.ingest(&RawRead::default(), t * 1000);
+        }
+        assert!(m.procs.is_empty());
+        let names = by_name(&m);
+        assert_eq!(names.get("python3"), Some(&(1000, 1)), "{names:?}");
+        assert_eq!(names.get("bash"), Some(&(200, 0)));
+    }
+
+    /// Names beyond COMMS_MAX are summed under COMM_OTHER.
+    #[test]
+    fn comm_names_are_bounded() {
+        let mut m = Model::new(1000, 60, 30, 10_000);
+        let mut threads = Vec::new();
+        for i in 0..(snap::COMMS_MAX as u32 + 10) {
+            let pid = 4_990_000 + i;
+            let mut t = th(10, 1, 0);
+            t.tgid = pid;
+            t.proc_start_ns = u64::from(pid);
+            threads.push((pid, t));
+        }
+        m.ingest(&RawRead::default(), 0);
+        for (pid, t) in &threads {
+            let key = proc_key(*pid, t.proc_start_ns);
+            let mut p = Proc::new(key);
+            p.comm_fallback = format!("name{pid}");
+            m.procs.insert(key, Box::new(p));
+        }
+        m.ingest(
+            &RawRead {
+                threads,
+                ..Default::default()
+            },
+            1000,
+        );
+        let comms = m.comms();
+        assert_eq!(comms.len(), snap::COMMS_MAX + 1);
+        let other = comms
+            .iter()
+            .find(|c| c.comm == snap::COMM_OTHER)
+            .expect("other");
+        assert_eq!((other.processes, other.oncpu_ns), (10, 100));
     }
 
     #[test]

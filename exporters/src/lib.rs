@@ -9,5 +9,6 @@ pub mod prometheus;
 mod prometheus_devices;
 mod prometheus_gpu;
 pub mod report;
+pub mod selection;
 pub mod snapshot;
 pub mod text;

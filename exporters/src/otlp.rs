@@ -1138,6 +1138,70 @@ pub const METRICS: &[MetricSpec] = &[
             o.add(cg(c, &[]), V::U(c.processes))
         }
     ),
+    // --- per process name (every process, exited ones included)
+    spec!(
+        "ethand.comm.cpu.time",
+        "s",
+        Counter,
+        Float,
+        "ethand_comm_cpu_seconds_total",
+        "process.executable.name",
+        "CPU time of all processes with this name, exited ones included.",
+        |v, o| for c in &v.snap.comms {
+            o.plain(&[("process.executable.name", &c.comm)], secs(c.oncpu_ns))
+        }
+    ),
+    spec!(
+        "ethand.comm.runq.wait.time",
+        "s",
+        Counter,
+        Float,
+        "ethand_comm_runq_wait_seconds_total",
+        "process.executable.name",
+        "Time all processes with this name waited runnable for a CPU.",
+        |v, o| for c in &v.snap.comms {
+            o.plain(
+                &[("process.executable.name", &c.comm)],
+                secs(c.runq_wait_ns),
+            )
+        }
+    ),
+    spec!(
+        "ethand.comm.syscalls",
+        "{call}",
+        Counter,
+        Int,
+        "ethand_comm_syscalls_total",
+        "process.executable.name",
+        "System calls of all processes with this name.",
+        |v, o| for c in &v.snap.comms {
+            o.plain(&[("process.executable.name", &c.comm)], V::U(c.syscalls))
+        }
+    ),
+    spec!(
+        "ethand.comm.processes",
+        "{process}",
+        Gauge,
+        Int,
+        "ethand_comm_processes",
+        "process.executable.name",
+        "Processes with this name that ethand tracks now.",
+        |v, o| for c in &v.snap.comms {
+            o.plain(&[("process.executable.name", &c.comm)], V::U(c.processes))
+        }
+    ),
+    spec!(
+        "ethand.comm.exited.processes",
+        "{process}",
+        Counter,
+        Int,
+        "ethand_comm_exited_processes_total",
+        "process.executable.name",
+        "Processes with this name that exited and left ethand's model.",
+        |v, o| for c in &v.snap.comms {
+            o.plain(&[("process.executable.name", &c.comm)], V::U(c.exited))
+        }
+    ),
     // --- node block I/O latency
     spec!(
         "ethand.block.io.queue.time",

@@ -14,9 +14,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
 
+use crate::selection::SelectionPolicy;
 use crate::snapshot::{
-    self, CgroupSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot, SelfStatus,
-    SyscallRow,
+    self, CgroupSnapshot, CommSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot,
+    SelfStatus, SyscallRow,
 };
 
 /// `Content-Type` of what [`render`] returns.
@@ -39,6 +40,23 @@ pub struct PrometheusOptions {
     pub cgroups: Vec<String>,
     /// Also expose the GPU series under dcgm-exporter's names and labels (`DCGM_FI_DEV_*`).
     pub dcgm_aliases: bool,
+    /// The snapshot's processes are the selection already (the daemon's
+    /// [`crate::selection::Selection`], held between rounds): series for all of them.
+    pub preselected: bool,
+}
+
+impl PrometheusOptions {
+    /// The one-shot selection policy of these options.
+    pub fn policy(&self) -> SelectionPolicy {
+        SelectionPolicy {
+            top_n: self.top_n,
+            pids: self.pids.clone(),
+            comms: self.comms.clone(),
+            cgroups: self.cgroups.clone(),
+            hold_ms: 0,
+            min_age_ms: 0,
+        }
+    }
 }
 
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -53,6 +71,7 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     register_processes(&mut registry, &selected);
     crate::prometheus_gpu::register_process_gpu(&mut registry, &selected);
     register_cgroups(&mut registry, &snap.cgroups);
+    register_comms(&mut registry, &snap.comms);
     register_block_latency(&mut registry, &snap.block_devices);
     register_self(&mut registry, &snap.ethand);
     crate::prometheus_devices::register_devices(&mut registry, &snap.devices, opts.dcgm_aliases);
@@ -200,6 +219,34 @@ const PROCESS_WORKLOAD_INFO: Desc = gauge(
      known: labels container_id, container_runtime, pod_uid and qos_class besides the ones on \
      every per-process series (cgroup v2 path, container runtime metadata, allow-listed \
      environment variables, NCCL). Join on pid for series that lack them.",
+);
+
+const COMM_CPU: Desc = counter(
+    "ethand_comm_cpu_seconds_total",
+    "CPU time of all processes with this name (comm), exited ones included, charged each \
+     round to the name the process had then; short-lived processes without series of their \
+     own are here, and names beyond the first 128 are summed under comm=\"[other names]\" \
+     (sched_switch).",
+);
+const COMM_RUNQ_WAIT: Desc = counter(
+    "ethand_comm_runq_wait_seconds_total",
+    "Time all processes with this name, exited ones included, waited runnable for a CPU \
+     (sched_switch; sched_wakeup where the kernel keeps no run_delay).",
+);
+const COMM_SYSCALLS: Desc = counter(
+    "ethand_comm_syscalls_total",
+    "System calls of all processes with this name, exited ones included (raw_syscalls \
+     sys_enter, sys_exit).",
+);
+const COMM_PROCESSES: Desc = gauge(
+    "ethand_comm_processes",
+    "Processes with this name that ethand tracks now, exited ones within the grace period \
+     included (sched_process_exec, sched_process_exit).",
+);
+const COMM_EXITED: Desc = counter(
+    "ethand_comm_exited_processes_total",
+    "Processes with this name that exited and left ethand's model, so the birth rate of \
+     short-lived ones by name (sched_process_exit).",
 );
 
 const CGROUP_CPU: Desc = counter(
@@ -368,6 +415,11 @@ const FAMILIES: &[Desc] = &[
     CGROUP_BLOCK_BYTES,
     CGROUP_NET_BYTES,
     CGROUP_PROCESSES,
+    COMM_CPU,
+    COMM_RUNQ_WAIT,
+    COMM_SYSCALLS,
+    COMM_PROCESSES,
+    COMM_EXITED,
     BLOCK_QUEUE,
     BLOCK_SERVICE,
     BUILD_INFO,
@@ -391,34 +443,14 @@ const FAMILIES: &[Desc] = &[
     SERVER_ACCEPT_ERRORS,
 ];
 
-/// The processes that get per-process series, as indexes into `procs` (OTLP exports the
-/// same selection).
-/// The processes that get per-process series: the top N by recent CPU, the named ones, and
-/// every GPU/NPU user. Indices into `procs`.
+/// The processes that get per-process series, as indices into `procs` (OTLP exports the
+/// same selection): all of them when `opts.preselected`, else the top N by recent CPU, the
+/// named ones and every GPU/NPU user.
 pub fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
-    let recent_cpu =
-        |p: &ProcessSnapshot| p.window.as_ref().map_or(p.sched.oncpu_ns, |w| w.oncpu_ns);
-    let mut ranked: Vec<usize> = (0..procs.len())
-        .filter(|&i| recent_cpu(&procs[i]) > 0)
-        .collect();
-    // Ties go to the lower pid so that the selection is stable between scrapes.
-    ranked.sort_by_key(|&i| (Reverse(recent_cpu(&procs[i])), procs[i].pid));
-    let mut picked = vec![false; procs.len()];
-    for &i in ranked.iter().take(opts.top_n) {
-        picked[i] = true;
+    if opts.preselected {
+        return (0..procs.len()).collect();
     }
-    let named = |p: &ProcessSnapshot| {
-        opts.pids.contains(&p.pid)
-            || opts.comms.contains(&p.comm)
-            || opts
-                .cgroups
-                .iter()
-                .any(|c| !c.is_empty() && p.cgroup.contains(c.as_str()))
-    };
-    // Processes that call GPU/NPU runtimes are few and the reason ethand runs: always in.
-    (0..procs.len())
-        .filter(|&i| picked[i] || named(&procs[i]) || procs[i].gpu.is_some())
-        .collect()
+    crate::selection::select_once(procs, &opts.policy())
 }
 
 fn register_processes(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
@@ -519,6 +551,27 @@ fn register_processes(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
     resets.register(registry);
     threads.register(registry);
     workload.register(registry);
+}
+
+fn register_comms(registry: &mut Exposition, comms: &[CommSnapshot]) {
+    let mut cpu = Family::<Nanos>::new(&COMM_CPU);
+    let mut runq = Family::<Nanos>::new(&COMM_RUNQ_WAIT);
+    let mut syscalls = Family::<u64>::new(&COMM_SYSCALLS);
+    let mut processes = Family::<u64>::new(&COMM_PROCESSES);
+    let mut exited = Family::<u64>::new(&COMM_EXITED);
+    for c in comms {
+        let id = labels(&[("comm", c.comm.as_str())], &[]);
+        cpu.add(id.clone(), Nanos(c.oncpu_ns));
+        runq.add(id.clone(), Nanos(c.runq_wait_ns));
+        syscalls.add(id.clone(), c.syscalls);
+        processes.add(id.clone(), c.processes);
+        exited.add(id, c.exited);
+    }
+    cpu.register(registry);
+    runq.register(registry);
+    syscalls.register(registry);
+    processes.register(registry);
+    exited.register(registry);
 }
 
 fn register_cgroups(registry: &mut Exposition, cgroups: &[CgroupSnapshot]) {
@@ -1026,17 +1079,33 @@ struct Hist {
     sum_ns: u64,
 }
 
+/// The exposed buckets' upper bounds, as powers of two of nanoseconds: every second power
+/// from 2^10 ns (1.024 µs; shorter waits and calls are all "fast") to 2^30 ns (1.07 s), then
+/// 2^31 ns (2.15 s), then +Inf. 14 buckets rather than the kernel's 32 (which start at 2 ns)
+/// keep a histogram series at 16 lines; each bound is one of the kernel's, so the
+/// cumulative counts are exact. The kernel's last bucket also holds everything above
+/// 2^31 ns (ethand_common::log2_bucket): it goes to +Inf.
+const EXPOSED_POW2: [usize; 12] = [10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 31];
+
+/// Number of buckets a histogram series exposes (+Inf included).
+pub const EXPOSED_BUCKETS: usize = EXPOSED_POW2.len() + 1;
+
+/// The exposed buckets' bounds in seconds, +Inf last.
+pub fn exposed_bucket_bounds_seconds() -> Vec<f64> {
+    EXPOSED_POW2
+        .iter()
+        .map(|&k| (1u64 << k) as f64 / 1e9)
+        .chain([f64::INFINITY])
+        .collect()
+}
+
 /// Bucket bounds for the exposition, as `le` values: client_golang's formatting (Go's
-/// `strconv.FormatFloat(v, 'g', -1, 64)`, so series match those of Go exporters). The kernel's
-/// last bucket also holds everything above 2^31 ns (ethand_common::log2_bucket), so its bound
-/// is +Inf, not 2^32 ns.
+/// `strconv.FormatFloat(v, 'g', -1, 64)`, so series match those of Go exporters).
 static LE: LazyLock<Vec<String>> = LazyLock::new(|| {
-    let mut le: Vec<String> = snapshot::bucket_upper_bounds_seconds()
+    exposed_bucket_bounds_seconds()
         .into_iter()
         .map(go_float)
-        .collect();
-    le[HIST_BUCKETS - 1] = "+Inf".into();
-    le
+        .collect()
 });
 
 /// Go's shortest `%g`: exponent notation outside [1e-4, 1e6) with at least two exponent
@@ -1090,6 +1159,22 @@ impl Hist {
     }
 }
 
+impl Hist {
+    /// Per exposed bucket (not cumulative): the kernel's buckets below each bound, +Inf last.
+    fn exposed(&self) -> [u64; EXPOSED_BUCKETS] {
+        let mut out = [0u64; EXPOSED_BUCKETS];
+        for (i, &n) in self.buckets.iter().enumerate() {
+            // Kernel bucket i holds [2^i, 2^(i+1)) ns: under the first bound 2^k with k > i.
+            let j = EXPOSED_POW2
+                .iter()
+                .position(|&k| i < k)
+                .unwrap_or(EXPOSED_BUCKETS - 1);
+            out[j] = out[j].saturating_add(n);
+        }
+        out
+    }
+}
+
 impl Value for Hist {
     fn merge(&mut self, other: &Self) {
         for (a, b) in self.buckets.iter_mut().zip(other.buckets) {
@@ -1099,7 +1184,7 @@ impl Value for Hist {
     }
     fn write(&self, name: &str, labels: &str, out: &mut String) {
         let mut cumulative = 0u64;
-        for (le, n) in LE.iter().zip(self.buckets) {
+        for (le, n) in LE.iter().zip(self.exposed()) {
             cumulative = cumulative.saturating_add(n);
             sample_start(out, name, "_bucket", labels, Some(("le", le)));
             write_u64(out, cumulative);
@@ -1238,9 +1323,10 @@ mod exposition_tests {
                     }
                     (Sample::Float(v), _) => e.encode_gauge(v)?,
                     (Sample::Hist(h), _) => {
-                        let mut le = snapshot::bucket_upper_bounds_seconds();
-                        le[HIST_BUCKETS - 1] = f64::INFINITY;
-                        let buckets: Vec<(f64, u64)> = le.into_iter().zip(h.buckets).collect();
+                        let buckets: Vec<(f64, u64)> = exposed_bucket_bounds_seconds()
+                            .into_iter()
+                            .zip(h.exposed())
+                            .collect();
                         let count = h.buckets.iter().sum();
                         e.encode_histogram::<NoLabelSet>(
                             h.sum_ns as f64 / 1e9,
@@ -1381,7 +1467,29 @@ mod exposition_tests {
         assert_eq!(go_float(4.0), "4");
         assert_eq!(go_float(1e6), "1e+06");
         assert_eq!(go_float(1.5e300), "1.5e+300");
-        assert_eq!(LE[0], "2e-09");
-        assert_eq!(LE[HIST_BUCKETS - 1], "+Inf");
+        assert_eq!(LE[0], "1.024e-06");
+        assert_eq!(LE[5], "0.001048576");
+        assert_eq!(LE[EXPOSED_BUCKETS - 2], "2.147483648");
+        assert_eq!(LE[EXPOSED_BUCKETS - 1], "+Inf");
+        assert_eq!(LE.len(), 13);
+    }
+
+    /// Each exposed bucket sums the kernel's buckets below its bound: the cumulative counts
+    /// at 2^k ns are those of the kernel's log2 histogram, the rest is in +Inf.
+    #[test]
+    fn kernel_buckets_fold_into_the_exposed_ones() {
+        let mut counts = [0u64; HIST_BUCKETS];
+        for (i, c) in counts.iter_mut().enumerate() {
+            *c = 1 << (i % 8);
+        }
+        let h = Hist::new(&counts, 0);
+        let exposed = h.exposed();
+        assert_eq!(exposed.iter().sum::<u64>(), counts.iter().sum::<u64>());
+        let mut cumulative = 0;
+        for (j, &k) in EXPOSED_POW2.iter().enumerate() {
+            cumulative += exposed[j];
+            assert_eq!(cumulative, counts[..k].iter().sum::<u64>(), "le 2^{k} ns");
+        }
+        assert_eq!(exposed[EXPOSED_BUCKETS - 1], counts[31]);
     }
 }

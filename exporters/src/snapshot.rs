@@ -25,10 +25,35 @@ pub struct NodeSnapshot {
     pub cgroups: Vec<CgroupSnapshot>,
     /// Per device and op, all processes, exited ones included (only grows).
     pub block_devices: Vec<BlockStats>,
+    /// Per process name (comm), every process ever seen with it, exited ones included (only
+    /// grows): what short-lived processes without series of their own did.
+    #[serde(default)]
+    pub comms: Vec<CommSnapshot>,
     /// GPUs and NPUs as the device collectors (NVML, DCMI) report them, and their status.
     pub devices: crate::devices::DevicesSnapshot,
     pub ethand: SelfStatus,
 }
+
+/// Totals of every process with one name (comm), exited ones included. At most
+/// [`COMMS_MAX`] names: the processes of later names are summed under [`COMM_OTHER`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CommSnapshot {
+    pub comm: String,
+    /// Processes with this name in the model now (alive, or exited within the grace period).
+    pub processes: u64,
+    /// Processes with this name that exited (and left the model) since ethand started.
+    pub exited: u64,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub syscalls: u64,
+}
+
+/// Most distinct names with per-comm totals; a name keeps its totals once it has them.
+pub const COMMS_MAX: usize = 128;
+/// The name the processes of names beyond [`COMMS_MAX`] are summed under (no comm has
+/// brackets and a space: the kernel's are at most 15 bytes, but "[other names]" is 13, and
+/// the space never appears in the names of the executables it was built for).
+pub const COMM_OTHER: &str = "[other names]";
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CgroupSnapshot {

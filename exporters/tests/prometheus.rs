@@ -12,7 +12,7 @@ use ethand_exporters::devices::{
     CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
     NvLinkStats,
 };
-use ethand_exporters::prometheus::{PrometheusOptions, metric_catalog, render};
+use ethand_exporters::prometheus::{EXPOSED_BUCKETS, PrometheusOptions, metric_catalog, render};
 use ethand_exporters::snapshot::*;
 
 const WEIRD_COMM: &str = "we\"ird\\na\nme";
@@ -153,6 +153,24 @@ fn snapshot() -> NodeSnapshot {
         hostname: "node1".to_owned(),
         processes: vec![web, weird, shell, sleeper, kworker, db, db_exited, app],
         cgroups: cgroups(),
+        comms: vec![
+            CommSnapshot {
+                comm: "cc1".to_owned(),
+                processes: 2,
+                exited: 148,
+                oncpu_ns: 2_840_000_000,
+                runq_wait_ns: 120_000_000,
+                syscalls: 90_000,
+            },
+            CommSnapshot {
+                comm: WEIRD_COMM.to_owned(),
+                processes: 1,
+                exited: 0,
+                oncpu_ns: 1_000,
+                runq_wait_ns: 0,
+                syscalls: 1,
+            },
+        ],
         block_devices: block_devices(),
         ethand: SelfStatus {
             version: "0.1.0".to_owned(),
@@ -324,6 +342,7 @@ fn options() -> PrometheusOptions {
         comms: vec!["db".to_owned()],
         cgroups: vec!["podabc".to_owned()],
         dcgm_aliases: false,
+        preselected: false,
     }
 }
 
@@ -885,6 +904,34 @@ fn cgroup_samples(s: &HashMap<String, f64>) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// Per-name totals (short-lived processes without series of their own), escaped names.
+#[test]
+fn comm_series_come_from_comm_totals() {
+    let s = samples(&render(&snapshot(), &options()));
+    let c = r#"comm="cc1""#;
+    assert_eq!(
+        value(&s, &format!("ethand_comm_cpu_seconds_total{{{c}}}")),
+        2.84
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_comm_runq_wait_seconds_total{{{c}}}")),
+        0.12
+    );
+    assert_eq!(
+        value(&s, &format!("ethand_comm_syscalls_total{{{c}}}")),
+        90_000.0
+    );
+    assert_eq!(value(&s, &format!("ethand_comm_processes{{{c}}}")), 2.0);
+    assert_eq!(
+        value(&s, &format!("ethand_comm_exited_processes_total{{{c}}}")),
+        148.0
+    );
+    assert_eq!(
+        value(&s, r#"ethand_comm_processes{comm="we\"ird\\na\nme"}"#),
+        1.0
+    );
+}
+
 #[test]
 fn cgroup_series_come_from_cgroup_totals() {
     let snap = snapshot();
@@ -1119,9 +1166,17 @@ fn histograms() {
             &format!(r#"ethand_process_runq_wait_seconds_bucket{{{p},le="{le}"}}"#),
         )
     };
-    assert_eq!(runq("2e-09"), 2.0);
-    assert_eq!(runq("3.2e-08"), 2.0);
-    assert_eq!(runq("6.4e-08"), 5.0);
+    // 14 buckets from 2^10 ns: the kernel's buckets below 1.024 µs are all in the first.
+    assert_eq!(runq("1.024e-06"), 5.0);
+    assert_eq!(runq("4.096e-06"), 5.0);
+    assert!(!text.contains("le=\"2e-09\""));
+    assert!(!text.contains("le=\"6.4e-08\""));
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with(&format!("ethand_process_runq_wait_seconds_bucket{{{p},")))
+            .count(),
+        13
+    );
     // The last kernel bucket is open-ended: it is only in +Inf.
     assert_eq!(runq("2.147483648"), 5.0);
     assert_eq!(runq("+Inf"), 6.0);
@@ -1165,9 +1220,9 @@ fn histograms() {
     assert_eq!(
         value(
             &s,
-            &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="5.12e-07"}}"#)
+            &format!(r#"ethand_block_io_queue_seconds_bucket{{{w},le="1.024e-06"}}"#)
         ),
-        2.0
+        6.0
     );
     assert_eq!(
         value(
@@ -1183,9 +1238,16 @@ fn histograms() {
     assert_eq!(
         value(
             &s,
-            &format!(r#"ethand_block_io_service_seconds_bucket{{{w},le="3.2768e-05"}}"#)
+            &format!(r#"ethand_block_io_service_seconds_bucket{{{w},le="1.6384e-05"}}"#)
         ),
-        3.0
+        0.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_block_io_service_seconds_bucket{{{w},le="6.5536e-05"}}"#)
+        ),
+        6.0
     );
     assert_eq!(
         value(&s, &format!("ethand_block_io_service_seconds_count{{{w}}}")),
@@ -1242,7 +1304,7 @@ fn histograms() {
         ])
     );
 
-    // Every histogram: 32 non-decreasing buckets, the last one +Inf and equal to _count.
+    // Every histogram: 13 non-decreasing buckets, the last one +Inf and equal to _count.
     let mut groups: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
     for (series, v) in &s {
         let Some((name, labels)) = series.split_once("_bucket{") else {
@@ -1264,7 +1326,7 @@ fn histograms() {
     for (count, buckets) in &mut groups {
         let le = |b: &(String, f64)| b.0.parse::<f64>().unwrap();
         buckets.sort_by(|a, b| le(a).total_cmp(&le(b)));
-        assert_eq!(buckets.len(), HIST_BUCKETS, "{count}");
+        assert_eq!(buckets.len(), EXPOSED_BUCKETS, "{count}");
         assert!(
             buckets.windows(2).all(|w| w[0].1 <= w[1].1),
             "{count}: {buckets:?}"
@@ -1395,9 +1457,12 @@ fn promtool_check_metrics_dcgm_aliases() {
 const LABEL_BOUNDS: &[(&str, &str)] = &[
     (
         "pid",
-        "top `prometheus.top_n` processes by CPU (default 20) plus the configured `pids`, `comms`, `cgroups`",
+        "`prometheus.top_n` held slots (default 20) plus the configured `pids`, `comms`, `cgroups` and GPU/NPU users",
     ),
-    ("comm", "one per `pid` series"),
+    (
+        "comm",
+        "one per `pid` series; per-name series: at most 128 names plus `[other names]`",
+    ),
     (
         "cgroup",
         "cgroup v2 paths on the node (one per container, slice or service)",
@@ -1562,11 +1627,24 @@ fn render_doc() -> String {
         "# Metrics\n\nGenerated from `ethand_exporters::prometheus::metric_catalog()` and a rendering of\n\
          every family by `UPDATE_DOCS=1 cargo test -p ethand-exporters --test prometheus metrics_doc`;\n\
          CI fails when this file and the code disagree.\n\n\
-         Per-process series (`pid`, `comm`) exist only for the top-N processes by CPU\n\
-         (`prometheus.top_n`, default 20) plus the pids, comms and cgroups configured in\n\
-         `[prometheus]`; every process, with or without its own series, is also counted in its\n\
-         cgroup's `ethand_cgroup_*` series, which keep the totals of exited processes and so only\n\
-         grow. Histograms use 32 log2 buckets of nanoseconds, exposed in seconds.\n\n\
+         Per-process series (`pid`, `comm`) exist for up to `prometheus.top_n` (default 20) of\n\
+         the busiest processes plus the pids, comms and cgroups configured in `[prometheus]` and\n\
+         every GPU/NPU user. A process takes a slot only once it is\n\
+         `prometheus.selection_min_age_seconds` old (30) and keeps it until it exits or has used\n\
+         no CPU for `prometheus.selection_hold_seconds` (300), so its series have no holes; a\n\
+         newcomer takes a held slot only with twice the holder's CPU, after the hold. Every\n\
+         process, with or without its own series, is also counted in its cgroup's\n\
+         `ethand_cgroup_*` series, which keep the totals of exited processes and so only grow.\n\
+         Histograms expose 13 buckets: every second power of two of nanoseconds from 2^10 ns\n\
+         (1.024 µs) to 2^30 ns (1.07 s), then 2^31 ns (2.15 s) and +Inf, in seconds; each bound\n\
+         is one of the kernel's log2 bucket bounds, so the counts are exact.\n\n\
+         ## Series budget\n\n\
+         A selected process has about 50 series (CPU, off-CPU, switches, 8 syscalls plus\n\
+         `other` with counts, errors and time, two histograms of 16 lines each, I/O, TCP,\n\
+         threads); a GPU user about 40 more. At the defaults a node exposes about 20 x 50 =\n\
+         1,000 per-process series, plus about 10 per cgroup and the node's block, BPF and\n\
+         device series. `cargo xtask bench --suites series` measures it with a real Prometheus\n\
+         scraping for 10 minutes under 1,000 processes and 100 births/s (docs/performance.md).\n\n\
          ## Label cardinality\n\n| label | values bounded by |\n|---|---|\n",
     );
     let used: BTreeSet<&String> = labels.values().flatten().collect();

@@ -83,6 +83,7 @@ fn options() -> PrometheusOptions {
         comms: vec!["sidecar".into()],
         cgroups: vec![],
         dcgm_aliases: false,
+        preselected: false,
     }
 }
 

@@ -12,7 +12,7 @@ use std::{
 use ethand_tests::{Daemon, SETTLE, find_proc, serial, temp_path, text};
 
 /// Waits for `path` to exist (a script writes it when its work is done).
-fn wait_for_file(path: &Path, limit: Duration) -> String {
+pub(crate) fn wait_for_file(path: &Path, limit: Duration) -> String {
     let t0 = Instant::now();
     loop {
         if let Ok(s) = std::fs::read_to_string(path)
@@ -31,7 +31,7 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
 
 /// bash's `times`: "0m0.004s 0m0.008s\n0m0.712s 0m0.101s"; the children's user + system
 /// seconds (second line).
-fn children_cpu_s(times: &str) -> f64 {
+pub(crate) fn children_cpu_s(times: &str) -> f64 {
     let line = times.lines().nth(1).expect("two lines of `times`");
     line.split_whitespace()
         .map(|f| {
@@ -42,7 +42,7 @@ fn children_cpu_s(times: &str) -> f64 {
 }
 
 /// A script in its own process group, killed with all its children when dropped.
-struct KillOnDrop(Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         // SAFETY: signalling the process group this test created.
@@ -51,7 +51,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn bash(script: &str) -> KillOnDrop {
+pub(crate) fn bash(script: &str) -> KillOnDrop {
     use std::os::unix::process::CommandExt as _;
     KillOnDrop(
         Command::new("bash")

@@ -31,6 +31,7 @@ mod privilege;
 mod probes;
 mod record;
 mod sched;
+mod series;
 mod service;
 mod syscalls;
 

@@ -431,7 +431,8 @@ fn metrics_over_tls_with_basic_auth() {
     .expect("web.yml");
     let d = Daemon::start(
         "priv-tls",
-        &format!("[prometheus]\nweb_config_file = {web:?}\n"),
+        // Named: a process gets a slot of its own only once 30 s old.
+        &format!("[prometheus]\nweb_config_file = {web:?}\ncomms = [\"ethand\"]\n"),
     );
     let url = format!("https://127.0.0.1:{}/metrics", d.port);
 

@@ -15,6 +15,7 @@ mod modes;
 mod record;
 mod report;
 pub mod scale;
+mod series;
 mod serving;
 pub mod workloads;
 
@@ -90,10 +91,19 @@ pub enum Suite {
     Serving,
     /// `ethand record`: events per second into the ring buffer before drops.
     Record,
+    /// A real Prometheus scraping the daemon at its defaults for 10 minutes under the scale
+    /// load (head series, flapping), and the daemon's VmHWM under heavy churn.
+    Series,
 }
 
 impl Suite {
-    pub const ALL: [Suite; 4] = [Suite::Events, Suite::Scale, Suite::Serving, Suite::Record];
+    pub const ALL: [Suite; 5] = [
+        Suite::Events,
+        Suite::Scale,
+        Suite::Serving,
+        Suite::Record,
+        Suite::Series,
+    ];
 }
 
 /// What a suite beyond the per-event table gets to run with.
@@ -258,6 +268,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             None => eprintln!("[bench] record suite skipped: ethand not run (--modes)"),
         }
     }
+    if args.suites.contains(&Suite::Series) {
+        sections.push(series::run(&ctx).unwrap_or_else(|e| scale::failed("series", e)));
+    }
     if let Some(path) = &args.gpu_results {
         let raw = fs::read_to_string(path)
             .with_context(|| format!("reading --gpu-results {}", path.display()))?;
@@ -365,7 +378,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// `name` itself if it contains a `/`, else its first executable match in `$PATH`.
-fn find_executable(name: &Path) -> Option<PathBuf> {
+pub(super) fn find_executable(name: &Path) -> Option<PathBuf> {
     if name.components().count() > 1 {
         return is_executable(name).then(|| name.to_path_buf());
     }

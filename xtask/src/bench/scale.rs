@@ -154,6 +154,11 @@ impl Load {
         unsafe { &*self.shared }
     }
 
+    /// Pid of the leader: every load process descends from it.
+    pub fn leader(&self) -> u32 {
+        self.leader as u32
+    }
+
     /// Pid of the i-th long-lived process.
     pub fn pid(&self, i: usize) -> u32 {
         self.shared().pids[i].load(Ordering::Relaxed) as u32
@@ -533,6 +538,11 @@ fn cpu_time(pid: u32) -> Result<CpuTime> {
 }
 
 /// A `Vm*:` line of /proc/PID/status, in MB (10^6 bytes).
+/// CPU seconds (user + system) `pid` has used.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    Ok(cpu_time(pid)?.ticks as f64 / clock_ticks())
+}
+
 fn vm_mb(pid: u32, key: &str) -> Result<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;

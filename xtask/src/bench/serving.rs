@@ -269,18 +269,27 @@ fn serve_otlp(mut conn: TcpStream, got: &Mutex<Vec<Received>>) -> Result<()> {
 /// One GET /metrics: (wall time from connect to the last byte, body).
 fn scrape(port: u16) -> Result<(Duration, Vec<u8>)> {
     let t = Instant::now();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).context("connecting to /metrics")?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let body = http_get(port, "/metrics")?;
+    Ok((t.elapsed(), body))
+}
+
+/// One GET of `path` on 127.0.0.1:`port`; fails unless the answer is 200.
+pub(super) fn http_get(port: u16, path: &str) -> Result<Vec<u8>> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = Vec::new();
-    let m = read_message(&mut s, &mut buf, true)?.context("/metrics: no answer")?;
-    let took = t.elapsed();
+    let m = read_message(&mut s, &mut buf, true)?.with_context(|| format!("{path}: no answer"))?;
     let _ = s.shutdown(Shutdown::Both);
     ensure!(
         m.head.starts_with("HTTP/1.1 200") || m.head.starts_with("HTTP/1.0 200"),
-        "/metrics answered {:?}",
+        "{path} answered {:?}",
         m.head.lines().next()
     );
-    Ok((took, m.body))
+    Ok(m.body)
 }
 
 /// Series (sample lines: neither comments nor blank) of an exposition, and how many of them are
