@@ -818,11 +818,20 @@ impl Workload {
 
 /// Resident memory of a process (VmRSS of /proc/PID/status), bytes; 0 when unreadable.
 pub fn rss_bytes(pid: u32) -> u64 {
+    vm_bytes(pid, "VmRSS")
+}
+
+/// The peak resident memory of `pid` so far (`VmHWM`), in bytes (0 when unreadable).
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    vm_bytes(pid, "VmHWM")
+}
+
+fn vm_bytes(pid: u32, key: &str) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
                 .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
