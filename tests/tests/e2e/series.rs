@@ -142,7 +142,7 @@ fn selected_processes_keep_their_series() {
     );
 }
 
-/// 30 short-lived children of a known name, ~20 ms of CPU each: none gets series of its own
+/// 30 short-lived children of a known name, ~80 ms of CPU each: none gets series of its own
 /// (younger than selection_min_age_seconds), and their name's totals hold their CPU (bash's
 /// `times` of its reaped children) and their count.
 #[test]
