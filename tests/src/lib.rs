@@ -821,6 +821,14 @@ pub fn rss_bytes(pid: u32) -> u64 {
     vm_bytes(pid, "VmRSS")
 }
 
+/// The value of the sample `series` (its full text up to the value: name and labels as
+/// exposed) in a /metrics body.
+pub fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The peak resident memory of `pid` so far (`VmHWM`), in bytes (0 when unreadable).
 pub fn peak_rss_bytes(pid: u32) -> u64 {
     vm_bytes(pid, "VmHWM")

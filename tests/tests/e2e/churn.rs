@@ -14,8 +14,8 @@ use std::{
 };
 
 use ethand_tests::{
-    Daemon, SETTLE, SelfStatus, Workload, ethand, find_proc, http_get, peak_rss_bytes, rss_bytes,
-    serial, syscall, text,
+    Daemon, SETTLE, SelfStatus, Workload, ethand, find_proc, http_get, metric, peak_rss_bytes,
+    rss_bytes, serial, syscall, text,
 };
 
 /// The load workload of this crate (ethand-load).
@@ -60,14 +60,6 @@ fn sample(socket: &str, pid: u32, t0: Instant) -> Sample {
         overflow: st.processes_overflow,
         tracked: st.tracked_processes,
     }
-}
-
-/// The value of the unlabelled or single-label sample `series` (its full text up to the
-/// value) in a /metrics body.
-fn metric(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// 10,000 processes per second (fork children that exit at once, from two forkers) for a

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ethand_tests::{Daemon, RemoveOnDrop, SETTLE, serial, temp_path};
+use ethand_tests::{Daemon, RemoveOnDrop, SETTLE, metric, serial, temp_path};
 
 use crate::ancestry::{KillOnDrop, bash, children_cpu_s, wait_for_file};
 
@@ -39,12 +39,6 @@ fn pids_with_series(body: &str, comm: &str) -> BTreeSet<u32> {
         .filter(|l| l.starts_with("ethand_process_cpu_seconds_total{") && l.contains(&tag))
         .filter_map(|l| l.split("pid=\"").nth(1)?.split('"').next()?.parse().ok())
         .collect()
-}
-
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Six equally busy processes and three slots: once the slots are theirs, the same three
@@ -171,11 +165,11 @@ fn short_lived_processes_count_under_their_name() {
     // Exited and out of the model after the 1 s grace.
     thread::sleep(Duration::from_secs(2) + SETTLE);
     let body = d.metrics();
-    let cpu = sample(
+    let cpu = metric(
         &body,
         "ethand_comm_cpu_seconds_total{comm=\"ethand-brief\"}",
     );
-    let exited = sample(
+    let exited = metric(
         &body,
         "ethand_comm_exited_processes_total{comm=\"ethand-brief\"}",
     );
