@@ -279,13 +279,15 @@ run_one() {
     log "$name: ready: launcher $lp, worker $wp (run ${run_s}s)"
     echo "launcher=$lp worker=$wp ready_unix=$(date +%s.%N) run_s=$run_s warm_s=$WARM_S" > "$D/pids.txt"
     if [ "$name" = cpu_contention ]; then
-        # Six busy loops on CPUs 0,1, outside the snapshotted tree (children of this script).
-        setsid bash -c 'for i in 1 2 3 4 5 6; do "$0" -c "import os
-os.sched_setaffinity(0, {0, 1})
+        # Six busy loops outside the snapshotted tree (children of this script), three bound
+        # to each of the worker's CPUs 0 and 1: with all six free to use both, the kernel once
+        # put all six on CPU 0 and left the worker CPU 1 to itself (no contention to find).
+        setsid bash -c 'for i in 0 1 2 3 4 5; do "$0" -c "import os
+os.sched_setaffinity(0, {$((i % 2))})
 while True: pass" & done; wait' "$PY3" > /dev/null 2>&1 &
         hp=$!
         LIVE_GROUPS="$LIVE_GROUPS $hp"
-        log "$name: 6 hogs on CPUs 0,1 (group $hp)"
+        log "$name: 6 hogs, 3 bound to each of CPUs 0 and 1 (group $hp)"
     fi
     sleep "$WARM_S"
     kill -0 "$lp" 2>/dev/null || log "$name: the launcher exited before the snapshots"

@@ -11,9 +11,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkStats, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist,
+    BlkKey, BlkStats, CpuCtx, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist,
     LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
-    counter, lifecycle_kind,
+    counter, lifecycle_kind, thread_flags,
 };
 use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
@@ -43,6 +43,10 @@ pub struct Collector {
     blk_stats: BpfHashMap<MapData, BlkKey, BlkStats>,
     net_stats: BpfHashMap<MapData, ProcKey, NetStats>,
     counters: PerCpuArray<MapData, u64>,
+    cpu_ctx: PerCpuArray<MapData, CpuCtx>,
+    /// Thread entries hold the kernel's on-CPU total at their last switch-out, so the run in
+    /// progress can be read (see [`read_running`]).
+    exec_baseline: bool,
     gpu_calls: BpfHashMap<MapData, GpuCallKey, GpuCallStats>,
     gpu_proc: BpfHashMap<MapData, ProcKey, GpuProcState>,
     gpu_allocs: BpfHashMap<MapData, GpuAllocKey, GpuAlloc>,
@@ -203,7 +207,7 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
 }
 
 impl Collector {
-    pub fn new(ebpf: &mut Ebpf, cfg: &Config) -> Result<Self, CollectError> {
+    pub fn new(ebpf: &mut Ebpf, cfg: &Config, exec_baseline: bool) -> Result<Self, CollectError> {
         // Syscall number -> latency class, for the in-kernel histograms.
         let mut classes: Array<MapData, u32> = take(ebpf, "SYSCALL_CLASS")?;
         for (nr, class) in syscalls_table::classes() {
@@ -219,6 +223,8 @@ impl Collector {
             blk_stats: take(ebpf, "BLK_STATS")?,
             net_stats: take(ebpf, "NET_STATS")?,
             counters: take(ebpf, "COUNTERS")?,
+            cpu_ctx: take(ebpf, "CPU_CTX")?,
+            exec_baseline,
             gpu_calls: take(ebpf, "GPU_CALLS")?,
             gpu_proc: take(ebpf, "GPU_PROC")?,
             gpu_allocs: take(ebpf, "GPU_ALLOCS")?,
@@ -284,6 +290,10 @@ impl Collector {
         // entry: at 1,000 processes it was memory-bound, a few cache misses per entry.
         raw.threads
             .sort_unstable_by_key(|(tid, t)| (t.tgid, t.proc_start_ns, *tid));
+        raw.running_oncpu.clear();
+        if self.exec_baseline {
+            read_running(&self.cpu_ctx, raw);
+        }
         raw.syscalls
             .sort_unstable_by_key(|(k, _)| (k.tgid, k.proc_start_ns, k.nr));
         raw.syscall_hist
@@ -350,6 +360,35 @@ impl Collector {
                 loss: counter::IS_LOSS[i as usize],
             })
             .collect()
+    }
+}
+
+/// The on-CPU time of each run in progress that its thread's entry does not hold yet: the
+/// kernel's total now (/proc schedstat, current to the last tick) less its total at the
+/// thread's last switch-out (0 for a thread not yet switched out since it was created). One
+/// /proc read per CPU that is running a thread. Only where entries hold that baseline
+/// (`exec_baseline`); elsewhere a run counts at its switch-out.
+fn read_running(cpu_ctx: &PerCpuArray<MapData, CpuCtx>, raw: &mut RawRead) {
+    let Ok(per_cpu) = cpu_ctx.get(&0, 0) else {
+        return;
+    };
+    let running: FoldSet<u32> = per_cpu
+        .iter()
+        .map(|c| c.running_tid)
+        .filter(|tid| *tid != 0)
+        .collect();
+    if running.is_empty() {
+        return;
+    }
+    for (tid, t) in &raw.threads {
+        if t.flags & thread_flags::EXITED != 0 || !running.contains(tid) {
+            continue;
+        }
+        if let Some(now) = crate::procinfo::thread_exec_runtime_ns(t.tgid, *tid)
+            && now > t.exec_runtime_ns
+        {
+            raw.running_oncpu.insert(*tid, now - t.exec_runtime_ns);
+        }
     }
 }
 

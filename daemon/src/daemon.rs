@@ -494,7 +494,8 @@ pub struct Engine {
 impl Engine {
     pub fn start(cfg: &Config) -> anyhow::Result<Self> {
         let mut loaded = loader::load(cfg)?;
-        let collector = Collector::new(&mut loaded.ebpf, cfg).context("setting up map readers")?;
+        let collector = Collector::new(&mut loaded.ebpf, cfg, loaded.oncpu_from_task)
+            .context("setting up map readers")?;
         let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
         // Loading parsed the kernel's BTF (several MB) twice; give the freed heap back to the
         // OS instead of carrying it as resident memory for the daemon's lifetime.

@@ -151,6 +151,9 @@ pub struct Loaded {
     pub tracefs_error: Option<String>,
     /// The kernel's BTF has every `struct request` member the BTF block programs read.
     pub blk_btf: bool,
+    /// On-CPU time comes from the kernel's `se.sum_exec_runtime`: each thread entry holds
+    /// its value at the last switch-out (`ThreadStats::exec_runtime_ns`).
+    pub oncpu_from_task: bool,
 }
 
 fn family_enabled(cfg: &Config, family: &str) -> bool {
@@ -316,6 +319,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         program_probe: BTreeMap::new(),
         tracefs_error,
         blk_btf: koff.blk_btf == 1,
+        oncpu_from_task: koff.oncpu_from_task == 1,
     };
     let block_btf_refused = match (&btf, cfg.probes.block && cfg.probes.prefer_btf) {
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),

@@ -30,6 +30,10 @@ pub struct RawRead {
     pub net: Vec<(ProcKey, RawNet)>,
     pub gpu_calls: Vec<(GpuCallKey, GpuCallStats)>,
     pub gpu_procs: Vec<(ProcKey, GpuProcState)>,
+    /// On-CPU time of runs in progress that `threads` does not hold yet (tid -> ns): the
+    /// kernel charges a run at its switch-out, and a thread alone on its CPU may not be
+    /// switched out for seconds.
+    pub running_oncpu: HashMap<u32, u64>,
 }
 
 /// Scheduler totals of a thread or of a process's dead threads.
@@ -81,14 +85,18 @@ pub struct ThreadAcc {
     last: ThreadStats,
     /// Histogram accumulated from wrapping deltas of `last.runq_wait_hist`.
     hist: [u64; HIST_BUCKETS],
+    /// On-CPU time of this incarnation shown so far: `last.oncpu_ns` plus the run in
+    /// progress at the last read, never lower than at an earlier read (a counter).
+    oncpu_shown_ns: u64,
     pub exited: bool,
     /// Consecutive reads that found the entry marked exited.
     exited_reads: u32,
 }
 
 impl ThreadAcc {
-    /// Feeds the latest raw entry.
-    pub fn update(&mut self, raw: &ThreadStats) {
+    /// Feeds the latest raw entry and the on-CPU time of the thread's run in progress that
+    /// the entry does not hold yet.
+    pub fn update(&mut self, raw: &ThreadStats, running_ns: u64) {
         let l = &self.last;
         let restarted = raw.oncpu_ns < l.oncpu_ns
             || raw.voluntary_switches < l.voluntary_switches
@@ -100,6 +108,7 @@ impl ThreadAcc {
             let prev = self.current();
             self.base = prev;
             self.hist = [0; HIST_BUCKETS];
+            self.oncpu_shown_ns = 0;
             self.last = ThreadStats {
                 runq_wait_hist: [0; HIST_BUCKETS],
                 ..ThreadStats::default()
@@ -110,6 +119,9 @@ impl ThreadAcc {
                 u64::from(raw.runq_wait_hist[i].wrapping_sub(self.last.runq_wait_hist[i]));
         }
         self.last = *raw;
+        self.oncpu_shown_ns = self
+            .oncpu_shown_ns
+            .max(raw.oncpu_ns.saturating_add(running_ns));
         self.exited = raw.flags & thread_flags::EXITED != 0;
         self.exited_reads = if self.exited {
             self.exited_reads + 1
@@ -121,7 +133,7 @@ impl ThreadAcc {
     /// Totals of this thread: earlier incarnations plus the current entry.
     pub fn current(&self) -> SchedAcc {
         let mut t = SchedAcc {
-            oncpu_ns: self.last.oncpu_ns,
+            oncpu_ns: self.oncpu_shown_ns.max(self.last.oncpu_ns),
             offcpu_blocked_ns: self.last.offcpu_blocked_ns,
             offcpu_preempted_ns: self.last.offcpu_preempted_ns,
             runq_wait_ns: self.last.runq_wait_ns,
@@ -711,7 +723,7 @@ impl Model {
                         e.insert(Default::default())
                     }
                 };
-                acc.update(t);
+                acc.update(t, raw.running_oncpu.get(tid).copied().unwrap_or(0));
                 // Deleted once seen exited twice: by then its final switch-out has been
                 // counted.
                 if acc.exited_reads >= 2 {
@@ -1623,8 +1635,8 @@ mod tests {
     #[test]
     fn thread_counters_accumulate() {
         let mut a = ThreadAcc::default();
-        a.update(&th(100, 1, 1));
-        a.update(&th(250, 3, 4));
+        a.update(&th(100, 1, 1), 0);
+        a.update(&th(250, 3, 4), 0);
         let c = a.current();
         assert_eq!(c.oncpu_ns, 250);
         assert_eq!(c.voluntary_switches, 3);
@@ -1634,18 +1646,36 @@ mod tests {
     #[test]
     fn histogram_bucket_wrap() {
         let mut a = ThreadAcc::default();
-        a.update(&th(100, 1, u32::MAX - 1));
+        a.update(&th(100, 1, u32::MAX - 1), 0);
         // The u32 bucket wrapped: 3 more events.
-        a.update(&th(200, 2, 1));
+        a.update(&th(200, 2, 1), 0);
         assert_eq!(a.current().runq_wait_hist[3], u64::from(u32::MAX - 1) + 3);
+    }
+
+    #[test]
+    fn run_in_progress_counts_and_the_total_never_drops() {
+        let mut a = ThreadAcc::default();
+        a.update(&th(100, 1, 0), 0);
+        // Running for 400 ns the entry does not hold yet.
+        a.update(&th(100, 1, 0), 400);
+        assert_eq!(a.current().oncpu_ns, 500);
+        // Switched out: the kernel charged the run (to a tick's staleness of the /proc
+        // reading, a little more or less than what was shown).
+        a.update(&th(480, 2, 0), 0);
+        assert_eq!(a.current().oncpu_ns, 500, "never lower than shown");
+        a.update(&th(600, 3, 0), 0);
+        assert_eq!(a.current().oncpu_ns, 600);
+        // A new incarnation keeps what was shown.
+        a.update(&th(0, 0, 0), 50);
+        assert_eq!(a.current().oncpu_ns, 650);
     }
 
     #[test]
     fn recreated_entry_keeps_earlier_totals() {
         let mut a = ThreadAcc::default();
-        a.update(&th(1000, 10, 5));
+        a.update(&th(1000, 10, 5), 0);
         // ethand deleted the entry; the thread's last switch-out recreated it from zero.
-        a.update(&th(0, 1, 0));
+        a.update(&th(0, 1, 0), 0);
         let c = a.current();
         assert_eq!(c.oncpu_ns, 1000);
         assert_eq!(c.voluntary_switches, 11);

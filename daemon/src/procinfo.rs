@@ -128,6 +128,25 @@ pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
         })
 }
 
+/// The kernel's on-CPU total of a thread (`se.sum_exec_runtime`, ns): the first field of
+/// /proc/PID/task/TID/schedstat. Current to the last scheduler tick while the thread runs.
+pub fn thread_exec_runtime_ns(pid: u32, tid: u32) -> Option<u64> {
+    let mut buf = [0u8; 96];
+    let n = fs::File::open(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
+        .ok()?;
+    parse_schedstat_exec(&buf[..n])
+}
+
+pub fn parse_schedstat_exec(text: &[u8]) -> Option<u64> {
+    std::str::from_utf8(text)
+        .ok()?
+        .split_ascii_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -440,6 +459,20 @@ mod tests {
         assert_eq!(comm, "a) b (c)");
         assert_eq!(ppid, 77);
         assert_eq!(start, 98765);
+    }
+
+    #[test]
+    fn schedstat_exec_runtime() {
+        assert_eq!(
+            parse_schedstat_exec(b"2533290843 13406789 1519\n"),
+            Some(2_533_290_843)
+        );
+        assert_eq!(parse_schedstat_exec(b""), None);
+        assert_eq!(parse_schedstat_exec(b"x 1 2\n"), None);
+        // The test harness's main thread has run to start this test.
+        let me = std::process::id();
+        assert!(thread_exec_runtime_ns(me, me).unwrap() > 0);
+        assert_eq!(thread_exec_runtime_ns(me, u32::MAX), None);
     }
 
     #[test]

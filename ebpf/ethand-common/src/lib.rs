@@ -194,7 +194,11 @@ pub struct CpuCtx {
     pub pend_hist_class: u32,
     pub pend_hist_bucket: u32,
     pub pend_hist_count: u32,
-    pub _pad0: u32,
+    /// The thread switched in last on this CPU (0: idle), set at every reported switch.
+    /// Userspace reads it to find the runs in progress, whose on-CPU time the kernel charges
+    /// only at their switch-out (a busy loop alone on a CPU may not be switched out for
+    /// seconds).
+    pub running_tid: u32,
 }
 
 /// When a thread was last woken, in the slot `tid % WAKEUP_SLOTS` of the WAKEUPS array and

@@ -345,6 +345,7 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
     }
 
     cpu.tid = UNKNOWN_TID;
+    cpu.running_tid = next_tid;
     // With out_only, next's first event fills the context from its entry (current_ctx).
     if next_tid == 0 || out_only {
         return;

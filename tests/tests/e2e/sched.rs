@@ -202,6 +202,67 @@ fn assert_oncpu(d: &Daemon, ms: u64, vs_kernel: (f64, f64)) {
     w.finish();
 }
 
+/// A busy loop is switched out rarely (never while it has a CPU to itself): the run in
+/// progress counts at each collection, not only at its switch-out. Where the kernel's run
+/// count (/proc/PID/schedstat) shows the loop was not switched out for 1.5 collection
+/// intervals after a reading, a collection read the run in progress, and ethand's total must
+/// reach that reading (less 10 ms: /proc
+/// is current to the last tick). Without the run in progress it would stop at the loop's
+/// last switch-out, before the reading. Every total must stay below the kernel's later one.
+#[test]
+fn a_run_in_progress_counts_before_its_switch_out() {
+    let _serial = serial();
+    let d = Daemon::start("running", "");
+    let b = crate::ancestry::bash("while :; do :; done");
+    let pid = b.0.id();
+    thread::sleep(std::time::Duration::from_secs(1));
+    let mut uninterrupted = 0;
+    for _ in 0..60 {
+        let (k0, runs0) = process_exec_and_runs(pid);
+        thread::sleep(std::time::Duration::from_millis(
+            ethand_tests::INTERVAL_MS * 3 / 2,
+        ));
+        let (k_mid, runs_mid) = process_exec_and_runs(pid);
+        let t = d.snapshot(pid);
+        let (k1, _) = process_exec_and_runs(pid);
+        let oncpu = find_proc(&t, pid).sched.oncpu_ns;
+        assert!(
+            oncpu <= k1,
+            "ethand {oncpu} ns is past the kernel's {k1} ns"
+        );
+        if runs_mid != runs0 {
+            continue;
+        }
+        uninterrupted += 1;
+        eprintln!(
+            "observed: one run from kernel reading {k0} ns to {k_mid} ns; ethand {oncpu} ns ({:+.1} ms)",
+            (oncpu as f64 - k0 as f64) / 1e6
+        );
+        assert!(
+            oncpu + 10_000_000 >= k0,
+            "ethand's {oncpu} ns is {:.1} ms short of the kernel's {k0} ns, read earlier in the same run",
+            (k0 - oncpu) as f64 / 1e6
+        );
+        if uninterrupted == 3 {
+            return;
+        }
+    }
+    assert!(
+        uninterrupted >= 1,
+        "the loop was switched out within every 300 ms span: nothing to compare"
+    );
+}
+
+/// /proc/PID/schedstat's on-CPU ns and run count (a switch-in adds one).
+fn process_exec_and_runs(pid: u32) -> (u64, u64) {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    let f: Vec<u64> = t
+        .split_whitespace()
+        .map(|x| x.parse().expect("number"))
+        .collect();
+    (f[0], f[2])
+}
+
 /// A thread made after `go` sleeps 20 x 10 ms: every span it spent off CPU, but its last,
 /// lies in the wall time it measured itself, so its off-CPU (blocked + preempted) plus on-CPU
 /// time must add up to that wall time, its blocked time must cover the sleep asked for, and
