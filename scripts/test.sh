@@ -15,9 +15,19 @@ echo "[test] cargo deny (bans, licenses, sources)" >&2
 cargo deny --locked --offline check bans licenses sources
 echo "[test] building the .deb (tests/tests/package.rs installs it)" >&2
 cargo xtask deb --binary target/release/ethand
-echo "[test] cargo test (release)" >&2
-cargo test --release --locked --no-fail-fast
+# Both tiers run even when the first fails, so that one CI run reports every failure.
+failed=""
+echo "[test] cargo test (release): the tests that need no privilege" >&2
+cargo test --release --locked --no-fail-fast || failed="$failed cargo-test"
+echo "[test] the same test binaries as an unprivileged user (uid 65534)" >&2
+bash scripts/unprivileged-tests.sh || failed="$failed unprivileged"
+echo "[test] cargo xtask e2e: root, BPF, a running daemon" >&2
+cargo xtask e2e || failed="$failed e2e"
 # Every parser fuzzed for a bounded time (10 s per target, seed 1 by default: a crash CI finds
 # reproduces with the same seed; FUZZ_SECONDS and FUZZ_SEED override).
 echo "[test] fuzzing (scripts/fuzz.sh)" >&2
-bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}" || failed="$failed fuzz"
+if [ -n "$failed" ]; then
+    echo "[test] FAILED:$failed" >&2
+    exit 1
+fi

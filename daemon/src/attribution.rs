@@ -19,7 +19,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ethand_exporters::snapshot::WorkloadIdentity;
+use ethand_snapshot::WorkloadIdentity;
 use serde::{Deserialize, Serialize};
 
 /// `[attribution]` in the configuration (documented in default.toml).

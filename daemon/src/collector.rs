@@ -15,7 +15,7 @@ use ethand_common::{
     LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
     counter, lifecycle_kind, thread_flags,
 };
-use ethand_exporters::snapshot::{DropCounter, MapFill, ProgramCost};
+use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
 use crate::bpf_batch::{delete_keys, read_all};

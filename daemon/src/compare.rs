@@ -8,7 +8,8 @@
 //! measured.
 use std::{io::IsTerminal as _, path::Path};
 
-use ethand_exporters::{report, snapshot::TreeSnapshot};
+use ethand_exporters::report;
+use ethand_snapshot::TreeSnapshot;
 
 /// Output format of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +47,12 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
             path.display()
         )
     })?;
-    if t.schema_version > ethand_exporters::snapshot::SCHEMA_VERSION {
+    if t.schema_version > ethand_snapshot::SCHEMA_VERSION {
         return Err(format!(
             "{} has snapshot schema version {}; this ethand reads version {} and older",
             path.display(),
             t.schema_version,
-            ethand_exporters::snapshot::SCHEMA_VERSION
+            ethand_snapshot::SCHEMA_VERSION
         ));
     }
     let mut t = t;

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::snapshot::ServerConnections;
+use ethand_snapshot::ServerConnections;
 use tracing::warn;
 
 /// Who a connection counts against. A remote peer is its address; a peer on this host (found

@@ -7,10 +7,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use ethand_exporters::{
-    prometheus::{PrometheusOptions, render},
+use ethand_exporters::prometheus::{PrometheusOptions, render};
+use ethand_snapshot::{
+    self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals,
     selection::{Selection, SelectionPolicy},
-    snapshot::{self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals},
 };
 use tracing::{info, warn};
 
@@ -238,7 +238,7 @@ impl Shared {
         &self,
         pid: u32,
         duration: std::time::Duration,
-    ) -> Option<ethand_exporters::gpu::LaunchSample> {
+    ) -> Option<ethand_snapshot::gpu::LaunchSample> {
         if duration.is_zero() {
             return None;
         }
@@ -275,7 +275,7 @@ impl Shared {
         source: &str,
         measured_ms: u64,
         probes: Vec<snap::ProbeStatus>,
-        launch_sample: Option<ethand_exporters::gpu::LaunchSample>,
+        launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
     ) -> Option<TreeSnapshot> {
         // A thread id stands for its process.
         let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
@@ -411,7 +411,7 @@ fn gpu_derived(
     ps: &[snap::ProcessSnapshot],
     history: &crate::devices::DeviceHistory,
     now_ms: u64,
-) -> Option<ethand_exporters::gpu::GpuDerived> {
+) -> Option<ethand_snapshot::gpu::GpuDerived> {
     if ps.iter().all(|p| p.gpu.is_none()) {
         return None;
     }
@@ -439,9 +439,9 @@ fn gpu_derived(
         .iter()
         .filter_map(|p| p.window.as_ref())
         .map(|w| w.gpu_launches)
-        .reduce(ethand_exporters::gpu::add_counted)
+        .reduce(ethand_snapshot::gpu::add_counted)
         .flatten();
-    Some(ethand_exporters::gpu::GpuDerived {
+    Some(ethand_snapshot::gpu::GpuDerived {
         window_ms,
         launches_per_second: launches.map(|n| n as f64 / secs),
         syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
@@ -522,8 +522,7 @@ impl Engine {
         model.launches_counted = cfg.gpu.level.counts_launches();
         model.max_exited = d.max_exited_processes;
         model.exit_events = loaded.probes.iter().any(|p| {
-            p.name == "sched_process_exit"
-                && p.state == ethand_exporters::snapshot::ProbeState::Attached
+            p.name == "sched_process_exit" && p.state == ethand_snapshot::ProbeState::Attached
         });
         // After attaching: a process born since is seen by its counters.
         let seeded = model.seed_live_processes(unix_ms());
@@ -548,9 +547,10 @@ impl Engine {
             )),
             launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
         });
-        let syscalls_attached = loaded.probes.iter().any(|p| {
-            p.name == "sys_exit" && p.state == ethand_exporters::snapshot::ProbeState::Attached
-        });
+        let syscalls_attached = loaded
+            .probes
+            .iter()
+            .any(|p| p.name == "sys_exit" && p.state == ethand_snapshot::ProbeState::Attached);
         Ok(Self {
             syscalls_attached,
             maps_changed: Default::default(),

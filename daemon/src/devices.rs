@@ -7,10 +7,10 @@ use std::{
     time::Duration,
 };
 
-use ethand_exporters::{
+use ethand_snapshot::{
+    ProbeState, ProbeStatus, ProcessSnapshot,
     devices::{CollectorState, DevicesSnapshot},
     gpu::ProcessDeviceUsage,
-    snapshot::{ProbeState, ProbeStatus, ProcessSnapshot},
 };
 use ethand_userspace_probes::devices::{self as dev, DevicesConfig};
 use tracing::{info, warn};
@@ -207,7 +207,7 @@ impl DeviceHistory {
 #[cfg(test)]
 mod history_tests {
     use super::*;
-    use ethand_exporters::devices::GpuDevice;
+    use ethand_snapshot::devices::GpuDevice;
 
     fn gpu(index: u32, util: f64, sm: Option<f64>) -> GpuDevice {
         GpuDevice {

@@ -7,9 +7,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ethand_exporters::{
+use ethand_snapshot::{
+    ProcessSnapshot, TreeSnapshot, WindowStats,
     diagnosis::{Evidence, Finding, NotEvaluated},
-    snapshot::{ProcessSnapshot, TreeSnapshot, WindowStats},
 };
 use serde::Deserialize;
 use tracing::{info, warn};
@@ -355,12 +355,7 @@ fn detail(rule: &str, t: &TreeSnapshot) -> Vec<String> {
 /// Live threads of live processes whose state the snapshot read (not zombies).
 fn live_threads(
     t: &TreeSnapshot,
-) -> impl Iterator<
-    Item = (
-        &ProcessSnapshot,
-        &ethand_exporters::snapshot::ThreadSnapshot,
-    ),
-> {
+) -> impl Iterator<Item = (&ProcessSnapshot, &ethand_snapshot::ThreadSnapshot)> {
     t.processes
         .iter()
         .filter(|p| p.alive)
@@ -376,7 +371,7 @@ fn live_threads(
 
 /// How long a live thread has been blocked in its syscall (0: running, runnable, or asleep
 /// outside a syscall, which cannot be timed).
-fn blocked_seconds(th: &ethand_exporters::snapshot::ThreadSnapshot) -> f64 {
+fn blocked_seconds(th: &ethand_snapshot::ThreadSnapshot) -> f64 {
     match &th.now {
         Some(n) if n.state != "running" => n
             .syscall
@@ -538,7 +533,7 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
     let window_launches: Option<u64> = windows
         .iter()
         .map(|x| x.gpu_launches)
-        .reduce(ethand_exporters::gpu::add_counted)
+        .reduce(ethand_snapshot::gpu::add_counted)
         .flatten();
     let sample = t.launch_sample.as_ref();
     let launches_per_second: Option<f64> = if w > 0.0 && window_launches.is_some() {
@@ -616,14 +611,11 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         };
         p.observed_ms.min(age_ms) as f64 * 1e6
     };
-    let life_in = |p: &ProcessSnapshot, x: &ethand_exporters::snapshot::SchedStats| {
+    let life_in = |p: &ProcessSnapshot, x: &ethand_snapshot::SchedStats| {
         ((x.oncpu_ns + x.offcpu_blocked_ns + x.offcpu_preempted_ns) as f64).max(span_ns(p))
     };
     // Threads: all, and those that want a CPU (running or preempted) most of their time.
-    let threads: Vec<(
-        &ProcessSnapshot,
-        &ethand_exporters::snapshot::ThreadSnapshot,
-    )> = t
+    let threads: Vec<(&ProcessSnapshot, &ethand_snapshot::ThreadSnapshot)> = t
         .processes
         .iter()
         .flat_map(|p| p.threads.iter().map(move |th| (p, th)))

@@ -4,7 +4,7 @@
 //! lost while its own figures were being taken (`TreeSnapshot::dropped_events`).
 use std::collections::VecDeque;
 
-use ethand_exporters::snapshot::DropCounter;
+use ethand_snapshot::DropCounter;
 
 /// Change points kept: one per collection round while losses go on (an hour at the default
 /// interval). Beyond it the oldest go and earlier spans are counted from the oldest kept.

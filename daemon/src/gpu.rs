@@ -19,10 +19,7 @@ use aya::{
 use ethand_common::{
     GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem,
 };
-use ethand_exporters::{
-    gpu as g,
-    snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus},
-};
+use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
 use ethand_userspace_probes::{
     MappedLibrary, Runtime,
     catalog::{CATALOG, Category},

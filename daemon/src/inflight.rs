@@ -3,7 +3,7 @@
 //! otherwise counted only when it ends, so a process stuck in read() would show nothing).
 use std::collections::HashMap;
 
-use ethand_exporters::snapshot::{InFlightSyscall, ProcessSnapshot, ThreadNow, ThreadSnapshot};
+use ethand_snapshot::{InFlightSyscall, ProcessSnapshot, ThreadNow, ThreadSnapshot};
 
 use crate::{procinfo, syscalls_table};
 

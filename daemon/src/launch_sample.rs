@@ -20,7 +20,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use ethand_exporters::gpu::{LaunchSample, LaunchSampleProcess};
+use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
 use tracing::{debug, warn};
 
 use crate::{gpu::GpuProbes, loader::error_chain};

@@ -8,7 +8,7 @@ use aya::{
     programs::{BtfTracePoint, ProgramError, TracePoint},
 };
 use ethand_common::{KernelOffsets, TracepointOffsets};
-use ethand_exporters::snapshot::{ProbeState, ProbeStatus};
+use ethand_snapshot::{ProbeState, ProbeStatus};
 use tracing::{info, warn};
 
 use crate::{config::Config, kernel};

@@ -13,7 +13,7 @@ use ethand::{
     EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE, api, compare, config, config::Config, daemon,
     procinfo, record, render, stats_helper, survey,
 };
-use ethand_exporters::snapshot::TreeSnapshot;
+use ethand_snapshot::TreeSnapshot;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -337,7 +337,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             if json {
                 ethand::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
             } else {
-                let s: ethand_exporters::snapshot::SelfStatus = serde_json::from_value(v)?;
+                let s: ethand_snapshot::SelfStatus = serde_json::from_value(v)?;
                 ethand::write_stdout(render::status(&s))?;
             }
             Ok(0)

@@ -9,7 +9,7 @@ use ethand_common::{
     NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey, SyscallStats as RawSys, ThreadStats,
     blk_op, syscall_class, thread_flags,
 };
-use ethand_exporters::snapshot as snap;
+use ethand_snapshot as snap;
 
 use crate::{procinfo, syscalls_table};
 
@@ -1164,7 +1164,7 @@ impl Model {
         &self,
         keys: &[ProcKey],
         window_ms: u64,
-    ) -> Vec<ethand_exporters::diagnosis::TimelinePoint> {
+    ) -> Vec<ethand_snapshot::diagnosis::TimelinePoint> {
         let Some(&(now_ms, _)) = self.rounds.last() else {
             return Vec::new();
         };
@@ -1195,7 +1195,7 @@ impl Model {
                 let (t0, a) = (w[0].0, w[0].1);
                 let (t1, b) = (w[1].0, w[1].1);
                 let d = |i: usize| b[i].saturating_sub(a[i]);
-                ethand_exporters::diagnosis::TimelinePoint {
+                ethand_snapshot::diagnosis::TimelinePoint {
                     t_unix_ms: t1,
                     interval_ms: t1.saturating_sub(t0),
                     oncpu_ns: d(0),

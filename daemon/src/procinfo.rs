@@ -16,7 +16,7 @@ pub struct ProcMeta {
     pub start_ticks: u64,
     /// Container, pod, job and rank (filled by the model through `attribution`).
     /// Boxed: most processes have none, and thousands of short-lived ones are kept at once.
-    pub workload: Option<Box<ethand_exporters::snapshot::WorkloadIdentity>>,
+    pub workload: Option<Box<ethand_snapshot::WorkloadIdentity>>,
 }
 
 /// Parses /proc/PID/stat: "pid (comm) state ppid ...". comm may contain spaces and ')'.

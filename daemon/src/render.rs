@@ -1,7 +1,7 @@
 //! Terminal output of `ethand status` and `ethand snapshot`.
 use std::fmt::Write as _;
 
-use ethand_exporters::snapshot::{ProcessSnapshot, SelfStatus, TreeSnapshot};
+use ethand_snapshot::{ProcessSnapshot, SelfStatus, TreeSnapshot};
 
 fn secs(ns: u64) -> String {
     format!("{:.3}s", ns as f64 / 1e9)
@@ -470,11 +470,11 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
 
 fn gpu_section(
     o: &mut String,
-    g: &ethand_exporters::gpu::GpuProcessStats,
-    d: Option<&ethand_exporters::gpu::GpuDerived>,
-    procs: &[ethand_exporters::snapshot::ProcessSnapshot],
+    g: &ethand_snapshot::gpu::GpuProcessStats,
+    d: Option<&ethand_snapshot::gpu::GpuDerived>,
+    procs: &[ethand_snapshot::ProcessSnapshot],
     level: Option<&str>,
-    sample: Option<&ethand_exporters::gpu::LaunchSample>,
+    sample: Option<&ethand_snapshot::gpu::LaunchSample>,
 ) {
     let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
     match g.launches {
@@ -629,7 +629,7 @@ fn gpu_section(
 }
 
 /// The launches counted on demand for this snapshot (GPU level `calls`).
-fn launch_sample(o: &mut String, l: &ethand_exporters::gpu::LaunchSample) {
+fn launch_sample(o: &mut String, l: &ethand_snapshot::gpu::LaunchSample) {
     let over = l.duration_ms as f64 / 1000.0;
     let counted = match (l.launches_per_second, l.launches) {
         (Some(r), _) => {
@@ -662,8 +662,8 @@ pub fn diagnosis(t: &TreeSnapshot) -> String {
 
 fn findings(
     o: &mut String,
-    f: &[ethand_exporters::diagnosis::Finding],
-    not_run: &[ethand_exporters::diagnosis::NotEvaluated],
+    f: &[ethand_snapshot::diagnosis::Finding],
+    not_run: &[ethand_snapshot::diagnosis::NotEvaluated],
 ) {
     if f.is_empty() && not_run.is_empty() {
         let _ = writeln!(o, "DIAGNOSIS: no bottleneck found by the rules\n");
@@ -728,7 +728,7 @@ fn findings(
 }
 
 /// The rules that could not run, each with the signals it lacks and how to get them.
-fn not_evaluated(o: &mut String, n: &[ethand_exporters::diagnosis::NotEvaluated]) {
+fn not_evaluated(o: &mut String, n: &[ethand_snapshot::diagnosis::NotEvaluated]) {
     for x in n {
         let missing: Vec<String> = x.missing.iter().map(|m| clean(m)).collect();
         let _ = writeln!(
@@ -747,7 +747,7 @@ fn not_evaluated(o: &mut String, n: &[ethand_exporters::diagnosis::NotEvaluated]
     let _ = writeln!(o);
 }
 
-fn evidence_value(e: &ethand_exporters::diagnosis::Evidence) -> String {
+fn evidence_value(e: &ethand_snapshot::diagnosis::Evidence) -> String {
     match e.unit.as_str() {
         "ratio" => format!("{:.0}%", 100.0 * e.value),
         "bytes" => bytes(e.value as u64),
@@ -817,7 +817,7 @@ impl Drop for Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ethand_exporters::snapshot::DropCounter;
+    use ethand_snapshot::DropCounter;
 
     #[test]
     fn progress_line_is_rewritten_once_per_second() {
@@ -905,7 +905,7 @@ mod tests {
 
     /// A GPU tree whose figures were taken at level `calls`: launches not counted.
     fn tree_at_calls() -> TreeSnapshot {
-        use ethand_exporters::gpu::{GpuDerived, GpuProcessStats, GpuTimedCalls};
+        use ethand_snapshot::gpu::{GpuDerived, GpuProcessStats, GpuTimedCalls};
         let g = GpuProcessStats {
             launches: None,
             sync: GpuTimedCalls {
@@ -925,7 +925,7 @@ mod tests {
                 gpu: Some(g.clone()),
                 ..Default::default()
             }],
-            total: ethand_exporters::snapshot::TreeTotals {
+            total: ethand_snapshot::TreeTotals {
                 processes: 1,
                 gpu: Some(g),
                 gpu_derived: Some(GpuDerived {
@@ -941,15 +941,15 @@ mod tests {
         }
     }
 
-    fn not_evaluated() -> Vec<ethand_exporters::diagnosis::NotEvaluated> {
+    fn not_evaluated() -> Vec<ethand_snapshot::diagnosis::NotEvaluated> {
         vec![
-            ethand_exporters::diagnosis::NotEvaluated {
+            ethand_snapshot::diagnosis::NotEvaluated {
                 rule: "launch_bound".into(),
                 title: "Kernel launch overhead".into(),
                 missing: vec!["gpu.launches_per_second".into()],
                 how: "count launches: `ethand level process`".into(),
             },
-            ethand_exporters::diagnosis::NotEvaluated {
+            ethand_snapshot::diagnosis::NotEvaluated {
                 rule: "gpm\u{1b}[31m".into(),
                 title: "Low SM \u{202e}activity".into(),
                 missing: vec![
@@ -965,7 +965,7 @@ mod tests {
     /// launch sample, the sync rate and the GPM ratios that were measured are printed.
     #[test]
     fn launches_not_counted_and_the_launch_sample() {
-        use ethand_exporters::gpu::{LaunchSample, LaunchSampleProcess};
+        use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
         let mut t = tree_at_calls();
         let out = snapshot(&t);
         assert!(
@@ -1068,7 +1068,7 @@ mod tests {
         }
 
         // With findings: the findings, then the rules that could not run.
-        t.findings = vec![ethand_exporters::diagnosis::Finding {
+        t.findings = vec![ethand_snapshot::diagnosis::Finding {
             id: "sync_heavy".into(),
             title: "Synchronization heavy".into(),
             severity: "warning".into(),

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use ethand_exporters::prometheus::{PrometheusOptions, render};
-use ethand_exporters::snapshot::{
+use ethand_snapshot::{
     BlockStats, HIST_BUCKETS, NodeSnapshot, ProcessSnapshot, SyscallClassHist, SyscallRow,
 };
 

@@ -5,11 +5,11 @@
 //! through [`escape`].
 use std::{collections::HashMap, fmt::Write as _};
 
-use crate::{
+use ethand_snapshot::{
+    ProcessSnapshot, TreeSnapshot,
     devices::DevicesSnapshot,
     diagnosis::{Finding, NotEvaluated, TimelinePoint},
     gpu::{GpuProcessStats, LaunchSample},
-    snapshot::{ProcessSnapshot, TreeSnapshot},
 };
 
 /// `write!` into a String (cannot fail).
@@ -18,7 +18,7 @@ macro_rules! w {
 }
 
 /// A process's command line as one string, marked when ethand kept only its start.
-fn cmdline_text(p: &crate::snapshot::ProcessSnapshot) -> String {
+fn cmdline_text(p: &ethand_snapshot::ProcessSnapshot) -> String {
     let mut cmd = p.cmdline.join(" ");
     if p.cmdline_truncated {
         cmd.push_str(" [truncated at 4 KiB]");
@@ -684,7 +684,7 @@ fn severity_class(s: &str) -> &'static str {
 }
 
 /// A warning when node-wide losses may have cut the tree's figures.
-fn dropped_events(o: &mut String, d: &[crate::snapshot::DropCounter]) {
+fn dropped_events(o: &mut String, d: &[ethand_snapshot::DropCounter]) {
     if d.is_empty() {
         return;
     }
@@ -1569,7 +1569,7 @@ fn probes(o: &mut String, t: &TreeSnapshot) {
     let attached = t
         .probes
         .iter()
-        .filter(|p| p.state == crate::snapshot::ProbeState::Attached)
+        .filter(|p| p.state == ethand_snapshot::ProbeState::Attached)
         .count();
     w!(
         o,
@@ -1797,7 +1797,7 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
     let finding = |o: &mut String,
                    class: &str,
                    label: &str,
-                   f: &crate::diagnosis::Finding,
+                   f: &ethand_snapshot::diagnosis::Finding,
                    imp: String| {
         let _ = write!(
             o,

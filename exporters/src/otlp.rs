@@ -38,7 +38,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
 use crate::prometheus::{PrometheusOptions, select, top_syscalls};
-use crate::snapshot::{NodeSnapshot, OtlpStatus, ProbeState, ProcessSnapshot};
+use ethand_snapshot::{NodeSnapshot, OtlpStatus, ProbeState, ProcessSnapshot};
 
 /// First retry delay; it doubles per retry up to [`MAX_BACKOFF`].
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -299,7 +299,7 @@ fn process_identity(p: &ProcessSnapshot) -> Vec<KeyValue> {
     id
 }
 
-fn workload_attributes(w: &crate::snapshot::WorkloadIdentity, out: &mut Vec<KeyValue>) {
+fn workload_attributes(w: &ethand_snapshot::WorkloadIdentity, out: &mut Vec<KeyValue>) {
     let pairs = [
         ("k8s.pod.name", &w.pod),
         ("k8s.namespace.name", &w.namespace),
@@ -1261,7 +1261,7 @@ pub const METRICS: &[MetricSpec] = &[
             o.plain(
                 &[("ethand.collector", &c.name)],
                 V::U(u64::from(
-                    c.state == crate::devices::CollectorState::Available,
+                    c.state == ethand_snapshot::devices::CollectorState::Available,
                 )),
             )
         }
@@ -1608,7 +1608,7 @@ pub const METRICS: &[MetricSpec] = &[
             let Some(active) = &g.throttle_reasons else {
                 continue;
             };
-            for r in crate::devices::THROTTLE_REASONS {
+            for r in ethand_snapshot::devices::THROTTLE_REASONS {
                 o.add(
                     gpu_hw(g, &[("ethand.throttle.reason", r)]),
                     V::U(u64::from(active.iter().any(|a| a == r))),
@@ -1871,7 +1871,7 @@ pub const METRICS: &[MetricSpec] = &[
     ),
 ];
 
-fn device(b: &crate::snapshot::BlockStats) -> &str {
+fn device(b: &ethand_snapshot::BlockStats) -> &str {
     if b.device_name.is_empty() {
         &b.device
     } else {
@@ -1879,7 +1879,7 @@ fn device(b: &crate::snapshot::BlockStats) -> &str {
     }
 }
 
-fn net(n: &crate::snapshot::NetStats) -> [(&'static str, &'static str, u64); 4] {
+fn net(n: &ethand_snapshot::NetStats) -> [(&'static str, &'static str, u64); 4] {
     [
         ("tcp", "transmit", n.tcp_tx_bytes),
         ("tcp", "receive", n.tcp_rx_bytes),
@@ -1888,7 +1888,7 @@ fn net(n: &crate::snapshot::NetStats) -> [(&'static str, &'static str, u64); 4] 
     ]
 }
 
-fn dev_id(d: &crate::gpu::ProcessDeviceUsage) -> &str {
+fn dev_id(d: &ethand_snapshot::gpu::ProcessDeviceUsage) -> &str {
     if d.uuid.is_empty() {
         &d.device
     } else {
@@ -1896,7 +1896,7 @@ fn dev_id(d: &crate::gpu::ProcessDeviceUsage) -> &str {
     }
 }
 
-fn collectives(v: &View, o: &mut Points, f: fn(&crate::gpu::CollectiveStats) -> V) {
+fn collectives(v: &View, o: &mut Points, f: fn(&ethand_snapshot::gpu::CollectiveStats) -> V) {
     for (p, id) in v.each_proc() {
         let Some(g) = &p.gpu else { continue };
         let rank = match &g.comm {
@@ -1917,7 +1917,7 @@ fn collectives(v: &View, o: &mut Points, f: fn(&crate::gpu::CollectiveStats) -> 
     }
 }
 
-fn cg(c: &crate::snapshot::CgroupSnapshot, extra: &[(&'static str, &str)]) -> Vec<KeyValue> {
+fn cg(c: &ethand_snapshot::CgroupSnapshot, extra: &[(&'static str, &str)]) -> Vec<KeyValue> {
     let mut a = vec![KeyValue::new("ethand.cgroup", c.cgroup.clone())];
     if let Some(w) = &c.workload {
         workload_attributes(w, &mut a);
@@ -1957,7 +1957,10 @@ fn hw(
     a
 }
 
-fn gpu_hw(g: &crate::devices::GpuDevice, extra: &[(&'static str, &str)]) -> Vec<KeyValue> {
+fn gpu_hw(
+    g: &ethand_snapshot::devices::GpuDevice,
+    extra: &[(&'static str, &str)],
+) -> Vec<KeyValue> {
     let label = g.label();
     let id = if g.uuid.is_empty() {
         label.clone()
@@ -1976,7 +1979,10 @@ fn gpu_hw(g: &crate::devices::GpuDevice, extra: &[(&'static str, &str)]) -> Vec<
     )
 }
 
-fn npu_hw(n: &crate::devices::NpuDevice, extra: &[(&'static str, &str)]) -> Vec<KeyValue> {
+fn npu_hw(
+    n: &ethand_snapshot::devices::NpuDevice,
+    extra: &[(&'static str, &str)],
+) -> Vec<KeyValue> {
     let label = n.label();
     let id = if n.uuid.is_empty() {
         label.clone()

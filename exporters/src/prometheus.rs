@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
 
-use crate::selection::SelectionPolicy;
-use crate::snapshot::{
-    self, CgroupSnapshot, CommSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState, ProcessSnapshot,
-    SelfStatus, SyscallRow,
+use ethand_snapshot::selection::SelectionPolicy;
+use ethand_snapshot::{
+    self as snapshot, CgroupSnapshot, CommSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState,
+    ProcessSnapshot, SelfStatus, SyscallRow,
 };
 
 /// `Content-Type` of what [`render`] returns.
@@ -41,7 +41,7 @@ pub struct PrometheusOptions {
     /// Also expose the GPU series under dcgm-exporter's names and labels (`DCGM_FI_DEV_*`).
     pub dcgm_aliases: bool,
     /// The snapshot's processes are the selection already (the daemon's
-    /// [`crate::selection::Selection`], held between rounds): series for all of them.
+    /// [`ethand_snapshot::selection::Selection`], held between rounds): series for all of them.
     pub preselected: bool,
 }
 
@@ -450,7 +450,7 @@ pub fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize>
     if opts.preselected {
         return (0..procs.len()).collect();
     }
-    crate::selection::select_once(procs, &opts.policy())
+    ethand_snapshot::selection::select_once(procs, &opts.policy())
 }
 
 fn register_processes(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
@@ -1199,8 +1199,8 @@ impl Value for Hist {
 #[cfg(test)]
 mod workload_label_tests {
     use super::*;
-    use crate::gpu::{CollectiveStats, CommRank, GpuProcessStats};
-    use crate::snapshot::WorkloadIdentity;
+    use ethand_snapshot::WorkloadIdentity;
+    use ethand_snapshot::gpu::{CollectiveStats, CommRank, GpuProcessStats};
 
     /// Workload labels on per-process and per-cgroup series; the collective series keep the
     /// communicator's rank (one `rank` label, never two).

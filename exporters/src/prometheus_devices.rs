@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 
 use crate::prometheus::Exposition;
 
-use crate::devices::{DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS};
 use crate::prometheus::{Desc, Family, Labels, counter, gauge, labels};
+use ethand_snapshot::devices::{DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS};
 
 /// Per device, processes beyond this many (ranked by device memory) are summed into
 /// `pid="other"`.
@@ -334,7 +334,7 @@ pub(crate) fn register_devices(registry: &mut Exposition, d: &DevicesSnapshot, d
     for c in &d.collectors {
         up.add(
             labels(&[("collector", c.name.as_str())], &[]),
-            u64::from(c.state == crate::devices::CollectorState::Available),
+            u64::from(c.state == ethand_snapshot::devices::CollectorState::Available),
         );
     }
     up.register(registry);
@@ -663,9 +663,9 @@ mod tests {
     use std::collections::{BTreeSet, HashMap};
 
     use super::*;
-    use crate::devices::{CollectorState, CollectorStatus, DeviceProcess, NvLinkStats};
     use crate::prometheus::{PrometheusOptions, render};
-    use crate::snapshot::NodeSnapshot;
+    use ethand_snapshot::NodeSnapshot;
+    use ethand_snapshot::devices::{CollectorState, CollectorStatus, DeviceProcess, NvLinkStats};
 
     fn gpu0() -> GpuDevice {
         GpuDevice {

@@ -6,7 +6,7 @@
 use crate::prometheus::Exposition;
 
 use crate::prometheus::{Desc, Family, Nanos, counter, gauge, process_label_sets, with_extra};
-use crate::snapshot::ProcessSnapshot;
+use ethand_snapshot::ProcessSnapshot;
 
 pub(crate) const LAUNCHES: Desc = counter(
     "ethand_process_gpu_launches_total",

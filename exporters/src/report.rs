@@ -27,9 +27,9 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::diagnosis::Finding;
-use crate::gpu::{GpuProcessStats, LaunchSample, add_counted};
-use crate::snapshot::{NetStats, SchedStats, TreeSnapshot, WindowStats};
+use ethand_snapshot::diagnosis::Finding;
+use ethand_snapshot::gpu::{GpuProcessStats, LaunchSample, add_counted};
+use ethand_snapshot::{NetStats, SchedStats, TreeSnapshot, WindowStats};
 
 /// Version of the [`Comparison`] JSON; bumped on incompatible changes.
 pub const COMPARISON_SCHEMA_VERSION: u32 = 1;
@@ -111,7 +111,7 @@ struct ScopeData<'a> {
     window: Option<WindowStats>,
 }
 
-fn add_syscalls(m: &mut BTreeMap<String, (u64, u64, u64)>, p: &crate::snapshot::ProcessSnapshot) {
+fn add_syscalls(m: &mut BTreeMap<String, (u64, u64, u64)>, p: &ethand_snapshot::ProcessSnapshot) {
     for r in &p.syscalls.by_nr {
         let e = m.entry(r.name.clone()).or_default();
         e.0 += r.count;
@@ -122,7 +122,7 @@ fn add_syscalls(m: &mut BTreeMap<String, (u64, u64, u64)>, p: &crate::snapshot::
 
 fn add_block(
     m: &mut BTreeMap<(String, String), (u64, u64, u64, u64)>,
-    p: &crate::snapshot::ProcessSnapshot,
+    p: &ethand_snapshot::ProcessSnapshot,
 ) {
     for b in &p.block {
         let e = m.entry((b.device_name.clone(), b.op.clone())).or_default();
@@ -247,7 +247,7 @@ fn gpu_rows(r: &mut Rows, g: &GpuProcessStats) {
     r.u("gpu.sync.calls", g.sync.calls, COUNT);
     r.u("gpu.sync.time_ns", g.sync.time_ns, NS);
     r.u("gpu.sync.timed_calls", g.sync.timed_calls, COUNT);
-    let mut mem: Vec<&crate::gpu::GpuMemoryStats> = g.memory.iter().collect();
+    let mut mem: Vec<&ethand_snapshot::gpu::GpuMemoryStats> = g.memory.iter().collect();
     mem.sort_by(|a, b| a.kind.cmp(&b.kind));
     for m in mem {
         let k = &m.kind;
@@ -270,7 +270,7 @@ fn gpu_rows(r: &mut Rows, g: &GpuProcessStats) {
         BYTES,
     );
     r.u("gpu.collectives.time_ns", g.collective_time_ns(), NS);
-    let mut coll: Vec<&crate::gpu::CollectiveStats> = g.collectives.iter().collect();
+    let mut coll: Vec<&ethand_snapshot::gpu::CollectiveStats> = g.collectives.iter().collect();
     coll.sort_by(|a, b| (&a.library, &a.operation).cmp(&(&b.library, &b.operation)));
     for c in coll {
         let p = format!("gpu.collectives.{}.{}", c.library, c.operation);
@@ -288,7 +288,7 @@ fn gpu_rows(r: &mut Rows, g: &GpuProcessStats) {
         r.opt_u("gpu.comm.rank", c.rank.map(u64::from), COUNT);
     }
     r.u("gpu.errors", g.errors, COUNT);
-    let mut syms: Vec<&crate::gpu::GpuSymbolStats> = g.symbols.iter().collect();
+    let mut syms: Vec<&ethand_snapshot::gpu::GpuSymbolStats> = g.symbols.iter().collect();
     syms.sort_by(|a, b| {
         (&a.library, &a.symbol, &a.direction).cmp(&(&b.library, &b.symbol, &b.direction))
     });
@@ -475,7 +475,7 @@ pub fn process_info_metric(comm: &str) -> String {
 }
 
 fn process_rows(
-    p: &crate::snapshot::ProcessSnapshot,
+    p: &ethand_snapshot::ProcessSnapshot,
     sample: Option<&LaunchSample>,
     out: &mut Vec<MetricRow>,
 ) {
@@ -526,7 +526,7 @@ fn process_rows(
     {
         r.u("launch_sample.launches", n, COUNT);
     }
-    let mut devs: Vec<&crate::gpu::ProcessDeviceUsage> = p.devices.iter().collect();
+    let mut devs: Vec<&ethand_snapshot::gpu::ProcessDeviceUsage> = p.devices.iter().collect();
     devs.sort_by(|a, b| a.device.cmp(&b.device));
     for u in devs {
         let k = &u.device;
@@ -550,7 +550,7 @@ fn process_rows(
 
 fn device_rows(t: &TreeSnapshot, out: &mut Vec<MetricRow>) {
     use unit::*;
-    let mut gpus: Vec<&crate::devices::GpuDevice> = t.devices.gpus.iter().collect();
+    let mut gpus: Vec<&ethand_snapshot::devices::GpuDevice> = t.devices.gpus.iter().collect();
     gpus.sort_by_key(|g| g.index);
     for g in gpus {
         let mut r = Rows {
@@ -597,14 +597,14 @@ fn device_rows(t: &TreeSnapshot, out: &mut Vec<MetricRow>) {
             g.throttle_reasons.as_ref().map(|v| v.len() as u64),
             COUNT,
         );
-        let mut links: Vec<&crate::devices::NvLinkStats> = g.nvlinks.iter().collect();
+        let mut links: Vec<&ethand_snapshot::devices::NvLinkStats> = g.nvlinks.iter().collect();
         links.sort_by_key(|l| l.link);
         for l in links {
             r.opt_u(format!("nvlink.{}.tx_bytes", l.link), l.tx_bytes, BYTES);
             r.opt_u(format!("nvlink.{}.rx_bytes", l.link), l.rx_bytes, BYTES);
         }
     }
-    let mut npus: Vec<&crate::devices::NpuDevice> = t.devices.npus.iter().collect();
+    let mut npus: Vec<&ethand_snapshot::devices::NpuDevice> = t.devices.npus.iter().collect();
     npus.sort_by_key(|n| n.index);
     for n in npus {
         let mut r = Rows {

@@ -4,10 +4,8 @@
 //! status must show the least-privilege state the unit gives.
 use std::path::Path;
 
-use ethand_exporters::{
-    html, report,
-    snapshot::{ProbeState, SelfStatus, TreeSnapshot},
-};
+use ethand_exporters::{html, report};
+use ethand_snapshot::{ProbeState, SelfStatus, TreeSnapshot};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {

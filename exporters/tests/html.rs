@@ -1,13 +1,13 @@
 //! The HTML report (`ethand snapshot --html`): escaping, charts, findings, self-containment.
-use ethand_exporters::{
+use ethand_exporters::html::{escape, render_html};
+use ethand_snapshot::{
+    ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals,
     devices::{CollectorState, CollectorStatus, DevicesSnapshot, GpuDevice},
     diagnosis::{Evidence, Finding, NotEvaluated, TimelinePoint},
     gpu::{
         CollectiveStats, CommRank, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats,
         GpuTimedCalls, LaunchSample, LaunchSampleProcess,
     },
-    html::{escape, render_html},
-    snapshot::{ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals},
 };
 
 const EVIL: &str = "<script>alert(1)</script>";

@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use ethand_exporters::devices::{
+use ethand_exporters::prometheus::{EXPOSED_BUCKETS, PrometheusOptions, metric_catalog, render};
+use ethand_snapshot::devices::{
     CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
     NvLinkStats,
 };
-use ethand_exporters::prometheus::{EXPOSED_BUCKETS, PrometheusOptions, metric_catalog, render};
-use ethand_exporters::snapshot::*;
+use ethand_snapshot::*;
 
 const WEIRD_COMM: &str = "we\"ird\\na\nme";
 
@@ -214,7 +214,7 @@ fn snapshot() -> NodeSnapshot {
             rss_bytes: 40 << 20,
             processes_overflow: 0,
             tracked_processes: 8,
-            servers: vec![ethand_exporters::snapshot::ServerConnections {
+            servers: vec![ethand_snapshot::ServerConnections {
                 server: "metrics".to_owned(),
                 open: 3,
                 max: 64,
@@ -471,7 +471,7 @@ fn workload_process() -> ProcessSnapshot {
         comm: "trainer".to_owned(),
         cgroup: "/kubepods/burstable/pod1/ctr".to_owned(),
         alive: true,
-        gpu: Some(ethand_exporters::gpu::GpuProcessStats {
+        gpu: Some(ethand_snapshot::gpu::GpuProcessStats {
             launches: Some(0),
             ..Default::default()
         }),
@@ -494,7 +494,7 @@ fn workload_process() -> ProcessSnapshot {
 /// A training process: launches, copies, memory, syncs, an all-reduce, rank 1 of 2. It has
 /// no CPU time: GPU processes get per-process series whatever the top-N selection says.
 fn gpu_process() -> ProcessSnapshot {
-    use ethand_exporters::gpu::*;
+    use ethand_snapshot::gpu::*;
     let mut p = process(700, "python", "/kubepods/podgpu/ctr", 0, Some(0));
     p.gpu = Some(GpuProcessStats {
         launches: Some(1000),
@@ -613,11 +613,11 @@ fn gpm_series_only_where_measured() {
 /// `calls` (not a 0), a 0 for one at `process` that launched nothing.
 #[test]
 fn gpu_launches_only_where_counted() {
-    use ethand_exporters::gpu::GpuProcessStats;
+    use ethand_snapshot::gpu::GpuProcessStats;
     let mut snap = device_snapshot();
     let mut at_calls = process(901, "calls", "/", 0, Some(0));
     at_calls.gpu = Some(GpuProcessStats {
-        sync: ethand_exporters::gpu::GpuTimedCalls {
+        sync: ethand_snapshot::gpu::GpuTimedCalls {
             calls: 7,
             ..Default::default()
         },

@@ -4,16 +4,16 @@
 //! matched by id.
 use std::collections::{BTreeMap, BTreeSet};
 
-use ethand_exporters::diagnosis::{Finding, NotEvaluated};
-use ethand_exporters::gpu::{
-    CollectiveStats, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuTimedCalls,
-    LaunchSample, LaunchSampleProcess, ProcessDeviceUsage,
-};
 use ethand_exporters::report::{
     Comparison, compare, comparison_to_csv, metrics_rows, process_info_metric, render_comparison,
     to_csv,
 };
-use ethand_exporters::snapshot::*;
+use ethand_snapshot::diagnosis::{Finding, NotEvaluated};
+use ethand_snapshot::gpu::{
+    CollectiveStats, GpuCopyStats, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuTimedCalls,
+    LaunchSample, LaunchSampleProcess, ProcessDeviceUsage,
+};
+use ethand_snapshot::*;
 
 const WEIRD_COMM: &str = "we,ird \"na\"me\nx\r";
 
@@ -313,7 +313,7 @@ fn rows_cover_gpu_sections_and_are_deterministic() {
         device_idle_ratio: Some(0.5),
         ..Default::default()
     });
-    t.devices.gpus = vec![ethand_exporters::devices::GpuDevice {
+    t.devices.gpus = vec![ethand_snapshot::devices::GpuDevice {
         index: 0,
         utilization_ratio: Some(0.5),
         memory_used_bytes: Some(1 << 30),

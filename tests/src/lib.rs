@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use ethand_exporters::snapshot::{
+pub use ethand_snapshot::{
     BlockStats, NetStats, ProbeState, ProbeStatus, ProcessSnapshot, SelfStatus, SyscallRow,
     TreeSnapshot,
 };

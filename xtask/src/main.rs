@@ -7,6 +7,7 @@
 
 mod bench;
 mod deb;
+mod e2e;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Build the Debian package: target/debian/ethand_VERSION_amd64.deb.
     Deb(deb::DebArgs),
+    /// Run the tests that need root and BPF (the `ethand-tests` crate), which plain
+    /// `cargo test` leaves out. Arguments after it go to the test binaries.
+    E2e(e2e::E2eArgs),
     /// Run one benchmark workload and print its result line (the bench runs these as child
     /// processes).
     #[command(hide = true)]
@@ -45,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
         Command::Deb(args) => deb::run(args),
+        Command::E2e(args) => e2e::run(args),
         Command::Workload(args) => bench::workloads::run(args),
         Command::FloorProbes(args) => bench::floor::run(args),
         Command::ScaleLoad(args) => bench::scale::run_load(args),

@@ -1,12 +1,10 @@
 //! Every built-in rule against a synthetic tree that must fire it and one that must not.
 //! (End-to-end tests with real workloads are in tests/tests/e2e/diagnose.rs.)
-use ethand_exporters::{
+use ethand_snapshot::{
+    BlockStats, InFlightSyscall, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadNow,
+    ThreadSnapshot, TreeSnapshot, WindowStats,
     devices::{DevicesSnapshot, GpuDevice},
     gpu::{CommRank, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuSymbolStats, GpuTimedCalls},
-    snapshot::{
-        BlockStats, InFlightSyscall, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadNow,
-        ThreadSnapshot, TreeSnapshot, WindowStats,
-    },
 };
 
 use super::*;
@@ -64,7 +62,7 @@ fn healthy() -> TreeSnapshot {
 }
 
 fn tree(processes: Vec<ProcessSnapshot>) -> TreeSnapshot {
-    let mut total = ethand_exporters::snapshot::TreeTotals::default();
+    let mut total = ethand_snapshot::TreeTotals::default();
     for p in &processes {
         total.sched.add(&p.sched);
         total.net.add(&p.net);
@@ -142,11 +140,11 @@ fn calls_level(
     );
     t.gpu_level = Some("calls".into());
     t.total.gpu_derived.as_mut().unwrap().sm_activity_ratio = Some(sm);
-    t.launch_sample = launches_per_s.map(|r| ethand_exporters::gpu::LaunchSample {
+    t.launch_sample = launches_per_s.map(|r| ethand_snapshot::gpu::LaunchSample {
         duration_ms: 2000,
         launches: Some((r * 2.0) as u64),
         launches_per_second: Some(r),
-        processes: vec![ethand_exporters::gpu::LaunchSampleProcess {
+        processes: vec![ethand_snapshot::gpu::LaunchSampleProcess {
             pid: 100,
             launches: (r * 2.0) as u64,
         }],

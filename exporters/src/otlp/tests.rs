@@ -1,6 +1,6 @@
 use super::*;
-use crate::gpu::{CollectiveStats, CommRank, GpuProcessStats};
-use crate::snapshot::{SchedStats, SyscallRow, SyscallStats, WindowStats, WorkloadIdentity};
+use ethand_snapshot::gpu::{CollectiveStats, CommRank, GpuProcessStats};
+use ethand_snapshot::{SchedStats, SyscallRow, SyscallStats, WindowStats, WorkloadIdentity};
 
 fn proc(pid: u32, comm: &str, cpu_ns: u64) -> ProcessSnapshot {
     ProcessSnapshot {
@@ -311,7 +311,7 @@ fn pid_reuse_is_summed_not_duplicated() {
 /// absent (not 0) elsewhere.
 #[test]
 fn gpm_ratios_are_points_only_where_measured() {
-    use crate::devices::GpuDevice;
+    use ethand_snapshot::devices::GpuDevice;
     let mut snap = snapshot();
     snap.devices.gpus = vec![
         GpuDevice {

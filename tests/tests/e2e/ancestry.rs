@@ -294,8 +294,7 @@ fn idle_processes_launchers_and_threads_are_known() {
         "snapshot of tid {tid}: {}",
         text(&out.stderr)
     );
-    let t: ethand_exporters::snapshot::TreeSnapshot =
-        serde_json::from_slice(&out.stdout).expect("json");
+    let t: ethand_snapshot::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(t.root_pid, dpid, "tid {tid} resolves to its process");
     assert_eq!(t.processes[0].pid, dpid);
     drop(d2);
@@ -316,8 +315,7 @@ fn idle_processes_launchers_and_threads_are_known() {
         out.status,
         text(&out.stderr)
     );
-    let t: ethand_exporters::snapshot::TreeSnapshot =
-        serde_json::from_slice(&out.stdout).expect("json");
+    let t: ethand_snapshot::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(t.processes[0].pid, lpid);
     assert!(
         t.processes
@@ -347,8 +345,7 @@ fn window_never_reaches_before_birth() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let t: ethand_exporters::snapshot::TreeSnapshot =
-        serde_json::from_slice(&out.stdout).expect("json");
+    let t: ethand_snapshot::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("json");
     let age_ms = born.elapsed().as_millis() as u64;
     let w = t.processes[0].window.clone().expect("window");
     let cores = w.oncpu_ns as f64 / 1e6 / w.duration_ms as f64;

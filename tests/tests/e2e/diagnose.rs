@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::diagnosis::Finding;
+use ethand_snapshot::diagnosis::Finding;
 use ethand_tests::{
     Daemon, INTERVAL_MS, ProbeState, RemoveOnDrop, SETTLE, TreeSnapshot, find_proc, serial,
     standins::{self, Driver, GroundTruth, Lib, SYNC_ENV},

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::snapshot::GpuLibraryStatus;
+use ethand_snapshot::GpuLibraryStatus;
 use ethand_tests::{
     Daemon, ProbeState, SETTLE, SelfStatus, assert_wakeup_not_needed, find_proc, measure, probe,
     serial,
@@ -793,20 +793,32 @@ fn otlp_long_outage_bounded_memory_then_exact_recovery() {
         books[0].0, 0,
         "the first batch that arrives follows no success"
     );
-    for (i, b) in books.iter().enumerate() {
+    // The first batch to arrive may have been sent by the last attempt of a retry loop with
+    // little of its budget left: the receiver got it, its reply came after that attempt's
+    // deadline, and the exporter (rightly, from what it knows) counted the batch dropped.
+    // Only a timeout may do that, and only to that one batch.
+    let first_timed_out =
+        books.len() > 1 && books[1] == (0, d0 + 1) && up.last_error.contains("timed out");
+    let (oks_before, dropped) = if first_timed_out {
+        eprintln!("observed: the first batch that arrived had timed out at the exporter");
+        (1, d0 + 1)
+    } else {
+        (0, d0)
+    };
+    for (i, b) in books.iter().enumerate().skip(1) {
         assert_eq!(
             *b,
-            (i as u64, d0),
+            (i as u64 - oks_before, dropped),
             "batch {i}: every batch after the first arrived is one more ok, no new drop: {books:?}"
         );
     }
     assert!(d0 >= down.dropped_batches, "{d0} < {down:?}");
     assert_eq!(
-        up.dropped_batches, d0,
+        up.dropped_batches, dropped,
         "the daemon's dropped-batch counter equals the batches made before the first that arrived"
     );
     assert!(
-        up.exports_ok >= books.len() as u64 - 1,
+        up.exports_ok >= books.len() as u64 - 1 - oks_before,
         "{up:?} vs {} batches",
         books.len()
     );

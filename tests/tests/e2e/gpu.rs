@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::{gpu::GpuProcessStats, snapshot::GpuLibraryStatus};
+use ethand_snapshot::{GpuLibraryStatus, gpu::GpuProcessStats};
 use ethand_tests::{
     Daemon, INTERVAL_MS, ProbeState, SETTLE, SelfStatus, find_proc, probe, promtool_check, serial,
     standins::{self, CATALOG_RS, Driver, GroundTruth, Lib, MEM_KINDS, catalog, plan_every_symbol},

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::snapshot::ServerConnections;
+use ethand_snapshot::ServerConnections;
 use ethand_tests::{
     Daemon, RemoveOnDrop, SETTLE, TreeSnapshot, Workload, ethand_bin, find_proc,
     prometheus_server::PrometheusServer, rss_bytes, run_with_timeout, serial, temp_path, text,

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::snapshot::TreeSnapshot;
+use ethand_snapshot::TreeSnapshot;
 use ethand_tests::{Daemon, SETTLE, find_proc, serial, text};
 
 fn snapshot_json(d: &Daemon, pid: u32) -> TreeSnapshot {

@@ -40,7 +40,7 @@ fn assert_ping_pong_waits_from(d: &Daemon, rounds: u64, wait_lo_pct: u64) {
     // Per thread: the kernel's run_delay and runs after a wait against ethand's run-queue
     // wait and its count of waits (the histogram's total), so that a difference says which
     // thread and whether a wait was missed or mismeasured.
-    let ethand_threads = |s: &ethand_exporters::snapshot::TreeSnapshot| {
+    let ethand_threads = |s: &ethand_snapshot::TreeSnapshot| {
         find_proc(s, w.pid)
             .threads
             .iter()

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_exporters::snapshot::{ProbeState, SelfStatus};
+use ethand_snapshot::{ProbeState, SelfStatus};
 use ethand_tests::{
     Daemon, RemoveOnDrop, ethand_bin, find_proc, run_with_timeout, serial,
     standins::{self, Driver, Lib},

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 pub mod dcmi;
 pub mod nvml;
 
-pub use ethand_exporters::devices::{
+pub use ethand_snapshot::devices::{
     CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
     NvLinkStats,
 };

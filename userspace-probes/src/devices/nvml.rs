@@ -1287,7 +1287,7 @@ mod tests {
         // Each exported name is one of the names the exporter knows.
         for r in g.throttle_reasons.as_ref().unwrap() {
             assert!(
-                ethand_exporters::devices::THROTTLE_REASONS.contains(&r.as_str()),
+                ethand_snapshot::devices::THROTTLE_REASONS.contains(&r.as_str()),
                 "{r}"
             );
         }
@@ -1432,11 +1432,11 @@ mod tests {
         assert!(throttle_names(ThrottleReasons::NONE).is_empty());
         assert_eq!(
             throttle_names(ThrottleReasons::all()).len(),
-            ethand_exporters::devices::THROTTLE_REASONS.len()
+            ethand_snapshot::devices::THROTTLE_REASONS.len()
         );
         assert_eq!(
             throttle_names(ThrottleReasons::all()),
-            ethand_exporters::devices::THROTTLE_REASONS
+            ethand_snapshot::devices::THROTTLE_REASONS
         );
     }
 

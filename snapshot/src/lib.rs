@@ -1,11 +1,18 @@
-//! The snapshot model: what the daemon knows about the node at one instant. The daemon builds
-//! it once per interval; the Prometheus exporter, the local API (`ethand snapshot`,
-//! `ethand status`) and the JSON report all read it and nothing else.
+//! The contract between ethand's producers (the daemon's model, the device collectors) and its
+//! outputs (Prometheus, OTLP, the local API, the reports): the snapshot model, what the daemon
+//! knows about the node at one instant, and what is computed once from it for every output
+//! ([`selection`]: which processes get series). The daemon builds a snapshot once per interval;
+//! every output reads it and nothing else.
 //!
 //! All counters are cumulative since ethand first saw the process (Prometheus counters);
 //! `window` fields hold the change over the recent past. Durations are nanoseconds, sizes bytes.
 //! Schema changes bump [`SCHEMA_VERSION`]; docs/snapshot-schema.md documents every field.
 use serde::{Deserialize, Serialize};
+
+pub mod devices;
+pub mod diagnosis;
+pub mod gpu;
+pub mod selection;
 
 pub const SCHEMA_VERSION: u32 = 1;
 /// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0; the

@@ -3,7 +3,7 @@
 //!
 //! The daemon fills [`DevicesSnapshot`] from `ethand_userspace_probes::devices` (which is
 //! the only code that calls a vendor library) and hands it to the exporters in
-//! [`crate::snapshot::NodeSnapshot::devices`]. Units are base units (bytes, watts, hertz,
+//! [`crate::NodeSnapshot::devices`]. Units are base units (bytes, watts, hertz,
 //! celsius, 0-1 ratios); counters are cumulative. A field a driver does not give on this
 //! device (NVML `NotSupported`, a DCMI symbol the library lacks) is `None`, never a made-up
 //! value, and the exporters emit no sample for it.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ethand_exporters::prometheus::{PrometheusOptions, render};
-use ethand_exporters::snapshot::NodeSnapshot;
+use ethand_snapshot::NodeSnapshot;
 use ethand_userspace_probes::devices::{
     CollectorState, DevicesConfig, GpuDevice, collect_all, open_collectors,
 };

@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
-use crate::snapshot::ProcessSnapshot;
+use crate::ProcessSnapshot;
 
 /// What [`Selection`] picks from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::WindowStats;
+    use crate::WindowStats;
 
     const NOW: u64 = 1_000_000_000;
 

@@ -1,6 +1,6 @@
 //! Findings of the diagnosis engine: what the rules concluded about a process tree. Produced
 //! by the daemon (`daemon/src/diagnose.rs`, rules as data in TOML) and carried in
-//! [`crate::snapshot::TreeSnapshot::findings`], ranked by estimated impact.
+//! [`crate::TreeSnapshot::findings`], ranked by estimated impact.
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ethand_exporters::prometheus::{PrometheusOptions, render};
-use ethand_exporters::snapshot::NodeSnapshot;
+use ethand_snapshot::NodeSnapshot;
 use ethand_userspace_probes::devices::{
     CollectorState, DevicesConfig, collect_all, open_collectors,
 };
