@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use ethand_exporters::prometheus::{PrometheusOptions, render};
 use ethand_snapshot::{
     self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals,
-    selection::{Selection, SelectionPolicy},
+    selection::{ExportSelection, Selection, SelectionPolicy},
 };
 use tracing::{info, warn};
 
@@ -759,10 +759,7 @@ fn start_otlp(
             .ok()
             .filter(|s| !s.is_empty()),
         service_version: env!("CARGO_PKG_VERSION").into(),
-        selection: PrometheusOptions {
-            preselected: true,
-            ..Default::default()
-        },
+        selection: ExportSelection::Preselected,
     };
     let shared = shared.clone();
     OtlpExporter::start(opts, move || shared.export_node()).with_context(|| {
@@ -852,9 +849,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(listener) = metrics {
         // The processes of the export snapshot are the held selection already.
         let opts = PrometheusOptions {
+            selection: ExportSelection::Preselected,
             dcgm_aliases: cfg.devices.dcgm_aliases,
-            preselected: true,
-            ..Default::default()
         };
         let shared = shared.clone();
         let app = axum::Router::new().route(

@@ -67,7 +67,7 @@ fn main() {
         ..Default::default()
     };
     let opts = PrometheusOptions {
-        top_n: procs as usize,
+        selection: ethand_snapshot::selection::ExportSelection::top(procs as usize),
         ..Default::default()
     };
     let body = render(&snap, &opts);

@@ -18,7 +18,7 @@
 //! every Prometheus family is mapped or deliberately left out ([`NOT_EXPORTED`]).
 //!
 //! Per-process points exist for the same processes as Prometheus' per-process series
-//! ([`PrometheusOptions`]: top N by CPU, GPU/NPU users, configured pids/comms/cgroups).
+//! ([`ExportSelection`]: top N by CPU, GPU/NPU users, configured pids/comms/cgroups).
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -37,7 +37,8 @@ use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
-use crate::prometheus::{PrometheusOptions, select, top_syscalls};
+use crate::prometheus::top_syscalls;
+use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{NodeSnapshot, OtlpStatus, ProbeState, ProcessSnapshot};
 
 /// First retry delay; it doubles per retry up to [`MAX_BACKOFF`].
@@ -92,8 +93,8 @@ pub struct OtlpOptions {
     pub node_name: Option<String>,
     /// `service.version`.
     pub service_version: String,
-    /// Which processes get per-process points (as for /metrics; `dcgm_aliases` is ignored).
-    pub selection: PrometheusOptions,
+    /// Which processes get per-process points (as for /metrics).
+    pub selection: ExportSelection,
 }
 
 impl OtlpOptions {
@@ -238,7 +239,7 @@ fn resource(opts: &OtlpOptions) -> Resource {
 /// The newest snapshot and what every callback of one collection derives from it once.
 struct Source {
     latest: Box<dyn Fn() -> Arc<NodeSnapshot> + Send + Sync>,
-    selection: PrometheusOptions,
+    selection: ExportSelection,
     stats: Arc<OtlpStats>,
     /// The view of the snapshot being collected; cleared after each export so that no old
     /// snapshot is kept alive between collections.
@@ -272,8 +273,9 @@ pub struct View {
 }
 
 impl View {
-    fn new(snap: Arc<NodeSnapshot>, selection: &PrometheusOptions, otlp: OtlpStatus) -> Self {
-        let procs = select(&snap.processes, selection)
+    fn new(snap: Arc<NodeSnapshot>, selection: &ExportSelection, otlp: OtlpStatus) -> Self {
+        let procs = selection
+            .indices(&snap.processes)
             .into_iter()
             .map(|i| (i, process_identity(&snap.processes[i])))
             .collect();

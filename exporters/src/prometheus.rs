@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
 
-use ethand_snapshot::selection::SelectionPolicy;
+use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{
     self as snapshot, CgroupSnapshot, CommSnapshot, HIST_BUCKETS, NodeSnapshot, ProbeState,
     ProcessSnapshot, SelfStatus, SyscallRow,
@@ -26,37 +26,14 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
 pub const TOP_SYSCALLS: usize = 8;
 
-/// Which processes get per-process series. Every process, selected or not, is also counted in
-/// its cgroup's series.
+/// What /metrics renders besides the node-wide series. Every process, selected or not, is
+/// also counted in its cgroup's and its name's series.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrometheusOptions {
-    /// The processes with the most CPU time in the snapshot window (cumulative CPU time when a
-    /// process has no window). Processes without CPU time are never picked for this.
-    pub top_n: usize,
-    pub pids: Vec<u32>,
-    /// Exact process names (comm).
-    pub comms: Vec<String>,
-    /// Substrings of the cgroup path; empty patterns are ignored.
-    pub cgroups: Vec<String>,
+    /// Which processes get per-process series.
+    pub selection: ExportSelection,
     /// Also expose the GPU series under dcgm-exporter's names and labels (`DCGM_FI_DEV_*`).
     pub dcgm_aliases: bool,
-    /// The snapshot's processes are the selection already (the daemon's
-    /// [`ethand_snapshot::selection::Selection`], held between rounds): series for all of them.
-    pub preselected: bool,
-}
-
-impl PrometheusOptions {
-    /// The one-shot selection policy of these options.
-    pub fn policy(&self) -> SelectionPolicy {
-        SelectionPolicy {
-            top_n: self.top_n,
-            pids: self.pids.clone(),
-            comms: self.comms.clone(),
-            cgroups: self.cgroups.clone(),
-            hold_ms: 0,
-            min_age_ms: 0,
-        }
-    }
 }
 
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -64,7 +41,9 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     // Sized from the selection: ~100 bytes a sample line, ~170 lines a selected process.
     let mut registry =
         Exposition::with_capacity(64 * 1024 + snap.processes.len().min(100_000) * 2048);
-    let selected: Vec<&ProcessSnapshot> = select(&snap.processes, opts)
+    let selected: Vec<&ProcessSnapshot> = opts
+        .selection
+        .indices(&snap.processes)
         .into_iter()
         .map(|i| &snap.processes[i])
         .collect();
@@ -442,16 +421,6 @@ const FAMILIES: &[Desc] = &[
     SERVER_TIMED_OUT,
     SERVER_ACCEPT_ERRORS,
 ];
-
-/// The processes that get per-process series, as indices into `procs` (OTLP exports the
-/// same selection): all of them when `opts.preselected`, else the top N by recent CPU, the
-/// named ones and every GPU/NPU user.
-pub fn select(procs: &[ProcessSnapshot], opts: &PrometheusOptions) -> Vec<usize> {
-    if opts.preselected {
-        return (0..procs.len()).collect();
-    }
-    ethand_snapshot::selection::select_once(procs, &opts.policy())
-}
 
 fn register_processes(registry: &mut Exposition, procs: &[&ProcessSnapshot]) {
     let mut cpu = Family::<Nanos>::new(&PROCESS_CPU);
@@ -1253,7 +1222,7 @@ mod workload_label_tests {
         let text = render(
             &snap,
             &PrometheusOptions {
-                top_n: 5,
+                selection: ExportSelection::top(5),
                 ..Default::default()
             },
         );

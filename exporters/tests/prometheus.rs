@@ -13,6 +13,7 @@ use ethand_snapshot::devices::{
     CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
     NvLinkStats,
 };
+use ethand_snapshot::selection::{ExportSelection, SelectionPolicy};
 use ethand_snapshot::*;
 
 const WEIRD_COMM: &str = "we\"ird\\na\nme";
@@ -337,12 +338,14 @@ fn block_devices() -> Vec<BlockStats> {
 
 fn options() -> PrometheusOptions {
     PrometheusOptions {
-        top_n: 1,
-        pids: vec![200],
-        comms: vec!["db".to_owned()],
-        cgroups: vec!["podabc".to_owned()],
+        selection: ExportSelection::Once(SelectionPolicy {
+            top_n: 1,
+            pids: vec![200],
+            comms: vec!["db".to_owned()],
+            cgroups: vec!["podabc".to_owned()],
+            ..Default::default()
+        }),
         dcgm_aliases: false,
-        preselected: false,
     }
 }
 
@@ -856,7 +859,7 @@ fn selection_top_n_and_explicit() {
 
     // Top 2: 301 has no window, so its cumulative 2 s outranks 300's 1 s window.
     let top2 = PrometheusOptions {
-        top_n: 2,
+        selection: ExportSelection::top(2),
         ..Default::default()
     };
     let s = samples(&render(&snap, &top2));
@@ -865,7 +868,7 @@ fn selection_top_n_and_explicit() {
 
     // Processes without CPU time are not "top" even when there is room.
     let all = PrometheusOptions {
-        top_n: 100,
+        selection: ExportSelection::top(100),
         ..Default::default()
     };
     let s = samples(&render(&snap, &all));
@@ -1111,8 +1114,11 @@ fn cgroup_series_come_from_cgroup_totals() {
     for opts in [
         PrometheusOptions::default(),
         PrometheusOptions {
-            top_n: 100,
-            pids: vec![200],
+            selection: ExportSelection::Once(SelectionPolicy {
+                top_n: 100,
+                pids: vec![200],
+                ..Default::default()
+            }),
             ..Default::default()
         },
     ] {

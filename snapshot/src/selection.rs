@@ -14,6 +14,41 @@ use std::collections::HashMap;
 
 use crate::ProcessSnapshot;
 
+/// Which of a snapshot's processes an output (/metrics, OTLP) gives series of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExportSelection {
+    /// The snapshot's processes are the selection already: the daemon's [`Selection`], held
+    /// between rounds.
+    Preselected,
+    /// Picked from this snapshot alone ([`select_once`]): a tool or a test with one snapshot.
+    Once(SelectionPolicy),
+}
+
+impl Default for ExportSelection {
+    /// No slots: only named processes and GPU/NPU users.
+    fn default() -> Self {
+        Self::Once(SelectionPolicy::default())
+    }
+}
+
+impl ExportSelection {
+    /// The `n` busiest processes of this snapshot, with GPU/NPU users.
+    pub fn top(n: usize) -> Self {
+        Self::Once(SelectionPolicy {
+            top_n: n,
+            ..SelectionPolicy::default()
+        })
+    }
+
+    /// The selected processes, as indices into `procs` in their order.
+    pub fn indices(&self, procs: &[ProcessSnapshot]) -> Vec<usize> {
+        match self {
+            Self::Preselected => (0..procs.len()).collect(),
+            Self::Once(policy) => select_once(procs, policy),
+        }
+    }
+}
+
 /// What [`Selection`] picks from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SelectionPolicy {

@@ -1,4 +1,6 @@
 use super::*;
+use crate::prometheus::PrometheusOptions;
+use ethand_snapshot::selection::SelectionPolicy;
 use ethand_snapshot::gpu::{CollectiveStats, CommRank, GpuProcessStats};
 use ethand_snapshot::{SchedStats, SyscallRow, SyscallStats, WindowStats, WorkloadIdentity};
 
@@ -76,19 +78,23 @@ fn snapshot() -> NodeSnapshot {
     }
 }
 
+fn policy() -> SelectionPolicy {
+    SelectionPolicy {
+        top_n: 5,
+        comms: vec!["sidecar".into()],
+        ..Default::default()
+    }
+}
+
 fn options() -> PrometheusOptions {
     PrometheusOptions {
-        top_n: 5,
-        pids: vec![],
-        comms: vec!["sidecar".into()],
-        cgroups: vec![],
+        selection: ExportSelection::Once(policy()),
         dcgm_aliases: false,
-        preselected: false,
     }
 }
 
 fn view(snap: NodeSnapshot) -> View {
-    View::new(Arc::new(snap), &options(), OtlpStatus::default())
+    View::new(Arc::new(snap), &options().selection, OtlpStatus::default())
 }
 
 fn spec(name: &str) -> &'static MetricSpec {
@@ -260,9 +266,9 @@ fn gpu_launches_are_points_only_where_counted() {
     });
     snap.processes.push(at_calls);
     snap.processes.push(at_process);
-    let mut o = options();
-    o.pids = vec![14, 15];
-    let v = View::new(Arc::new(snap), &o, OtlpStatus::default());
+    let mut p = policy();
+    p.pids = vec![14, 15];
+    let v = View::new(Arc::new(snap), &ExportSelection::Once(p), OtlpStatus::default());
     let name = "ethand.process.gpu.launches";
     assert_eq!(value(&v, name, &[("process.pid", "14")]), None);
     assert_eq!(
@@ -452,7 +458,7 @@ fn resource_has_identity_and_overrides() {
         host_name: "node1".into(),
         node_name: Some("k8s-node-7".into()),
         service_version: "9.9.9".into(),
-        selection: options(),
+        selection: options().selection,
     });
     let get = |k: &'static str| {
         r.get(&opentelemetry::Key::from_static_str(k))
@@ -488,12 +494,12 @@ fn unreachable_endpoint_retries_within_the_interval_then_drops() {
             host_name: String::new(),
             node_name: None,
             service_version: "0".into(),
-            selection: options(),
+            selection: options().selection,
         };
         let stats = Arc::new(OtlpStats::default());
         let source = Arc::new(Source {
             latest: Box::new(|| Arc::new(NodeSnapshot::default())),
-            selection: options(),
+            selection: options().selection,
             stats: stats.clone(),
             cache: Mutex::new(None),
         });
