@@ -1,7 +1,7 @@
 use super::*;
 use crate::prometheus::PrometheusOptions;
-use ethand_snapshot::selection::SelectionPolicy;
 use ethand_snapshot::gpu::{CollectiveStats, CommRank, GpuProcessStats};
+use ethand_snapshot::selection::SelectionPolicy;
 use ethand_snapshot::{SchedStats, SyscallRow, SyscallStats, WindowStats, WorkloadIdentity};
 
 fn proc(pid: u32, comm: &str, cpu_ns: u64) -> ProcessSnapshot {
@@ -268,7 +268,11 @@ fn gpu_launches_are_points_only_where_counted() {
     snap.processes.push(at_process);
     let mut p = policy();
     p.pids = vec![14, 15];
-    let v = View::new(Arc::new(snap), &ExportSelection::Once(p), OtlpStatus::default());
+    let v = View::new(
+        Arc::new(snap),
+        &ExportSelection::Once(p),
+        OtlpStatus::default(),
+    );
     let name = "ethand.process.gpu.launches";
     assert_eq!(value(&v, name, &[("process.pid", "14")]), None);
     assert_eq!(
