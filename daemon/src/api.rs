@@ -333,7 +333,43 @@ pub enum CallError {
 }
 
 /// Client side: sends one request and returns the daemon's response, all within `timeout`.
+/// A "busy" answer (the daemon at its connection or build cap) is asked again with backoff
+/// until `timeout`: connections closed a moment ago free their slots only once the daemon has
+/// seen them close. The last busy answer is returned when the time is up.
 pub async fn call(
+    path: &Path,
+    req: &Request,
+    timeout: std::time::Duration,
+) -> Result<Response, CallError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        let answer = call_once(
+            path,
+            req,
+            deadline.saturating_duration_since(tokio::time::Instant::now()),
+        )
+        .await;
+        match answer {
+            Ok(Response::Error(ref msg)) if is_busy(msg) => {
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return answer;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            }
+            _ => return answer,
+        }
+    }
+}
+
+/// A "busy" error line: the request was not looked at and may be sent again.
+pub fn is_busy(msg: &str) -> bool {
+    msg.starts_with("busy:")
+}
+
+/// One request, one answer, within `timeout`.
+pub async fn call_once(
     path: &Path,
     req: &Request,
     timeout: std::time::Duration,
@@ -353,7 +389,7 @@ pub async fn call(
 /// nobody listens: no socket, or one left by a killed daemon (`bind` replaces it).
 pub async fn other_daemon(path: &Path, timeout: std::time::Duration) -> Option<String> {
     let p = path.display();
-    match call(path, &Request::Status, timeout).await {
+    match call_once(path, &Request::Status, timeout).await {
         Ok(Response::Ok(v)) => Some(match v["pid"].as_u64() {
             Some(pid) => format!("another ethand daemon (pid {pid}) answers on {p}"),
             None => format!("another ethand daemon answers on {p}"),
@@ -504,5 +540,64 @@ mod tests {
         let huge = vec![0u8; MAX_REPLY / 2];
         let line = String::from_utf8(ok_line(&huge)).expect("text");
         assert!(line.contains("would exceed"), "{line}");
+    }
+
+    /// A client told "busy" asks again until the daemon has room, and gives the last busy
+    /// answer back when the time is up; other answers are taken at once.
+    #[tokio::test]
+    async fn busy_answers_are_asked_again_until_the_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("api.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let busy = error_line("busy: 64 local API connections are open; try again");
+        let server = tokio::spawn(async move {
+            let mut asked = 0u32;
+            loop {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                asked += 1;
+                let mut line = Vec::new();
+                let mut r = BufReader::new(&mut s);
+                r.read_until(b'\n', &mut line).await.expect("request");
+                let reply = if asked <= 3 {
+                    busy.clone()
+                } else {
+                    ok_line(&serde_json::json!({ "asked": asked }))
+                };
+                s.write_all(&reply).await.expect("reply");
+            }
+        });
+        let t = std::time::Duration::from_secs(5);
+        match call(&path, &Request::Status, t).await {
+            Ok(Response::Ok(v)) => assert_eq!(v["asked"], 4),
+            other => panic!("{other:?}"),
+        }
+        // Always busy: the busy line comes back after about the timeout.
+        server.abort();
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).expect("bind");
+        let busy = error_line("busy: 2 snapshots are being built; try again");
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                let mut line = Vec::new();
+                BufReader::new(&mut s)
+                    .read_until(b'\n', &mut line)
+                    .await
+                    .expect("request");
+                s.write_all(&busy).await.expect("reply");
+            }
+        });
+        let t0 = std::time::Instant::now();
+        let t = std::time::Duration::from_millis(400);
+        match call(&path, &Request::Status, t).await {
+            Ok(Response::Error(m)) => assert!(is_busy(&m), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let took = t0.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(200)
+                && took < t + std::time::Duration::from_millis(200),
+            "{took:?}"
+        );
     }
 }
