@@ -807,22 +807,13 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
         if sc > 0 {
             put("gpu.sync_copy_avg_bytes", sb as f64 / sc as f64);
         }
-        put(
-            "gpu.memory_live_bytes",
-            g.memory.iter().map(|m| m.live_bytes).sum::<u64>() as f64,
-        );
+        put("gpu.memory_live_bytes", g.memory_live_bytes() as f64);
         put(
             "gpu.memory_allocs",
             g.memory.iter().map(|m| m.allocs).sum::<u64>() as f64,
         );
-        put(
-            "gpu.collective_calls",
-            g.collectives.iter().map(|c| c.calls).sum::<u64>() as f64,
-        );
-        put(
-            "gpu.collective_bytes",
-            g.collectives.iter().map(|c| c.bytes).sum::<u64>() as f64,
-        );
+        put("gpu.collective_calls", g.collective_calls() as f64);
+        put("gpu.collective_bytes", g.collective_bytes() as f64);
     }
     if let Some(d) = &tt.gpu_derived {
         if let Some(u) = d.device_utilization_ratio {

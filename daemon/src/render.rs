@@ -1,26 +1,8 @@
 //! Terminal output of `ethand status` and `ethand snapshot`.
 use std::fmt::Write as _;
 
+use ethand_exporters::format::{bytes_per_second, bytes_u, in_unit, seconds_fixed};
 use ethand_snapshot::{ProcessSnapshot, SelfStatus, TreeSnapshot};
-
-fn secs(ns: u64) -> String {
-    format!("{:.3}s", ns as f64 / 1e9)
-}
-
-fn bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
-}
 
 /// Printable form of a name that may hold control characters or characters that hide or
 /// reorder text (`ethand_exporters::text`).
@@ -36,7 +18,7 @@ pub fn status(s: &SelfStatus) -> String {
         s.version,
         s.pid,
         s.cpu_seconds,
-        bytes(s.rss_bytes)
+        bytes_u(s.rss_bytes)
     );
     let _ = writeln!(
         o,
@@ -131,7 +113,7 @@ pub fn status(s: &SelfStatus) -> String {
             "{:<22} {:>10} {:>12} {:>9} ns",
             p.name,
             p.run_count,
-            secs(p.run_time_ns),
+            seconds_fixed(p.run_time_ns),
             avg
         );
     }
@@ -151,7 +133,7 @@ pub fn status(s: &SelfStatus) -> String {
 
 /// Bytes per second over `secs`.
 fn rate_bytes(b: u64, secs: f64) -> String {
-    format!("{}/s", bytes((b as f64 / secs) as u64))
+    bytes_per_second(b as f64 / secs)
 }
 
 /// What a live process's threads are doing now: "running", "2 running, 3 blocked", or the
@@ -293,15 +275,15 @@ fn proc_line(o: &mut String, p: &ProcessSnapshot, depth: usize) {
         p.pid,
         clean(&p.comm),
         if p.alive { "    " } else { "exit" },
-        secs(s.oncpu_ns),
-        secs(s.offcpu_blocked_ns),
-        secs(s.offcpu_preempted_ns),
-        secs(s.runq_wait_ns),
+        seconds_fixed(s.oncpu_ns),
+        seconds_fixed(s.offcpu_blocked_ns),
+        seconds_fixed(s.offcpu_preempted_ns),
+        seconds_fixed(s.runq_wait_ns),
         s.voluntary_switches,
         s.involuntary_switches,
         p.syscalls.count,
         p.syscalls.errors,
-        secs(p.syscalls.time_ns),
+        seconds_fixed(p.syscalls.time_ns),
         indent = depth * 2
     );
 }
@@ -374,34 +356,34 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         "\nTOTAL {} processes, {} threads: cpu {}, off-cpu blocked {}, preempted {}, run-queue wait {}",
         tt.processes,
         tt.threads,
-        secs(tt.sched.oncpu_ns),
-        secs(tt.sched.offcpu_blocked_ns),
-        secs(tt.sched.offcpu_preempted_ns),
-        secs(tt.sched.runq_wait_ns)
+        seconds_fixed(tt.sched.oncpu_ns),
+        seconds_fixed(tt.sched.offcpu_blocked_ns),
+        seconds_fixed(tt.sched.offcpu_preempted_ns),
+        seconds_fixed(tt.sched.runq_wait_ns)
     );
     let _ = writeln!(
         o,
         "syscalls {} ({} errors) taking {}",
         tt.syscalls,
         tt.syscall_errors,
-        secs(tt.syscall_time_ns)
+        seconds_fixed(tt.syscall_time_ns)
     );
     let _ = writeln!(
         o,
         "disk: read {} in {} ops, written {} in {} ops",
-        bytes(tt.block_read_bytes),
+        bytes_u(tt.block_read_bytes),
         tt.block_read_ops,
-        bytes(tt.block_write_bytes),
+        bytes_u(tt.block_write_bytes),
         tt.block_write_ops
     );
     let n = &tt.net;
     let _ = writeln!(
         o,
         "network: tcp sent {} received {}, udp sent {} received {}, retransmits {}, connects {}, closes {}, resets {}/{}",
-        bytes(n.tcp_tx_bytes),
-        bytes(n.tcp_rx_bytes),
-        bytes(n.udp_tx_bytes),
-        bytes(n.udp_rx_bytes),
+        bytes_u(n.tcp_tx_bytes),
+        bytes_u(n.tcp_rx_bytes),
+        bytes_u(n.udp_tx_bytes),
+        bytes_u(n.udp_rx_bytes),
         n.tcp_retransmits,
         n.tcp_active_opens,
         n.tcp_closes,
@@ -439,7 +421,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             r.name,
             r.count,
             r.errors,
-            secs(r.time_ns)
+            seconds_fixed(r.time_ns)
         );
     }
     let mut threads: Vec<_> = t
@@ -459,8 +441,8 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             pid,
             th.tid,
             clean(&th.comm),
-            secs(th.sched.oncpu_ns),
-            secs(th.sched.runq_wait_ns)
+            seconds_fixed(th.sched.oncpu_ns),
+            seconds_fixed(th.sched.runq_wait_ns)
         );
     }
     // Every value above that a process chose went through `clean`; this catches any that
@@ -541,7 +523,7 @@ fn gpu_section(
             "  copy {:<17} {:>9} calls {:>11}",
             c.direction,
             c.calls,
-            bytes(c.bytes)
+            bytes_u(c.bytes)
         );
     }
     if g.sync.calls > 0 {
@@ -549,7 +531,7 @@ fn gpu_section(
             o,
             "  sync {:>9} calls, host blocked {}",
             g.sync.calls,
-            secs(g.sync.time_ns)
+            seconds_fixed(g.sync.time_ns)
         );
     }
     for m in &g.memory {
@@ -557,8 +539,8 @@ fn gpu_section(
             o,
             "  memory {:<15} live {:>11} peak {:>11} ({} allocs, {} frees)",
             m.kind,
-            bytes(m.live_bytes),
-            bytes(m.peak_bytes),
+            bytes_u(m.live_bytes),
+            bytes_u(m.peak_bytes),
             m.allocs,
             m.frees
         );
@@ -577,8 +559,8 @@ fn gpu_section(
             c.library,
             c.operation,
             c.calls,
-            bytes(c.bytes),
-            secs(c.time_ns)
+            bytes_u(c.bytes),
+            seconds_fixed(c.time_ns)
         );
     }
     for p in procs {
@@ -600,7 +582,7 @@ fn gpu_section(
                 "  pid {} on {}: {} device memory{}",
                 p.pid,
                 dev.device,
-                bytes(dev.memory_used_bytes),
+                bytes_u(dev.memory_used_bytes),
                 util
             );
         }
@@ -613,7 +595,7 @@ fn gpu_section(
     );
     for s in syms.iter().take(8) {
         let t = if s.timed_calls > 0 {
-            secs(s.time_ns)
+            seconds_fixed(s.time_ns)
         } else {
             "-".into()
         };
@@ -622,7 +604,7 @@ fn gpu_section(
             "  {:<32} {:>9} {:>11} {:>12}",
             s.symbol,
             s.calls,
-            bytes(s.bytes),
+            bytes_u(s.bytes),
             t
         );
     }
@@ -701,7 +683,7 @@ fn findings(
         let ev: Vec<String> = x
             .evidence
             .iter()
-            .map(|e| format!("{} = {}", clean(&e.signal), evidence_value(e)))
+            .map(|e| format!("{} = {}", clean(&e.signal), in_unit(e.value, &e.unit)))
             .collect();
         if !ev.is_empty() {
             let _ = writeln!(o, "   evidence: {}", ev.join(", "));
@@ -745,22 +727,6 @@ fn not_evaluated(o: &mut String, n: &[ethand_snapshot::diagnosis::NotEvaluated])
         );
     }
     let _ = writeln!(o);
-}
-
-fn evidence_value(e: &ethand_snapshot::diagnosis::Evidence) -> String {
-    match e.unit.as_str() {
-        "ratio" => format!("{:.0}%", 100.0 * e.value),
-        "bytes" => bytes(e.value as u64),
-        "per_second" => format!("{:.1}/s", e.value),
-        "seconds" => format!("{:.3}s", e.value),
-        _ => {
-            if e.value.fract() == 0.0 {
-                format!("{}", e.value as i64)
-            } else {
-                format!("{:.2}", e.value)
-            }
-        }
-    }
 }
 
 /// One progress line on stderr ("measuring pid 42: 3/10 s"), rewritten in place and cleared
@@ -815,278 +781,4 @@ impl Drop for Progress {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ethand_snapshot::DropCounter;
-
-    #[test]
-    fn progress_line_is_rewritten_once_per_second() {
-        let mut p = Progress {
-            label: "measuring pid 42".into(),
-            total_s: 3,
-            shown_s: None,
-            on: false,
-        };
-        let ms = std::time::Duration::from_millis;
-        let lines: Vec<Option<String>> = [250, 900, 1000, 2600, 3100, 3500]
-            .into_iter()
-            .map(|t| p.update(ms(t)))
-            .collect();
-        let want = |s: &str| Some(format!("\r\x1b[Kmeasuring pid 42: {s} s"));
-        assert_eq!(
-            lines,
-            [
-                want("0/3"),
-                None,
-                want("1/3"),
-                want("2/3"),
-                want("3/3"),
-                None
-            ]
-        );
-    }
-
-    fn fixture(name: &str) -> serde_json::Value {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures/gpu-h200")
-            .join(name);
-        serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("JSON")
-    }
-
-    /// Real snapshots of an H200 (tests/fixtures/gpu-h200) on the terminal: the GPU section,
-    /// no raw control or hidden character, and the loss warning when there were losses.
-    #[test]
-    fn real_h200_snapshots_on_the_terminal() {
-        let v = fixture("gpu-check-snapshots.json");
-        for (label, pair) in v.as_object().expect("object") {
-            let mut t: TreeSnapshot = serde_json::from_value(pair["after"].clone()).expect("tree");
-            let out = snapshot(&t);
-            assert!(
-                out.contains(&format!("process tree of {}", t.root_pid)),
-                "{label}"
-            );
-            assert!(
-                !out.chars()
-                    .any(|c| c != '\n' && ethand_exporters::text::needs_escape(c)),
-                "{label}: raw control or hidden characters"
-            );
-            assert!(
-                !out.contains("WARNING"),
-                "{label}: a warning without losses"
-            );
-            t.dropped_events = vec![DropCounter {
-                reason: "threads_full".into(),
-                count: 12,
-                loss: true,
-            }];
-            let warned = snapshot(&t);
-            assert!(
-                warned.contains("WARNING: 12 events were lost node-wide")
-                    && warned.contains("threads_full 12"),
-                "{label}: {warned}"
-            );
-        }
-        let s: SelfStatus =
-            serde_json::from_value(fixture("status-after-workloads.json")).expect("status");
-        let out = status(&s);
-        assert!(out.contains("CAP_PERFMON"), "{out}");
-        assert!(out.contains("runs as: ethand (uid "), "{out}");
-        assert!(out.contains("/metrics connections: "), "{out}");
-    }
-
-    #[test]
-    fn a_cut_command_line_says_so() {
-        let v = fixture("gpu-check-snapshots.json");
-        let mut t: TreeSnapshot = serde_json::from_value(v["cupy"]["after"].clone()).expect("tree");
-        t.processes[0].cmdline = vec!["python3".into(), "x".repeat(4000)];
-        t.processes[0].cmdline_truncated = true;
-        assert!(snapshot(&t).contains(" [truncated at 4 KiB]\n"));
-    }
-
-    /// A GPU tree whose figures were taken at level `calls`: launches not counted.
-    fn tree_at_calls() -> TreeSnapshot {
-        use ethand_snapshot::gpu::{GpuDerived, GpuProcessStats, GpuTimedCalls};
-        let g = GpuProcessStats {
-            launches: None,
-            sync: GpuTimedCalls {
-                calls: 40,
-                time_ns: 1_000_000_000,
-                timed_calls: 40,
-            },
-            ..Default::default()
-        };
-        TreeSnapshot {
-            source: "daemon".into(),
-            root_pid: 10,
-            processes: vec![ProcessSnapshot {
-                pid: 10,
-                comm: "train".into(),
-                alive: true,
-                gpu: Some(g.clone()),
-                ..Default::default()
-            }],
-            total: ethand_snapshot::TreeTotals {
-                processes: 1,
-                gpu: Some(g),
-                gpu_derived: Some(GpuDerived {
-                    window_ms: 5000,
-                    syncs_per_second: 8.0,
-                    sync_blocked_ratio: 0.2,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            gpu_level: Some("calls".into()),
-            ..Default::default()
-        }
-    }
-
-    fn not_evaluated() -> Vec<ethand_snapshot::diagnosis::NotEvaluated> {
-        vec![
-            ethand_snapshot::diagnosis::NotEvaluated {
-                rule: "launch_bound".into(),
-                title: "Kernel launch overhead".into(),
-                missing: vec!["gpu.launches_per_second".into()],
-                how: "count launches: `ethand level process`".into(),
-            },
-            ethand_snapshot::diagnosis::NotEvaluated {
-                rule: "gpm\u{1b}[31m".into(),
-                title: "Low SM \u{202e}activity".into(),
-                missing: vec![
-                    "gpu.sm_activity_ratio".into(),
-                    "gpu.dram_bandwidth_ratio".into(),
-                ],
-                how: "a GPU with GPM (Hopper or newer)".into(),
-            },
-        ]
-    }
-
-    /// Launches are "not counted at level calls" only when not counted (never a 0); the
-    /// launch sample, the sync rate and the GPM ratios that were measured are printed.
-    #[test]
-    fn launches_not_counted_and_the_launch_sample() {
-        use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
-        let mut t = tree_at_calls();
-        let out = snapshot(&t);
-        assert!(
-            out.contains("launches and device-to-device async copies not counted at level calls"),
-            "{out}"
-        );
-        assert!(!out.contains("launches 0"), "{out}");
-        assert!(!out.contains("launches/s"), "{out}");
-        assert!(out.contains("8.0 syncs/s"), "{out}");
-        assert!(!out.contains("GPM"), "no GPM ratio measured: {out}");
-        assert!(!out.contains("launch sample"), "{out}");
-
-        t.launch_sample = Some(LaunchSample {
-            method: "uprobes on cuLaunchKernel*\u{1b}[2J".into(),
-            duration_ms: 2000,
-            launches: Some(2468),
-            launches_per_second: Some(1234.0),
-            processes: vec![LaunchSampleProcess {
-                pid: 10,
-                launches: 2468,
-            }],
-            notes: vec!["pid 11: no runtime library mapped".into()],
-            ..Default::default()
-        });
-        if let Some(d) = t.total.gpu_derived.as_mut() {
-            d.sm_activity_ratio = Some(0.75);
-            d.dram_bandwidth_ratio = Some(0.125);
-        }
-        let out = snapshot(&t);
-        assert!(
-            out.contains(
-                "  launch sample: 1234 launches/s, counted on demand over 2.0s for this snapshot\n"
-            ),
-            "{out}"
-        );
-        assert!(
-            out.contains("    how: uprobes on cuLaunchKernel*\\u{1b}[2J\n"),
-            "{out}"
-        );
-        assert!(out.contains("    pid 10: 2468 launches\n"), "{out}");
-        assert!(
-            out.contains("    pid 11: no runtime library mapped\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("  GPU (GPM, window mean): SM activity 75%, DRAM bandwidth 12%\n"),
-            "{out}"
-        );
-        assert!(!out.contains('\u{1b}'), "raw escape: {out}");
-
-        // Counted (level process): a 0 is a 0.
-        let mut t = tree_at_calls();
-        t.gpu_level = Some("process".into());
-        for g in [&mut t.processes[0].gpu, &mut t.total.gpu] {
-            let g = g.as_mut().unwrap();
-            g.launches = Some(0);
-            g.graph_launches = Some(0);
-        }
-        t.total.gpu_derived.as_mut().unwrap().launches_per_second = Some(0.0);
-        let out = snapshot(&t);
-        assert!(
-            out.contains("  launches 0 (graph launches 0), api errors 0"),
-            "{out}"
-        );
-        assert!(out.contains("last 5s: 0 launches/s, 8.0 syncs/s"), "{out}");
-        assert!(!out.contains("not counted"), "{out}");
-    }
-
-    /// Rules that could not run: never "no bottleneck found", and each is listed with what it
-    /// lacks and how to get it, escaped.
-    #[test]
-    fn rules_that_could_not_run_are_not_a_clean_bill() {
-        let mut t = tree_at_calls();
-        assert!(snapshot(&t).contains("DIAGNOSIS: no bottleneck found by the rules\n"));
-        t.not_evaluated = not_evaluated();
-        for out in [snapshot(&t), diagnosis(&t)] {
-            assert!(!out.contains("no bottleneck found"), "{out}");
-            assert!(
-                out.contains(
-                    "DIAGNOSIS: no finding among the rules that could run; 2 could not (below)\n"
-                ),
-                "{out}"
-            );
-            assert!(
-                out.contains(
-                    "Could not run: launch_bound (Kernel launch overhead): missing gpu.launches_per_second; count launches: `ethand level process`\n"
-                ),
-                "{out}"
-            );
-            assert!(
-                out.contains(
-                    "Could not run: gpm\\u{1b}[31m (Low SM \\u{202e}activity): missing gpu.sm_activity_ratio, gpu.dram_bandwidth_ratio; a GPU with GPM (Hopper or newer)\n"
-                ),
-                "{out}"
-            );
-            assert!(
-                !out.contains('\u{1b}') && !out.contains('\u{202e}'),
-                "raw control or hidden characters: {out}"
-            );
-        }
-
-        // With findings: the findings, then the rules that could not run.
-        t.findings = vec![ethand_snapshot::diagnosis::Finding {
-            id: "sync_heavy".into(),
-            title: "Synchronization heavy".into(),
-            severity: "warning".into(),
-            explanation: "The host waits.".into(),
-            ..Default::default()
-        }];
-        t.not_evaluated.truncate(1);
-        let out = diagnosis(&t);
-        assert!(
-            out.starts_with("DIAGNOSIS (1 finding, highest impact first)\n"),
-            "{out}"
-        );
-        let f = out
-            .find("1. [warning] Synchronization heavy")
-            .expect("finding");
-        let n = out
-            .find("NOT EVALUATED (1 rule could not run: a signal was not measured)\nCould not run: launch_bound")
-            .expect("not evaluated section");
-        assert!(f < n, "{out}");
-    }
-}
+mod tests;

@@ -1,5 +1,6 @@
 //! ethand's outputs. Exporters read the latest [`ethand_snapshot::NodeSnapshot`] and nothing else:
 //! they never touch BPF maps or device libraries.
+pub mod format;
 pub mod html;
 pub mod otlp;
 pub mod prometheus;

@@ -234,6 +234,36 @@ impl GpuProcessStats {
         self.collectives.iter().map(|c| c.time_ns).sum()
     }
 
+    /// Collective calls of every operation.
+    pub fn collective_calls(&self) -> u64 {
+        self.collectives.iter().map(|c| c.calls).sum()
+    }
+
+    /// Bytes of every collective call.
+    pub fn collective_bytes(&self) -> u64 {
+        self.collectives.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Copy calls in every direction.
+    pub fn copy_calls_total(&self) -> u64 {
+        self.copies.iter().map(|c| c.calls).sum()
+    }
+
+    /// Bytes copied in every direction.
+    pub fn copy_bytes_total(&self) -> u64 {
+        self.copies.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Device memory allocated and not yet freed, every kind.
+    pub fn memory_live_bytes(&self) -> u64 {
+        self.memory.iter().map(|m| m.live_bytes).sum()
+    }
+
+    /// Sum of each kind's peak of live memory (an upper bound of the joint peak).
+    pub fn memory_peak_bytes(&self) -> u64 {
+        self.memory.iter().map(|m| m.peak_bytes).sum()
+    }
+
     pub fn copy_bytes(&self, direction: &str) -> u64 {
         self.copies
             .iter()

@@ -315,6 +315,28 @@ impl NetStats {
         self.tcp_resets_sent += o.tcp_resets_sent;
         self.tcp_resets_received += o.tcp_resets_received;
     }
+
+    /// Bytes sent over TCP and UDP.
+    pub fn tx_bytes(&self) -> u64 {
+        self.tcp_tx_bytes + self.udp_tx_bytes
+    }
+
+    /// Bytes received over TCP and UDP.
+    pub fn rx_bytes(&self) -> u64 {
+        self.tcp_rx_bytes + self.udp_rx_bytes
+    }
+}
+
+impl ProcessSnapshot {
+    /// Bytes of the process's block requests of kind `op` ("read", "write", ...) on every
+    /// device.
+    pub fn block_bytes(&self, op: &str) -> u64 {
+        self.block
+            .iter()
+            .filter(|b| b.op == op)
+            .map(|b| b.bytes)
+            .sum()
+    }
 }
 
 /// Change over the recent past, for "what is it doing now".

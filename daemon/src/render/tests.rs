@@ -1,0 +1,273 @@
+use super::*;
+use ethand_snapshot::DropCounter;
+
+#[test]
+fn progress_line_is_rewritten_once_per_second() {
+    let mut p = Progress {
+        label: "measuring pid 42".into(),
+        total_s: 3,
+        shown_s: None,
+        on: false,
+    };
+    let ms = std::time::Duration::from_millis;
+    let lines: Vec<Option<String>> = [250, 900, 1000, 2600, 3100, 3500]
+        .into_iter()
+        .map(|t| p.update(ms(t)))
+        .collect();
+    let want = |s: &str| Some(format!("\r\x1b[Kmeasuring pid 42: {s} s"));
+    assert_eq!(
+        lines,
+        [
+            want("0/3"),
+            None,
+            want("1/3"),
+            want("2/3"),
+            want("3/3"),
+            None
+        ]
+    );
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gpu-h200")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("JSON")
+}
+
+/// Real snapshots of an H200 (tests/fixtures/gpu-h200) on the terminal: the GPU section,
+/// no raw control or hidden character, and the loss warning when there were losses.
+#[test]
+fn real_h200_snapshots_on_the_terminal() {
+    let v = fixture("gpu-check-snapshots.json");
+    for (label, pair) in v.as_object().expect("object") {
+        let mut t: TreeSnapshot = serde_json::from_value(pair["after"].clone()).expect("tree");
+        let out = snapshot(&t);
+        assert!(
+            out.contains(&format!("process tree of {}", t.root_pid)),
+            "{label}"
+        );
+        assert!(
+            !out.chars()
+                .any(|c| c != '\n' && ethand_exporters::text::needs_escape(c)),
+            "{label}: raw control or hidden characters"
+        );
+        assert!(
+            !out.contains("WARNING"),
+            "{label}: a warning without losses"
+        );
+        t.dropped_events = vec![DropCounter {
+            reason: "threads_full".into(),
+            count: 12,
+            loss: true,
+        }];
+        let warned = snapshot(&t);
+        assert!(
+            warned.contains("WARNING: 12 events were lost node-wide")
+                && warned.contains("threads_full 12"),
+            "{label}: {warned}"
+        );
+    }
+    let s: SelfStatus =
+        serde_json::from_value(fixture("status-after-workloads.json")).expect("status");
+    let out = status(&s);
+    assert!(out.contains("CAP_PERFMON"), "{out}");
+    assert!(out.contains("runs as: ethand (uid "), "{out}");
+    assert!(out.contains("/metrics connections: "), "{out}");
+}
+
+#[test]
+fn a_cut_command_line_says_so() {
+    let v = fixture("gpu-check-snapshots.json");
+    let mut t: TreeSnapshot = serde_json::from_value(v["cupy"]["after"].clone()).expect("tree");
+    t.processes[0].cmdline = vec!["python3".into(), "x".repeat(4000)];
+    t.processes[0].cmdline_truncated = true;
+    assert!(snapshot(&t).contains(" [truncated at 4 KiB]\n"));
+}
+
+/// A GPU tree whose figures were taken at level `calls`: launches not counted.
+fn tree_at_calls() -> TreeSnapshot {
+    use ethand_snapshot::gpu::{GpuDerived, GpuProcessStats, GpuTimedCalls};
+    let g = GpuProcessStats {
+        launches: None,
+        sync: GpuTimedCalls {
+            calls: 40,
+            time_ns: 1_000_000_000,
+            timed_calls: 40,
+        },
+        ..Default::default()
+    };
+    TreeSnapshot {
+        source: "daemon".into(),
+        root_pid: 10,
+        processes: vec![ProcessSnapshot {
+            pid: 10,
+            comm: "train".into(),
+            alive: true,
+            gpu: Some(g.clone()),
+            ..Default::default()
+        }],
+        total: ethand_snapshot::TreeTotals {
+            processes: 1,
+            gpu: Some(g),
+            gpu_derived: Some(GpuDerived {
+                window_ms: 5000,
+                syncs_per_second: 8.0,
+                sync_blocked_ratio: 0.2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        gpu_level: Some("calls".into()),
+        ..Default::default()
+    }
+}
+
+fn not_evaluated() -> Vec<ethand_snapshot::diagnosis::NotEvaluated> {
+    vec![
+        ethand_snapshot::diagnosis::NotEvaluated {
+            rule: "launch_bound".into(),
+            title: "Kernel launch overhead".into(),
+            missing: vec!["gpu.launches_per_second".into()],
+            how: "count launches: `ethand level process`".into(),
+        },
+        ethand_snapshot::diagnosis::NotEvaluated {
+            rule: "gpm\u{1b}[31m".into(),
+            title: "Low SM \u{202e}activity".into(),
+            missing: vec![
+                "gpu.sm_activity_ratio".into(),
+                "gpu.dram_bandwidth_ratio".into(),
+            ],
+            how: "a GPU with GPM (Hopper or newer)".into(),
+        },
+    ]
+}
+
+/// Launches are "not counted at level calls" only when not counted (never a 0); the
+/// launch sample, the sync rate and the GPM ratios that were measured are printed.
+#[test]
+fn launches_not_counted_and_the_launch_sample() {
+    use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
+    let mut t = tree_at_calls();
+    let out = snapshot(&t);
+    assert!(
+        out.contains("launches and device-to-device async copies not counted at level calls"),
+        "{out}"
+    );
+    assert!(!out.contains("launches 0"), "{out}");
+    assert!(!out.contains("launches/s"), "{out}");
+    assert!(out.contains("8.0 syncs/s"), "{out}");
+    assert!(!out.contains("GPM"), "no GPM ratio measured: {out}");
+    assert!(!out.contains("launch sample"), "{out}");
+
+    t.launch_sample = Some(LaunchSample {
+        method: "uprobes on cuLaunchKernel*\u{1b}[2J".into(),
+        duration_ms: 2000,
+        launches: Some(2468),
+        launches_per_second: Some(1234.0),
+        processes: vec![LaunchSampleProcess {
+            pid: 10,
+            launches: 2468,
+        }],
+        notes: vec!["pid 11: no runtime library mapped".into()],
+        ..Default::default()
+    });
+    if let Some(d) = t.total.gpu_derived.as_mut() {
+        d.sm_activity_ratio = Some(0.75);
+        d.dram_bandwidth_ratio = Some(0.125);
+    }
+    let out = snapshot(&t);
+    assert!(
+        out.contains(
+            "  launch sample: 1234 launches/s, counted on demand over 2.0s for this snapshot\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("    how: uprobes on cuLaunchKernel*\\u{1b}[2J\n"),
+        "{out}"
+    );
+    assert!(out.contains("    pid 10: 2468 launches\n"), "{out}");
+    assert!(
+        out.contains("    pid 11: no runtime library mapped\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  GPU (GPM, window mean): SM activity 75%, DRAM bandwidth 12%\n"),
+        "{out}"
+    );
+    assert!(!out.contains('\u{1b}'), "raw escape: {out}");
+
+    // Counted (level process): a 0 is a 0.
+    let mut t = tree_at_calls();
+    t.gpu_level = Some("process".into());
+    for g in [&mut t.processes[0].gpu, &mut t.total.gpu] {
+        let g = g.as_mut().unwrap();
+        g.launches = Some(0);
+        g.graph_launches = Some(0);
+    }
+    t.total.gpu_derived.as_mut().unwrap().launches_per_second = Some(0.0);
+    let out = snapshot(&t);
+    assert!(
+        out.contains("  launches 0 (graph launches 0), api errors 0"),
+        "{out}"
+    );
+    assert!(out.contains("last 5s: 0 launches/s, 8.0 syncs/s"), "{out}");
+    assert!(!out.contains("not counted"), "{out}");
+}
+
+/// Rules that could not run: never "no bottleneck found", and each is listed with what it
+/// lacks and how to get it, escaped.
+#[test]
+fn rules_that_could_not_run_are_not_a_clean_bill() {
+    let mut t = tree_at_calls();
+    assert!(snapshot(&t).contains("DIAGNOSIS: no bottleneck found by the rules\n"));
+    t.not_evaluated = not_evaluated();
+    for out in [snapshot(&t), diagnosis(&t)] {
+        assert!(!out.contains("no bottleneck found"), "{out}");
+        assert!(
+            out.contains(
+                "DIAGNOSIS: no finding among the rules that could run; 2 could not (below)\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Could not run: launch_bound (Kernel launch overhead): missing gpu.launches_per_second; count launches: `ethand level process`\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Could not run: gpm\\u{1b}[31m (Low SM \\u{202e}activity): missing gpu.sm_activity_ratio, gpu.dram_bandwidth_ratio; a GPU with GPM (Hopper or newer)\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+            "raw control or hidden characters: {out}"
+        );
+    }
+
+    // With findings: the findings, then the rules that could not run.
+    t.findings = vec![ethand_snapshot::diagnosis::Finding {
+        id: "sync_heavy".into(),
+        title: "Synchronization heavy".into(),
+        severity: "warning".into(),
+        explanation: "The host waits.".into(),
+        ..Default::default()
+    }];
+    t.not_evaluated.truncate(1);
+    let out = diagnosis(&t);
+    assert!(
+        out.starts_with("DIAGNOSIS (1 finding, highest impact first)\n"),
+        "{out}"
+    );
+    let f = out
+        .find("1. [warning] Synchronization heavy")
+        .expect("finding");
+    let n = out
+        .find("NOT EVALUATED (1 rule could not run: a signal was not measured)\nCould not run: launch_bound")
+        .expect("not evaluated section");
+    assert!(f < n, "{out}");
+}
