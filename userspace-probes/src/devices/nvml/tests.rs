@@ -1,0 +1,687 @@
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use super::*;
+
+/// A GPU as a driver would describe it: every answer set by the test.
+struct StandIn {
+    index: u32,
+    power: fn() -> Result<u32, NvmlError>,
+    energy: fn() -> Result<u64, NvmlError>,
+    throttle: fn() -> Result<ThrottleReasons, NvmlError>,
+    nvlink_state: fn(u32) -> Result<bool, NvmlError>,
+    processes: Vec<ProcessInfo>,
+    utilization: fn(Option<u64>) -> Result<Vec<ProcessUtilizationSample>, NvmlError>,
+    /// The `since` argument of each process_utilization call.
+    util_calls: RefCell<Vec<Option<u64>>>,
+}
+
+fn sample(pid: u32, timestamp: u64, sm_util: u32) -> ProcessUtilizationSample {
+    ProcessUtilizationSample {
+        pid,
+        timestamp,
+        sm_util,
+        mem_util: 0,
+        enc_util: 0,
+        dec_util: 0,
+    }
+}
+
+fn process(pid: u32, memory: UsedGpuMemory) -> ProcessInfo {
+    ProcessInfo {
+        pid,
+        used_gpu_memory: memory,
+        gpu_instance_id: None,
+        compute_instance_id: None,
+    }
+}
+
+impl StandIn {
+    /// An H100-like GPU that supports everything.
+    fn full() -> Self {
+        Self {
+            index: 2,
+            power: || Ok(350_250),
+            energy: || Ok(9_876_543),
+            throttle: || Ok(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_SLOWDOWN),
+            nvlink_state: |l| match l {
+                0 | 3 => Ok(true),
+                l if l < 18 => Ok(false),
+                _ => Err(NvmlError::InvalidArg),
+            },
+            processes: vec![
+                process(100, UsedGpuMemory::Used(3 << 30)),
+                process(200, UsedGpuMemory::Unavailable),
+            ],
+            utilization: |since| match since {
+                None => Ok(vec![sample(100, 10, 20), sample(100, 30, 45)]),
+                Some(30) => Ok(vec![sample(100, 50, 5)]),
+                Some(_) => Err(NvmlError::NotFound),
+            },
+            util_calls: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl GpuSource for StandIn {
+    fn index(&self) -> Result<u32, NvmlError> {
+        Ok(self.index)
+    }
+    fn uuid(&self) -> Result<String, NvmlError> {
+        Ok(format!("GPU-{}", self.index))
+    }
+    fn name(&self) -> Result<String, NvmlError> {
+        Ok("NVIDIA H100 80GB HBM3".into())
+    }
+    fn pci_bus_id(&self) -> Result<String, NvmlError> {
+        Ok("00000000:18:00.0".into())
+    }
+    fn minor_number(&self) -> Result<u32, NvmlError> {
+        Ok(5)
+    }
+    fn utilization_rates(&self) -> Result<Utilization, NvmlError> {
+        Ok(Utilization { gpu: 87, memory: 4 })
+    }
+    fn memory_info(&self) -> Result<MemoryInfo, NvmlError> {
+        Ok(MemoryInfo {
+            free: 60 << 30,
+            reserved: 1 << 30,
+            total: 80 << 30,
+            used: 19 << 30,
+            version: 2,
+        })
+    }
+    fn power_usage(&self) -> Result<u32, NvmlError> {
+        (self.power)()
+    }
+    fn total_energy_consumption(&self) -> Result<u64, NvmlError> {
+        (self.energy)()
+    }
+    fn temperature(&self) -> Result<u32, NvmlError> {
+        Ok(61)
+    }
+    fn clock_info(&self, clock: Clock) -> Result<u32, NvmlError> {
+        match clock {
+            Clock::SM => Ok(1755),
+            Clock::Memory => Ok(2619),
+            _ => Err(NvmlError::InvalidArg),
+        }
+    }
+    fn pcie_throughput(&self, counter: PcieUtilCounter) -> Result<u32, NvmlError> {
+        match counter {
+            PcieUtilCounter::Send => Ok(1000),
+            PcieUtilCounter::Receive => Ok(250),
+        }
+    }
+    fn ecc_volatile(&self, error: MemoryError) -> Result<u64, NvmlError> {
+        match error {
+            MemoryError::Corrected => Ok(12),
+            MemoryError::Uncorrected => Ok(1),
+        }
+    }
+    fn throttle_reasons(&self) -> Result<ThrottleReasons, NvmlError> {
+        (self.throttle)()
+    }
+    fn nvlink_active(&self, link: u32) -> Result<bool, NvmlError> {
+        (self.nvlink_state)(link)
+    }
+    fn nvlink_data(
+        &self,
+        link: u32,
+    ) -> Result<(Result<u64, NvmlError>, Result<u64, NvmlError>), NvmlError> {
+        match link {
+            0 => Ok((Ok(100), Ok(200))),
+            _ => Ok((Ok(7), Err(NvmlError::NotSupported))),
+        }
+    }
+    fn nvlink_error_counter(&self, link: u32, counter: ErrorCounter) -> Result<u64, NvmlError> {
+        match counter {
+            ErrorCounter::DlReplay => Ok(u64::from(link) + 1),
+            ErrorCounter::DlCrcData => Err(NvmlError::NotSupported),
+            _ => Ok(0),
+        }
+    }
+    fn compute_processes(&self) -> Result<Vec<ProcessInfo>, NvmlError> {
+        Ok(self.processes.clone())
+    }
+    fn process_utilization(
+        &self,
+        since: Option<u64>,
+    ) -> Result<Vec<ProcessUtilizationSample>, NvmlError> {
+        self.util_calls.borrow_mut().push(since);
+        (self.utilization)(since)
+    }
+}
+
+#[test]
+fn converts_units_and_names() {
+    let src = StandIn::full();
+    let mut state = GpuState {
+        xid_errors: Some(3),
+        last_xid: Some(48),
+        ..Default::default()
+    };
+    let r = read_gpu(
+        &src,
+        "580.65.06",
+        &mut state,
+        Instant::now(),
+        &Cadence::EVERY_TIME,
+    )
+    .unwrap();
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+    let g = &r.gpu;
+    assert_eq!(g.index, 2);
+    assert_eq!(g.uuid, "GPU-2");
+    assert_eq!(g.label(), "gpu2");
+    assert_eq!(g.name, "NVIDIA H100 80GB HBM3");
+    assert_eq!(g.pci_bus_id, "00000000:18:00.0");
+    assert_eq!(g.minor_number, Some(5));
+    assert_eq!(g.driver_version, "580.65.06");
+    assert_eq!(g.utilization_ratio, Some(0.87));
+    assert_eq!(g.memory_utilization_ratio, Some(0.04));
+    assert_eq!(g.memory_used_bytes, Some(19 << 30));
+    assert_eq!(g.memory_free_bytes, Some(60 << 30));
+    assert_eq!(g.memory_total_bytes, Some(80 << 30));
+    assert_eq!(g.power_watts, Some(350.25));
+    assert_eq!(g.energy_millijoules, Some(9_876_543));
+    assert_eq!(g.temperature_celsius, Some(61));
+    assert_eq!(g.sm_clock_hertz, Some(1_755_000_000));
+    assert_eq!(g.memory_clock_hertz, Some(2_619_000_000));
+    assert_eq!(g.pcie_tx_bytes_per_second, Some(1000 * 1024));
+    assert_eq!(g.pcie_rx_bytes_per_second, Some(250 * 1024));
+    assert_eq!(g.ecc_corrected_errors, Some(12));
+    assert_eq!(g.ecc_uncorrected_errors, Some(1));
+    assert_eq!(
+        g.throttle_reasons,
+        Some(vec!["sw_power_cap".to_owned(), "hw_slowdown".to_owned()])
+    );
+    assert_eq!((g.xid_errors, g.last_xid), (Some(3), Some(48)));
+    // Links 0 and 3 are active; 3 has no RX counter and neither has CRC data counters.
+    assert_eq!(
+        g.nvlinks,
+        vec![
+            NvLinkStats {
+                link: 0,
+                tx_bytes: Some(100 * 1024),
+                rx_bytes: Some(200 * 1024),
+                replay_errors: Some(1),
+                recovery_errors: Some(0),
+                crc_flit_errors: Some(0),
+                crc_data_errors: None,
+            },
+            NvLinkStats {
+                link: 3,
+                tx_bytes: Some(7 * 1024),
+                rx_bytes: None,
+                replay_errors: Some(4),
+                recovery_errors: Some(0),
+                crc_flit_errors: Some(0),
+                crc_data_errors: None,
+            },
+        ]
+    );
+    // Each exported name is one of the names the exporter knows.
+    for r in g.throttle_reasons.as_ref().unwrap() {
+        assert!(
+            ethand_snapshot::devices::THROTTLE_REASONS.contains(&r.as_str()),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn processes_memory_and_newest_sm_share() {
+    let src = StandIn::full();
+    let mut state = GpuState::default();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let r = read_gpu(&src, "", &mut state, at(0), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(
+        r.processes,
+        vec![
+            DeviceProcess {
+                pid: 100,
+                device: "gpu2".into(),
+                uuid: "GPU-2".into(),
+                memory_used_bytes: Some(3 << 30),
+                // The newest of its samples (timestamp 30), not the first.
+                utilization_ratio: Some(0.45),
+            },
+            DeviceProcess {
+                pid: 200,
+                device: "gpu2".into(),
+                uuid: "GPU-2".into(),
+                // NVML_VALUE_NOT_AVAILABLE: unknown, not 0.
+                memory_used_bytes: None,
+                // Listed, but in no sample: no SM time.
+                utilization_ratio: Some(0.0),
+            },
+        ]
+    );
+    // The next collection asks only for samples newer than the newest one seen.
+    assert_eq!(state.process_util_since, Some(30));
+    let r = read_gpu(&src, "", &mut state, at(1000), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.processes[0].utilization_ratio, Some(0.05));
+    assert_eq!(state.process_util_since, Some(50));
+    // Nothing new yet (the driver samples every 1/6 s to 1 s): the last batch stands.
+    let r = read_gpu(&src, "", &mut state, at(1500), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.processes[0].utilization_ratio, Some(0.05));
+    // Nothing new for longer than the driver's sample period: idle.
+    let r = read_gpu(&src, "", &mut state, at(4000), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.processes[0].utilization_ratio, Some(0.0));
+    assert_eq!(
+        *src.util_calls.borrow(),
+        vec![None, Some(30), Some(50), Some(50)]
+    );
+}
+
+#[test]
+fn expensive_reads_follow_the_cadence_and_are_reported_in_between() {
+    let src = StandIn::full();
+    let cadence = Cadence {
+        counters: Duration::from_secs(10),
+        nvlink_errors: Duration::from_secs(30),
+    };
+    let mut state = GpuState::default();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let first = read_gpu(&src, "", &mut state, at(0), &cadence).unwrap();
+    let every = read_gpu(
+        &StandIn::full(),
+        "",
+        &mut GpuState::default(),
+        at(0),
+        &Cadence::EVERY_TIME,
+    )
+    .unwrap();
+    // The first collection reads everything.
+    assert_eq!(first.gpu, every.gpu);
+    assert!(first.gpu.energy_millijoules.is_some() && !first.gpu.nvlinks.is_empty());
+    // In between: the last values again, without asking the driver.
+    for ms in [1000, 5000, 9999] {
+        let r = read_gpu(&src, "", &mut state, at(ms), &cadence).unwrap();
+        assert_eq!(r.gpu, first.gpu, "at {ms} ms");
+        assert_eq!(r.processes, first.processes, "at {ms} ms");
+    }
+    assert_eq!(src.util_calls.borrow().len(), 1);
+    read_gpu(&src, "", &mut state, at(10_000), &cadence).unwrap();
+    assert_eq!(src.util_calls.borrow().len(), 2);
+    assert_eq!(state.nvlink_errors_read_at, Some(at(0)));
+    read_gpu(&src, "", &mut state, at(20_000), &cadence).unwrap();
+    assert_eq!(state.nvlink_errors_read_at, Some(at(0)));
+    let r = read_gpu(&src, "", &mut state, at(30_000), &cadence).unwrap();
+    assert_eq!(state.nvlink_errors_read_at, Some(at(30_000)));
+    assert_eq!(src.util_calls.borrow().len(), 4);
+    assert_eq!(r.gpu.nvlinks, every.gpu.nvlinks);
+}
+
+#[test]
+fn not_supported_is_none_and_silent_other_errors_are_noted() {
+    let src = StandIn {
+        power: || Err(NvmlError::NotSupported),
+        energy: || Err(NvmlError::FailedToLoadSymbol("old driver".into())),
+        throttle: || Err(NvmlError::NoPermission),
+        nvlink_state: |_| Err(NvmlError::NotSupported),
+        utilization: |_| Err(NvmlError::NotSupported),
+        ..StandIn::full()
+    };
+    let r = read_gpu(
+        &src,
+        "",
+        &mut GpuState::default(),
+        Instant::now(),
+        &Cadence::EVERY_TIME,
+    )
+    .unwrap();
+    let g = &r.gpu;
+    assert_eq!(g.power_watts, None);
+    assert_eq!(g.energy_millijoules, None);
+    assert_eq!(g.throttle_reasons, None);
+    assert!(g.nvlinks.is_empty());
+    assert_eq!(g.xid_errors, None, "not registered for XID events");
+    // Per-process utilization unsupported: None, not 0; memory is still there.
+    assert_eq!(r.processes[0].utilization_ratio, None);
+    assert_eq!(r.processes[0].memory_used_bytes, Some(3 << 30));
+    assert_eq!(
+        r.notes,
+        vec![format!(
+            "gpu2 throttle reasons: {}",
+            NvmlError::NoPermission
+        )]
+    );
+}
+
+#[test]
+fn no_samples_means_no_sm_time() {
+    let src = StandIn {
+        utilization: |_| Err(NvmlError::NotFound),
+        ..StandIn::full()
+    };
+    let mut state = GpuState::default();
+    let r = read_gpu(&src, "", &mut state, Instant::now(), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.processes[0].utilization_ratio, Some(0.0));
+    assert_eq!(state.process_util_since, None);
+}
+
+#[test]
+fn throttle_reason_names() {
+    assert!(throttle_names(ThrottleReasons::NONE).is_empty());
+    assert_eq!(
+        throttle_names(ThrottleReasons::all()).len(),
+        ethand_snapshot::devices::THROTTLE_REASONS.len()
+    );
+    assert_eq!(
+        throttle_names(ThrottleReasons::all()),
+        ethand_snapshot::devices::THROTTLE_REASONS
+    );
+}
+
+#[test]
+fn missing_library_is_unavailable() {
+    let Err((state, detail)) = NvmlCollector::open(
+        Some(Path::new("/nonexistent/libnvml.so")),
+        Cadence::default(),
+    ) else {
+        panic!("opened a library that does not exist");
+    };
+    assert_eq!(state, CollectorState::Unavailable);
+    assert!(
+        detail.starts_with("/nonexistent/libnvml.so not found: no NVIDIA driver ("),
+        "{detail}"
+    );
+}
+
+/// Percent values of a GPM stand-in: per metric, the later sample's number times 10.
+type Metrics = fn(u32, u32) -> Result<[Result<f64, NvmlError>; 4], NvmlError>;
+
+/// A GPU's GPM as a stand-in: samples are numbered 1, 2, ... and count their frees.
+struct GpmStandIn {
+    supported: fn() -> Result<bool, NvmlError>,
+    /// Given the number of the sample asked for.
+    sample: fn(u32) -> Result<(), NvmlError>,
+    metrics: Metrics,
+    support_calls: Cell<u32>,
+    samples: Cell<u32>,
+    /// (earlier, later) of each metrics call.
+    intervals: RefCell<Vec<(u32, u32)>>,
+    freed: Rc<Cell<u32>>,
+}
+
+/// A sample handle: its number, and the stand-in's free count.
+#[derive(Debug)]
+struct Sample(u32, Rc<Cell<u32>>);
+
+impl Drop for Sample {
+    fn drop(&mut self) {
+        self.1.set(self.1.get() + 1);
+    }
+}
+
+impl GpmStandIn {
+    /// An H100-like GPU: GPM there, every metric read.
+    fn hopper() -> Self {
+        Self {
+            supported: || Ok(true),
+            sample: |_| Ok(()),
+            metrics: |_, later| {
+                let p = f64::from(later) * 10.0;
+                Ok([Ok(p), Ok(p + 1.0), Ok(p + 2.0), Ok(p + 3.0)])
+            },
+            support_calls: Cell::new(0),
+            samples: Cell::new(0),
+            intervals: RefCell::new(Vec::new()),
+            freed: Rc::new(Cell::new(0)),
+        }
+    }
+}
+
+impl GpmSource for GpmStandIn {
+    type Sample = Sample;
+    fn gpm_supported(&self) -> Result<bool, NvmlError> {
+        self.support_calls.set(self.support_calls.get() + 1);
+        (self.supported)()
+    }
+    fn gpm_sample(&self) -> Result<Sample, NvmlError> {
+        let n = self.samples.get() + 1;
+        self.samples.set(n);
+        (self.sample)(n).map(|()| Sample(n, self.freed.clone()))
+    }
+    fn gpm_metrics(
+        &self,
+        earlier: &Sample,
+        later: &Sample,
+    ) -> Result<[Result<f64, NvmlError>; 4], NvmlError> {
+        self.intervals.borrow_mut().push((earlier.0, later.0));
+        (self.metrics)(earlier.0, later.0)
+    }
+}
+
+fn gpm(src: &GpmStandIn, state: &mut GpmState<Sample>) -> (GpmReading, Vec<String>) {
+    let mut notes = Vec::new();
+    let r = read_gpm(src, state, "gpu0", &mut notes);
+    (r, notes)
+}
+
+fn ratios(a: f64, b: f64, c: f64, d: f64) -> GpmRatios {
+    GpmRatios {
+        sm_activity: Some(a),
+        sm_occupancy: Some(b),
+        tensor_activity: Some(c),
+        dram_bandwidth: Some(d),
+    }
+}
+
+#[test]
+fn gpm_percent_to_ratio() {
+    assert_eq!(gpm_ratio(0.0), Some(0.0));
+    assert_eq!(gpm_ratio(50.0), Some(0.5));
+    assert_eq!(gpm_ratio(100.0), Some(1.0));
+    // Rounding just past the ends: clamped.
+    assert_eq!(gpm_ratio(100.3), Some(1.0));
+    assert_eq!(gpm_ratio(-0.2), Some(0.0));
+    assert_eq!(gpm_ratio(-0.0), Some(0.0));
+    // Not a share of anything: dropped, never reported as 0 or 1.
+    for bad in [
+        101.0,
+        250.0,
+        -1.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ] {
+        assert_eq!(gpm_ratio(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn intervals_run_between_consecutive_samples() {
+    let mut previous = None;
+    assert_eq!(next_interval(&mut previous, 1), None, "first: no interval");
+    assert_eq!(previous, Some(1));
+    assert_eq!(next_interval(&mut previous, 2), Some((1, &2)));
+    assert_eq!(next_interval(&mut previous, 3), Some((2, &3)));
+    assert_eq!(previous, Some(3));
+}
+
+#[test]
+fn gpm_first_interval_is_none_then_each_interval_is_read() {
+    let src = GpmStandIn::hopper();
+    let mut state = GpmState::default();
+    let (r, notes) = gpm(&src, &mut state);
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(r.supported, Some(true));
+    assert_eq!(
+        r.ratios,
+        GpmRatios::default(),
+        "one sample: no interval yet"
+    );
+    let (r, notes) = gpm(&src, &mut state);
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(r.ratios, ratios(0.2, 0.21, 0.22, 0.23));
+    let (r, _) = gpm(&src, &mut state);
+    assert_eq!(r.ratios, ratios(0.3, 0.31, 0.32, 0.33));
+    // Each interval from the previous sample to the new one; support asked once.
+    assert_eq!(*src.intervals.borrow(), vec![(1, 2), (2, 3)]);
+    assert_eq!(src.support_calls.get(), 1);
+    // Only the newest sample is kept; it is freed with the state.
+    assert_eq!(src.freed.get(), 2);
+    assert_eq!(state.previous.as_ref().map(|s| s.0), Some(3));
+    drop(state);
+    assert_eq!(src.freed.get(), 3);
+
+    let mut gpu = GpuDevice::default();
+    r.apply(&mut gpu);
+    assert_eq!(gpu.gpm_supported, Some(true));
+    assert_eq!(gpu.sm_activity_ratio, Some(0.3));
+    assert_eq!(gpu.sm_occupancy_ratio, Some(0.31));
+    assert_eq!(gpu.tensor_activity_ratio, Some(0.32));
+    assert_eq!(gpu.dram_bandwidth_ratio, Some(0.33));
+}
+
+#[test]
+fn gpm_unsupported_is_reported_once_and_silently() {
+    for supported in [
+        (|| Ok(false)) as fn() -> Result<bool, NvmlError>,
+        || Err(NvmlError::NotSupported),
+        // A library older than GPM (R520).
+        || {
+            Err(NvmlError::FailedToLoadSymbol(
+                "nvmlGpmQueryDeviceSupport".into(),
+            ))
+        },
+    ] {
+        let src = GpmStandIn {
+            supported,
+            ..GpmStandIn::hopper()
+        };
+        let mut state = GpmState::default();
+        for _ in 0..3 {
+            let (r, notes) = gpm(&src, &mut state);
+            assert!(notes.is_empty(), "{notes:?}");
+            assert_eq!(r.supported, Some(false));
+            assert_eq!(r.ratios, GpmRatios::default());
+        }
+        assert_eq!(src.support_calls.get(), 1, "asked once");
+        assert_eq!(src.samples.get(), 0, "never sampled");
+        let mut gpu = GpuDevice::default();
+        gpm(&src, &mut state).0.apply(&mut gpu);
+        assert_eq!(
+            (gpu.gpm_supported, gpu.sm_activity_ratio),
+            (Some(false), None)
+        );
+    }
+}
+
+#[test]
+fn gpm_support_question_failing_is_noted_and_asked_again() {
+    let src = GpmStandIn {
+        supported: || Err(NvmlError::Unknown),
+        ..GpmStandIn::hopper()
+    };
+    let mut state = GpmState::default();
+    let (r, notes) = gpm(&src, &mut state);
+    assert_eq!(r, GpmReading::default());
+    assert_eq!(
+        notes,
+        vec![format!("gpu0 gpm support: {}", NvmlError::Unknown)]
+    );
+    gpm(&src, &mut state);
+    assert_eq!(src.support_calls.get(), 2);
+    assert_eq!(src.samples.get(), 0);
+}
+
+#[test]
+fn gpm_failed_sample_starts_a_new_interval() {
+    let src = GpmStandIn {
+        // The third sample fails.
+        sample: |n| match n {
+            3 => Err(NvmlError::GpuLost),
+            _ => Ok(()),
+        },
+        ..GpmStandIn::hopper()
+    };
+    let mut state = GpmState::default();
+    gpm(&src, &mut state);
+    assert!(gpm(&src, &mut state).0.ratios.sm_activity.is_some());
+    let (r, notes) = gpm(&src, &mut state);
+    assert_eq!(r.supported, Some(true));
+    assert_eq!(r.ratios, GpmRatios::default());
+    assert_eq!(
+        notes,
+        vec![format!("gpu0 gpm sample: {}", NvmlError::GpuLost)]
+    );
+    assert!(
+        state.previous.is_none(),
+        "the interval across the gap is dropped"
+    );
+    // Sample 4 starts the next interval, sample 5 ends it.
+    assert_eq!(gpm(&src, &mut state).0.ratios, GpmRatios::default());
+    assert_eq!(
+        gpm(&src, &mut state).0.ratios,
+        ratios(0.5, 0.51, 0.52, 0.53)
+    );
+    assert_eq!(*src.intervals.borrow(), vec![(1, 2), (4, 5)]);
+
+    // Sampling unsupported although the GPU has GPM: unsupported now, silently.
+    let src = GpmStandIn {
+        sample: |_| Err(NvmlError::NotSupported),
+        ..GpmStandIn::hopper()
+    };
+    let mut state = GpmState::default();
+    let (r, notes) = gpm(&src, &mut state);
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(
+        r,
+        GpmReading {
+            supported: Some(false),
+            ratios: GpmRatios::default(),
+        }
+    );
+    gpm(&src, &mut state);
+    assert_eq!(src.samples.get(), 2, "tried again");
+}
+
+#[test]
+fn gpm_bad_metric_values_are_none() {
+    let src = GpmStandIn {
+        metrics: |_, _| {
+            Ok([
+                Ok(f64::NAN),
+                Err(NvmlError::NotSupported),
+                Ok(180.0),
+                Err(NvmlError::Unknown),
+            ])
+        },
+        ..GpmStandIn::hopper()
+    };
+    let mut state = GpmState::default();
+    gpm(&src, &mut state);
+    let (r, notes) = gpm(&src, &mut state);
+    assert_eq!(r.supported, Some(true));
+    assert_eq!(r.ratios, GpmRatios::default());
+    // NOT_SUPPORTED for one metric is silent; the rest are noted.
+    assert_eq!(
+        notes,
+        vec![
+            "gpu0 gpm sm activity: NaN is not a percentage".to_owned(),
+            "gpu0 gpm tensor activity: 180 is not a percentage".to_owned(),
+            format!("gpu0 gpm dram bandwidth: {}", NvmlError::Unknown),
+        ]
+    );
+
+    let src = GpmStandIn {
+        metrics: |_, _| Err(NvmlError::InvalidArg),
+        ..GpmStandIn::hopper()
+    };
+    let mut state = GpmState::default();
+    gpm(&src, &mut state);
+    let (r, notes) = gpm(&src, &mut state);
+    assert_eq!(r.ratios, GpmRatios::default());
+    assert_eq!(
+        notes,
+        vec![format!("gpu0 gpm metrics: {}", NvmlError::InvalidArg)]
+    );
+    // The new sample still starts the next interval.
+    assert_eq!(state.previous.as_ref().map(|s| s.0), Some(2));
+}
