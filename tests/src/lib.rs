@@ -690,20 +690,28 @@ pub fn kernel_schedstat(pid: u32) -> std::collections::BTreeMap<u32, KernelSched
         .filter_map(|e| {
             let tid = e.file_name().to_str()?.parse().ok()?;
             let s = fs::read_to_string(e.path().join("schedstat")).ok()?;
-            let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
-            let oncpu_ns = f.next()??;
-            let run_delay_ns = f.next()??;
-            let runs = f.next()??;
-            Some((
-                tid,
-                KernelSchedstat {
-                    oncpu_ns,
-                    run_delay_ns,
-                    runs,
-                },
-            ))
+            Some((tid, KernelSchedstat::parse(&s)?))
         })
         .collect()
+}
+
+/// The same statistics of `pid`'s main thread (/proc/PID/schedstat): the whole process for
+/// a single-threaded workload.
+pub fn kernel_schedstat_main(pid: u32) -> KernelSchedstat {
+    let s = fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    KernelSchedstat::parse(&s).unwrap_or_else(|| panic!("/proc/{pid}/schedstat: {s:?}"))
+}
+
+impl KernelSchedstat {
+    /// The three fields of a schedstat file.
+    fn parse(s: &str) -> Option<Self> {
+        let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+        Some(Self {
+            oncpu_ns: f.next()??,
+            run_delay_ns: f.next()??,
+            runs: f.next()??,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

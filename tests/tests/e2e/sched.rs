@@ -2,8 +2,8 @@
 use std::thread;
 
 use ethand_tests::{
-    Daemon, ProbeState, SETTLE, find_proc, kernel_schedstat, kernel_switches, measure, probe,
-    serial,
+    Daemon, KernelSchedstat, ProbeState, SETTLE, find_proc, kernel_schedstat,
+    kernel_schedstat_main, kernel_switches, measure, probe, serial,
 };
 
 use crate::workload;
@@ -142,16 +142,6 @@ fn context_switches_of_a_pipe_ping_pong() {
     assert_ping_pong(&d, 2000);
 }
 
-/// Reads /proc/PID/schedstat: (on-CPU ns, run-queue wait ns).
-fn process_schedstat(pid: u32) -> (u64, u64) {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
-    let f: Vec<u64> = t
-        .split_whitespace()
-        .map(|x| x.parse().expect("number"))
-        .collect();
-    (f[0], f[1])
-}
-
 /// A busy loop of 1 s CPU time: oncpu_ns grows by the workload's own measure (within 5%) and
 /// by the kernel's sum_exec_runtime (/proc/PID/schedstat, within 2%).
 #[test]
@@ -167,11 +157,11 @@ fn oncpu_time_matches_the_workloads_own_cpu_time() {
 fn assert_oncpu(d: &Daemon, ms: u64, vs_kernel: (f64, f64)) {
     let mut w = workload(&["cpu", &ms.to_string()]);
     thread::sleep(SETTLE);
-    let k0 = process_schedstat(w.pid);
+    let k0 = kernel_schedstat_main(w.pid).oncpu_ns;
     let before = d.snapshot(w.pid);
     let done = w.go();
     thread::sleep(SETTLE);
-    let k1 = process_schedstat(w.pid);
+    let k1 = kernel_schedstat_main(w.pid).oncpu_ns;
     // The workload is blocked now: k1 is final. Give the daemon a few more collections
     // (its loop can lag behind on a loaded CI machine) before reading its figure.
     thread::sleep(SETTLE);
@@ -179,7 +169,7 @@ fn assert_oncpu(d: &Daemon, ms: u64, vs_kernel: (f64, f64)) {
 
     let own = done.u64("cpu_ns");
     let oncpu = find_proc(&after, w.pid).sched.oncpu_ns - find_proc(&before, w.pid).sched.oncpu_ns;
-    let kernel = k1.0 - k0.0;
+    let kernel = k1 - k0;
     let rel = |x: u64| (x as f64 - own as f64) / own as f64;
     eprintln!(
         "observed: workload CPU {own} ns; ethand oncpu delta {oncpu} ns ({:+.2}%); kernel schedstat delta {kernel} ns ({:+.2}%)",
@@ -218,13 +208,21 @@ fn a_run_in_progress_counts_before_its_switch_out() {
     thread::sleep(std::time::Duration::from_secs(1));
     let mut uninterrupted = 0;
     for _ in 0..60 {
-        let (k0, runs0) = process_exec_and_runs(pid);
+        let KernelSchedstat {
+            oncpu_ns: k0,
+            runs: runs0,
+            ..
+        } = kernel_schedstat_main(pid);
         thread::sleep(std::time::Duration::from_millis(
             ethand_tests::INTERVAL_MS * 3 / 2,
         ));
-        let (k_mid, runs_mid) = process_exec_and_runs(pid);
+        let KernelSchedstat {
+            oncpu_ns: k_mid,
+            runs: runs_mid,
+            ..
+        } = kernel_schedstat_main(pid);
         let t = d.snapshot(pid);
-        let (k1, _) = process_exec_and_runs(pid);
+        let k1 = kernel_schedstat_main(pid).oncpu_ns;
         let oncpu = find_proc(&t, pid).sched.oncpu_ns;
         assert!(
             oncpu <= k1,
@@ -251,16 +249,6 @@ fn a_run_in_progress_counts_before_its_switch_out() {
         uninterrupted >= 1,
         "the loop was switched out within every 300 ms span: nothing to compare"
     );
-}
-
-/// /proc/PID/schedstat's on-CPU ns and run count (a switch-in adds one).
-fn process_exec_and_runs(pid: u32) -> (u64, u64) {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
-    let f: Vec<u64> = t
-        .split_whitespace()
-        .map(|x| x.parse().expect("number"))
-        .collect();
-    (f[0], f[2])
 }
 
 /// A thread made after `go` sleeps 20 x 10 ms: every span it spent off CPU, but its last,
