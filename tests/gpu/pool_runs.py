@@ -4,9 +4,9 @@
 One run's verdict rests on 30-70 rounds, each a paired change (a mode's steps/s against the
 same round's `none`, in %); on the H200 VM a round's change scatters by ~10 points (the host's
 CPU speed), so a 1 % bound needs several hundred rounds, more than one device session gives.
-This reads the rounds back from the record, docs/perf-gpu-training.md (each `## Run N` section's
-`| MODE |` row of its single-GPU table, or its DDP table with --workload: the list after "; "
-in the paired-change column), and from report JSON files (gpu-bench.json), and gives three
+This reads the rounds back from the stored records, bench/results/gpu-training/run-N.json
+(bench/results/README.md: each run's `workloads[].rows[].paired_pct`, of the single-GPU part or
+of the DDP part with --workload), and from report JSON files (gpu-bench.json), and gives three
 pooled estimates with 95 % intervals:
 
   median      the verdict rule of train_bench.py (percentile bootstrap of the median), on all
@@ -21,12 +21,13 @@ pooled estimates with 95 % intervals:
 Rounds are pooled as they are: every run compares the same training loop with and without
 ethand at the default level, under the binary of its day.
 
-  python3 tests/gpu/pool_runs.py docs/perf-gpu-training.md --runs 10-22 [--mode calls]
-      [--workload "DDP 2 GPUs"] [--json LABEL=gpu-bench.json ...]
+  python3 tests/gpu/pool_runs.py --runs 10-22 [--mode calls] [--workload "DDP 2 GPUs"]
+      [--results bench/results/gpu-training] [--json LABEL=gpu-bench.json ...]
 """
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -34,30 +35,22 @@ import sys
 from train_bench import boot_ci, log_pct  # the per-run report's own rules, on all rounds
 
 
-def runs_from_markdown(path, mode, workload="single GPU"):
-    """{run number: [paired change %, ...]} from the table of one workload ("single GPU" or
-    "DDP 2 GPUs") in each `## Run N`."""
+RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "results", "gpu-training"))
+
+
+def runs_from_records(folder, mode, workload="single GPU"):
+    """{run number: [paired change %, ...]} from the stored records (run-N.json) of one workload
+    ("single GPU" or "DDP 2 GPUs"): the `mode` row's per-round paired changes."""
     out = {}
-    run = None
-    section = None
-    with open(path) as f:
-        for line in f:
-            m = re.match(r"^#{2,3} Run (\d+)\b", line)
-            if m:
-                run, section = int(m.group(1)), None
-                continue
-            m = re.match(r"^#{3,4} (single GPU|DDP 2 GPUs)", line)
-            if m:
-                section = m.group(1)
-                continue
-            if run is None or section != workload or not line.startswith(f"| {mode} |") or run in out:
-                continue
-            cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            paired = cols[4] if len(cols) > 4 else ""
-            if "; " not in paired:
-                continue
-            xs = [float(x) for x in paired.split("; ", 1)[1].split()]
-            out[run] = xs
+    for name in sorted(os.listdir(folder)):
+        if not re.fullmatch(r"run-\d+\.json", name):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            rec = json.load(f)
+        part = next((w for w in rec["workloads"] if w["workload"] == workload), None)
+        row = next((r for r in (part or {}).get("rows", []) if r["mode"] == mode), None)
+        if row and row.get("paired_pct"):
+            out[rec["run"]] = row["paired_pct"]
     return out
 
 
@@ -82,56 +75,71 @@ def parse_runs(spec):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("record", help="docs/perf-gpu-training.md")
+    ap.add_argument("--results", default=RESULTS, help="folder of run-N.json records [bench/results/gpu-training]")
     ap.add_argument("--runs", required=True, help="run numbers: 10-21 or 10,12,14")
     ap.add_argument("--mode", default="calls")
     ap.add_argument("--workload", default="single GPU", choices=("single GPU", "DDP 2 GPUs"))
-    ap.add_argument("--json", action="append", default=[], help="LABEL=gpu-bench.json (a run not in the record)")
+    ap.add_argument("--json", action="append", default=[], help="LABEL=gpu-bench.json (a run not in the records)")
     ap.add_argument("--limit", type=float, default=1.0, help="the target: at most this %% slower")
     a = ap.parse_args()
-    found = runs_from_markdown(a.record, a.mode, a.workload)
+    found = runs_from_records(a.results, a.mode, a.workload)
     want = parse_runs(a.runs)
     missing = sorted(want - set(found))
     if missing:
-        print(f"runs not found in {a.record} (no {a.workload} `{a.mode}` row with per-round changes): {missing}",
+        print(f"runs not found in {a.results} (no {a.workload} `{a.mode}` row with per-round changes): {missing}",
               file=sys.stderr)
     per = {f"run {r}": found[r] for r in sorted(want & set(found))}
     for spec in a.json:
         label, _, path = spec.partition("=")
         per[label] = runs_from_json(path, a.mode, a.workload)
-    allx = [x for xs in per.values() for x in xs]
-    if len(allx) < 6:
+    if sum(len(xs) for xs in per.values()) < 6:
         print("fewer than 6 rounds: nothing to pool", file=sys.stderr)
         return 2
-    print("| run | rounds | median change | mean change | sd |")
-    print("|---|---|---|---|---|")  # changes in steps/s: negative = slower with ethand
-    for k, xs in per.items():
-        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-        print(f"| {k} | {len(xs)} | {statistics.median(xs):+.2f} % | {statistics.mean(xs):+.2f} % | {sd:.2f} |")
+    print("\n".join(report(per, a.limit)))
+    return 0
+
+
+def estimates(allx, median=True):
+    """[(estimate, % slower, interval's low end, high end)] of the pooled rounds: the median
+    (bootstrap; left out with median=False, it takes seconds), the mean of the log ratios, the
+    Hodges-Lehmann estimate. Changes are signed like steps/s (negative: slower with ethand);
+    these are % slower."""
+    out = []
     n = len(allx)
-    print()
-    print(f"pooled: {n} rounds from {len(per)} runs; sd of a round {statistics.stdev(allx):.2f} points; skew of "
-          f"the % changes {skew(allx):+.2f}, of their logs {skew([log_pct(x) for x in allx]):+.2f}")
-    print()
-    print("| estimate | slower with ethand | 95 % interval, % slower | verdict (<= "
-          f"{a.limit:g} % slower) |")
-    print("|---|---|---|---|")
-    # Changes are signed like steps/s (negative: slower with ethand); printed as % slower.
-    med = statistics.median(allx)
-    lo, hi = boot_ci(allx, n=20000)
-    row("median of the % changes (bootstrap, 20,000 resamples, seed 1)", -med, -hi, -lo, a.limit)
+    if median:
+        med = statistics.median(allx)
+        lo, hi = boot_ci(allx, n=20000)
+        out.append(("median of the % changes (bootstrap, 20,000 resamples, seed 1)", -med, -hi, -lo))
     logs = [log_pct(x) for x in allx]
     m = statistics.mean(logs)
     se = statistics.stdev(logs) / n ** 0.5
-    row("mean of the log ratios (t interval)", -m, -(m + 1.96 * se), -(m - 1.96 * se), a.limit)
+    out.append(("mean of the log ratios (t interval)", -m, -(m + 1.96 * se), -(m - 1.96 * se)))
     hl, (hlo, hhi) = hodges_lehmann(logs)
-    row("Hodges-Lehmann of the log ratios (Wilcoxon interval)", -hl, -hhi, -hlo, a.limit)
+    out.append(("Hodges-Lehmann of the log ratios (Wilcoxon interval)", -hl, -hhi, -hlo))
+    return out
+
+
+def report(per, limit=1.0):
+    """The printed report, as lines: per-run table, pooled spread, the three estimates."""
+    allx = [x for xs in per.values() for x in xs]
+    lines = ["| run | rounds | median change | mean change | sd |",
+             "|---|---|---|---|---|"]  # changes in steps/s: negative = slower with ethand
+    for k, xs in per.items():
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        lines.append(f"| {k} | {len(xs)} | {statistics.median(xs):+.2f} % | {statistics.mean(xs):+.2f} % | {sd:.2f} |")
+    n = len(allx)
+    lines += ["", f"pooled: {n} rounds from {len(per)} runs; sd of a round {statistics.stdev(allx):.2f} points; skew of "
+              f"the % changes {skew(allx):+.2f}, of their logs {skew([log_pct(x) for x in allx]):+.2f}", ""]
+    lines.append("| estimate | slower with ethand | 95 % interval, % slower | verdict (<= "
+                 f"{limit:g} % slower) |")
+    lines.append("|---|---|---|---|")
+    for name, slow, lo, hi in estimates(allx):
+        lines.append(row(name, slow, lo, hi, limit))
     mean = statistics.mean(allx)
     se = statistics.stdev(allx) / n ** 0.5
-    print()
-    print(f"(plain mean of the % changes, biased toward faster: {-mean:+.2f} % slower, t interval "
-          f"{-mean - 1.96 * se:+.2f} % to {-mean + 1.96 * se:+.2f} %)")
-    return 0
+    lines += ["", f"(plain mean of the % changes, biased toward faster: {-mean:+.2f} % slower, t interval "
+              f"{-mean - 1.96 * se:+.2f} % to {-mean + 1.96 * se:+.2f} %)"]
+    return lines
 
 
 def skew(xs):
@@ -151,7 +159,7 @@ def hodges_lehmann(xs):
 
 def row(name, slow, slow_lo, slow_hi, limit):
     v = "PASS" if slow_hi <= limit else "FAIL" if slow_lo > limit else "inconclusive"
-    print(f"| {name} | {slow:+.2f} % | {slow_lo:+.2f} % to {slow_hi:+.2f} % | {v} |")
+    return f"| {name} | {slow:+.2f} % | {slow_lo:+.2f} % to {slow_hi:+.2f} % | {v} |"
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 pool_runs.py's pooling), on synthetic runs whose answer is known by construction. No torch,
 no GPU: run by tests/tests/gpu_bench_stats.rs in CI, or `python3 tests/gpu/test_bench_stats.py`.
 """
+import json
 import math
 import os
 import random
@@ -109,36 +110,35 @@ class SpeedReference(unittest.TestCase):
 
 
 class Pooling(unittest.TestCase):
-    RECORD = """# record
-## Run 7 (DDP): not single GPU
-### DDP 2 GPUs
-| calls | 1 | 2 | -9 % | -9.00 %; -9.0 -9.0 | x |
-## Run 8 (report): single GPU
-### single GPU
-| none | 50 | 50 / 51 | — | — | x |
-| calls | 49 | 49 / 50 | -1.0 % | -1.00 % (95 % CI -2 to 0); -1.0 +0.5 -2.0 | x |
-## Run 9 (report): single GPU, headings one level down
-#### single GPU
-| calls | 49 | 49 / 50 | -1.0 % | +0.10 %; +0.1 +0.3 | x |
-"""
+    @staticmethod
+    def record(run, workload, rows):
+        return {"run": run, "workloads": [{"workload": workload, "rows": rows}]}
 
-    def test_reads_single_gpu_rows_of_each_run(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False) as f:
-            f.write(self.RECORD)
-        try:
-            runs = pool_runs.runs_from_markdown(f.name, "calls")
-        finally:
-            os.unlink(f.name)
-        self.assertEqual(runs, {8: [-1.0, 0.5, -2.0], 9: [0.1, 0.3]})
+    def test_reads_each_workloads_rows_from_the_records(self):
+        calls = {"mode": "calls", "paired_pct": [-1.0, 0.5, -2.0]}
+        records = {
+            "run-7.json": self.record(7, "DDP 2 GPUs", [{"mode": "calls", "paired_pct": [-9.0, -9.0]}]),
+            "run-8.json": self.record(8, "single GPU", [{"mode": "none", "paired_pct": []}, calls]),
+            "run-9.json": self.record(9, "single GPU", [{"mode": "op", "paired_pct": [0.1, 0.3]}]),
+            "earlier.json": self.record(None, "single GPU", [calls]),  # not a numbered run
+        }
+        with tempfile.TemporaryDirectory() as d:
+            for name, rec in records.items():
+                with open(os.path.join(d, name), "w") as f:
+                    json.dump(rec, f)
+            self.assertEqual(pool_runs.runs_from_records(d, "calls"), {8: [-1.0, 0.5, -2.0]})
+            self.assertEqual(pool_runs.runs_from_records(d, "calls", "DDP 2 GPUs"), {7: [-9.0, -9.0]})
+            self.assertEqual(pool_runs.runs_from_records(d, "op"), {9: [0.1, 0.3]})
 
-    def test_reads_the_ddp_rows_when_asked(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False) as f:
-            f.write(self.RECORD)
-        try:
-            runs = pool_runs.runs_from_markdown(f.name, "calls", "DDP 2 GPUs")
-        finally:
-            os.unlink(f.name)
-        self.assertEqual(runs, {7: [-9.0, -9.0]})
+    def test_the_stored_runs_pool_to_the_documented_figures(self):
+        # docs/perf-gpu-training.md: runs 10-22, `calls`, single GPU, 597 rounds.
+        runs = pool_runs.runs_from_records(pool_runs.RESULTS, "calls")
+        self.assertEqual(sorted(runs), [1, 6] + list(range(10, 23)))
+        allx = [x for r in range(10, 23) for x in runs[r]]
+        self.assertEqual(len(allx), 597)
+        got = [(round(s, 2), round(lo, 2), round(hi, 2)) for _, s, lo, hi in pool_runs.estimates(allx)]
+        self.assertEqual(got, [(0.30, -0.60, 1.00), (-0.07, -0.85, 0.70), (0.07, -0.69, 0.82)])
+
 
     def test_hodges_lehmann_of_a_symmetric_sample(self):
         xs = [-3.0, -1.0, 0.0, 1.0, 3.0, 10.0, -10.0]

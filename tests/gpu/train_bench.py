@@ -127,7 +127,7 @@ class SpeedRef:
     round's change in steps/s can then be regressed on its change in reference speed: the
     intercept is ethand's effect at unchanged host speed. ethand should not move the reference
     itself (it makes no system call, nothing else runs on its CPU); the report checks that.
-    On the H200 VM it narrowed nothing (runs 20-22 of docs/perf-gpu-training.md): each vCPU's
+    On the H200 VM it narrowed nothing (runs 20-22, bench/results/gpu-training/): each vCPU's
     speed moves on its own, so a reference on another vCPU tracks the slow drift that pairing
     already removes, not the training thread's speed within a round.
     """
