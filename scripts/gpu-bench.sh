@@ -57,7 +57,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 # a CPU of its own (the last N; the training and the daemon are kept off them). The report
 # then also gives the change at unchanged host speed. Off by default: on the H200 VM each
 # vCPU's speed moves on its own, and a round's paired change correlated only 0.09-0.28 with
-# the reference's (runs 20-22 in docs/perf-gpu-training.md), too little to narrow the interval.
+# the reference's (runs 20-22, bench/results/gpu-training/), too little to narrow the interval.
 SPEED_REF=${SPEED_REF:-0}
 EVENT_COSTS=${EVENT_COSTS:-}
 KEEP_WORK=${KEEP_WORK:-0}
