@@ -51,8 +51,9 @@ pub struct BenchArgs {
     /// Where to write the Markdown report [default: docs/performance.md in the workspace].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
-    /// Also write the per-event table as JSON here (median, added ns and its noise per
-    /// workload and mode; the per-switch cost): for scripts such as scripts/gpu-event-costs.sh.
+    /// Write the run's record as JSON here (per workload and mode: median, added ns, its noise
+    /// and every round's sample; the per-switch cost; the machine) [default: a full run that
+    /// writes docs/performance.md keeps it as bench/results/events/DATE.json].
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
     /// Fewer iterations (a tenth): a smoke run, too noisy to publish.
@@ -313,15 +314,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
         info: &info,
     };
     print!("\n{}", report.text());
+    let out_was_default = args.out.is_none();
     let out = args
         .out
+        .clone()
         .unwrap_or_else(|| root.join("docs").join("performance.md"));
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     fs::write(&out, report.markdown()).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("[bench] wrote {}", out.display());
-    if let Some(path) = &args.json {
+    // A published run (default page, full length) keeps its record, raw samples included,
+    // under bench/results/events/: the page holds the current tables, the records the history.
+    let record = args.json.clone().or_else(|| {
+        (out_was_default && !args.quick).then(|| {
+            let stamp = info.machine.date.replace(" UTC", "Z").replace([' ', ':'], "-");
+            root.join("bench/results/events").join(format!("{stamp}.json"))
+        })
+    });
+    if let Some(path) = &record {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
         let body = serde_json::to_string_pretty(&report.json())?;
         fs::write(path, body + "\n").with_context(|| format!("writing {}", path.display()))?;
         eprintln!("[bench] wrote {}", path.display());

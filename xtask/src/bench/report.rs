@@ -257,9 +257,17 @@ impl Report<'_> {
                 } else {
                     (r.added_ns(w, mode), r.added_noise_ns(w, mode))
                 };
+                // Every round's figure, in run order: the record the medians come from.
+                let samples_ns: Vec<f64> =
+                    r.runs(w, mode).iter().map(|m| m.ns_per_event()).collect();
                 modes.insert(
                     mode.name().into(),
-                    json!({"median_ns": median, "added_ns": added, "added_noise_ns": noise}),
+                    json!({
+                        "median_ns": median,
+                        "added_ns": added,
+                        "added_noise_ns": noise,
+                        "samples_ns": samples_ns,
+                    }),
                 );
             }
             if !modes.is_empty() {
@@ -284,8 +292,18 @@ impl Report<'_> {
             .iter()
             .map(|(m, why)| (m.name().to_string(), Value::from(why.as_str())))
             .collect();
+        let m = &self.info.machine;
         json!({
             "command": self.info.command,
+            "date": m.date,
+            "machine": {
+                "kernel": m.kernel,
+                "cpus": m.cpus,
+                "cpu_model": m.cpu_model,
+                "commit": m.commit,
+                "ethand_version": m.ethand_version,
+                "bpftrace_version": m.bpftrace_version,
+            },
             "rounds": self.info.rounds,
             "quick": self.info.quick,
             "workloads": workloads,
@@ -681,24 +699,11 @@ impl Report<'_> {
             )?;
         }
 
-        writeln!(s, "\n## Raw samples (ns per event, in run order)\n")?;
-        writeln!(s, "| workload | mode | samples |\n|---|---|---|")?;
-        for w in Workload::ALL {
-            for mode in Mode::ALL.into_iter().filter(|&m| self.ran(m)) {
-                let runs = self.results.runs(w, mode);
-                if runs.is_empty() && !mode.workloads().contains(&w) {
-                    continue;
-                }
-                let samples: Vec<String> = runs.iter().map(|m| fmt_ns(m.ns_per_event())).collect();
-                writeln!(
-                    s,
-                    "| {} | {} | {} |",
-                    w.name(),
-                    mode.name(),
-                    samples.join(", ")
-                )?;
-            }
-        }
+        writeln!(
+            s,
+            "\nThe raw samples (ns per event, in run order) are in this run's record under \
+             `bench/results/events/` (`cargo xtask bench --json`).\n"
+        )?;
 
         writeln!(
             s,

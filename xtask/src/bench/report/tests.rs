@@ -199,8 +199,13 @@ fn direct_switch_row_and_target() {
     assert!(md.contains(
         "\nAnalysis of where the cost goes: [performance-analysis.md](performance-analysis.md).\n"
     ));
-    assert!(md.contains("| pingpong | ethand-sched | 3100, 3260, 3180, 3580, 2780 |"));
-    assert!(!md.contains("| getpid | ethand-sched |"));
+    assert!(md.contains("raw samples (ns per event, in run order) are in this run's record"));
+    let record = report.json();
+    assert_eq!(
+        record["workloads"]["pingpong"]["modes"]["ethand-sched"]["samples_ns"],
+        serde_json::json!([3100.0, 3260.0, 3180.0, 3580.0, 2780.0])
+    );
+    assert!(record["workloads"]["getpid"]["modes"].get("ethand-sched").is_none());
 }
 
 #[test]
