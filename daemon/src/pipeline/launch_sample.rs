@@ -23,7 +23,7 @@ use aya::{
 use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
 use tracing::{debug, warn};
 
-use crate::{gpu::GpuProbes, loader::error_chain};
+use crate::{pipeline::gpu::GpuProbes, pipeline::loader::error_chain};
 
 pub const PROG: &str = "gpu_launch_sample";
 pub const PROG_MULTI: &str = "gpu_launch_sample_multi";
@@ -132,7 +132,7 @@ impl LaunchSampler {
             pids: Vec::new(),
             base: HashMap::new(),
             started: Instant::now(),
-            started_unix_ms: crate::daemon::unix_ms(),
+            started_unix_ms: crate::pipeline::procinfo::unix_ms(),
             duration: r.duration,
             links: Vec::new(),
             notes: Vec::new(),
@@ -193,7 +193,7 @@ impl LaunchSampler {
         }
         // The counting starts once every link is in place.
         a.started = Instant::now();
-        a.started_unix_ms = crate::daemon::unix_ms();
+        a.started_unix_ms = crate::pipeline::procinfo::unix_ms();
         debug!(pids = ?a.pids, "launch sample started");
         self.active.push(a);
     }

@@ -12,8 +12,8 @@ use tokio::{
 use tracing::{debug, warn};
 
 use crate::{
-    connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
-    daemon::Shared,
+    serve::connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
+    serve::daemon::Shared,
 };
 
 #[derive(Debug, Serialize, Deserialize)]

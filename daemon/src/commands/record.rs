@@ -55,7 +55,9 @@ use ethand_common::{
 use ethand_userspace_probes::{catalog::CATALOG, elf::SymbolTable, parse_maps};
 use serde_json::{Value, json};
 
-use crate::{config::Config, loader, loader::error_chain, syscalls_table};
+use crate::{
+    config::Config, pipeline::loader, pipeline::loader::error_chain, pipeline::syscalls_table,
+};
 
 /// Scheduler tracks: `tid = SCHED_TID_BASE + tid` (pid_max is at most 2^22).
 pub const SCHED_TID_BASE: u64 = 1 << 30;
@@ -85,7 +87,7 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
     }
     // Fail before recording if the output cannot be written. A random name beside FILE,
     // created exclusively: nothing planted there is followed (outfile.rs).
-    let out = crate::outfile::OutFile::create(o.output)
+    let out = crate::commands::outfile::OutFile::create(o.output)
         .with_context(|| format!("cannot create a file beside {}", o.output.display()))?;
     let file = out
         .file()
@@ -370,7 +372,7 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
     if libs.is_empty() {
         return out;
     }
-    let progs = crate::gpu::Progs::detect();
+    let progs = crate::pipeline::gpu::Progs::detect();
     let (entry, ret) = if progs.multi() {
         ("record_gpu_enter_multi", "record_gpu_return_multi")
     } else {

@@ -3,7 +3,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, RwLock},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -16,21 +16,14 @@ use tracing::{info, warn};
 
 use crate::{
     UsageError,
-    api::{self, Request, Response},
-    collector::{Collector, program_costs},
     config::{Config, GpuLevel},
-    gpu::GpuProbes,
-    loader::{self, Loaded},
-    model::{self, Model},
-    procinfo,
+    pipeline::collector::{Collector, program_costs},
+    pipeline::gpu::GpuProbes,
+    pipeline::loader::{self, Loaded},
+    pipeline::model::{self, Model},
+    pipeline::procinfo::{self, unix_ms},
+    serve::api::{self, Request, Response},
 };
-
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
 const SNAPSHOT_WINDOW_MS: u64 = 10_000;
@@ -66,14 +59,14 @@ pub struct Shared {
     /// The node dump (`{"ok":...}` line) of a round, shared by the API replies that hold it.
     node_line: Mutex<(u64, std::sync::Weak<Vec<u8>>)>,
     /// The servers' connection limiters (/metrics, the local API), for `ethand status`.
-    pub servers: std::sync::OnceLock<Vec<Arc<crate::connlimit::ConnLimiter>>>,
+    pub servers: std::sync::OnceLock<Vec<Arc<crate::serve::connlimit::ConnLimiter>>>,
     /// When node-wide losses happened, for the snapshots they may have cut.
-    drops: Mutex<crate::drop_history::DropHistory>,
+    drops: Mutex<crate::pipeline::drop_history::DropHistory>,
     /// Per collection round, each GPU's readings (utilization, GPM ratios): the window means
     /// of the diagnosis, rather than the one reading of the moment.
-    pub device_history: Mutex<crate::devices::DeviceHistory>,
+    pub device_history: Mutex<crate::pipeline::devices::DeviceHistory>,
     /// Launch samples asked for by snapshots, started by the collection loop.
-    pub sample_requests: Mutex<Vec<crate::launch_sample::Request>>,
+    pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
     /// `diagnosis.launch_sample_ms`.
     pub launch_sample: std::time::Duration,
 }
@@ -144,7 +137,7 @@ impl Shared {
         let comms = model.comms();
         let block_devices = model.block_devices(&self.devnames);
         drop(model);
-        crate::devices::join(&mut processes, &head.devices);
+        crate::pipeline::devices::join(&mut processes, &head.devices);
         Arc::new(NodeSnapshot {
             processes,
             cgroups,
@@ -198,7 +191,7 @@ impl Shared {
                 window_s,
                 launch_sample,
             } => {
-                let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
+                let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
                 let (probes, level) = {
                     let node = self.node.read().expect("lock");
                     (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
@@ -243,9 +236,9 @@ impl Shared {
             return None;
         }
         // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
-        let pids: Vec<u32> = crate::procinfo::descendants(pid)
+        let pids: Vec<u32> = crate::pipeline::procinfo::descendants(pid)
             .into_iter()
-            .take(4 * crate::launch_sample::MAX_PIDS)
+            .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
             .filter(|p| {
                 std::fs::read_to_string(format!("/proc/{p}/maps"))
                     .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
@@ -258,7 +251,7 @@ impl Shared {
         self.sample_requests
             .lock()
             .expect("lock")
-            .push(crate::launch_sample::Request {
+            .push(crate::pipeline::launch_sample::Request {
                 pids,
                 duration,
                 reply: tx,
@@ -278,7 +271,7 @@ impl Shared {
         launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
     ) -> Option<TreeSnapshot> {
         // A thread id stands for its process.
-        let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
+        let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
         let model = self.model.lock().expect("lock");
         let mut keys = model.tree_keys(pid);
         // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
@@ -286,7 +279,7 @@ impl Shared {
         // are, under a root built from /proc with the zero activity it had.
         let mut unseen_root = None;
         if keys.is_empty() {
-            let live = crate::procinfo::descendants(pid);
+            let live = crate::pipeline::procinfo::descendants(pid);
             if live.len() > 1 {
                 let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
                 for c in &live[1..] {
@@ -298,7 +291,7 @@ impl Shared {
                 }
                 if !seen.is_empty() {
                     keys = seen;
-                    unseen_root = crate::procinfo::read(pid);
+                    unseen_root = crate::pipeline::procinfo::read(pid);
                 }
             }
         }
@@ -311,7 +304,7 @@ impl Shared {
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
         let timeline = model.timeline(&keys, window_ms);
-        let entered: HashMap<u32, (crate::inflight::Entered, u64)> = keys
+        let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
             .iter()
             .filter_map(|k| model.procs.get(k))
             .filter(|p| p.alive)
@@ -321,15 +314,15 @@ impl Shared {
             processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
         }
         drop(model);
-        let mono_now_ns = crate::procinfo::clocks_ns().0;
-        let mut budget = crate::inflight::TREE_THREADS_MAX;
+        let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
+        let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
         for p in processes.iter_mut().filter(|p| p.alive) {
-            (p.swap_bytes, p.major_faults) = crate::procinfo::memory(p.pid);
+            (p.swap_bytes, p.major_faults) = crate::pipeline::procinfo::memory(p.pid);
             let (e, known_ms) = entered
                 .get(&p.pid)
                 .cloned()
                 .unwrap_or((Default::default(), measured_ms));
-            crate::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
+            crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
         }
         let now = unix_ms();
         let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
@@ -339,7 +332,7 @@ impl Shared {
             .expect("lock")
             .since(now.saturating_sub(observed_ms));
         let node = self.node.read().expect("lock").clone();
-        crate::devices::join(&mut processes, &node.devices);
+        crate::pipeline::devices::join(&mut processes, &node.devices);
         let mut tree = TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
@@ -367,7 +360,7 @@ impl Shared {
 
 fn totals(
     ps: &[snap::ProcessSnapshot],
-    history: &crate::devices::DeviceHistory,
+    history: &crate::pipeline::devices::DeviceHistory,
     now_ms: u64,
 ) -> TreeTotals {
     let mut t = TreeTotals {
@@ -409,7 +402,7 @@ fn totals(
 /// Diagnosis signals from the processes' windows and the device collector's utilization.
 fn gpu_derived(
     ps: &[snap::ProcessSnapshot],
-    history: &crate::devices::DeviceHistory,
+    history: &crate::pipeline::devices::DeviceHistory,
     now_ms: u64,
 ) -> Option<ethand_snapshot::gpu::GpuDerived> {
     if ps.iter().all(|p| p.gpu.is_none()) {
@@ -475,8 +468,8 @@ pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
     pub gpu: GpuProbes,
-    pub sampler: crate::launch_sample::LaunchSampler,
-    pub devices: crate::devices::DeviceSampler,
+    pub sampler: crate::pipeline::launch_sample::LaunchSampler,
+    pub devices: crate::pipeline::devices::DeviceSampler,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
     pub cfg: Config,
@@ -505,7 +498,8 @@ impl Engine {
             libc::malloc_trim(0);
         }
         let progs = gpu.progs();
-        let sampler = crate::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
+        let sampler =
+            crate::pipeline::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
         for prog in [progs.entry, progs.ret, sampler.program()] {
             loaded
                 .program_probe
@@ -518,7 +512,9 @@ impl Engine {
             d.exit_grace_seconds,
             d.max_processes,
         );
-        model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
+        model.attribution = Some(crate::pipeline::attribution::Attributor::new(
+            cfg.attribution.clone(),
+        ));
         model.launches_counted = cfg.gpu.level.counts_launches();
         model.max_exited = d.max_exited_processes;
         model.exit_events = loaded.probes.iter().any(|p| {
@@ -542,7 +538,7 @@ impl Engine {
             servers: std::sync::OnceLock::new(),
             drops: Mutex::default(),
             sample_requests: Mutex::default(),
-            device_history: Mutex::new(crate::devices::DeviceHistory::new(
+            device_history: Mutex::new(crate::pipeline::devices::DeviceHistory::new(
                 (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
             )),
             launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
@@ -561,7 +557,7 @@ impl Engine {
             collector,
             gpu,
             sampler,
-            devices: crate::devices::DeviceSampler::start(cfg, hostname()),
+            devices: crate::pipeline::devices::DeviceSampler::start(cfg, hostname()),
             shared,
             started_at_unix_ms: unix_ms(),
             cfg: cfg.clone(),
@@ -632,7 +628,7 @@ impl Engine {
                         .iter()
                         .cloned()
                         .chain(self.gpu.probe_status())
-                        .chain(crate::devices::probe_status(&devices))
+                        .chain(crate::pipeline::devices::probe_status(&devices))
                         .collect(),
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
@@ -787,7 +783,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let metrics = if cfg.prometheus.enabled {
         let addr = cfg.listen_addr();
         Some(
-            crate::http::listen(addr)
+            crate::serve::http::listen(addr)
                 .with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?,
         )
     } else {
@@ -795,14 +791,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     // TLS and basic auth of /metrics: a bad web-config file stops the start, naming the file.
     let web = if cfg.prometheus.enabled {
-        crate::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
+        crate::serve::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
             .map_err(|e| UsageError(format!("prometheus.web_config_file: {e}")))?
     } else {
-        crate::web_config::WebConfig::default()
+        crate::serve::web_config::WebConfig::default()
     };
     // Found before any BPF work: a user that does not exist is a configuration error.
     let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
-    let fd_limit = crate::connlimit::raise_nofile_limit();
+    let fd_limit = crate::serve::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
     // Again: one started while this one loaded its probes.
     refuse_second_daemon(&cfg.daemon.socket).await?;
@@ -815,8 +811,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         0
     };
-    let fds = crate::connlimit::fds_open();
-    let (max_metrics, max_api) = crate::connlimit::fit_to_fd_limit(
+    let fds = crate::serve::connlimit::fds_open();
+    let (max_metrics, max_api) = crate::serve::connlimit::fit_to_fd_limit(
         wanted_metrics,
         cfg.daemon.api_max_connections,
         fd_limit,
@@ -831,8 +827,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             "connection caps lowered to fit the open-file limit (raise LimitNOFILE / ulimit -n)"
         );
     }
-    let api_limiter = crate::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
-    let metrics_limiter = crate::connlimit::ConnLimiter::new(
+    let api_limiter =
+        crate::serve::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
+    let metrics_limiter = crate::serve::connlimit::ConnLimiter::new(
         "metrics",
         max_metrics as usize,
         cfg.prometheus.max_connections_per_peer as usize,
@@ -875,7 +872,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             max_connections_per_peer = cfg.prometheus.max_connections_per_peer.min(max_metrics),
             "serving /metrics"
         );
-        tokio::spawn(crate::http::serve(
+        tokio::spawn(crate::serve::http::serve(
             listener,
             app,
             web,
@@ -895,7 +892,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // The sampled BPF statistics need CAP_SYS_ADMIN at each window: a helper that holds it
     // alone switches them, so that the daemon can drop it with the rest.
     if engine.collector.stats.mode == crate::config::BpfStatsMode::Sampled {
-        match crate::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
+        match crate::privilege::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
             Ok(h) => {
                 info!(
                     pid = h.pid(),

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::{Config, GpuLevel},
-    loader::error_chain,
+    pipeline::loader::error_chain,
 };
 
 pub const ENTRY_PROG: &str = "gpu_enter";

@@ -15,7 +15,7 @@ use aya::{
 use ethand_common::{GPU_ARG_NONE, GPU_MAX_OPS, GpuCallKey, GpuCallStats, GpuOpDesc, gpu_kind};
 use ethand_userspace_probes::elf::SymbolTable;
 
-use crate::{config::Config, loader};
+use crate::{config::Config, pipeline::loader};
 
 pub async fn run(
     cfg: &Config,
@@ -63,7 +63,7 @@ pub async fn run(
     }
     let prog: &mut UProbe = loaded
         .ebpf
-        .program_mut(crate::gpu::Progs::detect().entry)
+        .program_mut(crate::pipeline::gpu::Progs::detect().entry)
         .context("uprobe program")?
         .try_into()?;
     prog.load()?;

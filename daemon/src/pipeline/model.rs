@@ -11,7 +11,7 @@ use ethand_common::{
 };
 use ethand_snapshot as snap;
 
-use crate::{procinfo, syscalls_table};
+use crate::{pipeline::procinfo, pipeline::syscalls_table};
 
 /// mmap(2): a process that maps a library calls it (dlopen), so its count moving is the
 /// hint to look at the process's mappings again.
@@ -417,7 +417,7 @@ pub struct Model {
     /// Wall clock of the ingest in progress (for first-seen times).
     now_unix_ms: u64,
     /// Container / pod / job / rank of processes (None: no attribution, as in unit tests).
-    pub attribution: Option<crate::attribution::Attributor>,
+    pub attribution: Option<crate::pipeline::attribution::Attributor>,
     /// cgroup ids of exit events to paths.
     cgroup_paths: procinfo::CgroupPaths,
     /// Processes entered from the /proc scan at start ([`Model::seed_live_processes`]), by
@@ -1094,8 +1094,8 @@ impl Model {
     }
 
     /// The syscall each thread of `p` was in at its last switch-out, and when it entered it
-    /// (see [`crate::inflight`]).
-    pub fn entered_syscalls(&self, p: &Proc) -> crate::inflight::Entered {
+    /// (see [`crate::pipeline::inflight`]).
+    pub fn entered_syscalls(&self, p: &Proc) -> crate::pipeline::inflight::Entered {
         p.threads
             .iter()
             .filter(|(_, t)| !t.exited)
@@ -1238,7 +1238,7 @@ impl Model {
         };
         v.sched.oncpu_ns = p.sched().oncpu_ns;
         if !p.gpu_calls.is_empty() || p.gpu_state.is_some() {
-            v.gpu = crate::gpu::process_stats(
+            v.gpu = crate::pipeline::gpu::process_stats(
                 &p.gpu_calls,
                 p.gpu_state.as_ref(),
                 self.launches_counted,
@@ -1310,8 +1310,11 @@ impl Model {
                 }
             })
             .collect();
-        let gpu =
-            crate::gpu::process_stats(&p.gpu_calls, p.gpu_state.as_ref(), self.launches_counted);
+        let gpu = crate::pipeline::gpu::process_stats(
+            &p.gpu_calls,
+            p.gpu_state.as_ref(),
+            self.launches_counted,
+        );
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,
@@ -1344,7 +1347,7 @@ impl Model {
             syscalls,
             block,
             net: net_snapshot(&p.net),
-            workload: crate::attribution::with_nccl_rank(
+            workload: crate::pipeline::attribution::with_nccl_rank(
                 meta.workload.map(|w| *w),
                 gpu.as_ref().and_then(|g| g.comm.as_ref()?.rank),
             ),
