@@ -6,4 +6,5 @@ pub mod connlimit;
 pub mod daemon;
 pub mod http;
 pub mod peer;
+pub mod shared;
 pub mod web_config;
