@@ -17,8 +17,83 @@ use crate::{pipeline::procinfo, pipeline::syscalls_table};
 /// hint to look at the process's mappings again.
 const MMAP_NR: u32 = libc::SYS_mmap as u32;
 
-/// Number of totals per process in the history ring (order of snap::WindowStats).
-const TOTALS: usize = 22;
+/// A process's cumulative totals at one point of its history (the fields of
+/// snap::WindowStats): windows and timelines are differences of two of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub oncpu_ns: u64,
+    pub offcpu_blocked_ns: u64,
+    pub offcpu_preempted_ns: u64,
+    pub runq_wait_ns: u64,
+    pub syscalls: u64,
+    pub syscall_time_ns: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub net_tx_bytes: u64,
+    pub net_rx_bytes: u64,
+    pub gpu_launches: u64,
+    pub gpu_sync_ns: u64,
+    pub gpu_copy_h2d_bytes: u64,
+    pub gpu_copy_d2h_bytes: u64,
+    pub gpu_copy_other_bytes: u64,
+    pub collective_calls: u64,
+    pub collective_ns: u64,
+    /// Absolute (not a counter): its window change is the growth of live GPU memory.
+    pub gpu_memory_live_bytes: u64,
+    pub gpu_sync_calls: u64,
+    pub gpu_copy_h2d_calls: u64,
+    pub gpu_copy_d2h_calls: u64,
+    /// The main thread's on-CPU time: is the thread that drives the GPU busy now?
+    pub main_thread_oncpu_ns: u64,
+}
+
+impl Totals {
+    /// Field by field `f(self, other)`: the one place that lists every field.
+    fn zip_with(&self, o: &Self, f: impl Fn(u64, u64) -> u64) -> Self {
+        Self {
+            oncpu_ns: f(self.oncpu_ns, o.oncpu_ns),
+            offcpu_blocked_ns: f(self.offcpu_blocked_ns, o.offcpu_blocked_ns),
+            offcpu_preempted_ns: f(self.offcpu_preempted_ns, o.offcpu_preempted_ns),
+            runq_wait_ns: f(self.runq_wait_ns, o.runq_wait_ns),
+            syscalls: f(self.syscalls, o.syscalls),
+            syscall_time_ns: f(self.syscall_time_ns, o.syscall_time_ns),
+            block_read_bytes: f(self.block_read_bytes, o.block_read_bytes),
+            block_write_bytes: f(self.block_write_bytes, o.block_write_bytes),
+            net_tx_bytes: f(self.net_tx_bytes, o.net_tx_bytes),
+            net_rx_bytes: f(self.net_rx_bytes, o.net_rx_bytes),
+            gpu_launches: f(self.gpu_launches, o.gpu_launches),
+            gpu_sync_ns: f(self.gpu_sync_ns, o.gpu_sync_ns),
+            gpu_copy_h2d_bytes: f(self.gpu_copy_h2d_bytes, o.gpu_copy_h2d_bytes),
+            gpu_copy_d2h_bytes: f(self.gpu_copy_d2h_bytes, o.gpu_copy_d2h_bytes),
+            gpu_copy_other_bytes: f(self.gpu_copy_other_bytes, o.gpu_copy_other_bytes),
+            collective_calls: f(self.collective_calls, o.collective_calls),
+            collective_ns: f(self.collective_ns, o.collective_ns),
+            gpu_memory_live_bytes: f(self.gpu_memory_live_bytes, o.gpu_memory_live_bytes),
+            gpu_sync_calls: f(self.gpu_sync_calls, o.gpu_sync_calls),
+            gpu_copy_h2d_calls: f(self.gpu_copy_h2d_calls, o.gpu_copy_h2d_calls),
+            gpu_copy_d2h_calls: f(self.gpu_copy_d2h_calls, o.gpu_copy_d2h_calls),
+            main_thread_oncpu_ns: f(self.main_thread_oncpu_ns, o.main_thread_oncpu_ns),
+        }
+    }
+
+    /// Adds `o`, field by field (the sum over a tree's processes).
+    pub fn add(&mut self, o: &Self) {
+        *self = self.zip_with(o, |a, b| a + b);
+    }
+
+    /// The change since `earlier`, field by field (0 where a total went down).
+    pub fn since(&self, earlier: &Self) -> Self {
+        self.zip_with(earlier, u64::saturating_sub)
+    }
+}
+
+/// What a process has added to its name's totals (`Model::comms`) so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct CommCharged {
+    oncpu_ns: u64,
+    runq_wait_ns: u64,
+    syscalls: u64,
+}
 
 /// Everything read from the kernel maps in one pass.
 #[derive(Default)]
@@ -182,7 +257,7 @@ pub struct Proc {
     /// CPU, run-queue wait and syscalls already added to its name's totals (`Model::comms`):
     /// each round adds what came since, so a name's totals only grow, even when exec renames
     /// the process.
-    comm_charged: [u64; 3],
+    comm_charged: CommCharged,
 }
 
 impl Proc {
@@ -207,7 +282,7 @@ impl Proc {
             kernel_released: false,
             read_this_round: false,
             meta_stale: true,
-            comm_charged: [0; 3],
+            comm_charged: CommCharged::default(),
         }
     }
 
@@ -230,83 +305,70 @@ impl Proc {
         t
     }
 
-    /// The compact totals kept in the history ring (order of snap::WindowStats).
-    fn totals(&self) -> [u64; TOTALS] {
+    /// The totals kept in the history ring.
+    fn totals(&self) -> Totals {
         let s = self.sched();
-        let (mut sc, mut st) = (0, 0);
+        let n = &self.net;
+        let mut t = Totals {
+            oncpu_ns: s.oncpu_ns,
+            offcpu_blocked_ns: s.offcpu_blocked_ns,
+            offcpu_preempted_ns: s.offcpu_preempted_ns,
+            runq_wait_ns: s.runq_wait_ns,
+            net_tx_bytes: n.tcp_tx_bytes + n.udp_tx_bytes,
+            net_rx_bytes: n.tcp_rx_bytes + n.udp_rx_bytes,
+            // Absolute (not a counter): its window change is the growth of live GPU memory.
+            gpu_memory_live_bytes: self
+                .gpu_state
+                .map(|st| st.live_bytes.iter().fold(0u64, |a, b| a.wrapping_add(*b)))
+                .unwrap_or(0),
+            // The main thread's on-CPU time: is the thread that drives the GPU busy now?
+            main_thread_oncpu_ns: self
+                .threads
+                .get(&self.key.tgid)
+                .map_or(0, |t| t.current().oncpu_ns),
+            ..Totals::default()
+        };
         for v in self.syscalls.values() {
-            sc += v.count;
-            st += v.time_ns;
+            t.syscalls += v.count;
+            t.syscall_time_ns += v.time_ns;
         }
-        let (mut br, mut bw) = (0, 0);
         for ((_, op), v) in &self.blk {
             match *op {
-                blk_op::READ => br += v.bytes,
-                blk_op::WRITE => bw += v.bytes,
+                blk_op::READ => t.block_read_bytes += v.bytes,
+                blk_op::WRITE => t.block_write_bytes += v.bytes,
                 _ => {}
             }
         }
-        let n = &self.net;
-        let mut g = [0u64; 10];
         for ((op, dir), c) in &self.gpu_calls {
             use ethand_userspace_probes::catalog::{CATALOG, Category};
             let Some(spec) = CATALOG.get(*op as usize) else {
                 continue;
             };
             match spec.category {
-                Category::Launch => g[0] += c.calls,
+                Category::Launch => t.gpu_launches += c.calls,
                 Category::Sync => {
-                    g[1] += c.time_ns;
-                    g[7] += c.calls;
+                    t.gpu_sync_ns += c.time_ns;
+                    t.gpu_sync_calls += c.calls;
                 }
                 Category::Copy => match *dir as u8 {
                     ethand_common::gpu_dir::HOST_TO_DEVICE => {
-                        g[2] += c.bytes;
-                        g[8] += c.calls;
+                        t.gpu_copy_h2d_bytes += c.bytes;
+                        t.gpu_copy_h2d_calls += c.calls;
                     }
                     ethand_common::gpu_dir::DEVICE_TO_HOST => {
-                        g[3] += c.bytes;
-                        g[9] += c.calls;
+                        t.gpu_copy_d2h_bytes += c.bytes;
+                        t.gpu_copy_d2h_calls += c.calls;
                     }
-                    _ => g[4] += c.bytes,
+                    _ => t.gpu_copy_other_bytes += c.bytes,
                 },
                 Category::Collective => {
-                    g[5] += c.calls;
-                    g[6] += c.time_ns;
+                    t.collective_calls += c.calls;
+                    t.collective_ns += c.time_ns;
                 }
                 _ => {}
             }
         }
-        [
-            s.oncpu_ns,
-            s.offcpu_blocked_ns,
-            s.offcpu_preempted_ns,
-            s.runq_wait_ns,
-            sc,
-            st,
-            br,
-            bw,
-            n.tcp_tx_bytes + n.udp_tx_bytes,
-            n.tcp_rx_bytes + n.udp_rx_bytes,
-            g[0],
-            g[1],
-            g[2],
-            g[3],
-            g[4],
-            g[5],
-            g[6],
-            // Absolute (not a counter): its window change is the growth of live GPU memory.
-            self.gpu_state
-                .map(|st| st.live_bytes.iter().fold(0u64, |a, b| a.wrapping_add(*b)))
-                .unwrap_or(0),
-            g[7],
-            g[8],
-            g[9],
-            // The main thread's on-CPU time: is the thread that drives the GPU busy now?
-            self.threads
-                .get(&self.key.tgid)
-                .map_or(0, |t| t.current().oncpu_ns),
-        ]
+        t
     }
 }
 
@@ -369,7 +431,7 @@ impl<T> Thinned<T> {
 }
 
 /// One process's totals: a point only when they changed (the value holds until the next).
-type History = Thinned<[u64; TOTALS]>;
+type History = Thinned<Totals>;
 
 pub struct Model {
     /// Boxed: a `Proc` is over a kilobyte and the table keeps an eighth of its slots free, so
@@ -1121,41 +1183,37 @@ impl Model {
             .map(|(t, _)| *t)?;
         // A process first seen after the window started counts from zero, and its window
         // starts at its birth: rates over a span before it was born would be diluted.
-        let old = p.history.at(then_ms).copied().unwrap_or([0; TOTALS]);
+        let old = p.history.at(then_ms).copied().unwrap_or_default();
         let born_ms = self.unix_ms_of_mono_ns(p.key.proc_start_ns);
         let then_ms = match born_ms {
             Some(b) if b > then_ms => b.min(now_ms),
             _ => then_ms,
         };
-        let d: Vec<u64> = cur
-            .iter()
-            .zip(old)
-            .map(|(a, b)| a.saturating_sub(b))
-            .collect();
+        let d = cur.since(&old);
         Some(snap::WindowStats {
             duration_ms: now_ms - then_ms,
-            oncpu_ns: d[0],
-            offcpu_blocked_ns: d[1],
-            offcpu_preempted_ns: d[2],
-            runq_wait_ns: d[3],
-            syscalls: d[4],
-            syscall_time_ns: d[5],
-            block_read_bytes: d[6],
-            block_write_bytes: d[7],
-            net_tx_bytes: d[8],
-            net_rx_bytes: d[9],
-            gpu_launches: self.launches_counted.then_some(d[10]),
-            gpu_sync_ns: d[11],
-            gpu_sync_calls: d[18],
-            gpu_copy_h2d_calls: d[19],
-            gpu_copy_d2h_calls: d[20],
-            main_thread_oncpu_ns: Some(d[21]),
-            gpu_copy_h2d_bytes: d[12],
-            gpu_copy_d2h_bytes: d[13],
-            gpu_copy_other_bytes: d[14],
-            collective_calls: d[15],
-            collective_ns: d[16],
-            gpu_memory_growth_bytes: d[17],
+            oncpu_ns: d.oncpu_ns,
+            offcpu_blocked_ns: d.offcpu_blocked_ns,
+            offcpu_preempted_ns: d.offcpu_preempted_ns,
+            runq_wait_ns: d.runq_wait_ns,
+            syscalls: d.syscalls,
+            syscall_time_ns: d.syscall_time_ns,
+            block_read_bytes: d.block_read_bytes,
+            block_write_bytes: d.block_write_bytes,
+            net_tx_bytes: d.net_tx_bytes,
+            net_rx_bytes: d.net_rx_bytes,
+            gpu_launches: self.launches_counted.then_some(d.gpu_launches),
+            gpu_sync_ns: d.gpu_sync_ns,
+            gpu_sync_calls: d.gpu_sync_calls,
+            gpu_copy_h2d_calls: d.gpu_copy_h2d_calls,
+            gpu_copy_d2h_calls: d.gpu_copy_d2h_calls,
+            main_thread_oncpu_ns: Some(d.main_thread_oncpu_ns),
+            gpu_copy_h2d_bytes: d.gpu_copy_h2d_bytes,
+            gpu_copy_d2h_bytes: d.gpu_copy_d2h_bytes,
+            gpu_copy_other_bytes: d.gpu_copy_other_bytes,
+            collective_calls: d.collective_calls,
+            collective_ns: d.collective_ns,
+            gpu_memory_growth_bytes: d.gpu_memory_live_bytes,
         })
     }
 
@@ -1172,18 +1230,16 @@ impl Model {
             .iter()
             .filter_map(|k| self.procs.get(k).map(|p| &p.history))
             .collect();
-        let points: Vec<(u64, [u64; TOTALS])> = self
+        let points: Vec<(u64, Totals)> = self
             .rounds
             .points
             .iter()
             .filter(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
             .map(|&(t, _)| {
-                let mut s = [0u64; TOTALS];
+                let mut s = Totals::default();
                 for h in &hists {
                     if let Some(v) = h.at(t) {
-                        for (a, b) in s.iter_mut().zip(v) {
-                            *a += b;
-                        }
+                        s.add(v);
                     }
                 }
                 (t, s)
@@ -1194,23 +1250,25 @@ impl Model {
             .map(|w| {
                 let (t0, a) = (w[0].0, w[0].1);
                 let (t1, b) = (w[1].0, w[1].1);
-                let d = |i: usize| b[i].saturating_sub(a[i]);
+                let d = b.since(&a);
                 ethand_snapshot::diagnosis::TimelinePoint {
                     t_unix_ms: t1,
                     interval_ms: t1.saturating_sub(t0),
-                    oncpu_ns: d(0),
-                    offcpu_blocked_ns: d(1),
-                    runq_wait_ns: d(3),
-                    syscalls: d(4),
-                    block_read_bytes: d(6),
-                    block_write_bytes: d(7),
-                    net_tx_bytes: d(8),
-                    net_rx_bytes: d(9),
-                    gpu_launches: self.launches_counted.then_some(d(10)),
-                    gpu_sync_ns: d(11),
-                    gpu_copy_bytes: d(12) + d(13) + d(14),
-                    collective_ns: d(16),
-                    gpu_memory_live_bytes: b[17],
+                    oncpu_ns: d.oncpu_ns,
+                    offcpu_blocked_ns: d.offcpu_blocked_ns,
+                    runq_wait_ns: d.runq_wait_ns,
+                    syscalls: d.syscalls,
+                    block_read_bytes: d.block_read_bytes,
+                    block_write_bytes: d.block_write_bytes,
+                    net_tx_bytes: d.net_tx_bytes,
+                    net_rx_bytes: d.net_rx_bytes,
+                    gpu_launches: self.launches_counted.then_some(d.gpu_launches),
+                    gpu_sync_ns: d.gpu_sync_ns,
+                    gpu_copy_bytes: d.gpu_copy_h2d_bytes
+                        + d.gpu_copy_d2h_bytes
+                        + d.gpu_copy_other_bytes,
+                    collective_ns: d.collective_ns,
+                    gpu_memory_live_bytes: b.gpu_memory_live_bytes,
                 }
             })
             .collect()
@@ -1445,9 +1503,8 @@ fn comm_of(p: &Proc) -> &str {
 fn charge_comm<'a>(
     comms: &'a mut HashMap<String, snap::CommSnapshot>,
     p: &mut Proc,
-    totals: &[u64; TOTALS],
+    totals: &Totals,
 ) -> &'a mut snap::CommSnapshot {
-    let now = [totals[0], totals[3], totals[4]];
     let name = comm_of(p);
     let key = if comms.contains_key(name) || comms.len() < snap::COMMS_MAX {
         name
@@ -1458,11 +1515,13 @@ fn charge_comm<'a>(
         comms.insert(key.to_string(), snap::CommSnapshot::default());
     }
     let c = comms.get_mut(key).expect("inserted");
-    let d = std::array::from_fn::<u64, 3, _>(|i| now[i].saturating_sub(p.comm_charged[i]));
-    c.oncpu_ns += d[0];
-    c.runq_wait_ns += d[1];
-    c.syscalls += d[2];
-    p.comm_charged = std::array::from_fn(|i| p.comm_charged[i].max(now[i]));
+    let charged = &mut p.comm_charged;
+    c.oncpu_ns += totals.oncpu_ns.saturating_sub(charged.oncpu_ns);
+    c.runq_wait_ns += totals.runq_wait_ns.saturating_sub(charged.runq_wait_ns);
+    c.syscalls += totals.syscalls.saturating_sub(charged.syscalls);
+    charged.oncpu_ns = charged.oncpu_ns.max(totals.oncpu_ns);
+    charged.runq_wait_ns = charged.runq_wait_ns.max(totals.runq_wait_ns);
+    charged.syscalls = charged.syscalls.max(totals.syscalls);
     c
 }
 
@@ -1479,14 +1538,14 @@ fn cgroup_totals(p: &Proc) -> snap::CgroupSnapshot {
     snap::CgroupSnapshot {
         cgroup: String::new(),
         processes: 0,
-        oncpu_ns: t[0],
-        offcpu_blocked_ns: t[1],
-        offcpu_preempted_ns: t[2],
-        runq_wait_ns: t[3],
-        syscalls: t[4],
-        syscall_time_ns: t[5],
-        block_read_bytes: t[6],
-        block_write_bytes: t[7],
+        oncpu_ns: t.oncpu_ns,
+        offcpu_blocked_ns: t.offcpu_blocked_ns,
+        offcpu_preempted_ns: t.offcpu_preempted_ns,
+        runq_wait_ns: t.runq_wait_ns,
+        syscalls: t.syscalls,
+        syscall_time_ns: t.syscall_time_ns,
+        block_read_bytes: t.block_read_bytes,
+        block_write_bytes: t.block_write_bytes,
         net: net_snapshot(&p.net),
         workload: None,
     }
