@@ -11,10 +11,7 @@ use std::{
 use aya::{
     Ebpf,
     maps::{Array, MapData},
-    programs::{
-        ProgramError, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
-    },
+    programs::uprobe::{UProbeAttachPoint, UProbeScope},
 };
 use ethand_common::{
     GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem,
@@ -30,39 +27,13 @@ use tracing::{info, warn};
 
 use crate::{
     config::{Config, GpuLevel},
-    pipeline::loader::error_chain,
+    pipeline::{
+        loader::error_chain,
+        uprobes::{self, CatalogSymbols, LibraryLinks, Side, UprobeError},
+    },
 };
 
-pub const ENTRY_PROG: &str = "gpu_enter";
-pub const RETURN_PROG: &str = "gpu_return";
-pub const ENTRY_PROG_MULTI: &str = "gpu_enter_multi";
-pub const RETURN_PROG_MULTI: &str = "gpu_return_multi";
-
-/// The (entry, return) programs in use: uprobe_multi links where the kernel has them.
-#[derive(Clone, Copy, Debug)]
-pub struct Progs {
-    pub entry: &'static str,
-    pub ret: &'static str,
-}
-
-impl Progs {
-    pub fn detect() -> Self {
-        match aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation) {
-            Ok(true) => Self {
-                entry: ENTRY_PROG_MULTI,
-                ret: RETURN_PROG_MULTI,
-            },
-            _ => Self {
-                entry: ENTRY_PROG,
-                ret: RETURN_PROG,
-            },
-        }
-    }
-
-    pub fn multi(self) -> bool {
-        self.entry == ENTRY_PROG_MULTI
-    }
-}
+pub use crate::pipeline::uprobes::Progs;
 
 struct Lib {
     status: GpuLibraryStatus,
@@ -72,8 +43,7 @@ struct Lib {
     runtime: Runtime,
     /// (op id, file offset) of every resolved symbol.
     resolved: Vec<(u16, u64)>,
-    entry_link: Option<UProbeLinkId>,
-    return_link: Option<UProbeLinkId>,
+    links: LibraryLinks,
     /// (size, mtime ns) of the file when its symbols were resolved: a file rewritten in place
     /// (same inode, `cp new old`) moves its functions, so the probes must move too.
     stamp: Option<(u64, i128)>,
@@ -141,13 +111,7 @@ impl GpuProbes {
             ops.set(i as u32, &s.desc, 0).map_err(|e| error_chain(&e))?;
         }
         for name in [progs.entry, progs.ret] {
-            let p: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or(format!("program {name} missing"))?
-                .try_into()
-                .map_err(|e: ProgramError| error_chain(&e))?;
-            p.load()
-                .map_err(|e| format!("loading {name}: {}", error_chain(&e)))?;
+            uprobes::load(ebpf, name).map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -659,27 +623,15 @@ fn resolve_file(lib: &MappedLibrary, file: Result<std::fs::File, String>) -> Lib
             status.detail = e.to_string();
         }
         Ok(table) => {
-            let wanted: Vec<(u16, &str)> = CATALOG
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.runtime == lib.runtime)
-                .map(|(i, s)| (i as u16, s.name))
-                .collect();
-            let res = table.resolve(wanted.iter().map(|(_, n)| *n));
-            for ((op, name), (_, r)) in wanted.iter().zip(res) {
-                match r {
-                    Ok(off) => {
-                        resolved.push((*op, off));
-                        status.symbols_attached.push(name.to_string());
-                    }
-                    Err(why) => status.symbols_missing.push(format!("{name}: {why}")),
-                }
-            }
+            let symbols = CatalogSymbols::resolve(&table, lib.runtime);
+            resolved = symbols.resolved;
+            status.symbols_attached = symbols.found;
+            status.symbols_missing = symbols.missing;
             if resolved.is_empty() {
                 status.state = ProbeState::Failed;
                 status.detail = format!(
                     "none of the {} {} symbols ethand probes is exported by this file ({} functions)",
-                    wanted.len(),
+                    symbols.wanted,
                     lib.runtime.library(),
                     table.len()
                 );
@@ -691,8 +643,7 @@ fn resolve_file(lib: &MappedLibrary, file: Result<std::fs::File, String>) -> Lib
         file,
         runtime: lib.runtime,
         resolved,
-        entry_link: None,
-        return_link: None,
+        links: LibraryLinks::default(),
         stamp,
     }
 }
@@ -734,10 +685,7 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
         .resolved
         .iter()
         .filter(|(op, _)| probed_at(*op, level))
-        .map(|(op, off)| UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(*off),
-            cookie: Some(u64::from(*op) | time_flag),
-        })
+        .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op) | time_flag)))
         .collect();
     if entry_points.is_empty() {
         l.status.state = ProbeState::Disabled;
@@ -751,34 +699,27 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
         .resolved
         .iter()
         .filter(|(op, _)| probed_at(*op, level) && needs_return(*op, level))
-        .map(|(op, off)| UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(*off),
-            cookie: Some(u64::from(*op)),
-        })
+        .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op))))
         .collect();
-    let result = (|| -> Result<(), String> {
-        let p: &mut UProbe = ebpf
-            .program_mut(progs.entry)
-            .ok_or("entry program missing")?
-            .try_into()
-            .map_err(|e: ProgramError| error_chain(&e))?;
-        l.entry_link = Some(
-            p.attach(entry_points, &path, UProbeScope::AllProcesses)
-                .map_err(|e| format!("uprobe: {}", error_chain(&e)))?,
-        );
-        if !return_points.is_empty() {
-            let p: &mut UProbe = ebpf
-                .program_mut(progs.ret)
-                .ok_or("return program missing")?
-                .try_into()
-                .map_err(|e: ProgramError| error_chain(&e))?;
-            l.return_link = Some(
-                p.attach(return_points, &path, UProbeScope::AllProcesses)
-                    .map_err(|e| format!("uretprobe: {}", error_chain(&e)))?,
-            );
-        }
-        Ok(())
-    })();
+    let result = l
+        .links
+        .attach(
+            ebpf,
+            progs,
+            &path,
+            entry_points,
+            return_points,
+            UProbeScope::AllProcesses,
+        )
+        .map_err(|(side, e)| match (side, e) {
+            (Side::Entry, UprobeError::Missing(_)) => "entry program missing".to_string(),
+            (Side::Return, UprobeError::Missing(_)) => "return program missing".to_string(),
+            (Side::Entry, e @ UprobeError::Attach { .. }) => format!("uprobe: {}", e.detail()),
+            (Side::Return, e @ UprobeError::Attach { .. }) => {
+                format!("uretprobe: {}", e.detail())
+            }
+            (_, e) => e.detail(),
+        });
     match result {
         Ok(()) => {
             l.status.state = ProbeState::Attached;
@@ -820,17 +761,7 @@ fn attach_path(l: &Lib) -> PathBuf {
 }
 
 fn detach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib) {
-    for (prog, link) in [
-        (progs.entry, l.entry_link.take()),
-        (progs.ret, l.return_link.take()),
-    ] {
-        let Some(link) = link else { continue };
-        if let Some(p) = ebpf.program_mut(prog) {
-            if let Ok(p) = <&mut UProbe>::try_from(p) {
-                let _ = p.detach(link);
-            }
-        }
-    }
+    l.links.detach(ebpf, progs);
 }
 
 /// The snapshot view of a process's GPU/NPU calls. None when it made no probed call.

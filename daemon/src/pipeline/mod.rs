@@ -14,3 +14,4 @@ pub mod loader;
 pub mod model;
 pub mod procinfo;
 pub mod syscalls_table;
+pub mod uprobes;
