@@ -18,11 +18,13 @@ use ethand_common::{
 use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
-use crate::pipeline::bpf_batch::{delete_keys, read_all};
 use crate::{
     config::{BpfStatsMode, Config},
-    pipeline::model::{Model, RawRead, Reclaim},
-    pipeline::syscalls_table,
+    pipeline::{
+        bpf_batch::{delete_keys, read_all},
+        model::{Model, RawRead, Reclaim},
+        syscalls_table,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -11,9 +11,9 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{
-    serve::connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
-    serve::shared::Shared,
+use crate::serve::{
+    connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
+    shared::Shared,
 };
 
 #[derive(Debug, Serialize, Deserialize)]

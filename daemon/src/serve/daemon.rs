@@ -11,13 +11,14 @@ use tracing::{info, warn};
 use crate::{
     UsageError,
     config::Config,
-    pipeline::collector::{Collector, program_costs},
-    pipeline::gpu::GpuProbes,
-    pipeline::loader::{self, Loaded},
-    pipeline::model::Model,
-    pipeline::procinfo::{self, unix_ms},
-    serve::api,
-    serve::shared::Shared,
+    pipeline::{
+        collector::{Collector, program_costs},
+        gpu::GpuProbes,
+        loader::{self, Loaded},
+        model::Model,
+        procinfo::{self, unix_ms},
+    },
+    serve::{api, shared::Shared},
 };
 
 /// The probes, maps and model, loaded and ready to collect.

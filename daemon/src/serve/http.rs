@@ -33,10 +33,10 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{
-    serve::connlimit::{AcceptBackoff, ConnLimiter, PeerKey, Refused},
-    serve::peer::SockDiag,
-    serve::web_config::WebConfig,
+use crate::serve::{
+    connlimit::{AcceptBackoff, ConnLimiter, PeerKey, Refused},
+    peer::SockDiag,
+    web_config::WebConfig,
 };
 
 /// Largest request head hyper buffers per connection (its minimum is 8 KiB): a scrape's is

@@ -15,8 +15,10 @@ use ethand_snapshot::{
 
 use crate::{
     config::{Config, GpuLevel},
-    pipeline::model::{self, Model},
-    pipeline::procinfo::unix_ms,
+    pipeline::{
+        model::{self, Model},
+        procinfo::unix_ms,
+    },
 };
 
 /// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).

@@ -14,7 +14,7 @@ use ethand_common::{
 };
 use ethand_snapshot as snap;
 
-use crate::{pipeline::procinfo, pipeline::syscalls_table};
+use crate::pipeline::{procinfo, syscalls_table};
 
 mod history;
 mod process;
