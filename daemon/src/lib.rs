@@ -2,11 +2,11 @@
 //! the fuzz targets (`fuzz/`) reach the parsers (config, tracefs formats, /proc, rules,
 //! local API requests) through it.
 //!
-//! Folders by job, each importing only what is below it: `config` (every setting) at the
-//! bottom; `privilege/` (capabilities after start-up, the statistics helper); `pipeline/`
-//! (probes, map reads, devices, the process model); `diagnose/` (rules over a tree
-//! snapshot); `commands/` (record, survey, compare); `serve/` (the daemon loop, the local
-//! API and /metrics) on top. `render.rs` formats snapshots for the terminal.
+//! Folders by job, each importing only what is listed before it: `config` (every setting);
+//! `privilege/` (capabilities after start-up, the statistics helper); `pipeline/` (probes,
+//! map reads, devices, the process model); `render.rs` (snapshots for the terminal);
+//! `commands/` (record, survey, compare); `diagnose/` (rules over a tree snapshot);
+//! `serve/` (the daemon loop, the local API and /metrics).
 pub mod commands;
 pub mod config;
 pub mod diagnose;
