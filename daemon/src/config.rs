@@ -171,7 +171,7 @@ pub struct PrometheusConfig {
     pub pids: Vec<u32>,
     pub comms: Vec<String>,
     pub cgroups: Vec<String>,
-    /// Prometheus web-config file (TLS, basic auth; daemon/src/web_config.rs); empty: plain
+    /// Prometheus web-config file (TLS, basic auth; daemon/src/serve/web_config.rs); empty: plain
     /// HTTP without auth.
     pub web_config_file: PathBuf,
     /// Connections open at once, in all and per peer (address, and user for local peers).
