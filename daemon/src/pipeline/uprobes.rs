@@ -194,10 +194,10 @@ impl LibraryLinks {
             (progs.ret, self.ret.take()),
         ] {
             let Some(link) = link else { continue };
-            if let Some(p) = ebpf.program_mut(prog) {
-                if let Ok(p) = <&mut UProbe>::try_from(p) {
-                    let _ = p.detach(link);
-                }
+            if let Some(p) = ebpf.program_mut(prog)
+                && let Ok(p) = <&mut UProbe>::try_from(p)
+            {
+                let _ = p.detach(link);
             }
         }
     }
@@ -236,5 +236,35 @@ impl CatalogSymbols {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every catalog symbol of the runtime is reported, found or missing with why, in catalog
+    /// order: libc exports none of CUDA's.
+    #[test]
+    fn catalog_symbols_are_each_found_or_missing() {
+        let path = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("libc.so.6");
+        let table = SymbolTable::read(path).unwrap();
+        let s = CatalogSymbols::resolve(&table, Runtime::Cuda);
+        let names: Vec<&str> = catalog::symbols_of(Runtime::Cuda)
+            .map(|(_, s)| s.name)
+            .collect();
+        assert_eq!(s.wanted, names.len());
+        assert!(s.resolved.is_empty() && s.found.is_empty(), "{s:?}");
+        assert_eq!(s.missing.len(), names.len());
+        for (m, n) in s.missing.iter().zip(&names) {
+            assert!(m.starts_with(&format!("{n}: ")), "{m}");
+        }
     }
 }

@@ -302,7 +302,7 @@ fn status_line(shared: &Shared) -> Vec<u8> {
 /// concurrent builds.
 fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
     match req {
-        Request::Node => shared.node_reply(|node| ok_line(node)),
+        Request::Node => shared.node_reply(ok_line),
         Request::Snapshot {
             pid,
             window_s,

@@ -479,3 +479,25 @@ fn dev_encoding() {
     assert_eq!(dev_string(254 << 20), "254:0");
     assert_eq!(dev_string((8 << 20) | 17), "8:17");
 }
+
+#[test]
+fn totals_add_and_subtract_field_by_field() {
+    let a = Totals {
+        oncpu_ns: 5,
+        gpu_memory_live_bytes: 10,
+        main_thread_oncpu_ns: 1,
+        ..Default::default()
+    };
+    let mut b = a;
+    b.add(&a);
+    assert_eq!(
+        (b.oncpu_ns, b.gpu_memory_live_bytes, b.main_thread_oncpu_ns),
+        (10, 20, 2)
+    );
+    assert_eq!(b.since(&a), a);
+    assert_eq!(
+        a.since(&b),
+        Totals::default(),
+        "a total that went down changes by 0"
+    );
+}
