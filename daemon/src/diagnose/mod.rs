@@ -2,6 +2,9 @@
 //! the rules (data, not code: `rules.toml` embedded, plus `diagnosis.rules_dir`) over them.
 //! Every signal is documented in docs/diagnosis.md; a rule reading a signal the tree does not
 //! have does not fire.
+//!
+//! `expr.rs`: the expression language of the rules' fields; `rules.toml`: the built-in rules;
+//! this file: signals, rule files, evaluation and `ethand diagnose FILE`.
 pub mod expr;
 
 use std::{
