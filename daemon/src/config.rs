@@ -22,7 +22,7 @@ pub struct Config {
     pub devices: DevicesConfig,
     pub diagnosis: DiagnosisConfig,
     /// Container / pod / job / rank of processes (attribution.rs, docs/cluster.md).
-    pub attribution: crate::attribution::AttributionConfig,
+    pub attribution: AttributionConfig,
     pub otlp: OtlpConfig,
 }
 
@@ -171,7 +171,7 @@ pub struct PrometheusConfig {
     pub pids: Vec<u32>,
     pub comms: Vec<String>,
     pub cgroups: Vec<String>,
-    /// Prometheus web-config file (TLS, basic auth; daemon/src/web_config.rs); empty: plain
+    /// Prometheus web-config file (TLS, basic auth; daemon/src/serve/web_config.rs); empty: plain
     /// HTTP without auth.
     pub web_config_file: PathBuf,
     /// Connections open at once, in all and per peer (address, and user for local peers).
@@ -669,6 +669,54 @@ fn find_path_line(text: &str, path: &str) -> Option<usize> {
         }
     }
     None
+}
+
+/// `[attribution]` in the configuration (documented in default.toml).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AttributionConfig {
+    /// Parse container / pod identity from cgroup paths and read runtime metadata.
+    pub kubernetes: bool,
+    /// Directories holding `<id>/config.json` (containerd OCI bundles, namespace k8s.io).
+    pub containerd_dirs: Vec<PathBuf>,
+    /// Directories holding `<id>/userdata/config.json` (CRI-O).
+    pub crio_dirs: Vec<PathBuf>,
+    /// Directories holding `<id>/config.v2.json` (Docker, cri-dockerd).
+    pub docker_dirs: Vec<PathBuf>,
+    /// The only environment variables ever read out of /proc/PID/environ.
+    pub env_allowlist: Vec<String>,
+    /// First present (non-empty, not "none") of these gives `job_id`.
+    pub job_keys: Vec<String>,
+    /// First present numeric one of these gives `rank`; else NCCL's communicator rank.
+    pub rank_keys: Vec<String>,
+}
+
+impl AttributionConfig {
+    /// job_keys and rank_keys must be allow-listed (they are read from the filtered variables).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (name, keys) in [
+            ("attribution.job_keys", &self.job_keys),
+            ("attribution.rank_keys", &self.rank_keys),
+        ] {
+            if let Some(k) = keys.iter().find(|k| !self.env_allowlist.contains(k)) {
+                return Err((
+                    name.into(),
+                    format!("{name}: {k:?} is not in attribution.env_allowlist"),
+                ));
+            }
+        }
+        if let Some(k) = self
+            .env_allowlist
+            .iter()
+            .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err((
+                "attribution.env_allowlist".into(),
+                format!("attribution.env_allowlist: {k:?} is not a variable name"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,35 +1,24 @@
 //! The `ethand` daemon as a library: the binary (`main.rs`) parses flags and calls in here;
 //! the fuzz targets (`fuzz/`) reach the parsers (config, tracefs formats, /proc, rules,
 //! local API requests) through it.
-pub mod api;
-pub mod attribution;
-pub mod bpf_batch;
-pub mod collector;
-pub mod compare;
+//!
+//! Folders by job, each importing only what is listed before it: `config` (every setting);
+//! `privilege/` (capabilities after start-up, the statistics helper); `pipeline/` (probes,
+//! map reads, devices, the process model); `render.rs` (snapshots for the terminal);
+//! `commands/` (record, survey, compare); `diagnose/` (rules over a tree snapshot);
+//! `serve/` (the daemon loop, the local API and /metrics).
+pub mod commands;
 pub mod config;
-pub mod connlimit;
-pub mod daemon;
-pub mod devices;
 pub mod diagnose;
-pub mod drop_history;
-pub mod expr;
-pub mod gpu;
-pub mod http;
-pub mod inflight;
-pub mod kernel;
-pub mod launch_sample;
-pub mod loader;
-pub mod model;
-pub mod outfile;
-pub mod peer;
+pub mod pipeline;
 pub mod privilege;
-pub mod procinfo;
-pub mod record;
 pub mod render;
-pub mod stats_helper;
-pub mod survey;
-pub mod syscalls_table;
-pub mod web_config;
+pub mod serve;
+
+// The paths other crates (the fuzz targets) and `render.rs` use.
+pub use diagnose::expr;
+pub use pipeline::{attribution, kernel, procinfo};
+pub use serve::api;
 
 /// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration, 3 not found.
 pub const EXIT_FAILURE: u8 = 1;

@@ -10,8 +10,14 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ethand::{
-    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE, api, compare, config, config::Config, daemon,
-    procinfo, record, render, stats_helper, survey,
+    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE,
+    commands::{compare, record, survey},
+    config,
+    config::Config,
+    pipeline::procinfo,
+    privilege::stats_helper,
+    render,
+    serve::{api, daemon},
 };
 use ethand_snapshot::TreeSnapshot;
 
@@ -492,8 +498,11 @@ async fn snapshot(
         Err(e) => return Err(e.into()),
     };
     if let Some(path) = &html {
-        ethand::outfile::write(path, ethand_exporters::html::render_html(&tree).as_bytes())
-            .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
+        ethand::commands::outfile::write(
+            path,
+            ethand_exporters::html::render_html(&tree).as_bytes(),
+        )
+        .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
         eprintln!("ethand: HTML report written to {}", path.display());
     }
     if json {
@@ -522,16 +531,13 @@ async fn standalone(
     // of the measurement (at a level that does not count them anyway).
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     if launch_sample && engine.gpu.level() == ethand::config::GpuLevel::Calls {
-        engine
-            .shared
-            .sample_requests
-            .lock()
-            .expect("lock")
-            .push(ethand::launch_sample::Request {
+        engine.shared.sample_requests.lock().expect("lock").push(
+            ethand::pipeline::launch_sample::Request {
                 pids: ethand::procinfo::descendants(pid),
                 duration,
                 reply: tx,
-            });
+            },
+        );
     }
     let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);
     while t0.elapsed() < duration {

@@ -1,5 +1,5 @@
 //! Findings of the diagnosis engine: what the rules concluded about a process tree. Produced
-//! by the daemon (`daemon/src/diagnose.rs`, rules as data in TOML) and carried in
+//! by the daemon (`daemon/src/diagnose/mod.rs`, rules as data in TOML) and carried in
 //! [`crate::TreeSnapshot::findings`], ranked by estimated impact.
 use serde::{Deserialize, Serialize};
 

@@ -122,7 +122,7 @@ pub struct ProcessSnapshot {
     /// Start of the process as /proc shows it: seconds since the Unix epoch (0: unknown).
     pub start_time_unix_s: u64,
     pub comm: String,
-    /// The command line, at most 4 KiB of it (daemon/src/procinfo.rs).
+    /// The command line, at most 4 KiB of it (daemon/src/pipeline/procinfo.rs).
     pub cmdline: Vec<String>,
     /// True when the command line was longer and `cmdline` is its first 4 KiB.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -423,7 +423,7 @@ pub struct SelfStatus {
     pub servers: Vec<ServerConnections>,
 }
 
-/// One server's connections (daemon/src/connlimit.rs). Counters since the daemon started.
+/// One server's connections (daemon/src/serve/connlimit.rs). Counters since the daemon started.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct ServerConnections {

@@ -180,7 +180,7 @@ pub fn build(root: &Path, binary: &Path, out: &Path) -> anyhow::Result<PathBuf> 
     fs::create_dir_all(stage.join("etc/ethand/rules.d"))?;
     put(
         "usr/share/ethand/rules/builtin.toml",
-        &read("daemon/src/rules.toml")?,
+        &read("daemon/src/diagnose/rules.toml")?,
         0o644,
     )?;
     for dir in ["deploy/grafana", "deploy/prometheus", "deploy/kubernetes"] {

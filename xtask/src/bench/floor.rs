@@ -48,7 +48,7 @@ impl WakeupHook {
     }
 }
 
-/// The check ethand's loader makes (`daemon/src/kernel.rs`) before it leaves `sched_wakeup`
+/// The check ethand's loader makes (`daemon/src/pipeline/kernel.rs`) before it leaves `sched_wakeup`
 /// unattached: the kernel counts this thread's runs in `/proc/thread-self/schedstat`, so it
 /// keeps `sched_info.run_delay` up to date for every task.
 fn sched_info_live() -> bool {

@@ -16,14 +16,18 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        ProgramError, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        UProbe,
+        uprobe::{UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
 use tracing::{debug, warn};
 
-use crate::{gpu::GpuProbes, loader::error_chain};
+use crate::pipeline::{
+    gpu::GpuProbes,
+    loader::error_chain,
+    uprobes::{self, UprobeError},
+};
 
 pub const PROG: &str = "gpu_launch_sample";
 pub const PROG_MULTI: &str = "gpu_launch_sample_multi";
@@ -74,13 +78,7 @@ impl LaunchSampler {
             active: Vec::new(),
         };
         let r = (|| -> Result<BpfHashMap<MapData, u32, u64>, String> {
-            let p: &mut UProbe = ebpf
-                .program_mut(prog)
-                .ok_or(format!("program {prog} missing"))?
-                .try_into()
-                .map_err(|e: ProgramError| error_chain(&e))?;
-            p.load()
-                .map_err(|e| format!("loading {prog}: {}", error_chain(&e)))?;
+            uprobes::load(ebpf, prog).map_err(|e| e.to_string())?;
             BpfHashMap::try_from(
                 ebpf.take_map("LAUNCH_SAMPLE")
                     .ok_or("the BPF object has no LAUNCH_SAMPLE map")?,
@@ -132,7 +130,7 @@ impl LaunchSampler {
             pids: Vec::new(),
             base: HashMap::new(),
             started: Instant::now(),
-            started_unix_ms: crate::daemon::unix_ms(),
+            started_unix_ms: crate::pipeline::procinfo::unix_ms(),
             duration: r.duration,
             links: Vec::new(),
             notes: Vec::new(),
@@ -193,7 +191,7 @@ impl LaunchSampler {
         }
         // The counting starts once every link is in place.
         a.started = Instant::now();
-        a.started_unix_ms = crate::daemon::unix_ms();
+        a.started_unix_ms = crate::pipeline::procinfo::unix_ms();
         debug!(pids = ?a.pids, "launch sample started");
         self.active.push(a);
     }
@@ -205,20 +203,16 @@ impl LaunchSampler {
         offsets: &[u64],
         pid: NonZeroU32,
     ) -> Result<UProbeLinkId, String> {
-        let p: &mut UProbe = ebpf
-            .program_mut(self.prog)
-            .ok_or("sample program missing")?
-            .try_into()
-            .map_err(|e: ProgramError| error_chain(&e))?;
         let points: Vec<UProbeAttachPoint> = offsets
             .iter()
-            .map(|off| UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(*off),
-                cookie: None,
-            })
+            .map(|off| uprobes::at_offset(*off, None))
             .collect();
-        p.attach(points, path, UProbeScope::OneProcess(pid))
-            .map_err(|e| error_chain(&e))
+        uprobes::attach(ebpf, self.prog, path, points, UProbeScope::OneProcess(pid)).map_err(|e| {
+            match e {
+                UprobeError::Missing(_) => "sample program missing".to_string(),
+                e => e.detail(),
+            }
+        })
     }
 
     fn finish(&mut self, ebpf: &mut Ebpf, a: Active) {

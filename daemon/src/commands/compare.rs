@@ -105,7 +105,7 @@ pub fn run_with_html(
         && let (Ok(b), Ok(a)) = (load(before), load(after))
     {
         let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));
-        crate::outfile::write(out, page.as_bytes())
+        crate::commands::outfile::write(out, page.as_bytes())
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
         eprintln!("ethand: comparison written to {}", out.display());
     }

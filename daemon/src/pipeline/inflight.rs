@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use ethand_snapshot::{InFlightSyscall, ProcessSnapshot, ThreadNow, ThreadSnapshot};
 
-use crate::{procinfo, syscalls_table};
+use crate::pipeline::{procinfo, syscalls_table};
 
 /// Per thread of a process, what the probes last read: the syscall it was in at its last
 /// switch-out and when it entered it (CLOCK_MONOTONIC ns).

@@ -8,6 +8,11 @@
 //! **every thread**: capabilities are per thread in Linux, and tokio's workers exist before
 //! the probes are loaded. Each thread drops its own sets in a signal handler (the way glibc
 //! applies setuid to all threads); the result is checked in /proc/self/task/*/status.
+//!
+//! `stats_helper.rs`: the one process that keeps CAP_SYS_ADMIN, for the sampled BPF
+//! statistics.
+pub mod stats_helper;
+
 use std::{
     collections::HashSet,
     sync::{

@@ -7,15 +7,18 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use anyhow::{Context as _, bail};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData},
-    programs::{
-        UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-    },
+    programs::uprobe::{UProbeAttachPoint, UProbeScope},
 };
 use ethand_common::{GPU_ARG_NONE, GPU_MAX_OPS, GpuCallKey, GpuCallStats, GpuOpDesc, gpu_kind};
 use ethand_userspace_probes::elf::SymbolTable;
 
-use crate::{config::Config, loader};
+use crate::{
+    config::Config,
+    pipeline::{
+        loader,
+        uprobes::{self, LibraryLinks, Progs, UprobeError},
+    },
+};
 
 pub async fn run(
     cfg: &Config,
@@ -61,22 +64,24 @@ pub async fn run(
     for i in 0..resolved.len() {
         ops.set(i as u32, &count_only, 0)?;
     }
-    let prog: &mut UProbe = loaded
-        .ebpf
-        .program_mut(crate::gpu::Progs::detect().entry)
-        .context("uprobe program")?
-        .try_into()?;
-    prog.load()?;
-    let points: Vec<UProbeAttachPoint> = resolved
+    // Entry probes only, each counted under its index.
+    let progs = Progs::detect();
+    let points: Vec<UProbeAttachPoint<'static>> = resolved
         .iter()
         .enumerate()
-        .map(|(i, (_, off))| UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(*off),
-            cookie: Some(i as u64),
-        })
+        .map(|(i, (_, off))| uprobes::at_offset(*off, Some(i as u64)))
         .collect();
-    prog.attach(points, library, UProbeScope::AllProcesses)
-        .with_context(|| format!("attaching to {}", library.display()))?;
+    uprobes::load(&mut loaded.ebpf, progs.entry).map_err(survey_error)?;
+    LibraryLinks::default()
+        .attach(
+            &mut loaded.ebpf,
+            progs,
+            library,
+            points,
+            Vec::new(),
+            UProbeScope::AllProcesses,
+        )
+        .map_err(|(_, e)| survey_error(e).context(format!("attaching to {}", library.display())))?;
     eprintln!(
         "ethand: probing {} functions of {} matching {prefix:?} for {:.0}s...",
         resolved.len(),
@@ -106,4 +111,13 @@ pub async fn run(
     }
     crate::write_stdout(out)?;
     Ok(0)
+}
+
+/// A uprobe error as survey reports it: aya's error itself (its chain printed by `main`), or
+/// that the object lacks the program.
+fn survey_error(e: UprobeError) -> anyhow::Error {
+    match e.into_program_error() {
+        Some(error) => anyhow::Error::new(error),
+        None => anyhow::anyhow!("uprobe program"),
+    }
 }

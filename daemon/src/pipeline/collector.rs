@@ -18,11 +18,13 @@ use ethand_common::{
 use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
-use crate::bpf_batch::{delete_keys, read_all};
 use crate::{
     config::{BpfStatsMode, Config},
-    model::{Model, RawRead, Reclaim},
-    syscalls_table,
+    pipeline::{
+        bpf_batch::{delete_keys, read_all},
+        model::{Model, RawRead, Reclaim},
+        syscalls_table,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +98,7 @@ pub struct BpfStats {
     period: Duration,
     /// Holding the fd keeps the statistics on (when switched directly).
     fd: Option<OwnedFd>,
-    helper: Option<crate::stats_helper::StatsHelper>,
+    helper: Option<crate::privilege::stats_helper::StatsHelper>,
     since: Option<Instant>,
     started: Instant,
     enabled_before: Duration,
@@ -120,7 +122,7 @@ impl BpfStats {
     }
 
     /// From now on the statistics are switched by `helper`.
-    pub fn use_helper(&mut self, helper: crate::stats_helper::StatsHelper) {
+    pub fn use_helper(&mut self, helper: crate::privilege::stats_helper::StatsHelper) {
         if self.fd.take().is_some() {
             if let Some(t) = self.since.take() {
                 self.enabled_before += t.elapsed();
@@ -384,7 +386,7 @@ fn read_running(cpu_ctx: &PerCpuArray<MapData, CpuCtx>, raw: &mut RawRead) {
         if t.flags & thread_flags::EXITED != 0 || !running.contains(tid) {
             continue;
         }
-        if let Some(now) = crate::procinfo::thread_exec_runtime_ns(t.tgid, *tid)
+        if let Some(now) = crate::pipeline::procinfo::thread_exec_runtime_ns(t.tgid, *tid)
             && now > t.exec_runtime_ns
         {
             raw.running_oncpu.insert(*tid, now - t.exec_runtime_ns);
@@ -411,9 +413,9 @@ pub fn program_costs(
 }
 
 /// What an exit event recorded of its process (see lifecycle.rs).
-fn kernel_identity(e: &LifecycleEvent) -> crate::model::KernelIdentity {
+fn kernel_identity(e: &LifecycleEvent) -> crate::pipeline::model::KernelIdentity {
     let len = e.comm.iter().position(|b| *b == 0).unwrap_or(e.comm.len());
-    crate::model::KernelIdentity {
+    crate::pipeline::model::KernelIdentity {
         ppid: e.parent_tgid,
         parent_start_ns: e.parent_start_ns,
         uid: e.uid,

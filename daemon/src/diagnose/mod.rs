@@ -2,6 +2,11 @@
 //! the rules (data, not code: `rules.toml` embedded, plus `diagnosis.rules_dir`) over them.
 //! Every signal is documented in docs/diagnosis.md; a rule reading a signal the tree does not
 //! have does not fire.
+//!
+//! `expr.rs`: the expression language of the rules' fields; `rules.toml`: the built-in rules;
+//! this file: signals, rule files, evaluation and `ethand diagnose FILE`.
+pub mod expr;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -14,7 +19,7 @@ use ethand_snapshot::{
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use crate::expr::{self, Expr};
+use self::expr::Expr;
 
 pub const BUILTIN_RULES: &str = include_str!("rules.toml");
 
@@ -954,7 +959,7 @@ fn memory_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
 /// snapshot. Prints the findings and the rules that could not run; exit 0, or 2 when the file
 /// cannot be read or is not a snapshot (as `ethand compare`).
 pub fn run_file(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow::Result<u8> {
-    let mut tree = match crate::compare::load(file) {
+    let mut tree = match crate::commands::compare::load(file) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("ethand: error: {e}");

@@ -11,7 +11,7 @@ use ethand_common::{KernelOffsets, TracepointOffsets};
 use ethand_snapshot::{ProbeState, ProbeStatus};
 use tracing::{info, warn};
 
-use crate::{config::Config, kernel};
+use crate::{config::Config, pipeline::kernel};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ethand"));
 

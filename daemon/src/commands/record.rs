@@ -44,8 +44,8 @@ use aya::{
     Btf, Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        BtfTracePoint, TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        BtfTracePoint, TracePoint,
+        uprobe::{UProbeAttachPoint, UProbeScope},
     },
 };
 use ethand_common::{
@@ -55,7 +55,14 @@ use ethand_common::{
 use ethand_userspace_probes::{catalog::CATALOG, elf::SymbolTable, parse_maps};
 use serde_json::{Value, json};
 
-use crate::{config::Config, loader, loader::error_chain, syscalls_table};
+use crate::{
+    config::Config,
+    pipeline::{
+        loader::{self, error_chain},
+        syscalls_table,
+        uprobes::{self, CatalogSymbols, LibraryLinks, Progs, UprobeError},
+    },
+};
 
 /// Scheduler tracks: `tid = SCHED_TID_BASE + tid` (pid_max is at most 2^22).
 pub const SCHED_TID_BASE: u64 = 1 << 30;
@@ -85,7 +92,7 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
     }
     // Fail before recording if the output cannot be written. A random name beside FILE,
     // created exclusively: nothing planted there is followed (outfile.rs).
-    let out = crate::outfile::OutFile::create(o.output)
+    let out = crate::commands::outfile::OutFile::create(o.output)
         .with_context(|| format!("cannot create a file beside {}", o.output.display()))?;
     let file = out
         .file()
@@ -370,24 +377,10 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
     if libs.is_empty() {
         return out;
     }
-    let progs = crate::gpu::Progs::detect();
-    let (entry, ret) = if progs.multi() {
-        ("record_gpu_enter_multi", "record_gpu_return_multi")
-    } else {
-        ("record_gpu_enter", "record_gpu_return")
-    };
-    for name in [entry, ret] {
-        let r = (|| -> anyhow::Result<()> {
-            let p: &mut UProbe = ebpf
-                .program_mut(name)
-                .context("program missing")?
-                .try_into()?;
-            p.load()
-                .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
-            Ok(())
-        })();
-        if let Err(e) = r {
-            let w = format!("GPU/NPU calls not recorded: loading {name}: {e:#}");
+    let progs = Progs::record();
+    for name in [progs.entry, progs.ret] {
+        if let Err(e) = uprobes::load(ebpf, name) {
+            let w = format!("GPU/NPU calls not recorded: loading {name}: {}", e.detail());
             eprintln!("ethand: warning: {w}");
             warnings.push(w);
             return out;
@@ -403,47 +396,31 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
                 continue;
             }
         };
-        let wanted: Vec<(u16, &str)> = CATALOG
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.runtime == lib.runtime)
-            .map(|(i, s)| (i as u16, s.name))
-            .collect();
-        let resolved: Vec<(u16, u64)> = wanted
-            .iter()
-            .zip(table.resolve(wanted.iter().map(|(_, n)| *n)))
-            .filter_map(|((op, _), (_, r))| r.ok().map(|off| (*op, off)))
-            .collect();
+        let resolved = CatalogSymbols::resolve(&table, lib.runtime).resolved;
         if resolved.is_empty() {
             continue;
         }
-        let points = || -> Vec<UProbeAttachPoint> {
+        let points = || -> Vec<UProbeAttachPoint<'static>> {
             resolved
                 .iter()
-                .map(|(op, off)| UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(*off),
-                    cookie: Some(u64::from(*op)),
-                })
+                .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op))))
                 .collect()
         };
-        let r = (|| -> anyhow::Result<()> {
-            for name in [entry, ret] {
-                let p: &mut UProbe = ebpf
-                    .program_mut(name)
-                    .context("program missing")?
-                    .try_into()?;
-                p.attach(points(), &lib.host_path, scope)
-                    .map_err(|e| anyhow::anyhow!("{name}: {}", error_chain(&e)))?;
-            }
-            Ok(())
-        })();
+        // Entry and return at every symbol; a return link that fails leaves the entry link
+        // attached, until the recording ends.
+        let r =
+            LibraryLinks::default().attach(ebpf, progs, &lib.host_path, points(), points(), scope);
         match r {
             Ok(()) => out.push(GpuLib {
                 path: lib.path.display().to_string(),
                 symbols: resolved.len(),
             }),
-            Err(e) => {
-                let w = format!("{}: GPU/NPU calls not recorded: {e:#}", lib.path.display());
+            Err((_, e)) => {
+                let e = match e {
+                    UprobeError::Attach { prog, .. } => format!("{prog}: {}", e.detail()),
+                    e => e.detail(),
+                };
+                let w = format!("{}: GPU/NPU calls not recorded: {e}", lib.path.display());
                 eprintln!("ethand: warning: {w}");
                 warnings.push(w);
             }

@@ -1,482 +1,33 @@
-//! `ethand run`: the collection loop, the shared snapshot, and the two servers that read it
-//! (the local API and Prometheus' /metrics).
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, RwLock},
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+//! `ethand run`: start-up (probes, listeners, privileges), the collection loop that fills
+//! the shared state (`shared.rs`) once per interval, and the two servers that read it (the
+//! local API and Prometheus' /metrics).
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use ethand_exporters::prometheus::{PrometheusOptions, render};
-use ethand_snapshot::{
-    self as snap, NodeSnapshot, SelfStatus, TreeSnapshot, TreeTotals,
-    selection::{ExportSelection, Selection, SelectionPolicy},
-};
+use ethand_exporters::prometheus::PrometheusOptions;
+use ethand_snapshot::{self as snap, NodeSnapshot, SelfStatus, selection::ExportSelection};
 use tracing::{info, warn};
 
 use crate::{
     UsageError,
-    api::{self, Request, Response},
-    collector::{Collector, program_costs},
-    config::{Config, GpuLevel},
-    gpu::GpuProbes,
-    loader::{self, Loaded},
-    model::{self, Model},
-    procinfo,
+    config::Config,
+    pipeline::{
+        collector::{Collector, program_costs},
+        gpu::GpuProbes,
+        loader::{self, Loaded},
+        model::Model,
+        procinfo::{self, unix_ms},
+    },
+    serve::{api, shared::Shared},
 };
-
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
-const SNAPSHOT_WINDOW_MS: u64 = 10_000;
-
-/// State shared between the collection loop and the servers.
-pub struct Shared {
-    pub model: Mutex<Model>,
-    /// A level change asked for through the API, applied by the collection loop.
-    pub level_request: Mutex<
-        Option<(
-            GpuLevel,
-            std::sync::mpsc::SyncSender<Result<String, String>>,
-        )>,
-    >,
-    /// The latest round's node-wide parts (status, devices); its process, cgroup and block
-    /// lists are empty: [`Shared::node`] fills them from the model when someone asks.
-    pub node: RwLock<Arc<NodeSnapshot>>,
-    /// The full snapshot last built, for the round of `node` it was built from.
-    /// Weak: the snapshot lives only as long as a reader holds it, not between scrapes.
-    built: Mutex<(u64, std::sync::Weak<NodeSnapshot>)>,
-    /// The exporters' snapshot of the round (see [`Shared::export_node`]).
-    exported: Mutex<Option<(u64, Arc<NodeSnapshot>)>>,
-    /// Which processes get series (`[prometheus]` top_n, pids, comms, cgroups, hold), and
-    /// the slot holders between rounds: /metrics and OTLP export the same processes.
-    selection: Mutex<(SelectionPolicy, Selection)>,
-    pub devnames: HashMap<u32, String>,
-    /// Diagnosis rules (built-in plus the rules directory).
-    pub rules: Vec<crate::diagnose::Rule>,
-    /// OTLP export counters, set once the export has started (`[otlp] enabled`).
-    pub otlp: std::sync::OnceLock<Arc<ethand_exporters::otlp::OtlpStats>>,
-    /// The /metrics body of a round, rendered once and shared by every scrape of that round.
-    rendered: Mutex<Option<(u64, axum::body::Bytes)>>,
-    /// The node dump (`{"ok":...}` line) of a round, shared by the API replies that hold it.
-    node_line: Mutex<(u64, std::sync::Weak<Vec<u8>>)>,
-    /// The servers' connection limiters (/metrics, the local API), for `ethand status`.
-    pub servers: std::sync::OnceLock<Vec<Arc<crate::connlimit::ConnLimiter>>>,
-    /// When node-wide losses happened, for the snapshots they may have cut.
-    drops: Mutex<crate::drop_history::DropHistory>,
-    /// Per collection round, each GPU's readings (utilization, GPM ratios): the window means
-    /// of the diagnosis, rather than the one reading of the moment.
-    pub device_history: Mutex<crate::devices::DeviceHistory>,
-    /// Launch samples asked for by snapshots, started by the collection loop.
-    pub sample_requests: Mutex<Vec<crate::launch_sample::Request>>,
-    /// `diagnosis.launch_sample_ms`.
-    pub launch_sample: std::time::Duration,
-}
-
-impl Shared {
-    /// The full snapshot of the latest round, built at most once per round and only when
-    /// asked for: a scrape every 15 s does not pay for a snapshot of every process every
-    /// second (at 1,000+ processes that was most of the daemon's CPU time).
-    pub fn node(&self) -> Arc<NodeSnapshot> {
-        let head = self.node.read().expect("lock").clone();
-        let mut built = self.built.lock().expect("lock");
-        if built.0 == head.taken_at_unix_ms {
-            if let Some(node) = built.1.upgrade() {
-                return node;
-            }
-        }
-        let node = self.build_node(&head, |model| {
-            model
-                .procs
-                .values()
-                .map(|p| model.process_snapshot(p, SNAPSHOT_WINDOW_MS, &self.devnames))
-                .collect()
-        });
-        *built = (head.taken_at_unix_ms, Arc::downgrade(&node));
-        node
-    }
-
-    /// The snapshot /metrics and OTLP read: every node-wide part, but full process snapshots
-    /// only of the processes the exporters select (top N, named, GPU users; the selection of
-    /// the result is the same set). At 4,000 tracked processes building all of them for each
-    /// scrape was 90 % of its time; kept for the round, it is small.
-    pub fn export_node(&self) -> Arc<NodeSnapshot> {
-        let head = self.node.read().expect("lock").clone();
-        let mut cached = self.exported.lock().expect("lock");
-        if let Some((t, node)) = cached.as_ref() {
-            if *t == head.taken_at_unix_ms {
-                return node.clone();
-            }
-        }
-        let node = self.build_node(&head, |model| {
-            let procs: Vec<&model::Proc> = model.procs.values().map(|p| &**p).collect();
-            let views: Vec<snap::ProcessSnapshot> = procs
-                .iter()
-                .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
-                .collect();
-            let mut guard = self.selection.lock().expect("lock");
-            let (policy, selection) = &mut *guard;
-            selection
-                .pick(&views, policy, head.taken_at_unix_ms)
-                .into_iter()
-                .map(|i| model.process_snapshot(procs[i], SNAPSHOT_WINDOW_MS, &self.devnames))
-                .collect()
-        });
-        *cached = Some((head.taken_at_unix_ms, node.clone()));
-        node
-    }
-
-    /// The round's node-wide parts (`head`) plus the processes `processes` picks, the cgroup
-    /// and block-device sums, and the device join, from one look at the model.
-    fn build_node(
-        &self,
-        head: &NodeSnapshot,
-        processes: impl FnOnce(&Model) -> Vec<snap::ProcessSnapshot>,
-    ) -> Arc<NodeSnapshot> {
-        let model = self.model.lock().expect("lock");
-        let mut processes = processes(&model);
-        let cgroups = model.cgroups();
-        let comms = model.comms();
-        let block_devices = model.block_devices(&self.devnames);
-        drop(model);
-        crate::devices::join(&mut processes, &head.devices);
-        Arc::new(NodeSnapshot {
-            processes,
-            cgroups,
-            comms,
-            block_devices,
-            ..head.clone()
-        })
-    }
-
-    /// The /metrics body of the latest round: rendered by the first scrape of the round (the
-    /// others wait for it) and shared by all of them.
-    pub fn metrics_body(&self, opts: &PrometheusOptions) -> axum::body::Bytes {
-        let round = self.node.read().expect("lock").taken_at_unix_ms;
-        let mut cached = self.rendered.lock().expect("lock");
-        if let Some((t, body)) = cached.as_ref() {
-            if *t == round {
-                return body.clone();
-            }
-        }
-        let node = self.export_node();
-        let body = axum::body::Bytes::from(render(&node, opts));
-        *cached = Some((node.taken_at_unix_ms, body.clone()));
-        body
-    }
-
-    /// The API's answer to `ethand status`: one `{"ok":...}` line.
-    pub fn status_line(&self) -> Vec<u8> {
-        let node = self.node.read().expect("lock").clone();
-        api::ok_line(&node.ethand)
-    }
-
-    /// The API's answer to a node dump or a snapshot: one reply line. Built under
-    /// `api.rs`'s bound on concurrent builds.
-    pub fn answer(&self, req: Request) -> Arc<Vec<u8>> {
-        match req {
-            Request::Node => {
-                let round = self.node.read().expect("lock").taken_at_unix_ms;
-                let mut cached = self.node_line.lock().expect("lock");
-                if cached.0 == round {
-                    if let Some(line) = cached.1.upgrade() {
-                        return line;
-                    }
-                }
-                let node = self.node();
-                let line = Arc::new(api::ok_line(&*node));
-                *cached = (node.taken_at_unix_ms, Arc::downgrade(&line));
-                line
-            }
-            Request::Snapshot {
-                pid,
-                window_s,
-                launch_sample,
-            } => {
-                let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
-                let (probes, level) = {
-                    let node = self.node.read().expect("lock");
-                    (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
-                };
-                // Only for a tree the model knows (else the answer is "not found" at once).
-                let sample = (launch_sample.unwrap_or(true)
-                    && level == "calls"
-                    && !self.model.lock().expect("lock").tree_keys(pid).is_empty())
-                .then(|| self.sample_launches(pid, self.launch_sample))
-                .flatten();
-                Arc::new(
-                    match self.tree(
-                        pid,
-                        window_s.clamp(1, u64::MAX / 1000) * 1000,
-                        "daemon",
-                        0,
-                        probes,
-                        sample,
-                    ) {
-                        Some(t) => api::ok_line(&t),
-                        None => api::response_line(&Response::NotFound(format!(
-                            "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
-                        ))),
-                    },
-                )
-            }
-            Request::Status => Arc::new(self.status_line()),
-            Request::SetLevel { .. } => {
-                Arc::new(api::error_line("set_level is answered by the API task"))
-            }
-        }
-    }
-
-    /// Counts the kernel launches of `pid`'s tree for `duration` (see launch_sample.rs):
-    /// the collection loop attaches and detaches; this waits for its answer.
-    pub fn sample_launches(
-        &self,
-        pid: u32,
-        duration: std::time::Duration,
-    ) -> Option<ethand_snapshot::gpu::LaunchSample> {
-        if duration.is_zero() {
-            return None;
-        }
-        // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
-        let pids: Vec<u32> = crate::procinfo::descendants(pid)
-            .into_iter()
-            .take(4 * crate::launch_sample::MAX_PIDS)
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/maps"))
-                    .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
-            })
-            .collect();
-        if pids.is_empty() {
-            return None;
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.sample_requests
-            .lock()
-            .expect("lock")
-            .push(crate::launch_sample::Request {
-                pids,
-                duration,
-                reply: tx,
-            });
-        // Started and ended at collection rounds: up to two intervals more than asked.
-        rx.recv_timeout(duration + std::time::Duration::from_secs(5))
-            .ok()
-    }
-
-    pub fn tree(
-        &self,
-        pid: u32,
-        window_ms: u64,
-        source: &str,
-        measured_ms: u64,
-        probes: Vec<snap::ProbeStatus>,
-        launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
-    ) -> Option<TreeSnapshot> {
-        // A thread id stands for its process.
-        let pid = crate::procinfo::tgid_of(pid).unwrap_or(pid);
-        let model = self.model.lock().expect("lock");
-        let mut keys = model.tree_keys(pid);
-        // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
-        // standalone measurement) is not in the model: its tree is its live descendants that
-        // are, under a root built from /proc with the zero activity it had.
-        let mut unseen_root = None;
-        if keys.is_empty() {
-            let live = crate::procinfo::descendants(pid);
-            if live.len() > 1 {
-                let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
-                for c in &live[1..] {
-                    for k in model.tree_keys(*c) {
-                        if !seen.contains(&k) {
-                            seen.push(k);
-                        }
-                    }
-                }
-                if !seen.is_empty() {
-                    keys = seen;
-                    unseen_root = crate::procinfo::read(pid);
-                }
-            }
-        }
-        if keys.is_empty() {
-            return None;
-        }
-        let mut processes: Vec<snap::ProcessSnapshot> = keys
-            .iter()
-            .filter_map(|k| model.procs.get(k))
-            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
-            .collect();
-        let timeline = model.timeline(&keys, window_ms);
-        let entered: HashMap<u32, (crate::inflight::Entered, u64)> = keys
-            .iter()
-            .filter_map(|k| model.procs.get(k))
-            .filter(|p| p.alive)
-            .map(|p| (p.key.tgid, (model.entered_syscalls(p), model.known_ms(p))))
-            .collect();
-        if let Some(meta) = unseen_root {
-            processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
-        }
-        drop(model);
-        let mono_now_ns = crate::procinfo::clocks_ns().0;
-        let mut budget = crate::inflight::TREE_THREADS_MAX;
-        for p in processes.iter_mut().filter(|p| p.alive) {
-            (p.swap_bytes, p.major_faults) = crate::procinfo::memory(p.pid);
-            let (e, known_ms) = entered
-                .get(&p.pid)
-                .cloned()
-                .unwrap_or((Default::default(), measured_ms));
-            crate::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
-        }
-        let now = unix_ms();
-        let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
-        let dropped_events = self
-            .drops
-            .lock()
-            .expect("lock")
-            .since(now.saturating_sub(observed_ms));
-        let node = self.node.read().expect("lock").clone();
-        crate::devices::join(&mut processes, &node.devices);
-        let mut tree = TreeSnapshot {
-            schema_version: snap::SCHEMA_VERSION,
-            source: source.into(),
-            root_pid: pid,
-            taken_at_unix_ms: now,
-            measured_ms,
-            total: totals(&processes, &self.device_history.lock().expect("lock"), now),
-            processes,
-            probes,
-            findings: Vec::new(),
-            gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
-            timeline,
-            devices: node.devices.clone(),
-            dropped_events,
-            launch_sample,
-            not_evaluated: Vec::new(),
-            node_cpus: std::thread::available_parallelism()
-                .ok()
-                .map(|n| n.get() as u32),
-        };
-        crate::diagnose::apply(&mut tree, &self.rules);
-        Some(tree)
-    }
-}
-
-fn totals(
-    ps: &[snap::ProcessSnapshot],
-    history: &crate::devices::DeviceHistory,
-    now_ms: u64,
-) -> TreeTotals {
-    let mut t = TreeTotals {
-        sched: snap::SchedStats {
-            runq_wait_hist: vec![0; snap::HIST_BUCKETS],
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    for p in ps {
-        t.processes += 1;
-        t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
-        t.sched.add(&p.sched);
-        t.syscalls += p.syscalls.count;
-        t.syscall_errors += p.syscalls.errors;
-        t.syscall_time_ns += p.syscalls.time_ns;
-        for b in &p.block {
-            match b.op.as_str() {
-                "read" => {
-                    t.block_read_bytes += b.bytes;
-                    t.block_read_ops += b.ops;
-                }
-                "write" => {
-                    t.block_write_bytes += b.bytes;
-                    t.block_write_ops += b.ops;
-                }
-                _ => {}
-            }
-        }
-        t.net.add(&p.net);
-        if let Some(g) = &p.gpu {
-            t.gpu.get_or_insert_with(Default::default).add(g);
-        }
-    }
-    t.gpu_derived = gpu_derived(ps, history, now_ms);
-    t
-}
-
-/// Diagnosis signals from the processes' windows and the device collector's utilization.
-fn gpu_derived(
-    ps: &[snap::ProcessSnapshot],
-    history: &crate::devices::DeviceHistory,
-    now_ms: u64,
-) -> Option<ethand_snapshot::gpu::GpuDerived> {
-    if ps.iter().all(|p| p.gpu.is_none()) {
-        return None;
-    }
-    let window_ms = ps
-        .iter()
-        .filter_map(|p| p.window.as_ref())
-        .map(|w| w.duration_ms)
-        .max()?;
-    if window_ms == 0 {
-        return None;
-    }
-    let secs = window_ms as f64 / 1000.0;
-    let sum = |f: fn(&snap::WindowStats) -> u64| -> u64 {
-        ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
-    };
-    let wall_ns = window_ms as f64 * 1e6;
-    // Device readings: window means over the devices the tree's processes use (all GPUs
-    // when the driver names none for them: a container's pids are not the host's).
-    let used: Vec<String> = ps
-        .iter()
-        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
-        .collect();
-    let means = history.means(&used, now_ms.saturating_sub(window_ms));
-    let launches: Option<u64> = ps
-        .iter()
-        .filter_map(|p| p.window.as_ref())
-        .map(|w| w.gpu_launches)
-        .reduce(ethand_snapshot::gpu::add_counted)
-        .flatten();
-    Some(ethand_snapshot::gpu::GpuDerived {
-        window_ms,
-        launches_per_second: launches.map(|n| n as f64 / secs),
-        syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
-        sm_activity_ratio: means.sm_activity_ratio,
-        sm_occupancy_ratio: means.sm_occupancy_ratio,
-        tensor_activity_ratio: means.tensor_activity_ratio,
-        dram_bandwidth_ratio: means.dram_bandwidth_ratio,
-        sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
-        collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
-        copy_bytes_per_second: vec![
-            (
-                "host_to_device".into(),
-                sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs,
-            ),
-            (
-                "device_to_host".into(),
-                sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs,
-            ),
-            (
-                "other".into(),
-                sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
-            ),
-        ],
-        device_utilization_ratio: means.utilization_ratio,
-        device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
-    })
-}
 
 /// The probes, maps and model, loaded and ready to collect.
 pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
     pub gpu: GpuProbes,
-    pub sampler: crate::launch_sample::LaunchSampler,
-    pub devices: crate::devices::DeviceSampler,
+    pub sampler: crate::pipeline::launch_sample::LaunchSampler,
+    pub devices: crate::pipeline::devices::DeviceSampler,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
     pub cfg: Config,
@@ -505,7 +56,8 @@ impl Engine {
             libc::malloc_trim(0);
         }
         let progs = gpu.progs();
-        let sampler = crate::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
+        let sampler =
+            crate::pipeline::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
         for prog in [progs.entry, progs.ret, sampler.program()] {
             loaded
                 .program_probe
@@ -518,7 +70,9 @@ impl Engine {
             d.exit_grace_seconds,
             d.max_processes,
         );
-        model.attribution = Some(crate::attribution::Attributor::new(cfg.attribution.clone()));
+        model.attribution = Some(crate::pipeline::attribution::Attributor::new(
+            cfg.attribution.clone(),
+        ));
         model.launches_counted = cfg.gpu.level.counts_launches();
         model.max_exited = d.max_exited_processes;
         model.exit_events = loaded.probes.iter().any(|p| {
@@ -527,26 +81,7 @@ impl Engine {
         // After attaching: a process born since is seen by its counters.
         let seeded = model.seed_live_processes(unix_ms());
         tracing::debug!(processes = seeded, "live processes entered from /proc");
-        let shared = Arc::new(Shared {
-            model: Mutex::new(model),
-            level_request: Mutex::new(None),
-            node: RwLock::new(Arc::new(NodeSnapshot::default())),
-            built: Mutex::new((u64::MAX, std::sync::Weak::new())),
-            exported: Mutex::new(None),
-            selection: Mutex::new((selection_policy(&cfg.prometheus), Selection::new())),
-            devnames: model::block_device_names(),
-            rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
-            otlp: std::sync::OnceLock::new(),
-            rendered: Mutex::new(None),
-            node_line: Mutex::new((u64::MAX, std::sync::Weak::new())),
-            servers: std::sync::OnceLock::new(),
-            drops: Mutex::default(),
-            sample_requests: Mutex::default(),
-            device_history: Mutex::new(crate::devices::DeviceHistory::new(
-                (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
-            )),
-            launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
-        });
+        let shared = Arc::new(Shared::new(model, cfg));
         let syscalls_attached = loaded
             .probes
             .iter()
@@ -561,7 +96,7 @@ impl Engine {
             collector,
             gpu,
             sampler,
-            devices: crate::devices::DeviceSampler::start(cfg, hostname()),
+            devices: crate::pipeline::devices::DeviceSampler::start(cfg, hostname()),
             shared,
             started_at_unix_ms: unix_ms(),
             cfg: cfg.clone(),
@@ -632,17 +167,13 @@ impl Engine {
                         .iter()
                         .cloned()
                         .chain(self.gpu.probe_status())
-                        .chain(crate::devices::probe_status(&devices))
+                        .chain(crate::pipeline::devices::probe_status(&devices))
                         .collect(),
                     maps: self.collector.fills.clone(),
                     programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
                     dropped: {
                         let d = self.collector.drops();
-                        self.shared
-                            .drops
-                            .lock()
-                            .expect("lock")
-                            .record(now, &d, model.overflow);
+                        self.shared.record_drops(now, &d, model.overflow);
                         d
                     },
                     bpf_stats: self.collector.stats.mode_name().into(),
@@ -721,18 +252,6 @@ impl Engine {
     }
 }
 
-/// The process selection `[prometheus]` asks for.
-fn selection_policy(p: &crate::config::PrometheusConfig) -> SelectionPolicy {
-    SelectionPolicy {
-        top_n: p.top_n,
-        pids: p.pids.clone(),
-        comms: p.comms.clone(),
-        cgroups: p.cgroups.clone(),
-        hold_ms: p.selection_hold_seconds.saturating_mul(1000),
-        min_age_ms: p.selection_min_age_seconds.saturating_mul(1000),
-    }
-}
-
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -787,7 +306,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let metrics = if cfg.prometheus.enabled {
         let addr = cfg.listen_addr();
         Some(
-            crate::http::listen(addr)
+            crate::serve::http::listen(addr)
                 .with_context(|| format!("cannot listen on prometheus.listen = {addr}"))?,
         )
     } else {
@@ -795,14 +314,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     // TLS and basic auth of /metrics: a bad web-config file stops the start, naming the file.
     let web = if cfg.prometheus.enabled {
-        crate::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
+        crate::serve::web_config::WebConfig::load(&cfg.prometheus.web_config_file)
             .map_err(|e| UsageError(format!("prometheus.web_config_file: {e}")))?
     } else {
-        crate::web_config::WebConfig::default()
+        crate::serve::web_config::WebConfig::default()
     };
     // Found before any BPF work: a user that does not exist is a configuration error.
     let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
-    let fd_limit = crate::connlimit::raise_nofile_limit();
+    let fd_limit = crate::serve::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
     // Again: one started while this one loaded its probes.
     refuse_second_daemon(&cfg.daemon.socket).await?;
@@ -815,8 +334,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         0
     };
-    let fds = crate::connlimit::fds_open();
-    let (max_metrics, max_api) = crate::connlimit::fit_to_fd_limit(
+    let fds = crate::serve::connlimit::fds_open();
+    let (max_metrics, max_api) = crate::serve::connlimit::fit_to_fd_limit(
         wanted_metrics,
         cfg.daemon.api_max_connections,
         fd_limit,
@@ -831,8 +350,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             "connection caps lowered to fit the open-file limit (raise LimitNOFILE / ulimit -n)"
         );
     }
-    let api_limiter = crate::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
-    let metrics_limiter = crate::connlimit::ConnLimiter::new(
+    let api_limiter =
+        crate::serve::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
+    let metrics_limiter = crate::serve::connlimit::ConnLimiter::new(
         "metrics",
         max_metrics as usize,
         cfg.prometheus.max_connections_per_peer as usize,
@@ -875,7 +395,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             max_connections_per_peer = cfg.prometheus.max_connections_per_peer.min(max_metrics),
             "serving /metrics"
         );
-        tokio::spawn(crate::http::serve(
+        tokio::spawn(crate::serve::http::serve(
             listener,
             app,
             web,
@@ -895,7 +415,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // The sampled BPF statistics need CAP_SYS_ADMIN at each window: a helper that holds it
     // alone switches them, so that the daemon can drop it with the rest.
     if engine.collector.stats.mode == crate::config::BpfStatsMode::Sampled {
-        match crate::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
+        match crate::privilege::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
             Ok(h) => {
                 info!(
                     pid = h.pid(),

@@ -11,9 +11,9 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{
+use crate::serve::{
     connlimit::{AcceptBackoff, ConnLimiter, PeerKey},
-    daemon::Shared,
+    shared::Shared,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -201,12 +201,12 @@ async fn handle(
             read?;
             match parse_request(&line) {
                 Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, &level).await),
-                Ok(Request::Status) => Arc::new(shared.status_line()),
+                Ok(Request::Status) => Arc::new(status_line(&shared)),
                 Ok(req) => match tokio::time::timeout(TIMEOUT, heavy.acquire_owned()).await {
                     Ok(Ok(permit)) => {
                         _permit = Some(permit);
                         let shared = shared.clone();
-                        tokio::task::spawn_blocking(move || shared.answer(req))
+                        tokio::task::spawn_blocking(move || answer(&shared, req))
                             .await
                             .unwrap_or_else(|e| {
                                 Arc::new(error_line(&format!("internal error: {e}")))
@@ -289,6 +289,54 @@ impl std::io::Write for Counted {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// The answer to `ethand status`: one `{"ok":...}` line.
+fn status_line(shared: &Shared) -> Vec<u8> {
+    let node = shared.node.read().expect("lock").clone();
+    ok_line(&node.ethand)
+}
+
+/// The answer to a node dump or a snapshot: one reply line. Built under the bound on
+/// concurrent builds.
+fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
+    match req {
+        Request::Node => shared.node_reply(ok_line),
+        Request::Snapshot {
+            pid,
+            window_s,
+            launch_sample,
+        } => {
+            let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+            let (probes, level) = {
+                let node = shared.node.read().expect("lock");
+                (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
+            };
+            // Only for a tree the model knows (else the answer is "not found" at once).
+            let sample = (launch_sample.unwrap_or(true)
+                && level == "calls"
+                && !shared.model.lock().expect("lock").tree_keys(pid).is_empty())
+            .then(|| shared.sample_launches(pid, shared.launch_sample))
+            .flatten();
+            Arc::new(
+                match shared.tree(
+                    pid,
+                    window_s.clamp(1, u64::MAX / 1000) * 1000,
+                    "daemon",
+                    0,
+                    probes,
+                    sample,
+                ) {
+                    Some(t) => ok_line(&t),
+                    None => response_line(&Response::NotFound(format!(
+                        "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"
+                    ))),
+                },
+            )
+        }
+        Request::Status => Arc::new(status_line(shared)),
+        Request::SetLevel { .. } => Arc::new(error_line("set_level is answered by the API task")),
     }
 }
 

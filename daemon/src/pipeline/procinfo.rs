@@ -448,6 +448,14 @@ pub fn fd_target(pid: u32, fd: u64) -> Option<String> {
     Some(t)
 }
 
+/// Wall-clock time now, in ms since the Unix epoch (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

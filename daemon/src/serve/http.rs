@@ -33,7 +33,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{
+use crate::serve::{
     connlimit::{AcceptBackoff, ConnLimiter, PeerKey, Refused},
     peer::SockDiag,
     web_config::WebConfig,

@@ -1,0 +1,7 @@
+//! The standalone commands that need no daemon: `ethand record` (a timeline of one tree),
+//! `ethand survey` (which functions of a library a workload calls), `ethand compare` (two
+//! snapshots side by side), and the one way every command writes an output file.
+pub mod compare;
+pub mod outfile;
+pub mod record;
+pub mod survey;

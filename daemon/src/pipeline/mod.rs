@@ -1,0 +1,17 @@
+//! The measuring pipeline: loads and attaches the probes, reads the kernel maps every
+//! interval, polls the device collectors, and keeps the one model of every process that
+//! snapshots are built from. Data flows one way: probes -> maps -> collector -> model.
+pub mod attribution;
+pub mod bpf_batch;
+pub mod collector;
+pub mod devices;
+pub mod drop_history;
+pub mod gpu;
+pub mod inflight;
+pub mod kernel;
+pub mod launch_sample;
+pub mod loader;
+pub mod model;
+pub mod procinfo;
+pub mod syscalls_table;
+pub mod uprobes;

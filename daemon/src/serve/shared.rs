@@ -1,0 +1,460 @@
+//! The state the collection loop and the servers share: the model, the latest round's
+//! node-wide parts, and the snapshots built from them on demand (at most once per round),
+//! with the tree snapshot and its totals. The servers (`api.rs`, /metrics) read it; the
+//! collection loop (`daemon.rs`) writes it; it imports neither.
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+};
+
+use ethand_exporters::prometheus::{PrometheusOptions, render};
+use ethand_snapshot::{
+    self as snap, NodeSnapshot, TreeSnapshot, TreeTotals,
+    selection::{Selection, SelectionPolicy},
+};
+
+use crate::{
+    config::{Config, GpuLevel},
+    pipeline::{
+        model::{self, Model},
+        procinfo::unix_ms,
+    },
+};
+
+/// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
+const SNAPSHOT_WINDOW_MS: u64 = 10_000;
+
+/// State shared between the collection loop and the servers.
+pub struct Shared {
+    pub model: Mutex<Model>,
+    /// A level change asked for through the API, applied by the collection loop.
+    pub level_request: Mutex<
+        Option<(
+            GpuLevel,
+            std::sync::mpsc::SyncSender<Result<String, String>>,
+        )>,
+    >,
+    /// The latest round's node-wide parts (status, devices); its process, cgroup and block
+    /// lists are empty: [`Shared::node`] fills them from the model when someone asks.
+    pub node: RwLock<Arc<NodeSnapshot>>,
+    /// The full snapshot last built, for the round of `node` it was built from.
+    /// Weak: the snapshot lives only as long as a reader holds it, not between scrapes.
+    built: Mutex<(u64, std::sync::Weak<NodeSnapshot>)>,
+    /// The exporters' snapshot of the round (see [`Shared::export_node`]).
+    exported: Mutex<Option<(u64, Arc<NodeSnapshot>)>>,
+    /// Which processes get series (`[prometheus]` top_n, pids, comms, cgroups, hold), and
+    /// the slot holders between rounds: /metrics and OTLP export the same processes.
+    selection: Mutex<(SelectionPolicy, Selection)>,
+    pub devnames: HashMap<u32, String>,
+    /// Diagnosis rules (built-in plus the rules directory).
+    pub rules: Vec<crate::diagnose::Rule>,
+    /// OTLP export counters, set once the export has started (`[otlp] enabled`).
+    pub otlp: std::sync::OnceLock<Arc<ethand_exporters::otlp::OtlpStats>>,
+    /// The /metrics body of a round, rendered once and shared by every scrape of that round.
+    rendered: Mutex<Option<(u64, axum::body::Bytes)>>,
+    /// The node dump (`{"ok":...}` line) of a round, shared by the API replies that hold it.
+    node_line: Mutex<(u64, std::sync::Weak<Vec<u8>>)>,
+    /// The servers' connection limiters (/metrics, the local API), for `ethand status`.
+    pub servers: std::sync::OnceLock<Vec<Arc<crate::serve::connlimit::ConnLimiter>>>,
+    /// When node-wide losses happened, for the snapshots they may have cut.
+    drops: Mutex<crate::pipeline::drop_history::DropHistory>,
+    /// Per collection round, each GPU's readings (utilization, GPM ratios): the window means
+    /// of the diagnosis, rather than the one reading of the moment.
+    pub device_history: Mutex<crate::pipeline::devices::DeviceHistory>,
+    /// Launch samples asked for by snapshots, started by the collection loop.
+    pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
+    /// `diagnosis.launch_sample_ms`.
+    pub launch_sample: std::time::Duration,
+}
+
+impl Shared {
+    /// The state of a daemon whose model is `model`, as `cfg` sets it up (process
+    /// selection, diagnosis rules, device history, launch samples).
+    pub fn new(model: Model, cfg: &Config) -> Self {
+        let d = &cfg.daemon;
+        Self {
+            model: Mutex::new(model),
+            level_request: Mutex::new(None),
+            node: RwLock::new(Arc::new(NodeSnapshot::default())),
+            built: Mutex::new((u64::MAX, std::sync::Weak::new())),
+            exported: Mutex::new(None),
+            selection: Mutex::new((selection_policy(&cfg.prometheus), Selection::new())),
+            devnames: model::block_device_names(),
+            rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
+            otlp: std::sync::OnceLock::new(),
+            rendered: Mutex::new(None),
+            node_line: Mutex::new((u64::MAX, std::sync::Weak::new())),
+            servers: std::sync::OnceLock::new(),
+            drops: Mutex::default(),
+            sample_requests: Mutex::default(),
+            device_history: Mutex::new(crate::pipeline::devices::DeviceHistory::new(
+                (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
+            )),
+            launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
+        }
+    }
+
+    /// The full snapshot of the latest round, built at most once per round and only when
+    /// asked for: a scrape every 15 s does not pay for a snapshot of every process every
+    /// second (at 1,000+ processes that was most of the daemon's CPU time).
+    pub fn node(&self) -> Arc<NodeSnapshot> {
+        let head = self.node.read().expect("lock").clone();
+        let mut built = self.built.lock().expect("lock");
+        if built.0 == head.taken_at_unix_ms {
+            if let Some(node) = built.1.upgrade() {
+                return node;
+            }
+        }
+        let node = self.build_node(&head, |model| {
+            model
+                .procs
+                .values()
+                .map(|p| model.process_snapshot(p, SNAPSHOT_WINDOW_MS, &self.devnames))
+                .collect()
+        });
+        *built = (head.taken_at_unix_ms, Arc::downgrade(&node));
+        node
+    }
+
+    /// The snapshot /metrics and OTLP read: every node-wide part, but full process snapshots
+    /// only of the processes the exporters select (top N, named, GPU users; the selection of
+    /// the result is the same set). At 4,000 tracked processes building all of them for each
+    /// scrape was 90 % of its time; kept for the round, it is small.
+    pub fn export_node(&self) -> Arc<NodeSnapshot> {
+        let head = self.node.read().expect("lock").clone();
+        let mut cached = self.exported.lock().expect("lock");
+        if let Some((t, node)) = cached.as_ref() {
+            if *t == head.taken_at_unix_ms {
+                return node.clone();
+            }
+        }
+        let node = self.build_node(&head, |model| {
+            let procs: Vec<&model::Proc> = model.procs.values().map(|p| &**p).collect();
+            let views: Vec<snap::ProcessSnapshot> = procs
+                .iter()
+                .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
+                .collect();
+            let mut guard = self.selection.lock().expect("lock");
+            let (policy, selection) = &mut *guard;
+            selection
+                .pick(&views, policy, head.taken_at_unix_ms)
+                .into_iter()
+                .map(|i| model.process_snapshot(procs[i], SNAPSHOT_WINDOW_MS, &self.devnames))
+                .collect()
+        });
+        *cached = Some((head.taken_at_unix_ms, node.clone()));
+        node
+    }
+
+    /// The round's node-wide parts (`head`) plus the processes `processes` picks, the cgroup
+    /// and block-device sums, and the device join, from one look at the model.
+    fn build_node(
+        &self,
+        head: &NodeSnapshot,
+        processes: impl FnOnce(&Model) -> Vec<snap::ProcessSnapshot>,
+    ) -> Arc<NodeSnapshot> {
+        let model = self.model.lock().expect("lock");
+        let mut processes = processes(&model);
+        let cgroups = model.cgroups();
+        let comms = model.comms();
+        let block_devices = model.block_devices(&self.devnames);
+        drop(model);
+        crate::pipeline::devices::join(&mut processes, &head.devices);
+        Arc::new(NodeSnapshot {
+            processes,
+            cgroups,
+            comms,
+            block_devices,
+            ..head.clone()
+        })
+    }
+
+    /// The /metrics body of the latest round: rendered by the first scrape of the round (the
+    /// others wait for it) and shared by all of them.
+    pub fn metrics_body(&self, opts: &PrometheusOptions) -> axum::body::Bytes {
+        let round = self.node.read().expect("lock").taken_at_unix_ms;
+        let mut cached = self.rendered.lock().expect("lock");
+        if let Some((t, body)) = cached.as_ref() {
+            if *t == round {
+                return body.clone();
+            }
+        }
+        let node = self.export_node();
+        let body = axum::body::Bytes::from(render(&node, opts));
+        *cached = Some((node.taken_at_unix_ms, body.clone()));
+        body
+    }
+
+    /// The node dump of the latest round as one reply line (`line` writes it): built by the
+    /// first request of the round and shared by the replies that hold it.
+    pub fn node_reply(&self, line: impl FnOnce(&NodeSnapshot) -> Vec<u8>) -> Arc<Vec<u8>> {
+        let round = self.node.read().expect("lock").taken_at_unix_ms;
+        let mut cached = self.node_line.lock().expect("lock");
+        if cached.0 == round {
+            if let Some(line) = cached.1.upgrade() {
+                return line;
+            }
+        }
+        let node = self.node();
+        let line = Arc::new(line(&node));
+        *cached = (node.taken_at_unix_ms, Arc::downgrade(&line));
+        line
+    }
+
+    /// Records the round's node-wide losses (`DropHistory::record`).
+    pub fn record_drops(&self, now_ms: u64, drops: &[snap::DropCounter], overflow: u64) {
+        self.drops
+            .lock()
+            .expect("lock")
+            .record(now_ms, drops, overflow);
+    }
+
+    /// Counts the kernel launches of `pid`'s tree for `duration` (see launch_sample.rs):
+    /// the collection loop attaches and detaches; this waits for its answer.
+    pub fn sample_launches(
+        &self,
+        pid: u32,
+        duration: std::time::Duration,
+    ) -> Option<ethand_snapshot::gpu::LaunchSample> {
+        if duration.is_zero() {
+            return None;
+        }
+        // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
+        let pids: Vec<u32> = crate::pipeline::procinfo::descendants(pid)
+            .into_iter()
+            .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/maps"))
+                    .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
+            })
+            .collect();
+        if pids.is_empty() {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.sample_requests
+            .lock()
+            .expect("lock")
+            .push(crate::pipeline::launch_sample::Request {
+                pids,
+                duration,
+                reply: tx,
+            });
+        // Started and ended at collection rounds: up to two intervals more than asked.
+        rx.recv_timeout(duration + std::time::Duration::from_secs(5))
+            .ok()
+    }
+
+    pub fn tree(
+        &self,
+        pid: u32,
+        window_ms: u64,
+        source: &str,
+        measured_ms: u64,
+        probes: Vec<snap::ProbeStatus>,
+        launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
+    ) -> Option<TreeSnapshot> {
+        // A thread id stands for its process.
+        let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+        let model = self.model.lock().expect("lock");
+        let mut keys = model.tree_keys(pid);
+        // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
+        // standalone measurement) is not in the model: its tree is its live descendants that
+        // are, under a root built from /proc with the zero activity it had.
+        let mut unseen_root = None;
+        if keys.is_empty() {
+            let live = crate::pipeline::procinfo::descendants(pid);
+            if live.len() > 1 {
+                let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
+                for c in &live[1..] {
+                    for k in model.tree_keys(*c) {
+                        if !seen.contains(&k) {
+                            seen.push(k);
+                        }
+                    }
+                }
+                if !seen.is_empty() {
+                    keys = seen;
+                    unseen_root = crate::pipeline::procinfo::read(pid);
+                }
+            }
+        }
+        if keys.is_empty() {
+            return None;
+        }
+        let mut processes: Vec<snap::ProcessSnapshot> = keys
+            .iter()
+            .filter_map(|k| model.procs.get(k))
+            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
+            .collect();
+        let timeline = model.timeline(&keys, window_ms);
+        let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
+            .iter()
+            .filter_map(|k| model.procs.get(k))
+            .filter(|p| p.alive)
+            .map(|p| (p.key.tgid, (model.entered_syscalls(p), model.known_ms(p))))
+            .collect();
+        if let Some(meta) = unseen_root {
+            processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
+        }
+        drop(model);
+        let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
+        let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
+        for p in processes.iter_mut().filter(|p| p.alive) {
+            (p.swap_bytes, p.major_faults) = crate::pipeline::procinfo::memory(p.pid);
+            let (e, known_ms) = entered
+                .get(&p.pid)
+                .cloned()
+                .unwrap_or((Default::default(), measured_ms));
+            crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
+        }
+        let now = unix_ms();
+        let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
+        let dropped_events = self
+            .drops
+            .lock()
+            .expect("lock")
+            .since(now.saturating_sub(observed_ms));
+        let node = self.node.read().expect("lock").clone();
+        crate::pipeline::devices::join(&mut processes, &node.devices);
+        let mut tree = TreeSnapshot {
+            schema_version: snap::SCHEMA_VERSION,
+            source: source.into(),
+            root_pid: pid,
+            taken_at_unix_ms: now,
+            measured_ms,
+            total: totals(&processes, &self.device_history.lock().expect("lock"), now),
+            processes,
+            probes,
+            findings: Vec::new(),
+            gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
+            timeline,
+            devices: node.devices.clone(),
+            dropped_events,
+            launch_sample,
+            not_evaluated: Vec::new(),
+            node_cpus: std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u32),
+        };
+        crate::diagnose::apply(&mut tree, &self.rules);
+        Some(tree)
+    }
+}
+
+fn totals(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::pipeline::devices::DeviceHistory,
+    now_ms: u64,
+) -> TreeTotals {
+    let mut t = TreeTotals {
+        sched: snap::SchedStats {
+            runq_wait_hist: vec![0; snap::HIST_BUCKETS],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for p in ps {
+        t.processes += 1;
+        t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
+        t.sched.add(&p.sched);
+        t.syscalls += p.syscalls.count;
+        t.syscall_errors += p.syscalls.errors;
+        t.syscall_time_ns += p.syscalls.time_ns;
+        for b in &p.block {
+            match b.op.as_str() {
+                "read" => {
+                    t.block_read_bytes += b.bytes;
+                    t.block_read_ops += b.ops;
+                }
+                "write" => {
+                    t.block_write_bytes += b.bytes;
+                    t.block_write_ops += b.ops;
+                }
+                _ => {}
+            }
+        }
+        t.net.add(&p.net);
+        if let Some(g) = &p.gpu {
+            t.gpu.get_or_insert_with(Default::default).add(g);
+        }
+    }
+    t.gpu_derived = gpu_derived(ps, history, now_ms);
+    t
+}
+
+/// Diagnosis signals from the processes' windows and the device collector's utilization.
+fn gpu_derived(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::pipeline::devices::DeviceHistory,
+    now_ms: u64,
+) -> Option<ethand_snapshot::gpu::GpuDerived> {
+    if ps.iter().all(|p| p.gpu.is_none()) {
+        return None;
+    }
+    let window_ms = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.duration_ms)
+        .max()?;
+    if window_ms == 0 {
+        return None;
+    }
+    let secs = window_ms as f64 / 1000.0;
+    let sum = |f: fn(&snap::WindowStats) -> u64| -> u64 {
+        ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
+    };
+    let wall_ns = window_ms as f64 * 1e6;
+    // Device readings: window means over the devices the tree's processes use (all GPUs
+    // when the driver names none for them: a container's pids are not the host's).
+    let used: Vec<String> = ps
+        .iter()
+        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
+        .collect();
+    let means = history.means(&used, now_ms.saturating_sub(window_ms));
+    let launches: Option<u64> = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.gpu_launches)
+        .reduce(ethand_snapshot::gpu::add_counted)
+        .flatten();
+    Some(ethand_snapshot::gpu::GpuDerived {
+        window_ms,
+        launches_per_second: launches.map(|n| n as f64 / secs),
+        syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
+        sm_activity_ratio: means.sm_activity_ratio,
+        sm_occupancy_ratio: means.sm_occupancy_ratio,
+        tensor_activity_ratio: means.tensor_activity_ratio,
+        dram_bandwidth_ratio: means.dram_bandwidth_ratio,
+        sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
+        collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
+        copy_bytes_per_second: vec![
+            (
+                "host_to_device".into(),
+                sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs,
+            ),
+            (
+                "device_to_host".into(),
+                sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs,
+            ),
+            (
+                "other".into(),
+                sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
+            ),
+        ],
+        device_utilization_ratio: means.utilization_ratio,
+        device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
+    })
+}
+
+/// The process selection `[prometheus]` asks for.
+fn selection_policy(p: &crate::config::PrometheusConfig) -> SelectionPolicy {
+    SelectionPolicy {
+        top_n: p.top_n,
+        pids: p.pids.clone(),
+        comms: p.comms.clone(),
+        cgroups: p.cgroups.clone(),
+        hold_ms: p.selection_hold_seconds.saturating_mul(1000),
+        min_age_ms: p.selection_min_age_seconds.saturating_mul(1000),
+    }
+}
