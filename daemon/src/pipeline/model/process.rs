@@ -214,8 +214,8 @@ impl Proc {
             offcpu_blocked_ns: s.offcpu_blocked_ns,
             offcpu_preempted_ns: s.offcpu_preempted_ns,
             runq_wait_ns: s.runq_wait_ns,
-            net_tx_bytes: n.tx_bytes(),
-            net_rx_bytes: n.rx_bytes(),
+            net_tx_bytes: n.tcp_tx_bytes + n.udp_tx_bytes,
+            net_rx_bytes: n.tcp_rx_bytes + n.udp_rx_bytes,
             // Absolute (not a counter): its window change is the growth of live GPU memory.
             gpu_memory_live_bytes: self
                 .gpu_state
