@@ -1,9 +1,9 @@
 //! ethand's outputs. Exporters read the latest [`ethand_snapshot::NodeSnapshot`] and nothing else:
 //! they never touch BPF maps or device libraries.
+mod catalog;
 pub mod html;
 pub mod otlp;
 pub mod prometheus;
 mod prometheus_devices;
-mod prometheus_gpu;
 pub mod report;
 pub mod text;
