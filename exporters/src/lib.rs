@@ -4,6 +4,5 @@ mod catalog;
 pub mod html;
 pub mod otlp;
 pub mod prometheus;
-mod prometheus_devices;
 pub mod report;
 pub mod text;

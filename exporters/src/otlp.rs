@@ -39,7 +39,6 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{NodeSnapshot, OtlpStatus};
 
-mod legacy;
 mod metrics;
 #[cfg(test)]
 use ethand_snapshot::ProcessSnapshot;

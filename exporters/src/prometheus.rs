@@ -13,12 +13,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
 
+use crate::catalog::Desc;
 #[cfg(test)]
 use crate::catalog::MetricType;
 #[cfg(test)]
 use crate::catalog::histogram;
-use crate::catalog::{self, Metric, Sample, Scope, Selected, Sink, Subject};
-pub(crate) use crate::catalog::{Desc, counter, gauge};
+use crate::catalog::{self, Metric, Output, Sample, Scope, Selected, Sink, Subject};
+#[cfg(test)]
+use crate::catalog::{counter, gauge};
 use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{self as snapshot, HIST_BUCKETS, NodeSnapshot, ProcessSnapshot};
 
@@ -58,20 +60,12 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
     for m in catalog::all() {
         encode(&mut registry, m, &scope, &process_labels, opts);
     }
-    crate::prometheus_devices::register_devices(&mut registry, &snap.devices, opts.dcgm_aliases);
     registry.out
 }
 
 /// Every family [`render`] can emit: (name as exposed, type, help text), in exposition order.
 pub fn metric_catalog() -> Vec<(&'static str, &'static str, &'static str)> {
-    let legacy = |d: &[Desc]| -> Vec<_> {
-        d.iter()
-            .map(|d| (d.name, d.kind.as_str(), d.help))
-            .collect()
-    };
-    let mut out: Vec<_> = catalog::prometheus_families().collect();
-    out.extend(legacy(crate::prometheus_devices::DEVICE_FAMILIES));
-    out
+    catalog::prometheus_families().collect()
 }
 
 /// Writes one catalog metric's family: `observe` fills it through a [`FamilySink`].
@@ -82,8 +76,10 @@ fn encode(
     process_labels: &[Labels],
     opts: &PrometheusOptions,
 ) {
-    if metric.dcgm_alias && !opts.dcgm_aliases {
-        return;
+    match metric.output {
+        Output::Both => {}
+        Output::DcgmAlias if opts.dcgm_aliases => {}
+        Output::DcgmAlias | Output::OtlpOnly => return,
     }
     let mut sink = FamilySink {
         metric,
@@ -129,6 +125,9 @@ impl Sink for FamilySink<'_> {
                 }
                 l
             }
+            Subject::Gpu(g) => labels(&[("gpu", &g.label()), ("uuid", &g.uuid)], &[]),
+            Subject::Npu(n) => labels(&[("npu", &n.label()), ("uuid", &n.uuid)], &[]),
+            Subject::DcgmGpu { gpu: g, hostname } => dcgm_labels(g, hostname),
         };
         for (label, v) in self.metric.labels.iter().zip(values) {
             if !(label.omit_empty && v.is_empty()) {
@@ -155,6 +154,26 @@ impl Sink for FamilySink<'_> {
             _ => debug_assert!(false, "{}: samples of two value types", desc.name),
         }
     }
+}
+
+/// dcgm-exporter's labels of a GPU, in its order.
+fn dcgm_labels(g: &snapshot::devices::GpuDevice, hostname: &str) -> Labels {
+    let index = g.index.to_string();
+    let device = format!("nvidia{}", g.minor_number.unwrap_or(g.index));
+    let mut l = labels(
+        &[
+            ("gpu", &index),
+            ("UUID", &g.uuid),
+            ("pci_bus_id", &g.pci_bus_id),
+            ("device", &device),
+            ("modelName", &g.name),
+        ],
+        &[],
+    );
+    if !hostname.is_empty() {
+        l.push(("Hostname", hostname.to_owned()));
+    }
+    l
 }
 
 /// Sets `key` to `value`, replacing an identity label of that name (the collective series'
@@ -551,6 +570,9 @@ impl Value for Hist {
         write_u64(out, cumulative);
     }
 }
+
+#[cfg(test)]
+mod device_tests;
 
 #[cfg(test)]
 mod workload_label_tests {

@@ -13,6 +13,7 @@
 use std::cmp::Reverse;
 use std::sync::OnceLock;
 
+use ethand_snapshot::devices::{GpuDevice, NpuDevice};
 use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{
     self as snapshot, CgroupSnapshot, HIST_BUCKETS, NodeSnapshot, OtlpStatus, ProcessSnapshot,
@@ -22,9 +23,14 @@ use ethand_snapshot::{
 mod block;
 mod cgroup;
 mod comm;
+mod dcgm;
+mod devices;
 mod gpu;
 mod process;
 mod self_;
+
+#[cfg(test)]
+pub(crate) use devices::MAX_PROCESSES_PER_DEVICE;
 
 /// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
 pub const TOP_SYSCALLS: usize = 8;
@@ -37,6 +43,8 @@ pub(crate) const AREAS: &[&[Metric]] = &[
     comm::METRICS,
     block::METRICS,
     self_::METRICS,
+    devices::METRICS,
+    dcgm::METRICS,
 ];
 
 /// Every metric, in exposition order.
@@ -101,9 +109,21 @@ pub(crate) struct Metric {
     /// Whose series these are: documents the identity labels the encoders add.
     pub(crate) per: Per,
     pub(crate) otel: Otel,
-    /// Only with `PrometheusOptions::dcgm_aliases` (dcgm-exporter's names).
-    pub(crate) dcgm_alias: bool,
+    /// Which outputs have it.
+    pub(crate) output: Output,
     pub(crate) observe: fn(&Scope, &mut dyn Sink),
+}
+
+/// Which outputs carry a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// /metrics and, as `otel` says, OTLP.
+    Both,
+    /// /metrics only with `PrometheusOptions::dcgm_aliases` (dcgm-exporter's names).
+    DcgmAlias,
+    /// OTLP only: the Prometheus families named in `prometheus.name` carry the same data
+    /// their own way (`Otel::Elsewhere` there).
+    OtlpOnly,
 }
 
 /// Whose series a metric has; each encoder adds that subject's identity.
@@ -116,7 +136,6 @@ pub(crate) enum Per {
     /// `cgroup` and the workload labels; OTLP `ethand.cgroup` and `k8s.*`.
     Cgroup,
     /// `gpu`/`npu` and `uuid`; OTLP `hw.*`.
-    #[allow(dead_code)] // the device area, next
     Device,
 }
 
@@ -128,6 +147,8 @@ pub(crate) struct Label {
     pub(crate) values: &'static str,
     /// An empty value means "no such label" rather than `label=""`.
     pub(crate) omit_empty: bool,
+    /// Over OTLP, only samples with one of these values (the rest is /metrics only).
+    pub(crate) otel_only: Option<&'static [&'static str]>,
 }
 
 pub(crate) enum OtelLabel {
@@ -146,12 +167,19 @@ pub(crate) const fn label(prometheus: &'static str, otel: &'static str) -> Label
         otel: OtelLabel::Attribute(otel),
         values: "",
         omit_empty: false,
+        otel_only: None,
     }
 }
 
 impl Label {
     pub(crate) const fn values(self, values: &'static str) -> Self {
         Self { values, ..self }
+    }
+    pub(crate) const fn otel_only(self, values: &'static [&'static str]) -> Self {
+        Self {
+            otel_only: Some(values),
+            ..self
+        }
     }
     pub(crate) const fn omit_empty(self) -> Self {
         Self {
@@ -190,6 +218,8 @@ pub(crate) enum Otel {
     },
     /// Not exported over OTLP, and why.
     NotExported(&'static str),
+    /// Over OTLP as the named metric of an OTLP-only entry, which reads the data its own way.
+    Elsewhere(&'static str),
 }
 
 /// OTLP instrument kinds.
@@ -248,7 +278,6 @@ pub(crate) const fn otel(
 }
 
 impl OtelMetric {
-    #[allow(dead_code)] // the device area, next
     pub(crate) const fn with(self, constant: &'static [(&'static str, &'static str)]) -> Self {
         Self { constant, ..self }
     }
@@ -277,6 +306,13 @@ pub(crate) enum Subject<'a> {
     /// Index into [`Scope::processes`].
     Process(usize),
     Cgroup(&'a CgroupSnapshot),
+    Gpu(&'a GpuDevice),
+    Npu(&'a NpuDevice),
+    /// A GPU under dcgm-exporter's labels (the node's hostname among them).
+    DcgmGpu {
+        gpu: &'a GpuDevice,
+        hostname: &'a str,
+    },
 }
 
 /// Where `observe` puts samples; one sink per metric.
@@ -334,7 +370,7 @@ impl<'a> Scope<'a> {
 /// Every Prometheus family: (name as exposed, type, help text), in exposition order.
 pub(crate) fn prometheus_families()
 -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
-    all().map(|m| {
+    all().filter(|m| m.output != Output::OtlpOnly).map(|m| {
         let d = &m.prometheus;
         (d.name, d.kind.as_str(), d.help)
     })
@@ -451,7 +487,7 @@ impl Metric {
             labels: &[],
             per,
             otel,
-            dcgm_alias: false,
+            output: Output::Both,
             observe,
         }
     }

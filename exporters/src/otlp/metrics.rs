@@ -4,7 +4,6 @@
 //! [`Sink`] that writes data points. docs/otlp.md's table is generated from it
 //! ([`markdown_table`]).
 use std::any::Any;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock};
@@ -14,7 +13,7 @@ use opentelemetry::metrics::{AsyncInstrument, Meter};
 
 use super::Source;
 use crate::catalog::{
-    self, Metric, Otel, OtelLabel, OtelMetric, Per, Sample, Scope, Selected, Sink, Subject,
+    self, Metric, Otel, OtelLabel, OtelMetric, Output, Per, Sample, Scope, Selected, Sink, Subject,
 };
 pub use crate::catalog::{Num, OtelKind as Kind};
 use ethand_snapshot::selection::ExportSelection;
@@ -49,6 +48,7 @@ impl View {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn each_proc(&self) -> impl Iterator<Item = (&ProcessSnapshot, &[KeyValue])> {
         self.selected
             .indices
@@ -110,6 +110,81 @@ pub(crate) fn cg(
     a
 }
 
+/// The hw.* identity of one device (GPU or NPU), then `extra`.
+#[allow(clippy::too_many_arguments)] // one call per device kind, all fields named there
+fn hw(
+    id: &str,
+    name: String,
+    kind: &'static str,
+    model: &str,
+    vendor: &'static str,
+    pci: &str,
+    driver: &str,
+    extra: &[(&'static str, &str)],
+) -> Vec<KeyValue> {
+    let mut a = vec![
+        KeyValue::new("hw.id", id.to_owned()),
+        KeyValue::new("hw.name", name),
+        KeyValue::new("hw.type", kind),
+        KeyValue::new("hw.vendor", vendor),
+    ];
+    for (k, v) in [
+        ("hw.model", model),
+        ("ethand.pci_bus_id", pci),
+        ("ethand.driver.version", driver),
+    ] {
+        if !v.is_empty() {
+            a.push(KeyValue::new(k, v.to_owned()));
+        }
+    }
+    a.extend(extra.iter().map(|&(k, s)| KeyValue::new(k, s.to_owned())));
+    a
+}
+
+fn gpu_hw(
+    g: &ethand_snapshot::devices::GpuDevice,
+    extra: &[(&'static str, &str)],
+) -> Vec<KeyValue> {
+    let label = g.label();
+    let id = if g.uuid.is_empty() {
+        label.clone()
+    } else {
+        g.uuid.clone()
+    };
+    hw(
+        &id,
+        label,
+        "gpu",
+        &g.name,
+        "NVIDIA",
+        &g.pci_bus_id,
+        &g.driver_version,
+        extra,
+    )
+}
+
+fn npu_hw(
+    n: &ethand_snapshot::devices::NpuDevice,
+    extra: &[(&'static str, &str)],
+) -> Vec<KeyValue> {
+    let label = n.label();
+    let id = if n.uuid.is_empty() {
+        label.clone()
+    } else {
+        n.uuid.clone()
+    };
+    hw(
+        &id,
+        label,
+        "npu",
+        &n.name,
+        "Huawei",
+        &n.pci_bus_id,
+        &n.driver_version,
+        extra,
+    )
+}
+
 /// A value as observed: integers stay exact; nanoseconds become float seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum V {
@@ -157,20 +232,6 @@ impl Points {
             }
         }
     }
-    pub(crate) fn proc(&mut self, id: &[KeyValue], extra: &[(&'static str, &str)], v: V) {
-        let mut attrs = id.to_vec();
-        attrs.extend(extra.iter().map(|&(k, s)| KeyValue::new(k, s.to_owned())));
-        self.add(attrs, v);
-    }
-    pub(crate) fn plain(&mut self, attrs: &[(&'static str, &str)], v: V) {
-        self.add(
-            attrs
-                .iter()
-                .map(|&(k, s)| KeyValue::new(k, s.to_owned()))
-                .collect(),
-            v,
-        );
-    }
     pub fn iter(&self) -> impl Iterator<Item = (&[KeyValue], V)> {
         self.0.values().map(|(a, v)| (a.as_slice(), *v))
     }
@@ -184,19 +245,12 @@ pub struct MetricSpec {
     pub kind: Kind,
     pub(crate) num: Num,
     /// The Prometheus families it carries (comma-separated), as in docs/metrics.md.
-    pub prometheus: Cow<'static, str>,
+    pub prometheus: String,
     /// Attributes besides the process identity (per-process metrics) or the hw.* identity.
-    pub attributes: Cow<'static, str>,
+    pub attributes: String,
     pub description: &'static str,
-    pub(crate) observe: Observe,
-}
-
-/// Where a metric's points come from.
-pub(crate) enum Observe {
     /// Catalog entries, each with the part of its samples this metric carries.
-    Catalog(Vec<(&'static Metric, Part)>),
-    /// Not in the catalog yet: a function of its own over the view.
-    Legacy(fn(&View, &mut Points)),
+    pub(crate) sources: Vec<(&'static Metric, Part)>,
 }
 
 /// Which part of a catalog entry's samples an OTLP metric carries.
@@ -224,21 +278,16 @@ impl MetricSpec {
     /// The data points this metric has in `view`.
     pub fn points(&self, view: &View) -> Points {
         let mut points = Points::default();
-        match &self.observe {
-            Observe::Catalog(entries) => {
-                let scope = view.scope();
-                for &(metric, part) in entries {
-                    let mut sink = PointSink {
-                        view,
-                        metric,
-                        otel: otel_of(metric, part),
-                        part,
-                        points: &mut points,
-                    };
-                    (metric.observe)(&scope, &mut sink);
-                }
-            }
-            Observe::Legacy(f) => f(view, &mut points),
+        let scope = view.scope();
+        for &(metric, part) in &self.sources {
+            let mut sink = PointSink {
+                view,
+                metric,
+                otel: otel_of(metric, part),
+                part,
+                points: &mut points,
+            };
+            (metric.observe)(&scope, &mut sink);
         }
         points
     }
@@ -290,8 +339,15 @@ impl Sink for PointSink<'_> {
             Subject::Node => Vec::with_capacity(values.len()),
             Subject::Process(i) => self.view.identities[i].clone(),
             Subject::Cgroup(c) => cg(c, &[]),
+            Subject::Gpu(g) => gpu_hw(g, &[]),
+            Subject::Npu(n) => npu_hw(n, &[]),
+            // dcgm-exporter's aliases are for Prometheus dashboards only.
+            Subject::DcgmGpu { .. } => return,
         };
         for (label, value) in self.metric.labels.iter().zip(values) {
+            if label.otel_only.is_some_and(|known| !known.contains(value)) {
+                return;
+            }
             if let OtelLabel::PointValue = label.otel {
                 v = V::U(value.parse().unwrap_or(0));
             } else if !(label.omit_empty && value.is_empty()) {
@@ -300,7 +356,7 @@ impl Sink for PointSink<'_> {
             }
         }
         for &(k, c) in self.otel.map_or(&[][..], |o| o.constant) {
-            attrs.push(KeyValue::new(k, c));
+            attrs.push(KeyValue::new(k, c.to_owned()));
         }
         self.points.add(attrs, v);
     }
@@ -313,11 +369,7 @@ pub const METRICS: Metrics = Metrics;
 #[derive(Clone, Copy, Debug)]
 pub struct Metrics;
 
-static SPECS: LazyLock<Vec<MetricSpec>> = LazyLock::new(|| {
-    let mut specs = from_catalog();
-    specs.extend(super::legacy::specs());
-    specs
-});
+static SPECS: LazyLock<Vec<MetricSpec>> = LazyLock::new(|| from_catalog());
 
 impl Metrics {
     pub fn iter(self) -> std::slice::Iter<'static, MetricSpec> {
@@ -345,10 +397,8 @@ fn from_catalog() -> Vec<MetricSpec> {
             let family = format!("{}{}", metric.prometheus.name, part.suffix());
             if let Some(spec) = specs.iter_mut().find(|s| s.name == o.name) {
                 debug_assert!(spec.unit == o.unit && spec.kind == o.kind && spec.num == o.num);
-                spec.prometheus = format!("{}, {family}", spec.prometheus).into();
-                if let Observe::Catalog(entries) = &mut spec.observe {
-                    entries.push((metric, part));
-                }
+                spec.prometheus = format!("{}, {family}", spec.prometheus);
+                spec.sources.push((metric, part));
                 continue;
             }
             specs.push(MetricSpec {
@@ -356,11 +406,20 @@ fn from_catalog() -> Vec<MetricSpec> {
                 unit: o.unit,
                 kind: o.kind,
                 num: o.num,
-                prometheus: family.into(),
-                attributes: attributes_doc(metric, o).into(),
+                prometheus: family,
+                attributes: attributes_doc(metric, o),
                 description: metric.prometheus.help,
-                observe: Observe::Catalog(vec![(metric, part)]),
+                sources: vec![(metric, part)],
             });
+        }
+    }
+    for metric in catalog::all() {
+        if let Otel::Elsewhere(name) = metric.otel {
+            assert!(
+                specs.iter().any(|s| s.name == name),
+                "{}: no OTLP metric {name}",
+                metric.prometheus.name
+            );
         }
     }
     specs
@@ -397,12 +456,18 @@ fn attributes_doc(metric: &Metric, o: &OtelMetric) -> String {
 /// Prometheus families with no OTLP metric of their own, and why.
 pub static NOT_EXPORTED: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock::new(|| {
     catalog::all()
-        .filter_map(|m| match m.otel {
-            Otel::NotExported(why) => Some((m.prometheus.name, why)),
+        .filter_map(|m| match (&m.otel, m.output) {
+            // One row for all of dcgm-exporter's names.
+            (Otel::NotExported(why), Output::DcgmAlias) => Some(("DCGM_FI_*", *why)),
+            (Otel::NotExported(why), _) => Some((m.prometheus.name, *why)),
             _ => None,
         })
-        .chain(super::legacy::NOT_EXPORTED.iter().copied())
-        .collect()
+        .fold(Vec::new(), |mut rows, row| {
+            if !rows.contains(&row) {
+                rows.push(row);
+            }
+            rows
+        })
 });
 
 /// Builds the observable instrument of `m`; its callback reads the current view.
