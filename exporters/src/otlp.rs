@@ -13,9 +13,10 @@
 //!
 //! Names follow OpenTelemetry's semantic conventions where they have one (`process.cpu.time`,
 //! `hw.gpu.utilization`, `hw.gpu.memory.usage`, ...) and `ethand.*` otherwise, with UCUM units.
-//! [`METRICS`] is the one declaration of every exported metric: the instruments are built from
-//! it and docs/otlp.md's table is generated from it ([`markdown_table`]); a test checks that
-//! every Prometheus family is mapped or deliberately left out ([`NOT_EXPORTED`]).
+//! [`METRICS`] is the metric catalog (`crate::catalog`, shared with /metrics) seen as OTLP
+//! metrics: the instruments are built from it and docs/otlp.md's table is generated from it
+//! ([`markdown_table`]); a test checks that every Prometheus family is mapped or deliberately
+//! left out ([`NOT_EXPORTED`]).
 //!
 //! Per-process points exist for the same processes as Prometheus' per-process series
 //! ([`ExportSelection`]: top N by CPU, GPU/NPU users, configured pids/comms/cgroups).
@@ -199,7 +200,10 @@ impl OtlpExporter {
         let meter = provider.meter("ethand");
         let instruments = METRICS
             .iter()
-            .map(|m| register(&meter, m, source.clone()))
+            .map(|m| {
+                let source = source.clone();
+                register(&meter, m, move || source.view())
+            })
             .collect();
         Ok(Self {
             provider,

@@ -24,13 +24,10 @@ mod block;
 mod cgroup;
 mod comm;
 mod dcgm;
-mod devices;
+pub(crate) mod devices;
 mod gpu;
 mod process;
 mod self_;
-
-#[cfg(test)]
-pub(crate) use devices::MAX_PROCESSES_PER_DEVICE;
 
 /// Per process, syscalls beyond this many (ranked by time) are summed into `syscall="other"`.
 pub const TOP_SYSCALLS: usize = 8;

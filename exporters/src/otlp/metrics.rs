@@ -11,7 +11,6 @@ use std::sync::{Arc, LazyLock};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{AsyncInstrument, Meter};
 
-use super::Source;
 use crate::catalog::{
     self, Metric, Otel, OtelLabel, OtelMetric, Output, Per, Sample, Scope, Selected, Sink, Subject,
 };
@@ -474,9 +473,9 @@ pub static NOT_EXPORTED: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock:
 pub(crate) fn register(
     meter: &Meter,
     m: &'static MetricSpec,
-    source: Arc<Source>,
+    view: impl Fn() -> Arc<View> + Send + Sync + 'static,
 ) -> Box<dyn Any + Send + Sync> {
-    let points = move || m.points(&source.view());
+    let points = move || m.points(&view());
     match (m.kind, m.num) {
         (Kind::Counter, Num::Int) => Box::new(
             meter

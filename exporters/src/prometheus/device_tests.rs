@@ -2,7 +2,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{PrometheusOptions, render};
-use crate::catalog::MAX_PROCESSES_PER_DEVICE;
+use crate::catalog::devices::MAX_PROCESSES_PER_DEVICE;
 use ethand_snapshot::NodeSnapshot;
 use ethand_snapshot::devices::{
     CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
