@@ -299,6 +299,25 @@ pub(crate) const METRICS: &[Metric] = &[
         },
     ),
     Metric::new(
+        counter(
+            "ethand_process_major_page_faults_total",
+            "Major page faults of the process since it started: accesses that waited for a page to \
+             be read from disk or swap; no series where it was not read (/proc/PID/stat majflt).",
+        ),
+        Per::Process,
+        Otel::Metric(
+            otel("process.paging.faults", "{fault}", OtelKind::Counter, Num::Int)
+                .with(&[("system.paging.fault.type", "major")]),
+        ),
+        |s, o| {
+            for (id, p) in s.processes() {
+                if let Some(faults) = p.major_faults {
+                    o.sample(id, &[], Sample::Int(faults));
+                }
+            }
+        },
+    ),
+    Metric::new(
         gauge(
             "ethand_process_workload_info",
             "Value 1 for each process with per-process series whose container, pod, job or rank is \
