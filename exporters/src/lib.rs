@@ -1,10 +1,10 @@
 //! ethand's outputs. Exporters read the latest [`ethand_snapshot::NodeSnapshot`] and nothing else:
-//! they never touch BPF maps or device libraries.
+//! they never touch BPF maps or device libraries. Every metric is declared once, in
+//! `catalog`, and encoded by [`prometheus`] and [`otlp`] alike.
+mod catalog;
 pub mod format;
 pub mod html;
 pub mod otlp;
 pub mod prometheus;
-mod prometheus_devices;
-mod prometheus_gpu;
 pub mod report;
 pub mod text;

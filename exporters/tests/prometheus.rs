@@ -474,6 +474,7 @@ fn workload_process() -> ProcessSnapshot {
         comm: "trainer".to_owned(),
         cgroup: "/kubepods/burstable/pod1/ctr".to_owned(),
         alive: true,
+        major_faults: Some(12),
         gpu: Some(ethand_snapshot::gpu::GpuProcessStats {
             launches: Some(0),
             ..Default::default()
@@ -1343,6 +1344,22 @@ fn histograms() {
             "{count}"
         );
     }
+}
+
+/// Major faults where /proc was read (the trainer); no series, never a 0, where it was not.
+#[test]
+fn major_faults_only_where_read() {
+    let text = render(&device_snapshot(), &options());
+    let faults: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ethand_process_major_page_faults_total{"))
+        .collect();
+    assert_eq!(faults.len(), 1, "{faults:?}");
+    assert!(
+        faults[0].contains("pid=\"800\"") && faults[0].ends_with("} 12"),
+        "{}",
+        faults[0]
+    );
 }
 
 #[test]
