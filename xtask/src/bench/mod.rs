@@ -328,8 +328,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // under bench/results/events/: the page holds the current tables, the records the history.
     let record = args.json.clone().or_else(|| {
         (out_was_default && !args.quick).then(|| {
-            let stamp = info.machine.date.replace(" UTC", "Z").replace([' ', ':'], "-");
-            root.join("bench/results/events").join(format!("{stamp}.json"))
+            let stamp = info
+                .machine
+                .date
+                .replace(" UTC", "Z")
+                .replace([' ', ':'], "-");
+            root.join("bench/results/events")
+                .join(format!("{stamp}.json"))
         })
     });
     if let Some(path) = &record {

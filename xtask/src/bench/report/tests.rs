@@ -205,7 +205,11 @@ fn direct_switch_row_and_target() {
         record["workloads"]["pingpong"]["modes"]["ethand-sched"]["samples_ns"],
         serde_json::json!([3100.0, 3260.0, 3180.0, 3580.0, 2780.0])
     );
-    assert!(record["workloads"]["getpid"]["modes"].get("ethand-sched").is_none());
+    assert!(
+        record["workloads"]["getpid"]["modes"]
+            .get("ethand-sched")
+            .is_none()
+    );
 }
 
 #[test]
