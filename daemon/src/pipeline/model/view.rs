@@ -260,23 +260,7 @@ impl Model {
         let block = p
             .blk
             .iter()
-            .map(|((dev, op), b)| {
-                let device = dev_string(*dev);
-                snap::BlockStats {
-                    device_name: devnames.get(dev).cloned().unwrap_or_else(|| device.clone()),
-                    device,
-                    op: blk_op::NAMES
-                        .get(*op as usize)
-                        .unwrap_or(&"other")
-                        .to_string(),
-                    ops: b.ops,
-                    bytes: b.bytes,
-                    queue_ns: b.queue_ns,
-                    service_ns: b.service_ns,
-                    queue_hist: b.queue_hist.to_vec(),
-                    service_hist: b.service_hist.to_vec(),
-                }
-            })
+            .map(|(&(dev, op), b)| blk_snapshot(dev, op, b, devnames))
             .collect();
         let gpu = crate::pipeline::gpu::process_stats(
             &p.gpu_calls,
