@@ -406,6 +406,7 @@ fn devices() -> DevicesSnapshot {
                 sm_occupancy_ratio: Some(0.45),
                 tensor_activity_ratio: Some(0.6),
                 dram_bandwidth_ratio: Some(0.35),
+                ..Default::default()
             },
             GpuDevice {
                 index: 1,
@@ -451,6 +452,7 @@ fn devices() -> DevicesSnapshot {
                 utilization_ratio: None,
             },
         ],
+        ..Default::default()
     }
 }
 

@@ -38,6 +38,47 @@ pub struct DevicesSnapshot {
     pub npus: Vec<NpuDevice>,
     /// Processes holding device memory, one entry per (process, device).
     pub processes: Vec<DeviceProcess>,
+    /// The most recent critical XID events (at most [`MAX_XID_EVENTS`]), oldest first, each
+    /// with the processes that held a context on its GPU. Consumers count an event once by
+    /// its `seq`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid_events: Vec<XidEvent>,
+}
+
+/// How many XID events [`DevicesSnapshot::xid_events`] keeps.
+pub const MAX_XID_EVENTS: usize = 256;
+
+/// XID codes above this are counted under [`XID_OTHER`] in the `xid` label, so that a driver
+/// reporting garbage cannot make unbounded series (NVIDIA's documented codes are below 200).
+pub const MAX_XID_CODE: u64 = 1023;
+/// The `xid` label value of codes above [`MAX_XID_CODE`].
+pub const XID_OTHER: &str = "other";
+
+/// The `xid` label value of a code: the number, or [`XID_OTHER`] above [`MAX_XID_CODE`].
+pub fn xid_label(code: u64) -> String {
+    if code <= MAX_XID_CODE {
+        code.to_string()
+    } else {
+        XID_OTHER.to_owned()
+    }
+}
+
+/// One critical XID event (NVML event set), as the collector drained it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct XidEvent {
+    /// 1, 2, 3, ... per collector lifetime: tells a new event from one already counted.
+    pub seq: u64,
+    /// NVML index of the GPU ("gpu<index>").
+    pub gpu: u32,
+    pub uuid: String,
+    /// The XID code (NVML `eventData`).
+    pub xid: u64,
+    /// When the collector drained it (NVML gives no event time), Unix ns.
+    pub drained_unix_ns: u64,
+    /// Processes that held a compute context on the GPU: those NVML listed at the collection
+    /// before the event was drained and at the one that drained it (a context the XID killed
+    /// is only in the first).
+    pub pids: Vec<u32>,
 }
 
 /// Whether a collector reads its devices, and why not.
@@ -154,6 +195,82 @@ pub struct GpuDevice {
     /// the first interval after start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dram_bandwidth_ratio: Option<f64>,
+    /// Graphics engine activity: share of time any engine of the graphics/compute context was
+    /// busy, 0-1 (`NVML_GPM_METRIC_GRAPHICS_UTIL`; `DCGM_FI_PROF_GR_ENGINE_ACTIVE`). GPM, over
+    /// the last device interval, as the four above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphics_activity_ratio: Option<f64>,
+    /// PCIe transmit (GPU to host) and receive rates averaged over the last device interval,
+    /// headers included (`NVML_GPM_METRIC_PCIE_TX_PER_SEC` / `_RX_PER_SEC`;
+    /// `DCGM_FI_PROF_PCIE_TX_BYTES` / `_RX_BYTES`). GPM, as the four above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_tx_average_bytes_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_rx_average_bytes_per_second: Option<f64>,
+    /// Device memory the driver reserves for itself (`nvmlDeviceGetMemoryInfo_v2` `reserved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reserved_bytes: Option<u64>,
+    /// Memory (HBM) temperature (`NVML_FI_DEV_MEMORY_TEMP`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_temperature_celsius: Option<i64>,
+    /// Enforced power limit (`nvmlDeviceGetEnforcedPowerLimit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_watts: Option<f64>,
+    /// Video encoder and decoder utilization over NVML's last sample period, 0-1
+    /// (`nvmlDeviceGetEncoderUtilization` / `nvmlDeviceGetDecoderUtilization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_utilization_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_utilization_ratio: Option<f64>,
+    /// PCIe link generation and width now, and the most the GPU and its slot allow
+    /// (`nvmlDeviceGetCurrPcieLinkGeneration`, `...MaxPcieLinkGeneration`,
+    /// `...CurrPcieLinkWidth`, `...MaxPcieLinkWidth`). An idle GPU lowers its generation to
+    /// save power; a narrower width than the maximum is a downtrained link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_generation: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_generation_max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_width: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_width_max: Option<u32>,
+    /// PCIe replays (retransmissions) since the driver was loaded
+    /// (`NVML_FI_DEV_PCIE_REPLAY_COUNTER`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_replays: Option<u64>,
+    /// Row remapping (Ampere and newer; kept in the InfoROM, so across reboots): rows remapped
+    /// for correctable and uncorrectable errors, a remap waiting for a GPU reset, and a remap
+    /// that failed (the GPU needs service) (`NVML_FI_DEV_REMAPPED_COR` / `_UNC` / `_PENDING` /
+    /// `_FAILURE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_correctable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows_uncorrectable: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_remap_pending: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_remap_failed: Option<bool>,
+    /// Page retirement (before Ampere): pages retired for single-bit and double-bit errors,
+    /// and a retirement waiting for a reset (`NVML_FI_DEV_RETIRED_SBE` / `_DBE` / `_PENDING`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages_single_bit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages_double_bit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages_pending: Option<bool>,
+    /// NVLink traffic of all links, transmit plus receive payload, averaged over the last
+    /// counters interval (from the per-link counters of two reads; absent after the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_bytes_per_second: Option<f64>,
+    /// Critical XID events by code (`xid_label` bounds the label) since ethand started
+    /// watching; their sum is `xid_errors`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub xid_errors_by_code: std::collections::BTreeMap<u64, u64>,
+    /// Fields this GPU or its driver does not have (NVML `NotSupported`, or a call the loaded
+    /// library lacks), by their [`GpuDevice`] field name: absent from every output, and listed
+    /// in `ethand status`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<String>,
 }
 
 /// One active NVLink of a GPU. Counters are cumulative since the driver was loaded.
@@ -294,6 +411,14 @@ mod tests {
                 uuid: "GPU-1".into(),
                 memory_used_bytes: Some(1 << 20),
                 utilization_ratio: None,
+            }],
+            xid_events: vec![XidEvent {
+                seq: 1,
+                gpu: 1,
+                uuid: "GPU-1".into(),
+                xid: 79,
+                drained_unix_ns: 1,
+                pids: vec![7],
             }],
         };
         let json = serde_json::to_string(&snap).unwrap();

@@ -120,6 +120,19 @@ pub struct ProcessDeviceUsage {
     pub device_utilization_ratio: Option<f64>,
 }
 
+/// Critical XID events of one code on one GPU the process held a context on.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcessXid {
+    /// "gpu0".
+    pub device: String,
+    pub uuid: String,
+    /// The XID code.
+    pub xid: u64,
+    pub count: u64,
+    /// When the newest of them was drained, Unix ns.
+    pub last_unix_ns: u64,
+}
+
 /// Signals for diagnosis, over the snapshot window (`WindowStats::duration_ms`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct GpuDerived {

@@ -145,6 +145,11 @@ pub struct ProcessSnapshot {
     pub gpu: Option<crate::gpu::GpuProcessStats>,
     /// What the device collectors (NVML, DCMI) report for the process, per device.
     pub devices: Vec<crate::gpu::ProcessDeviceUsage>,
+    /// Critical XID events of GPUs the process held a context on when they happened, by
+    /// (device, code), since ethand started watching; empty when none (or not watched: the
+    /// nvml collector's status says which GPUs deliver XID events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_xid_events: Vec<crate::gpu::ProcessXid>,
     /// Change of the main totals over `window.duration_ms` (from the history ring).
     pub window: Option<WindowStats>,
     /// Memory swapped out (`VmSwap` of /proc/PID/status) when the snapshot was taken; None

@@ -48,6 +48,7 @@ fn gpu0() -> GpuDevice {
         sm_occupancy_ratio: Some(0.375),
         tensor_activity_ratio: Some(0.5),
         dram_bandwidth_ratio: Some(0.0625),
+        ..Default::default()
     }
 }
 
@@ -114,6 +115,7 @@ fn snapshot() -> NodeSnapshot {
                 health: Some(1),
             }],
             processes: procs,
+            ..Default::default()
         },
         ..Default::default()
     }

@@ -241,6 +241,7 @@ pub fn read_gpu(
         sm_occupancy_ratio: None,
         tensor_activity_ratio: None,
         dram_bandwidth_ratio: None,
+        ..Default::default()
     };
 
     let due = |at: Option<Instant>, every: Duration| {

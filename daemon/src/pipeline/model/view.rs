@@ -305,6 +305,7 @@ impl Model {
             ),
             gpu,
             devices: Vec::new(),
+            gpu_xid_events: Vec::new(),
             window: self.window(&p.key, window_ms),
             swap_bytes: None,
             major_faults: None,
