@@ -63,6 +63,38 @@ pub fn xid_label(code: u64) -> String {
     }
 }
 
+/// What an XID code means, in short, for the codes an operator meets most (NVIDIA's XID
+/// catalog has the full list and the actions); None for the others.
+pub fn xid_description(code: u64) -> Option<&'static str> {
+    Some(match code {
+        8 => "GPU stopped processing (channel timeout)",
+        13 => "Graphics engine exception (illegal instruction or memory access in a kernel)",
+        31 => "GPU memory page fault (a kernel accessed an invalid address)",
+        32 => "Invalid or corrupted push buffer stream",
+        38 => "Driver firmware error",
+        43 => "GPU stopped processing (the application's context was torn down)",
+        45 => "Preemptive cleanup after a previous error",
+        48 => "Double-bit ECC error",
+        61 => "Internal micro-controller breakpoint",
+        62 => "Internal micro-controller halt",
+        63 => "Row remapping recorded (ECC page retirement)",
+        64 => "Row remapping failed (ECC page retirement failure)",
+        68 => "Video processor exception",
+        69 => "Graphics engine class error",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "High single-bit ECC error rate",
+        94 => "Contained ECC error (the affected application was stopped)",
+        95 => "Uncontained ECC error (every application on the GPU is affected)",
+        109 => "Context switch timeout",
+        119 => "GSP firmware RPC timeout",
+        120 => "GSP firmware error",
+        121 => "C2C link error",
+        140 => "Unrecovered ECC error",
+        _ => return None,
+    })
+}
+
 /// One critical XID event (NVML event set), as the collector drained it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct XidEvent {

@@ -353,8 +353,73 @@ fn detail(rule: &str, t: &TreeSnapshot) -> Vec<String> {
             })
             .into_iter()
             .collect(),
+        "gpu_errors" => gpu_error_detail(t),
         _ => Vec::new(),
     }
+}
+
+/// The XIDs of the tree's processes (code, meaning, GPU, process, count, when), most first;
+/// else the XID codes of the GPUs it uses; and the GPUs whose row remapping failed.
+fn gpu_error_detail(t: &TreeSnapshot) -> Vec<String> {
+    use ethand_snapshot::devices::xid_description;
+    let meaning = |xid: u64| xid_description(xid).map_or(String::new(), |m| format!(" ({m})"));
+    let mut rows: Vec<(u64, String)> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.gpu_xid_events.iter().map(move |x| (p, x)))
+        .map(|(p, x)| {
+            (
+                x.count,
+                format!(
+                    "{} XID {}{}: {} while pid {} ({}) held a context on it, last at {}",
+                    x.device,
+                    x.xid,
+                    meaning(x.xid),
+                    ethand_exporters::format::plural(x.count, "time"),
+                    p.pid,
+                    p.comm,
+                    ethand_exporters::format::utc(x.last_unix_ns / 1_000_000)
+                ),
+            )
+        })
+        .collect();
+    if rows.is_empty() {
+        for g in tree_gpus(t) {
+            for (xid, n) in &g.xid_errors_by_code {
+                rows.push((
+                    *n,
+                    format!(
+                        "{} XID {xid}{}: {} since ethand started watching",
+                        g.label(),
+                        meaning(*xid),
+                        ethand_exporters::format::plural(*n, "time")
+                    ),
+                ));
+            }
+        }
+    }
+    rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut out: Vec<String> = rows.into_iter().take(8).map(|(_, s)| s).collect();
+    for g in tree_gpus(t).filter(|g| g.row_remap_failed == Some(true)) {
+        out.push(format!(
+            "{}: row remapping failed (the GPU needs a reset and, if it recurs, service)",
+            g.label()
+        ));
+    }
+    out
+}
+
+/// The GPUs the tree uses (all GPUs when the driver names none for it).
+fn tree_gpus(t: &TreeSnapshot) -> impl Iterator<Item = &ethand_snapshot::devices::GpuDevice> {
+    let used: Vec<String> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
+        .collect();
+    t.devices
+        .gpus
+        .iter()
+        .filter(move |g| used.is_empty() || used.contains(&g.label()))
 }
 
 /// Live threads of live processes whose state the snapshot read (not zombies).
@@ -852,19 +917,30 @@ pub fn signals(t: &TreeSnapshot) -> BTreeMap<String, f64> {
 
 /// Health of the GPUs the tree uses (all GPUs when the driver names none for it).
 fn device_signals(t: &TreeSnapshot, put: &mut impl FnMut(&str, f64)) {
-    let used: Vec<&str> = t
-        .processes
-        .iter()
-        .flat_map(|p| p.devices.iter().map(|d| d.device.as_str()))
-        .collect();
-    let gpus: Vec<_> = t
-        .devices
-        .gpus
-        .iter()
-        .filter(|g| used.is_empty() || used.contains(&g.label().as_str()))
-        .collect();
+    let gpus: Vec<_> = tree_gpus(t).collect();
     if gpus.is_empty() {
         return;
+    }
+    // XIDs while the tree held a context: measured where its GPUs deliver XID events.
+    if gpus.iter().any(|g| g.xid_errors.is_some()) {
+        put(
+            "gpu.xid_events",
+            t.processes
+                .iter()
+                .flat_map(|p| &p.gpu_xid_events)
+                .map(|x| x.count)
+                .sum::<u64>() as f64,
+        );
+    }
+    let reported = |f: fn(&ethand_snapshot::devices::GpuDevice) -> Option<bool>| {
+        let known: Vec<bool> = gpus.iter().filter_map(|g| f(g)).collect();
+        (!known.is_empty()).then(|| known.iter().filter(|b| **b).count() as f64)
+    };
+    if let Some(n) = reported(|g| g.row_remap_failed) {
+        put("gpu.row_remap_failed", n);
+    }
+    if let Some(n) = reported(|g| Some(g.pcie_link_width? < g.pcie_link_width_max?)) {
+        put("gpu.pcie_link_downtrained", n);
     }
     // The software power cap is where a fully loaded GPU normally runs: counted apart.
     let with = |pred: fn(&str) -> bool| {

@@ -570,6 +570,77 @@ fn gpu_throttling_and_errors() {
 }
 
 #[test]
+fn xids_are_listed_with_their_code_meaning_and_process() {
+    use ethand_snapshot::gpu::{ProcessDeviceUsage, ProcessXid};
+    let mut t = healthy();
+    t.devices = gpu_device(vec![], 0, 3);
+    t.devices.gpus[0].xid_errors_by_code = [(79, 1), (13, 2)].into();
+    t.processes[0].devices = vec![ProcessDeviceUsage {
+        device: "gpu0".into(),
+        ..Default::default()
+    }];
+    // Not on the GPU when they happened: the device's codes are listed.
+    let f = diagnose(&t, &rules());
+    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    assert_eq!(
+        d,
+        &vec![
+            "gpu0 XID 13 (Graphics engine exception (illegal instruction or memory access in a kernel)): 2 times since ethand started watching".to_string(),
+            "gpu0 XID 79 (GPU has fallen off the bus): 1 time since ethand started watching".to_string(),
+        ]
+    );
+    let s = signals(&t);
+    assert_eq!(s.get("gpu.xid_events"), Some(&0.0));
+    // Attributed to the tree's process: those are listed, with the process.
+    t.processes[0].gpu_xid_events = vec![ProcessXid {
+        device: "gpu0".into(),
+        uuid: "GPU-0".into(),
+        xid: 79,
+        count: 1,
+        last_unix_ns: 1_764_806_400_000_000_000,
+    }];
+    assert_eq!(signals(&t).get("gpu.xid_events"), Some(&1.0));
+    let f = diagnose(&t, &rules());
+    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    let pid = t.processes[0].pid;
+    let comm = &t.processes[0].comm;
+    assert_eq!(
+        d,
+        &vec![format!(
+            "gpu0 XID 79 (GPU has fallen off the bus): 1 time while pid {pid} ({comm}) held a context on it, last at 2025-12-04 00:00:00 UTC"
+        )]
+    );
+    // XID events not delivered by the GPU: unmeasured, absent.
+    t.devices.gpus[0].xid_errors = None;
+    assert_eq!(signals(&t).get("gpu.xid_events"), None);
+}
+
+#[test]
+fn row_remap_failure_and_downtrained_link_signals() {
+    let mut t = healthy();
+    t.devices = gpu_device(vec![], 0, 0);
+    let s = signals(&t);
+    assert_eq!(s.get("gpu.row_remap_failed"), None, "not reported: absent");
+    assert_eq!(s.get("gpu.pcie_link_downtrained"), None);
+    let g = &mut t.devices.gpus[0];
+    g.row_remap_failed = Some(false);
+    g.pcie_link_width = Some(16);
+    g.pcie_link_width_max = Some(16);
+    let s = signals(&t);
+    assert_eq!(s.get("gpu.row_remap_failed"), Some(&0.0));
+    assert_eq!(s.get("gpu.pcie_link_downtrained"), Some(&0.0));
+    assert!(ids(&t).is_empty());
+    let g = &mut t.devices.gpus[0];
+    g.row_remap_failed = Some(true);
+    g.pcie_link_width = Some(8);
+    let s = signals(&t);
+    assert_eq!(s.get("gpu.pcie_link_downtrained"), Some(&1.0));
+    let f = diagnose(&t, &rules());
+    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    assert!(d[0].contains("row remapping failed"), "{d:?}");
+}
+
+#[test]
 fn findings_are_ranked_by_impact() {
     let mut t = with_gpu(
         healthy(),

@@ -16,6 +16,7 @@ use ethand_userspace_probes::devices::{self as dev, DevicesConfig};
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::pipeline::xid::XidLedger;
 
 pub struct DeviceSampler {
     latest: Arc<RwLock<Arc<DevicesSnapshot>>>,
@@ -90,8 +91,12 @@ pub fn probe_status(d: &DevicesSnapshot) -> Vec<ProbeStatus> {
         .collect()
 }
 
-/// Adds to each process what the drivers report for it (memory, utilization per device).
-pub fn join(processes: &mut [ProcessSnapshot], d: &DevicesSnapshot) {
+/// Adds to each process what the drivers report for it (memory, utilization per device) and
+/// the XIDs of the GPUs it held a context on.
+pub fn join(processes: &mut [ProcessSnapshot], d: &DevicesSnapshot, xids: &XidLedger) {
+    for p in processes.iter_mut() {
+        p.gpu_xid_events = xids.of(p);
+    }
     if d.processes.is_empty() {
         return;
     }
@@ -147,6 +152,8 @@ pub struct DeviceMeans {
 pub struct DeviceHistory {
     cap: usize,
     rounds: std::collections::VecDeque<(u64, Vec<Reading>)>,
+    /// The XID events of every round, per process.
+    pub xids: crate::pipeline::xid::XidLedger,
 }
 
 impl DeviceHistory {
@@ -154,10 +161,12 @@ impl DeviceHistory {
         Self {
             cap: cap.max(1),
             rounds: Default::default(),
+            xids: Default::default(),
         }
     }
 
     pub fn push(&mut self, t_ms: u64, d: &DevicesSnapshot) {
+        self.xids.observe(d);
         let gpus = d.gpus.iter().map(|g| Reading {
             label: g.label(),
             utilization_ratio: g.utilization_ratio,

@@ -15,3 +15,4 @@ pub mod model;
 pub mod procinfo;
 pub mod syscalls_table;
 pub mod uprobes;
+pub mod xid;

@@ -159,7 +159,11 @@ impl Shared {
         let comms = model.comms();
         let block_devices = model.block_devices(&self.devnames);
         drop(model);
-        crate::pipeline::devices::join(&mut processes, &head.devices);
+        crate::pipeline::devices::join(
+            &mut processes,
+            &head.devices,
+            &self.device_history.lock().expect("lock").xids,
+        );
         Arc::new(NodeSnapshot {
             processes,
             cgroups,
@@ -316,7 +320,11 @@ impl Shared {
             .expect("lock")
             .since(now.saturating_sub(observed_ms));
         let node = self.node.read().expect("lock").clone();
-        crate::pipeline::devices::join(&mut processes, &node.devices);
+        crate::pipeline::devices::join(
+            &mut processes,
+            &node.devices,
+            &self.device_history.lock().expect("lock").xids,
+        );
         let mut tree = TreeSnapshot {
             schema_version: snap::SCHEMA_VERSION,
             source: source.into(),
