@@ -126,6 +126,8 @@ pub struct DevicesConfig {
     pub counters_interval_ms: u64,
     pub nvlink_errors_interval_ms: u64,
     pub dcgm_aliases: bool,
+    /// The owning workload's labels on a GPU's device series and DCGM aliases.
+    pub workload_labels: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -228,6 +228,10 @@ fn daemonset_capabilities_and_mounts_are_the_documented_ones() {
         toml.contains("bpf_stats = \"off\""),
         "no SYS_ADMIN: no BPF stats"
     );
+    assert!(
+        toml.contains("workload_labels = true"),
+        "pod labels on device series, as dcgm-exporter in Kubernetes"
+    );
     let pm = yaml("podmonitor.yaml");
     let ep = &seq(&pm, &["spec", "podMetricsEndpoints"])[0];
     assert_eq!(s(ep, &["port"]), s(port, &["name"]));

@@ -581,7 +581,11 @@ fn xids_are_listed_with_their_code_meaning_and_process() {
     }];
     // Not on the GPU when they happened: the device's codes are listed.
     let f = diagnose(&t, &rules());
-    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    let d = &f
+        .iter()
+        .find(|f| f.id == "gpu_errors")
+        .expect("fires")
+        .detail;
     assert_eq!(
         d,
         &vec![
@@ -601,7 +605,11 @@ fn xids_are_listed_with_their_code_meaning_and_process() {
     }];
     assert_eq!(signals(&t).get("gpu.xid_events"), Some(&1.0));
     let f = diagnose(&t, &rules());
-    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    let d = &f
+        .iter()
+        .find(|f| f.id == "gpu_errors")
+        .expect("fires")
+        .detail;
     let pid = t.processes[0].pid;
     let comm = &t.processes[0].comm;
     assert_eq!(
@@ -636,7 +644,11 @@ fn row_remap_failure_and_downtrained_link_signals() {
     let s = signals(&t);
     assert_eq!(s.get("gpu.pcie_link_downtrained"), Some(&1.0));
     let f = diagnose(&t, &rules());
-    let d = &f.iter().find(|f| f.id == "gpu_errors").expect("fires").detail;
+    let d = &f
+        .iter()
+        .find(|f| f.id == "gpu_errors")
+        .expect("fires")
+        .detail;
     assert!(d[0].contains("row remapping failed"), "{d:?}");
 }
 

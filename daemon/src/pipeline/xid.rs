@@ -86,7 +86,8 @@ impl XidLedger {
             // Start times are whole seconds: a process that started in the event's second
             // may have held the context.
             .filter(|(_, r)| {
-                p.start_time_unix_s == 0 || started_ns <= r.first_unix_ns.saturating_add(999_999_999)
+                p.start_time_unix_s == 0
+                    || started_ns <= r.first_unix_ns.saturating_add(999_999_999)
             })
             .map(|((_, device, xid), r)| ProcessXid {
                 device: device.clone(),
