@@ -798,6 +798,8 @@ impl GpuSource for NvmlGpu<'_> {
             let signed = unsafe {
                 match v.valueType {
                     ULONGLONG => return Ok(v.value.ullVal),
+                    // c_ulong is 32 bits on some targets.
+                    #[allow(clippy::useless_conversion)]
                     ULONG => return Ok(u64::from(v.value.ulVal)),
                     UINT => return Ok(u64::from(v.value.uiVal)),
                     SLONGLONG => v.value.sllVal,

@@ -121,7 +121,7 @@ impl GpmReading {
 
 /// A GPM PCIe rate (MiB/s) in bytes per second; None when negative or not finite.
 pub fn gpm_mib_per_second(mib: f64) -> Option<f64> {
-    (mib.is_finite() && mib >= 0.0).then(|| mib * 1024.0 * 1024.0)
+    (mib.is_finite() && mib >= 0.0).then_some(mib * 1024.0 * 1024.0)
 }
 
 /// A GPM percentage as a 0-1 ratio. NaN, infinities and values outside 0-100 by more than
