@@ -432,8 +432,10 @@ const HEALTH_FIELDS: [(u32, &str); 9] = {
 };
 
 /// Memory temperature, PCIe replays, row remapping and page retirement: one
-/// `nvmlDeviceGetFieldValues` call (cheap enough for every collection: the driver answers
-/// these from its own state).
+/// `nvmlDeviceGetFieldValues` call, read every collection. Measured on an H200 (driver
+/// 580.159, 9 fields): ~175-200 µs of CPU per call, so ~1.5 ms per collection on 8 GPUs. That
+/// H200 answers memory temperature and PCIe replays as UNSIGNED_INT, the remap fields as
+/// UNSIGNED_LONG_LONG and page retirement NOT_SUPPORTED.
 fn read_health(src: &impl GpuSource, f: &mut Fields<'_>, gpu: &mut GpuDevice) {
     let ids: Vec<(u32, u32)> = HEALTH_FIELDS.iter().map(|(id, _)| (*id, 0)).collect();
     let values = match src.field_values(&ids) {
