@@ -29,8 +29,8 @@ pub mod dcmi;
 pub mod nvml;
 
 pub use ethand_snapshot::devices::{
-    CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, NpuDevice,
-    NvLinkStats,
+    CollectorState, CollectorStatus, DeviceProcess, DevicesSnapshot, GpuDevice, MAX_XID_EVENTS,
+    NpuDevice, NvLinkStats, XidEvent,
 };
 
 /// One reading of a collector's devices.
@@ -44,6 +44,9 @@ pub struct DeviceSample {
     /// support it" (which is silent: the field is just `None`), e.g. "gpu1 power: no
     /// permission". [`collect_all`] puts them in the collector's status detail.
     pub notes: Vec<String>,
+    /// The collector's most recent XID events, oldest first (see
+    /// [`DevicesSnapshot::xid_events`]).
+    pub xid_events: Vec<XidEvent>,
 }
 
 /// A collector's reading failed as a whole (no device could be listed).
@@ -163,7 +166,9 @@ pub fn collect_all(
         match result {
             Ok(sample) => {
                 st.state = CollectorState::Available;
-                let notes = sample.notes.join("; ");
+                let mut clauses = unsupported_clauses(&sample.gpus);
+                clauses.extend(sample.notes);
+                let notes = clauses.join("; ");
                 if !notes.is_empty() {
                     st.detail = if st.detail.is_empty() {
                         notes
@@ -171,6 +176,7 @@ pub fn collect_all(
                         format!("{}; {notes}", st.detail)
                     };
                 }
+                snap.xid_events.extend(sample.xid_events);
                 snap.gpus.extend(sample.gpus);
                 snap.npus.extend(sample.npus);
                 snap.processes.extend(sample.processes);
@@ -182,6 +188,31 @@ pub fn collect_all(
         }
     }
     snap
+}
+
+/// "gpu1 does not have: a, b" per GPU with unsupported fields; consecutive GPUs that lack
+/// the same fields share one clause ("gpu0-7 do not have: ...").
+fn unsupported_clauses(gpus: &[GpuDevice]) -> Vec<String> {
+    let mut groups: Vec<(u32, u32, &[String])> = Vec::new();
+    for g in gpus.iter().filter(|g| !g.unsupported.is_empty()) {
+        match groups.last_mut() {
+            Some((_, last, fields)) if *last + 1 == g.index && *fields == g.unsupported => {
+                *last = g.index;
+            }
+            _ => groups.push((g.index, g.index, &g.unsupported)),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(first, last, fields)| {
+            let fields = fields.join(", ");
+            if first == last {
+                format!("gpu{first} does not have: {fields}")
+            } else {
+                format!("gpu{first}-{last} do not have: {fields}")
+            }
+        })
+        .collect()
 }
 
 fn status(name: &str, state: CollectorState, detail: String) -> CollectorStatus {
@@ -224,9 +255,15 @@ mod tests {
                 gpus: vec![GpuDevice {
                     index: 0,
                     uuid: "GPU-0".into(),
+                    unsupported: vec!["decoder_utilization_ratio".into()],
                     ..Default::default()
                 }],
                 notes: vec!["gpu0 power: no permission".into()],
+                xid_events: vec![XidEvent {
+                    seq: 1,
+                    xid: 79,
+                    ..Default::default()
+                }],
                 ..Default::default()
             })
         }
@@ -258,14 +295,42 @@ mod tests {
         assert_eq!(snap.collectors[0].state, CollectorState::Available);
         assert_eq!(
             snap.collectors[0].detail,
-            "XID events off; gpu0 power: no permission"
+            "XID events off; gpu0 does not have: decoder_utilization_ratio; gpu0 power: no \
+             permission"
         );
+        assert_eq!(snap.xid_events.len(), 1);
         assert_eq!(snap.collectors[1].state, CollectorState::Failed);
         assert_eq!(
             snap.collectors[1].detail,
             "collection failed: DCMI dcmi_get_card_num_list returned -8008 (device does not \
              exist)"
         );
+    }
+
+    #[test]
+    fn unsupported_fields_are_one_clause_per_gpu_or_run_of_alike_gpus() {
+        let gpu = |index, fields: &[&str]| GpuDevice {
+            index,
+            unsupported: fields.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let gpus = [
+            gpu(0, &["a", "b"]),
+            gpu(1, &["a", "b"]),
+            gpu(2, &["a", "b"]),
+            gpu(3, &[]),
+            gpu(4, &["c"]),
+            gpu(5, &["a", "b"]),
+        ];
+        assert_eq!(
+            unsupported_clauses(&gpus),
+            [
+                "gpu0-2 do not have: a, b",
+                "gpu4 does not have: c",
+                "gpu5 does not have: a, b"
+            ]
+        );
+        assert!(unsupported_clauses(&[gpu(0, &[])]).is_empty());
     }
 
     #[test]

@@ -1,16 +1,36 @@
 //! GPM (GPU Performance Monitoring, Hopper and newer): SM activity, SM occupancy, tensor
-//! activity and DRAM bandwidth, each computed by NVML between two samples of the GPU's
-//! performance counters. Read at every collection (one device interval apart), whatever the
+//! activity, DRAM bandwidth, graphics engine activity and the PCIe transmit and receive
+//! rates, each computed by NVML between two samples of the GPU's performance counters, all
+//! asked in one `nvmlGpmMetricsGet`. Units: the five utilizations are percent (made 0-1);
+//! the PCIe rates are MiB per second (nvml.h: "PCIe traffic from this GPU in MiB/sec"),
+//! made bytes per second. Read at every collection (one device interval apart), whatever the
 //! cadence: one nvmlGpmSampleGet costs ~42 µs on an H200.
 use super::*;
 
 /// The GPM metrics ethand reads, in the order of [`GpmRatios`]' fields.
-pub const GPM_METRICS: [GpmMetricId; 4] = [
+pub const GPM_METRICS: [GpmMetricId; 7] = [
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
+    GpmMetricId::GraphicsUtil,
+    GpmMetricId::PcieTxPerSec,
+    GpmMetricId::PcieRxPerSec,
 ];
+
+/// The [`GpuDevice`] field each of [`GPM_METRICS`] fills.
+pub const GPM_FIELDS: [&str; 7] = [
+    "sm_activity_ratio",
+    "sm_occupancy_ratio",
+    "tensor_activity_ratio",
+    "dram_bandwidth_ratio",
+    "graphics_activity_ratio",
+    "pcie_tx_average_bytes_per_second",
+    "pcie_rx_average_bytes_per_second",
+];
+
+/// One metric's value per [`GPM_METRICS`] entry, each on its own.
+pub type GpmValues = [Result<f64, NvmlError>; GPM_METRICS.len()];
 
 /// GPM values (percent) above 100 or below 0 by at most this much are rounding and are
 /// clamped; further out they are not a share of anything and are dropped.
@@ -25,12 +45,13 @@ pub trait GpmSource {
     fn gpm_supported(&self) -> Result<bool, NvmlError>;
     /// `nvmlGpmSampleAlloc` + `nvmlGpmSampleGet`: the GPU's counters now.
     fn gpm_sample(&self) -> Result<Self::Sample, NvmlError>;
-    /// `nvmlGpmMetricsGet` of [`GPM_METRICS`] between two samples: percent, each on its own.
+    /// `nvmlGpmMetricsGet` of [`GPM_METRICS`] between two samples, in NVML's units (percent,
+    /// MiB/s), each on its own.
     fn gpm_metrics(
         &self,
         earlier: &Self::Sample,
         later: &Self::Sample,
-    ) -> Result<[Result<f64, NvmlError>; 4], NvmlError>;
+    ) -> Result<GpmValues, NvmlError>;
 }
 
 /// What [`read_gpm`] keeps about one GPU between collections: `S` is the sample type of its
@@ -54,22 +75,28 @@ impl<S> Default for GpmState<S> {
     }
 }
 
-/// The GPM metrics of one interval as 0-1 ratios; None: unsupported, first interval, or not
-/// readable this time.
+/// The GPM metrics of one interval in base units (0-1 ratios, bytes per second); None:
+/// unsupported, first interval, or not readable this time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GpmRatios {
     pub sm_activity: Option<f64>,
     pub sm_occupancy: Option<f64>,
     pub tensor_activity: Option<f64>,
     pub dram_bandwidth: Option<f64>,
+    pub graphics_activity: Option<f64>,
+    pub pcie_tx_bytes_per_second: Option<f64>,
+    pub pcie_rx_bytes_per_second: Option<f64>,
 }
 
 /// One GPU's GPM reading: whether it has GPM, and the interval's metrics.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpmReading {
     /// [`GpuDevice::gpm_supported`].
     pub supported: Option<bool>,
     pub ratios: GpmRatios,
+    /// [`GPM_FIELDS`] the GPU does not have: all of them without GPM, else those whose
+    /// metric NVML answered "not supported".
+    pub unsupported: Vec<&'static str>,
 }
 
 impl GpmReading {
@@ -80,7 +107,21 @@ impl GpmReading {
         gpu.sm_occupancy_ratio = self.ratios.sm_occupancy;
         gpu.tensor_activity_ratio = self.ratios.tensor_activity;
         gpu.dram_bandwidth_ratio = self.ratios.dram_bandwidth;
+        gpu.graphics_activity_ratio = self.ratios.graphics_activity;
+        gpu.pcie_tx_average_bytes_per_second = self.ratios.pcie_tx_bytes_per_second;
+        gpu.pcie_rx_average_bytes_per_second = self.ratios.pcie_rx_bytes_per_second;
+        if !self.unsupported.is_empty() {
+            gpu.unsupported
+                .extend(self.unsupported.iter().map(|s| (*s).to_owned()));
+            gpu.unsupported.sort();
+            gpu.unsupported.dedup();
+        }
     }
+}
+
+/// A GPM PCIe rate (MiB/s) in bytes per second; None when negative or not finite.
+pub fn gpm_mib_per_second(mib: f64) -> Option<f64> {
+    (mib.is_finite() && mib >= 0.0).then_some(mib * 1024.0 * 1024.0)
 }
 
 /// A GPM percentage as a 0-1 ratio. NaN, infinities and values outside 0-100 by more than
@@ -116,7 +157,11 @@ pub fn read_gpm<G: GpmSource>(
     label: &str,
     notes: &mut Vec<String>,
 ) -> GpmReading {
-    let mut f = Fields { label, notes };
+    let mut f = Fields {
+        label,
+        notes,
+        unsupported: BTreeSet::new(),
+    };
     if state.supported.is_none() {
         state.supported = match src.gpm_supported() {
             Ok(s) => Some(s),
@@ -126,10 +171,13 @@ pub fn read_gpm<G: GpmSource>(
     }
     let mut reading = GpmReading {
         supported: state.supported,
-        ratios: GpmRatios::default(),
+        ..Default::default()
     };
     if state.supported != Some(true) {
         state.previous = None;
+        if state.supported == Some(false) {
+            reading.unsupported = GPM_FIELDS.to_vec();
+        }
         return reading;
     }
     let sample = match src.gpm_sample() {
@@ -140,6 +188,7 @@ pub fn read_gpm<G: GpmSource>(
                 // The GPU has GPM but will not sample it now (with MIG enabled NVML samples
                 // per GPU instance): nothing this time, asked again next time.
                 reading.supported = Some(false);
+                reading.unsupported = GPM_FIELDS.to_vec();
             } else {
                 f.get::<()>("gpm sample", Err(e));
             }
@@ -151,23 +200,35 @@ pub fn read_gpm<G: GpmSource>(
     };
     let values = f.get("gpm metrics", src.gpm_metrics(&earlier, later));
     drop(earlier);
-    let Some([sm, occupancy, tensor, dram]) = values else {
+    let Some(values) = values else {
         return reading;
     };
-    let mut ratio = |what: &str, v: Result<f64, NvmlError>| {
-        let percent = f.get(what, v)?;
-        let r = gpm_ratio(percent);
-        if r.is_none() {
+    let mut v = GPM_FIELDS.iter().zip(values).map(|(field, r)| {
+        let what = field.replace('_', " ");
+        // Metric by metric: NOT_SUPPORTED leaves only that field out.
+        let value = f.field(&[*field], &format!("gpm {what}"), r)?;
+        let converted = if field.ends_with("_bytes_per_second") {
+            gpm_mib_per_second(value)
+        } else {
+            gpm_ratio(value)
+        };
+        if converted.is_none() {
             f.notes
-                .push(format!("{} {what}: {percent} is not a percentage", f.label));
+                .push(format!("{} gpm {what}: {value} is out of range", f.label));
         }
-        r
-    };
+        converted
+    });
+    let mut next = || v.next().flatten();
     reading.ratios = GpmRatios {
-        sm_activity: ratio("gpm sm activity", sm),
-        sm_occupancy: ratio("gpm sm occupancy", occupancy),
-        tensor_activity: ratio("gpm tensor activity", tensor),
-        dram_bandwidth: ratio("gpm dram bandwidth", dram),
+        sm_activity: next(),
+        sm_occupancy: next(),
+        tensor_activity: next(),
+        dram_bandwidth: next(),
+        graphics_activity: next(),
+        pcie_tx_bytes_per_second: next(),
+        pcie_rx_bytes_per_second: next(),
     };
+    drop(v);
+    reading.unsupported = f.unsupported.into_iter().collect();
     reading
 }

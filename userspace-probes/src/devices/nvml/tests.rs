@@ -14,6 +14,11 @@ struct StandIn {
     utilization: fn(Option<u64>) -> Result<Vec<ProcessUtilizationSample>, NvmlError>,
     /// The `since` argument of each process_utilization call.
     util_calls: RefCell<Vec<Option<u64>>>,
+    encoder: fn() -> Result<u32, NvmlError>,
+    /// A health field's value by NVML field id.
+    health: fn(u32) -> Result<u64, NvmlError>,
+    /// Added to every NVLink traffic counter (KiB), to make traffic between reads.
+    nvlink_kib: Cell<u64>,
 }
 
 fn sample(pid: u32, timestamp: u64, sm_util: u32) -> ProcessUtilizationSample {
@@ -59,6 +64,21 @@ impl StandIn {
                 Some(_) => Err(NvmlError::NotFound),
             },
             util_calls: RefCell::new(Vec::new()),
+            encoder: || Ok(12),
+            health: |id| {
+                use nvml_wrapper_sys::bindings::field_id::*;
+                match id {
+                    NVML_FI_DEV_MEMORY_TEMP => Ok(71),
+                    NVML_FI_DEV_PCIE_REPLAY_COUNTER => Ok(5),
+                    NVML_FI_DEV_REMAPPED_COR => Ok(2),
+                    NVML_FI_DEV_REMAPPED_UNC => Ok(1),
+                    NVML_FI_DEV_REMAPPED_PENDING => Ok(1),
+                    NVML_FI_DEV_REMAPPED_FAILURE => Ok(0),
+                    // Pages are retired before Ampere only.
+                    _ => Err(NvmlError::NotSupported),
+                }
+            },
+            nvlink_kib: Cell::new(0),
         }
     }
 }
@@ -125,14 +145,47 @@ impl GpuSource for StandIn {
     fn nvlink_active(&self, link: u32) -> Result<bool, NvmlError> {
         (self.nvlink_state)(link)
     }
-    fn nvlink_data(
+    fn field_values(
         &self,
-        link: u32,
-    ) -> Result<(Result<u64, NvmlError>, Result<u64, NvmlError>), NvmlError> {
-        match link {
-            0 => Ok((Ok(100), Ok(200))),
-            _ => Ok((Ok(7), Err(NvmlError::NotSupported))),
-        }
+        fields: &[(u32, u32)],
+    ) -> Result<Vec<Result<u64, NvmlError>>, NvmlError> {
+        use nvml_wrapper_sys::bindings::field_id::{
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX as RX,
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX as TX,
+        };
+        let extra = self.nvlink_kib.get();
+        Ok(fields
+            .iter()
+            .map(|&(id, scope)| match (id, scope) {
+                (TX, 0) => Ok(100 + extra),
+                (RX, 0) => Ok(200 + extra),
+                (TX, _) => Ok(7 + extra),
+                (RX, _) => Err(NvmlError::NotSupported),
+                (id, 0) => (self.health)(id),
+                _ => Err(NvmlError::InvalidArg),
+            })
+            .collect())
+    }
+    fn enforced_power_limit(&self) -> Result<u32, NvmlError> {
+        Ok(700_000)
+    }
+    fn encoder_utilization(&self) -> Result<u32, NvmlError> {
+        (self.encoder)()
+    }
+    fn decoder_utilization(&self) -> Result<u32, NvmlError> {
+        Ok(3)
+    }
+    fn pcie_link_generation(&self) -> Result<u32, NvmlError> {
+        Ok(4)
+    }
+    fn pcie_link_generation_max(&self) -> Result<u32, NvmlError> {
+        Ok(5)
+    }
+    fn pcie_link_width(&self) -> Result<u32, NvmlError> {
+        Ok(8)
+    }
+    fn pcie_link_width_max(&self) -> Result<u32, NvmlError> {
+        Ok(16)
     }
     fn nvlink_error_counter(&self, link: u32, counter: ErrorCounter) -> Result<u64, NvmlError> {
         match counter {
@@ -197,6 +250,38 @@ fn converts_units_and_names() {
         Some(vec!["sw_power_cap".to_owned(), "hw_slowdown".to_owned()])
     );
     assert_eq!((g.xid_errors, g.last_xid), (Some(3), Some(48)));
+    assert_eq!(g.memory_reserved_bytes, Some(1 << 30));
+    assert_eq!(g.power_limit_watts, Some(700.0));
+    assert_eq!(g.encoder_utilization_ratio, Some(0.12));
+    assert_eq!(g.decoder_utilization_ratio, Some(0.03));
+    assert_eq!(
+        (g.pcie_link_generation, g.pcie_link_generation_max),
+        (Some(4), Some(5))
+    );
+    assert_eq!(
+        (g.pcie_link_width, g.pcie_link_width_max),
+        (Some(8), Some(16))
+    );
+    assert_eq!(g.memory_temperature_celsius, Some(71));
+    assert_eq!(g.pcie_replays, Some(5));
+    assert_eq!(g.remapped_rows_correctable, Some(2));
+    assert_eq!(g.remapped_rows_uncorrectable, Some(1));
+    assert_eq!(g.row_remap_pending, Some(true));
+    assert_eq!(g.row_remap_failed, Some(false));
+    // Not supported on this GPU: absent, and listed.
+    assert_eq!(g.retired_pages_single_bit, None);
+    assert_eq!(g.retired_pages_double_bit, None);
+    assert_eq!(g.retired_pages_pending, None);
+    assert_eq!(
+        g.unsupported,
+        [
+            "retired_pages_double_bit",
+            "retired_pages_pending",
+            "retired_pages_single_bit"
+        ]
+    );
+    // One read: no NVLink rate yet.
+    assert_eq!(g.nvlink_bytes_per_second, None);
     // Links 0 and 3 are active; 3 has no RX counter and neither has CRC data counters.
     assert_eq!(
         g.nvlinks,
@@ -324,6 +409,13 @@ fn not_supported_is_none_and_silent_other_errors_are_noted() {
         throttle: || Err(NvmlError::NoPermission),
         nvlink_state: |_| Err(NvmlError::NotSupported),
         utilization: |_| Err(NvmlError::NotSupported),
+        encoder: || Err(NvmlError::FunctionNotFound),
+        health: |id| match id {
+            nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER => {
+                Err(NvmlError::GpuLost)
+            }
+            _ => Err(NvmlError::NotSupported),
+        },
         ..StandIn::full()
     };
     let r = read_gpu(
@@ -340,15 +432,38 @@ fn not_supported_is_none_and_silent_other_errors_are_noted() {
     assert_eq!(g.throttle_reasons, None);
     assert!(g.nvlinks.is_empty());
     assert_eq!(g.xid_errors, None, "not registered for XID events");
+    assert_eq!(g.encoder_utilization_ratio, None);
+    assert_eq!(g.pcie_replays, None);
+    assert_eq!(g.memory_temperature_celsius, None);
+    assert_eq!(g.nvlink_bytes_per_second, None);
     // Per-process utilization unsupported: None, not 0; memory is still there.
     assert_eq!(r.processes[0].utilization_ratio, None);
     assert_eq!(r.processes[0].memory_used_bytes, Some(3 << 30));
+    // Every unsupported field by name, sorted; the failed ones are notes instead.
+    assert_eq!(
+        g.unsupported,
+        [
+            "encoder_utilization_ratio",
+            "energy_millijoules",
+            "memory_temperature_celsius",
+            "nvlink_bytes_per_second",
+            "nvlinks",
+            "power_watts",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "retired_pages_double_bit",
+            "retired_pages_pending",
+            "retired_pages_single_bit",
+            "row_remap_failed",
+            "row_remap_pending",
+        ]
+    );
     assert_eq!(
         r.notes,
-        vec![format!(
-            "gpu2 throttle reasons: {}",
-            NvmlError::NoPermission
-        )]
+        vec![
+            format!("gpu2 throttle reasons: {}", NvmlError::NoPermission),
+            format!("gpu2 pcie_replays: {}", NvmlError::GpuLost),
+        ]
     );
 }
 
@@ -392,8 +507,8 @@ fn missing_library_is_unavailable() {
     );
 }
 
-/// Percent values of a GPM stand-in: per metric, the later sample's number times 10.
-type Metrics = fn(u32, u32) -> Result<[Result<f64, NvmlError>; 4], NvmlError>;
+/// Values of a GPM stand-in, given the numbers of the earlier and later samples.
+type Metrics = fn(u32, u32) -> Result<GpmValues, NvmlError>;
 
 /// A GPU's GPM as a stand-in: samples are numbered 1, 2, ... and count their frees.
 struct GpmStandIn {
@@ -424,9 +539,19 @@ impl GpmStandIn {
         Self {
             supported: || Ok(true),
             sample: |_| Ok(()),
+            // Percent: the later sample's number times 10, plus the metric's position;
+            // PCIe: that many MiB/s times 100.
             metrics: |_, later| {
                 let p = f64::from(later) * 10.0;
-                Ok([Ok(p), Ok(p + 1.0), Ok(p + 2.0), Ok(p + 3.0)])
+                Ok([
+                    Ok(p),
+                    Ok(p + 1.0),
+                    Ok(p + 2.0),
+                    Ok(p + 3.0),
+                    Ok(p + 4.0),
+                    Ok(p * 100.0),
+                    Ok(p * 100.0 + 0.5),
+                ])
             },
             support_calls: Cell::new(0),
             samples: Cell::new(0),
@@ -447,11 +572,7 @@ impl GpmSource for GpmStandIn {
         self.samples.set(n);
         (self.sample)(n).map(|()| Sample(n, self.freed.clone()))
     }
-    fn gpm_metrics(
-        &self,
-        earlier: &Sample,
-        later: &Sample,
-    ) -> Result<[Result<f64, NvmlError>; 4], NvmlError> {
+    fn gpm_metrics(&self, earlier: &Sample, later: &Sample) -> Result<GpmValues, NvmlError> {
         self.intervals.borrow_mut().push((earlier.0, later.0));
         (self.metrics)(earlier.0, later.0)
     }
@@ -463,12 +584,19 @@ fn gpm(src: &GpmStandIn, state: &mut GpmState<Sample>) -> (GpmReading, Vec<Strin
     (r, notes)
 }
 
-fn ratios(a: f64, b: f64, c: f64, d: f64) -> GpmRatios {
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// What [`GpmStandIn::hopper`] gives for the interval ending at sample `later`.
+fn ratios(later: u32) -> GpmRatios {
+    let p = f64::from(later) * 10.0;
     GpmRatios {
-        sm_activity: Some(a),
-        sm_occupancy: Some(b),
-        tensor_activity: Some(c),
-        dram_bandwidth: Some(d),
+        sm_activity: Some(p / 100.0),
+        sm_occupancy: Some((p + 1.0) / 100.0),
+        tensor_activity: Some((p + 2.0) / 100.0),
+        dram_bandwidth: Some((p + 3.0) / 100.0),
+        graphics_activity: Some((p + 4.0) / 100.0),
+        pcie_tx_bytes_per_second: Some(p * 100.0 * MIB),
+        pcie_rx_bytes_per_second: Some((p * 100.0 + 0.5) * MIB),
     }
 }
 
@@ -518,9 +646,10 @@ fn gpm_first_interval_is_none_then_each_interval_is_read() {
     );
     let (r, notes) = gpm(&src, &mut state);
     assert!(notes.is_empty(), "{notes:?}");
-    assert_eq!(r.ratios, ratios(0.2, 0.21, 0.22, 0.23));
+    assert_eq!(r.ratios, ratios(2));
+    assert_eq!(r.ratios.pcie_tx_bytes_per_second, Some(2000.0 * MIB));
     let (r, _) = gpm(&src, &mut state);
-    assert_eq!(r.ratios, ratios(0.3, 0.31, 0.32, 0.33));
+    assert_eq!(r.ratios, ratios(3));
     // Each interval from the previous sample to the new one; support asked once.
     assert_eq!(*src.intervals.borrow(), vec![(1, 2), (2, 3)]);
     assert_eq!(src.support_calls.get(), 1);
@@ -537,6 +666,10 @@ fn gpm_first_interval_is_none_then_each_interval_is_read() {
     assert_eq!(gpu.sm_occupancy_ratio, Some(0.31));
     assert_eq!(gpu.tensor_activity_ratio, Some(0.32));
     assert_eq!(gpu.dram_bandwidth_ratio, Some(0.33));
+    assert_eq!(gpu.graphics_activity_ratio, Some(0.34));
+    assert_eq!(gpu.pcie_tx_average_bytes_per_second, Some(3000.0 * MIB));
+    assert_eq!(gpu.pcie_rx_average_bytes_per_second, Some(3000.5 * MIB));
+    assert!(gpu.unsupported.is_empty());
 }
 
 #[test]
@@ -570,6 +703,10 @@ fn gpm_unsupported_is_reported_once_and_silently() {
             (gpu.gpm_supported, gpu.sm_activity_ratio),
             (Some(false), None)
         );
+        // Every GPM field listed, sorted.
+        let mut all: Vec<String> = GPM_FIELDS.iter().map(|s| s.to_string()).collect();
+        all.sort();
+        assert_eq!(gpu.unsupported, all);
     }
 }
 
@@ -617,10 +754,7 @@ fn gpm_failed_sample_starts_a_new_interval() {
     );
     // Sample 4 starts the next interval, sample 5 ends it.
     assert_eq!(gpm(&src, &mut state).0.ratios, GpmRatios::default());
-    assert_eq!(
-        gpm(&src, &mut state).0.ratios,
-        ratios(0.5, 0.51, 0.52, 0.53)
-    );
+    assert_eq!(gpm(&src, &mut state).0.ratios, ratios(5));
     assert_eq!(*src.intervals.borrow(), vec![(1, 2), (4, 5)]);
 
     // Sampling unsupported although the GPU has GPM: unsupported now, silently.
@@ -636,6 +770,7 @@ fn gpm_failed_sample_starts_a_new_interval() {
         GpmReading {
             supported: Some(false),
             ratios: GpmRatios::default(),
+            unsupported: GPM_FIELDS.to_vec(),
         }
     );
     gpm(&src, &mut state);
@@ -651,6 +786,9 @@ fn gpm_bad_metric_values_are_none() {
                 Err(NvmlError::NotSupported),
                 Ok(180.0),
                 Err(NvmlError::Unknown),
+                Ok(40.0),
+                Ok(-3.0),
+                Err(NvmlError::NotSupported),
             ])
         },
         ..GpmStandIn::hopper()
@@ -659,14 +797,26 @@ fn gpm_bad_metric_values_are_none() {
     gpm(&src, &mut state);
     let (r, notes) = gpm(&src, &mut state);
     assert_eq!(r.supported, Some(true));
-    assert_eq!(r.ratios, GpmRatios::default());
-    // NOT_SUPPORTED for one metric is silent; the rest are noted.
+    // Each metric on its own: the good one is there.
+    assert_eq!(
+        r.ratios,
+        GpmRatios {
+            graphics_activity: Some(0.4),
+            ..Default::default()
+        }
+    );
+    // NOT_SUPPORTED for one metric is silent (and listed); the rest are noted.
+    assert_eq!(
+        r.unsupported,
+        ["pcie_rx_average_bytes_per_second", "sm_occupancy_ratio"]
+    );
     assert_eq!(
         notes,
         vec![
-            "gpu0 gpm sm activity: NaN is not a percentage".to_owned(),
-            "gpu0 gpm tensor activity: 180 is not a percentage".to_owned(),
-            format!("gpu0 gpm dram bandwidth: {}", NvmlError::Unknown),
+            "gpu0 gpm sm activity ratio: NaN is out of range".to_owned(),
+            "gpu0 gpm tensor activity ratio: 180 is out of range".to_owned(),
+            format!("gpu0 gpm dram bandwidth ratio: {}", NvmlError::Unknown),
+            "gpu0 gpm pcie tx average bytes per second: -3 is out of range".to_owned(),
         ]
     );
 
@@ -684,4 +834,101 @@ fn gpm_bad_metric_values_are_none() {
     );
     // The new sample still starts the next interval.
     assert_eq!(state.previous.as_ref().map(|s| s.0), Some(2));
+}
+
+#[test]
+fn gpm_pcie_rates_are_mib_per_second() {
+    assert_eq!(gpm_mib_per_second(0.0), Some(0.0));
+    assert_eq!(gpm_mib_per_second(1.5), Some(1.5 * MIB));
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(gpm_mib_per_second(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn nvlink_rate_between_two_counter_reads() {
+    let src = StandIn::full();
+    let mut state = GpuState::default();
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let r = read_gpu(&src, "", &mut state, at(0), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.gpu.nvlink_bytes_per_second, None, "first read");
+    // 2 s later every counter is 1000 KiB higher: link 0 tx + rx, link 3 tx (no rx).
+    src.nvlink_kib.set(1000);
+    let r = read_gpu(&src, "", &mut state, at(2000), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(
+        r.gpu.nvlink_bytes_per_second,
+        Some(3.0 * 1000.0 * 1024.0 / 2.0)
+    );
+    // A counter went backwards (driver reloaded): no rate this time, then again.
+    src.nvlink_kib.set(0);
+    let r = read_gpu(&src, "", &mut state, at(3000), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.gpu.nvlink_bytes_per_second, None);
+    src.nvlink_kib.set(10);
+    let r = read_gpu(&src, "", &mut state, at(4000), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(r.gpu.nvlink_bytes_per_second, Some(3.0 * 10.0 * 1024.0));
+    // Between counter reads the last rate is reported again.
+    let cadence = Cadence {
+        counters: Duration::from_secs(10),
+        ..Cadence::EVERY_TIME
+    };
+    let r = read_gpu(&src, "", &mut state, at(4500), &cadence).unwrap();
+    assert_eq!(r.gpu.nvlink_bytes_per_second, Some(3.0 * 10.0 * 1024.0));
+}
+
+#[test]
+fn pids_of_the_last_two_collections_are_kept() {
+    let mut src = StandIn::full();
+    let mut state = GpuState::default();
+    read_gpu(&src, "", &mut state, Instant::now(), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(state.pids, BTreeSet::from([100, 200]));
+    assert!(state.previous_pids.is_empty());
+    // Process 100 died (say, killed by an XID).
+    src.processes.remove(0);
+    read_gpu(&src, "", &mut state, Instant::now(), &Cadence::EVERY_TIME).unwrap();
+    assert_eq!(state.pids, BTreeSet::from([200]));
+    assert_eq!(state.previous_pids, BTreeSet::from([100, 200]));
+}
+
+#[test]
+fn xid_events_are_counted_by_code_and_kept_in_a_ring() {
+    let mut ring = XidRing::default();
+    let mut state = GpuState {
+        xid_errors: Some(0),
+        pids: BTreeSet::from([4343]),
+        previous_pids: BTreeSet::from([4242, 4343]),
+        ..Default::default()
+    };
+    ring.record(&mut state, 0, "GPU-0".into(), Some(79), 11);
+    ring.record(&mut state, 0, "GPU-0".into(), Some(13), 12);
+    // No code (NVML's 999): counted, but neither by code nor in the ring.
+    ring.record(&mut state, 0, "GPU-0".into(), None, 13);
+    ring.record(&mut state, 0, "GPU-0".into(), Some(79), 14);
+    assert_eq!(state.xid_errors, Some(4));
+    assert_eq!(state.last_xid, Some(79));
+    assert_eq!(state.xid_errors_by_code, BTreeMap::from([(13, 1), (79, 2)]));
+    let events = ring.events();
+    assert_eq!(
+        events.iter().map(|e| (e.seq, e.xid)).collect::<Vec<_>>(),
+        [(1, 79), (2, 13), (3, 79)]
+    );
+    assert_eq!(
+        events[0],
+        XidEvent {
+            seq: 1,
+            gpu: 0,
+            uuid: "GPU-0".into(),
+            xid: 79,
+            drained_unix_ns: 11,
+            pids: vec![4242, 4343],
+        }
+    );
+    // Full: the oldest goes, the numbering goes on.
+    for i in 0..MAX_XID_EVENTS as u64 {
+        ring.record(&mut state, 1, "GPU-1".into(), Some(48), 100 + i);
+    }
+    let events = ring.events();
+    assert_eq!(events.len(), MAX_XID_EVENTS);
+    assert_eq!(events[0].seq, 4);
+    assert_eq!(events.last().unwrap().seq, 3 + MAX_XID_EVENTS as u64);
 }
