@@ -67,10 +67,12 @@ pub struct SelectionPolicy {
 }
 
 impl SelectionPolicy {
-    /// Named by pid, comm or cgroup, or a GPU/NPU user: always selected, outside the slots
-    /// (GPU users are few and the reason ethand runs).
+    /// Named by pid, comm or cgroup, or a GPU/NPU user (runtime calls probed, or device
+    /// memory the driver reports): always selected, outside the slots (GPU users are few and
+    /// the reason ethand runs).
     pub fn always(&self, p: &ProcessSnapshot) -> bool {
         p.gpu.is_some()
+            || !p.devices.is_empty()
             || self.pids.contains(&p.pid)
             || self.comms.contains(&p.comm)
             || self

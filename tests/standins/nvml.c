@@ -56,6 +56,10 @@
  * ETHAND_NVML_STANDIN_LOST=1 in the environment at nvmlInit_v2: every call about gpu1 (other
  * than nvmlDeviceGetHandleByIndex_v2) answers NVML_ERROR_GPU_IS_LOST.
  *
+ * ETHAND_NVML_STANDIN_PIDS="P1[,P2]" at nvmlInit_v2: gpu0's compute processes are these pids
+ * (P1 with 1 GiB and the process-utilization sample, P2 with 2 GiB) instead of 4242 and 4343,
+ * so that an end-to-end test can put a real process on the GPU.
+ *
  * Every call other than nvmlInit_v2 answers NVML_ERROR_UNINITIALIZED before nvmlInit_v2.
  *
  * Build: cc -shared -fPIC -o libnvidia-ml.so.1 nvml.c
@@ -322,9 +326,23 @@ static nvmlReturn_t put_uint(unsigned int v, unsigned int *out) {
     return NVML_SUCCESS;
 }
 
+static unsigned int gpu0_pids[2] = {4242, 4343};
+static unsigned int gpu0_nprocs = 2;
+
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
     const char *lost = getenv("ETHAND_NVML_STANDIN_LOST");
     gpu1_lost = lost && strcmp(lost, "1") == 0;
+    const char *pids = getenv("ETHAND_NVML_STANDIN_PIDS");
+    if (pids && *pids) {
+        char *end;
+        unsigned long p1 = strtoul(pids, &end, 10);
+        gpu0_pids[0] = (unsigned int)p1;
+        gpu0_nprocs = 1;
+        if (*end == ',') {
+            gpu0_pids[1] = (unsigned int)strtoul(end + 1, NULL, 10);
+            gpu0_nprocs = 2;
+        }
+    }
     initialised++;
     return NVML_SUCCESS;
 }
@@ -652,14 +670,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev,
                                                             nvmlProcessInfo_t *infos) {
     DEVICE(dev);
     OUT(count);
-    unsigned int n = dev->index == 0 ? 2 : 0;
+    unsigned int n = dev->index == 0 ? gpu0_nprocs : 0;
     if (*count < n || (n > 0 && !infos)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     *count = n;
-    if (n)
-        memcpy(infos, gpu0_processes, sizeof gpu0_processes);
+    for (unsigned int i = 0; i < n; i++) {
+        infos[i] = gpu0_processes[i];
+        infos[i].pid = gpu0_pids[i];
+    }
     return NVML_SUCCESS;
 }
 
@@ -677,7 +697,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev,
     }
     *count = 1;
     memset(samples, 0, sizeof *samples);
-    samples->pid = 4242;
+    samples->pid = gpu0_pids[0];
     samples->timeStamp = 1000;
     samples->smUtil = 55;
     samples->memUtil = 20;

@@ -2,6 +2,7 @@
 //! node-wide parts, and the snapshots built from them on demand (at most once per round),
 //! with the tree snapshot and its totals. The servers (`api.rs`, /metrics) read it; the
 //! collection loop (`daemon.rs`) writes it; it imports neither.
+use crate::pipeline::xid::XidLedger;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, RwLock},
@@ -130,10 +131,13 @@ impl Shared {
         }
         let node = self.build_node(&head, |model| {
             let procs: Vec<&model::Proc> = model.procs.values().map(|p| &**p).collect();
-            let views: Vec<snap::ProcessSnapshot> = procs
+            let mut views: Vec<snap::ProcessSnapshot> = procs
                 .iter()
                 .map(|p| model.selection_view(p, SNAPSHOT_WINDOW_MS))
                 .collect();
+            // Processes the driver lists on a device are GPU users even where no runtime
+            // call was probed (level system, a static runtime): the selection keeps them.
+            crate::pipeline::devices::join(&mut views, &head.devices, &XidLedger::default());
             let mut guard = self.selection.lock().expect("lock");
             let (policy, selection) = &mut *guard;
             selection
