@@ -23,7 +23,7 @@ use ethand_snapshot::{
 mod block;
 mod cgroup;
 mod comm;
-mod dcgm;
+pub(crate) mod dcgm;
 pub(crate) mod devices;
 mod gpu;
 mod process;
