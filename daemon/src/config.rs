@@ -126,6 +126,9 @@ pub struct DevicesConfig {
     pub counters_interval_ms: u64,
     pub nvlink_errors_interval_ms: u64,
     pub dcgm_aliases: bool,
+    /// The owning workload's labels on a GPU's series (`PrometheusOptions::device_workload_labels`).
+    #[serde(default)]
+    pub workload_labels: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
