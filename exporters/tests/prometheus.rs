@@ -1810,7 +1810,7 @@ const DCGM_LABELS: &[&str] = &[
 /// Default fields ethand does not give, and why (docs/gpu-metrics-mapping.md says the same).
 const DCGM_NOT_GIVEN: &[(&str, &str)] = &[(
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "vGPU guests only; ethand does not read vGPU licensing (nvmlDeviceGetVgpuLicenseInfo)",
+    "only meaningful inside a vGPU guest VM; ethand does not read vGPU licensing",
 )];
 
 fn fixture(name: &str) -> String {
