@@ -1559,13 +1559,19 @@ const LABEL_BOUNDS: &[(&str, &str)] = &[
     ),
     (
         "namespace",
-        "one per process or cgroup (its pod's namespace)",
+        "one per process or cgroup (its pod's namespace); on GPU series (`devices.workload_labels`) one per GPU, its owner's",
     ),
-    ("pod", "one per process or cgroup (its pod)"),
-    ("container", "one per process or cgroup (its container)"),
+    (
+        "pod",
+        "one per process or cgroup (its pod); on GPU series one per GPU (its owner's, `devices.workload_labels`)",
+    ),
+    (
+        "container",
+        "one per process or cgroup (its container); on GPU series one per GPU (its owner's)",
+    ),
     (
         "job_id",
-        "one per process (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)",
+        "one per process (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...); on GPU series one per GPU (its owner's)",
     ),
     ("container_id", "one per process (workload info)"),
     ("container_runtime", "3 (`containerd`, `cri-o`, `docker`)"),

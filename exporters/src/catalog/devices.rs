@@ -4,7 +4,9 @@
 //! A field the driver did not give (`None`) emits no sample. GPU series carry `gpu` ("gpu0")
 //! and `uuid`; NPU series `npu` ("npu0") and `uuid`; the identity labels (model, PCI bus,
 //! driver) are on `ethand_gpu_info` / `ethand_npu_info` only (over OTLP: on every `hw.*`
-//! point). Per-process series are bounded: per device, the [`MAX_PROCESSES_PER_DEVICE`]
+//! point). With `PrometheusOptions::device_workload_labels`, a GPU whose compute processes
+//! all belong to one workload also gets that workload's `namespace`, `pod`, `container`,
+//! `job_id`, `rank` (`prometheus::gpu_owners`). Per-process series are bounded: per device, the [`MAX_PROCESSES_PER_DEVICE`]
 //! processes with the most device memory keep their pid, the rest are summed into
 //! `pid="other"`. Over OTLP the per-process device usage comes from each selected process's
 //! own record instead (the two OTLP-only entries at the end).

@@ -132,7 +132,8 @@ pub(crate) enum Per {
     Process,
     /// `cgroup` and the workload labels; OTLP `ethand.cgroup` and `k8s.*`.
     Cgroup,
-    /// `gpu`/`npu` and `uuid`; OTLP `hw.*`.
+    /// `gpu`/`npu` and `uuid` (GPUs: with `PrometheusOptions::device_workload_labels`, also
+    /// the owning workload's labels); OTLP `hw.*`.
     Device,
 }
 
