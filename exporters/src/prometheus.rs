@@ -37,6 +37,11 @@ pub struct PrometheusOptions {
     pub selection: ExportSelection,
     /// Also expose the GPU series under dcgm-exporter's names and labels (`DCGM_FI_DEV_*`).
     pub dcgm_aliases: bool,
+    /// Put the owning workload's labels (`namespace`, `pod`, `container`, `job_id`, `rank`,
+    /// where known) on a GPU's device series and its dcgm-exporter aliases, when every
+    /// compute process on the GPU belongs to one workload ([`gpu_owners`]). One label set
+    /// per GPU at a time: the series change labels when the GPU changes hands.
+    pub device_workload_labels: bool,
 }
 
 /// Renders the snapshot in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -51,6 +56,11 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
         .map(|&i| &snap.processes[i])
         .collect();
     let process_labels = process_label_sets(&procs);
+    let owners = if opts.device_workload_labels {
+        gpu_owners(snap)
+    } else {
+        GpuOwners::new()
+    };
     let otlp = snap.ethand.otlp.clone().unwrap_or_default();
     let scope = Scope {
         snap,
@@ -58,7 +68,7 @@ pub fn render(snap: &NodeSnapshot, opts: &PrometheusOptions) -> String {
         otlp: &otlp,
     };
     for m in catalog::all() {
-        encode(&mut registry, m, &scope, &process_labels, opts);
+        encode(&mut registry, m, &scope, &process_labels, &owners, opts);
     }
     registry.out
 }
@@ -74,6 +84,7 @@ fn encode(
     metric: &'static Metric,
     scope: &Scope,
     process_labels: &[Labels],
+    gpu_owners: &GpuOwners,
     opts: &PrometheusOptions,
 ) {
     match metric.output {
@@ -84,6 +95,7 @@ fn encode(
     let mut sink = FamilySink {
         metric,
         process_labels,
+        gpu_owners,
         series: Series::Empty,
     };
     (metric.observe)(scope, &mut sink);
@@ -110,6 +122,8 @@ struct FamilySink<'a> {
     metric: &'static Metric,
     /// [`process_label_sets`] of the selected processes, by [`Subject::Process`] index.
     process_labels: &'a [Labels],
+    /// The workload labels of each GPU with one owner, by NVML index ([`gpu_owners`]).
+    gpu_owners: &'a GpuOwners,
     series: Series,
 }
 
@@ -125,9 +139,21 @@ impl Sink for FamilySink<'_> {
                 }
                 l
             }
-            Subject::Gpu(g) => labels(&[("gpu", &g.label()), ("uuid", &g.uuid)], &[]),
+            Subject::Gpu(g) => {
+                let mut l = labels(&[("gpu", &g.label()), ("uuid", &g.uuid)], &[]);
+                if let Some(w) = self.gpu_owners.get(&g.index) {
+                    l.extend(w.iter().cloned());
+                }
+                l
+            }
             Subject::Npu(n) => labels(&[("npu", &n.label()), ("uuid", &n.uuid)], &[]),
-            Subject::DcgmGpu { gpu: g, hostname } => dcgm_labels(g, hostname),
+            Subject::DcgmGpu { gpu: g, hostname } => {
+                let mut l = dcgm_labels(g, hostname);
+                if let Some(w) = self.gpu_owners.get(&g.index) {
+                    l.extend(w.iter().cloned());
+                }
+                l
+            }
         };
         for (label, v) in self.metric.labels.iter().zip(values) {
             if !(label.omit_empty && v.is_empty()) {
@@ -173,7 +199,66 @@ fn dcgm_labels(g: &snapshot::devices::GpuDevice, hostname: &str) -> Labels {
     if !hostname.is_empty() {
         l.push(("Hostname", hostname.to_owned()));
     }
+    if !g.driver_version.is_empty() {
+        l.push(("DCGM_FI_DRIVER_VERSION", g.driver_version.clone()));
+    }
     l
+}
+
+/// Workload labels by GPU (NVML index).
+pub(crate) type GpuOwners = BTreeMap<u32, Labels>;
+
+/// The GPUs with one owner: every compute process the collector lists on the GPU
+/// (`DevicesSnapshot::processes`) is a process of the snapshot (by pid; a live one first)
+/// with the same namespace, pod, container, job and rank, at least one of them known. Its
+/// [`workload_labels`] with job and rank. A GPU without processes, shared by two
+/// workloads, or with a process of unknown workload has none. Computed once per render.
+pub(crate) fn gpu_owners(snap: &NodeSnapshot) -> GpuOwners {
+    let mut by_pid: BTreeMap<u32, &ProcessSnapshot> = BTreeMap::new();
+    for p in &snap.processes {
+        let e = by_pid.entry(p.pid).or_insert(p);
+        if p.alive && !e.alive {
+            *e = p;
+        }
+    }
+    type Key<'a> = (
+        &'a Option<String>,
+        &'a Option<String>,
+        &'a Option<String>,
+        &'a Option<String>,
+        Option<u32>,
+    );
+    let mut out = GpuOwners::new();
+    for g in &snap.devices.gpus {
+        let device = g.label();
+        let mut owner: Option<(Key, &snapshot::WorkloadIdentity)> = None;
+        let mut shared = false;
+        for dp in snap.devices.processes.iter().filter(|d| d.device == device) {
+            let Some(w) = by_pid.get(&dp.pid).and_then(|p| p.workload.as_ref()) else {
+                shared = true;
+                break;
+            };
+            let key: Key = (&w.namespace, &w.pod, &w.container, &w.job_id, w.rank);
+            match &owner {
+                None => owner = Some((key, w)),
+                Some((k, _)) if *k == key => {}
+                Some(_) => {
+                    shared = true;
+                    break;
+                }
+            }
+        }
+        if shared {
+            continue;
+        }
+        if let Some((_, w)) = owner {
+            let l = workload_labels(w, true);
+            if !l.is_empty() {
+                out.insert(g.index, l);
+            }
+        }
+    }
+    out
 }
 
 /// Sets `key` to `value`, replacing an identity label of that name (the collective series'

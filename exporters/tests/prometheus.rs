@@ -346,6 +346,7 @@ fn options() -> PrometheusOptions {
             ..Default::default()
         }),
         dcgm_aliases: false,
+        device_workload_labels: false,
     }
 }
 
@@ -406,6 +407,25 @@ fn devices() -> DevicesSnapshot {
                 sm_occupancy_ratio: Some(0.45),
                 tensor_activity_ratio: Some(0.6),
                 dram_bandwidth_ratio: Some(0.35),
+                graphics_activity_ratio: Some(0.95),
+                pcie_tx_average_bytes_per_second: Some(3.5e9),
+                pcie_rx_average_bytes_per_second: Some(1.25e9),
+                memory_reserved_bytes: Some(1 << 30),
+                memory_temperature_celsius: Some(80),
+                power_limit_watts: Some(700.0),
+                encoder_utilization_ratio: Some(0.0),
+                decoder_utilization_ratio: Some(0.125),
+                pcie_link_generation: Some(5),
+                pcie_link_generation_max: Some(5),
+                pcie_link_width: Some(8),
+                pcie_link_width_max: Some(16),
+                pcie_replays: Some(12),
+                remapped_rows_correctable: Some(1),
+                remapped_rows_uncorrectable: Some(2),
+                row_remap_pending: Some(true),
+                row_remap_failed: Some(false),
+                nvlink_bytes_per_second: Some(2_048_000_000.0),
+                xid_errors_by_code: [(31, 1)].into_iter().collect(),
                 ..Default::default()
             },
             GpuDevice {
@@ -416,6 +436,10 @@ fn devices() -> DevicesSnapshot {
                 utilization_ratio: Some(0.0),
                 // Turing: no GPM, so no SM activity, occupancy, tensor or DRAM series.
                 gpm_supported: Some(false),
+                // Before Ampere: page retirement rather than row remapping.
+                retired_pages_single_bit: Some(3),
+                retired_pages_double_bit: Some(1),
+                retired_pages_pending: Some(false),
                 ..Default::default()
             },
         ],
@@ -502,6 +526,13 @@ fn workload_process() -> ProcessSnapshot {
 fn gpu_process() -> ProcessSnapshot {
     use ethand_snapshot::gpu::*;
     let mut p = process(700, "python", "/kubepods/podgpu/ctr", 0, Some(0));
+    p.gpu_xid_events = vec![ProcessXid {
+        device: "gpu0".into(),
+        uuid: "GPU-5f1e".into(),
+        xid: 31,
+        count: 1,
+        last_unix_ns: 1,
+    }];
     p.gpu = Some(GpuProcessStats {
         launches: Some(1000),
         graph_launches: Some(3),
@@ -587,7 +618,7 @@ fn gpm_series_only_where_measured() {
         ..options()
     };
     let text = render(&device_snapshot(), &all);
-    let dcgm = r#"gpu="0",UUID="GPU-5f1e",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1""#;
+    let dcgm = r#"gpu="0",UUID="GPU-5f1e",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1",DCGM_FI_DRIVER_VERSION="580.65.06""#;
     for line in [
         r#"ethand_gpu_sm_activity_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.9"#.to_owned(),
         r#"ethand_gpu_sm_occupancy_ratio{gpu="gpu0",uuid="GPU-5f1e"} 0.45"#.to_owned(),
@@ -1370,12 +1401,15 @@ fn catalog_lists_every_family() {
     let names: BTreeSet<_> = catalog.iter().map(|c| c.0).collect();
     assert_eq!(names.len(), catalog.len(), "duplicate names");
     for (name, kind, help) in &catalog {
-        // DCGM_FI_*: dcgm-exporter's names, an optional alias output (gauges, no `_total`).
+        // DCGM_FI_*: dcgm-exporter's names, an optional alias output (its types: counters
+        // without `_total`).
         assert!(
             name.starts_with("ethand_") || name.starts_with("DCGM_FI_"),
             "{name}"
         );
-        assert_eq!(name.ends_with("_total"), *kind == "counter", "{name}");
+        if name.starts_with("ethand_") {
+            assert_eq!(name.ends_with("_total"), *kind == "counter", "{name}");
+        }
         assert!(help.ends_with('.') && help.contains(' '), "{name}: {help}");
     }
     let all = PrometheusOptions {
@@ -1448,9 +1482,9 @@ fn promtool_check_metrics() {
     }
 }
 
-/// With the DCGM aliases, the only complaint allowed is about dcgm-exporter's own camelCase
-/// label (`modelName`), which the aliases keep on purpose: the exposition is valid and every
-/// other lint passes.
+/// With the DCGM aliases, the only complaints allowed are about dcgm-exporter's own names,
+/// which the aliases keep on purpose: its camelCase label (`modelName`), its counters
+/// without a `_total` suffix and `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`'s "counter" in the name. The exposition is valid and every other lint passes.
 #[test]
 fn promtool_check_metrics_dcgm_aliases() {
     let all = PrometheusOptions {
@@ -1469,7 +1503,9 @@ fn promtool_check_metrics_dcgm_aliases() {
         let (family, problem) = line.split_once(' ').unwrap_or((line, ""));
         assert!(
             family.starts_with("DCGM_FI_")
-                && problem == "label names should be written in 'snake_case' not 'camelCase'",
+                && (problem == "label names should be written in 'snake_case' not 'camelCase'"
+                    || problem == "counter metrics should have \"_total\" suffix"
+                    || problem == "metric name should not include type 'counter'"),
             "promtool check metrics reported:\n{report}"
         );
     }
@@ -1523,13 +1559,19 @@ const LABEL_BOUNDS: &[(&str, &str)] = &[
     ),
     (
         "namespace",
-        "one per process or cgroup (its pod's namespace)",
+        "one per process or cgroup (its pod's namespace); on GPU series (`devices.workload_labels`) one per GPU, its owner's",
     ),
-    ("pod", "one per process or cgroup (its pod)"),
-    ("container", "one per process or cgroup (its container)"),
+    (
+        "pod",
+        "one per process or cgroup (its pod); on GPU series one per GPU (its owner's, `devices.workload_labels`)",
+    ),
+    (
+        "container",
+        "one per process or cgroup (its container); on GPU series one per GPU (its owner's)",
+    ),
     (
         "job_id",
-        "one per process (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...)",
+        "one per process (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...); on GPU series one per GPU (its owner's)",
     ),
     ("container_id", "one per process (workload info)"),
     ("container_runtime", "3 (`containerd`, `cri-o`, `docker`)"),
@@ -1544,10 +1586,26 @@ const LABEL_BOUNDS: &[(&str, &str)] = &[
     ("modelName", "one per GPU (DCGM alias)"),
     ("model", "one per device"),
     ("Hostname", "1 (DCGM alias)"),
+    ("DCGM_FI_DRIVER_VERSION", "1 (DCGM alias)"),
+    (
+        "err_code",
+        "XID codes seen, one at a time per GPU (DCGM alias: the last one)",
+    ),
+    (
+        "err_msg",
+        "one per `err_code`: a fixed table of about 20 XID meanings, else `Unknown Error` (DCGM alias)",
+    ),
+    (
+        "cause",
+        "2: remapped rows `correctable`, `uncorrectable`; retired pages `single_bit`, `double_bit`",
+    ),
     ("hostname", "1"),
     ("link", "NVLink links per GPU (up to 18)"),
     ("reason_name", "throttle reasons (about 10)"),
-    ("xid", "XID codes seen (a few)"),
+    (
+        "xid",
+        "XID codes seen (a few; codes above 1023 as `other`, so at most 1,025)",
+    ),
     ("type", "ECC: 2 (`corrected`, `uncorrected`)"),
     ("clock", "clock domains (3)"),
     ("driver", "1"),
@@ -1739,4 +1797,193 @@ fn metrics_doc_is_current() {
         have == want,
         "docs/metrics.md is stale: run UPDATE_DOCS=1 cargo test -p ethand-exporters --test prometheus metrics_doc"
     );
+}
+
+// ------------------------------------------------ dcgm-exporter's defaults and dashboard
+
+/// dcgm-exporter's labels on every GPU series (`Hostname`: the name of released versions;
+/// its HEAD writes `hostname`).
+const DCGM_LABELS: &[&str] = &[
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+];
+
+/// Default fields ethand does not give, and why (docs/gpu-metrics-mapping.md says the same).
+const DCGM_NOT_GIVEN: &[(&str, &str)] = &[(
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "only meaningful inside a vGPU guest VM; ethand does not read vGPU licensing",
+)];
+
+fn fixture(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// (field, type) of every enabled line of dcgm-exporter's default-counters.csv.
+fn dcgm_default_fields() -> Vec<(String, String)> {
+    fixture("dcgm-default-counters.csv")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut cols = l.split(',').map(str::trim);
+            let name = cols.next().unwrap().to_owned();
+            let kind = cols.next().unwrap_or_else(|| panic!("{l}")).to_owned();
+            (name, kind)
+        })
+        .collect()
+}
+
+/// The label names of one sample line.
+fn line_labels(line: &str) -> BTreeSet<String> {
+    let body = line
+        .split_once('{')
+        .and_then(|(_, b)| b.rsplit_once('}'))
+        .map_or("", |(b, _)| b);
+    body.split("\",")
+        .filter_map(|p| p.split_once("=\"").map(|(n, _)| n.to_owned()))
+        .collect()
+}
+
+/// The H200 of `device_snapshot` owned by the pod of `workload_process` (pid 800).
+fn owned_gpu_snapshot() -> NodeSnapshot {
+    let mut snap = device_snapshot();
+    snap.devices.processes[0].pid = 800;
+    snap
+}
+
+#[test]
+fn dcgm_default_counters_are_all_aliased() {
+    let fields = dcgm_default_fields();
+    // 26 enabled lines at d5e5f51, the driver-version label among them.
+    assert_eq!(fields.len(), 26, "{fields:?}");
+    for workload in [false, true] {
+        let opts = PrometheusOptions {
+            dcgm_aliases: true,
+            device_workload_labels: workload,
+            ..options()
+        };
+        let text = render(&owned_gpu_snapshot(), &opts);
+        let mut wanted: Vec<&str> = DCGM_LABELS.to_vec();
+        if workload {
+            wanted.extend(["namespace", "pod", "container"]);
+        }
+        for (name, kind) in &fields {
+            if DCGM_NOT_GIVEN.iter().any(|(n, _)| n == name) {
+                assert!(!text.contains(&format!("\n{name}{{")), "{name}");
+                continue;
+            }
+            if kind == "label" {
+                // A label on every series rather than a family.
+                assert!(!text.contains(&format!("# TYPE {name} ")), "{name}");
+                let h200 = text
+                    .lines()
+                    .filter(|l| l.starts_with("DCGM_FI_") && l.contains("GPU-5f1e"));
+                for l in h200 {
+                    assert!(l.contains(&format!("{name}=\"580.65.06\"")), "{l}");
+                }
+                continue;
+            }
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name}: not a {kind} in the alias output"
+            );
+            let h200: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("GPU-5f1e"))
+                .collect();
+            assert_eq!(h200.len(), 1, "{name}: {h200:?}");
+            let have = line_labels(h200[0]);
+            for label in &wanted {
+                assert!(have.contains(*label), "{name} lacks {label}: {}", h200[0]);
+            }
+        }
+    }
+}
+
+/// Every metric and label dcgm-exporter's own dashboard queries exists in alias mode
+/// (`instance` is Prometheus' target label).
+#[test]
+fn dcgm_dashboard_queries_work() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&fixture("dcgm-exporter-dashboard.json")).unwrap();
+    let mut queries = Vec::new();
+    let mut legends = Vec::new();
+    fn walk<'a>(v: &'a serde_json::Value, q: &mut Vec<&'a str>, l: &mut Vec<&'a str>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x.as_str()) {
+                        ("expr" | "query" | "definition", Some(s)) => q.push(s),
+                        ("legendFormat", Some(s)) => l.push(s),
+                        _ => walk(x, q, l),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, q, l)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut queries, &mut legends);
+    let mut metrics = BTreeSet::new();
+    let mut labels = BTreeSet::new();
+    for q in &queries {
+        let mut rest = *q;
+        while let Some(at) = rest.find("DCGM_FI_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            metrics.insert(tail[..end].to_owned());
+            let after = &tail[end..];
+            if let Some(body) = after.strip_prefix('{') {
+                let body = &body[..body.find('}').unwrap()];
+                for m in body.split(',') {
+                    let name = m.split(['=', '!']).next().unwrap().trim();
+                    labels.insert(name.to_owned());
+                }
+            } else if let Some(arg) = after.strip_prefix(", ").or(after.strip_prefix(',')) {
+                // label_values(METRIC, LABEL)
+                labels.insert(arg.split(')').next().unwrap().trim().to_owned());
+            }
+            rest = after;
+        }
+    }
+    for l in &legends {
+        for part in l.split("{{").skip(1) {
+            labels.insert(part.split("}}").next().unwrap().trim().to_owned());
+        }
+    }
+    labels.remove("instance");
+    assert!(
+        metrics.len() >= 6 && labels.contains("gpu"),
+        "{metrics:?} {labels:?}"
+    );
+    let text = render(
+        &device_snapshot(),
+        &PrometheusOptions {
+            dcgm_aliases: true,
+            ..options()
+        },
+    );
+    for m in &metrics {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{m}{{")))
+            .collect();
+        assert!(!lines.is_empty(), "the dashboard's {m} is not exported");
+        for l in &lines {
+            let have = line_labels(l);
+            for label in &labels {
+                assert!(have.contains(label), "{m} lacks {label}: {l}");
+            }
+        }
+    }
 }

@@ -371,6 +371,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let opts = PrometheusOptions {
             selection: ExportSelection::Preselected,
             dcgm_aliases: cfg.devices.dcgm_aliases,
+            device_workload_labels: cfg.devices.workload_labels,
         };
         let shared = shared.clone();
         let app = axum::Router::new().route(

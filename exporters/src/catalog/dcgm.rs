@@ -1,17 +1,22 @@
 //! dcgm-exporter's names and labels for the GPU series (`DCGM_FI_DEV_*`, and `DCGM_FI_PROF_*`
-//! for the GPM ratios), only with `PrometheusOptions::dcgm_aliases`, so that existing
-//! dashboards keep working. Not exported over OTLP.
+//! for the GPM figures), only with `PrometheusOptions::dcgm_aliases`, so that existing
+//! dashboards and alerts keep working. Not exported over OTLP.
 //!
-//! They keep DCGM's units (percent, MiB, MHz, KB/s, mJ; the `DCGM_FI_PROF_*` profiling fields
-//! are 0-1 ratios) and are all gauges: dcgm-exporter types some of them as counters without a
-//! `_total` suffix, which the text format cannot carry under the same name. Their `modelName`
-//! label is camelCase, which `promtool check metrics` reports; that is dcgm-exporter's name,
-//! kept on purpose. They are entries of their own rather than a field of the ethand entries:
-//! their order is dcgm-exporter's, `DCGM_FI_DEV_FB_FREE` has no ethand family, the XID alias
-//! is the last code rather than a count, and one ethand family (ECC) makes two of them.
+//! They keep DCGM's units (percent, MiB, MHz, KB/s, mJ; the `DCGM_FI_PROF_*` activity fields
+//! are 0-1 ratios, the PCIe ones bytes per second) and dcgm-exporter's types: the fields it
+//! types `counter` are counters here too, without a `_total` suffix (the exposition is
+//! written by hand, so `# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter` is what it writes;
+//! `promtool check metrics` reports the missing suffix, which is dcgm-exporter's name, kept
+//! on purpose, as is the camelCase `modelName` label). Every alias has dcgm-exporter's
+//! labels: `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`,
+//! `DCGM_FI_DRIVER_VERSION`, and with `PrometheusOptions::device_workload_labels` the GPU's
+//! owner's `namespace`, `pod`, `container`. They are entries of their own rather than a
+//! field of the ethand entries: their order is dcgm-exporter's default-counters.csv, the XID
+//! alias is the last code rather than a count, and one ethand family (ECC, remapped rows)
+//! makes two of them.
 use ethand_snapshot::devices::GpuDevice;
 
-use super::{Desc, Metric, Otel, Output, Per, Sample, Scope, Sink, Subject, gauge};
+use super::{Desc, Metric, Otel, Output, Per, Sample, Scope, Sink, Subject, counter, gauge, label};
 
 const MIB: u64 = 1 << 20;
 const MHZ: u64 = 1_000_000;
@@ -41,58 +46,67 @@ fn each_dcgm(s: &Scope, o: &mut dyn Sink, value: fn(&GpuDevice) -> Option<Sample
     }
 }
 
+fn percent(ratio: Option<f64>) -> Option<Sample<'static>> {
+    ratio.map(|r| Sample::Float(r * 100.0))
+}
+
+/// What well-known XID codes mean, in short (after NVIDIA's public XID catalog), for the
+/// `err_msg` label of `DCGM_FI_DEV_XID_ERRORS`; other codes are "Unknown Error".
+pub(crate) const XID_MEANINGS: &[(u64, &str)] = &[
+    (0, "No Error"),
+    (13, "Graphics Engine Exception"),
+    (31, "GPU memory page fault"),
+    (32, "Invalid or corrupted push buffer stream"),
+    (43, "GPU stopped processing"),
+    (45, "Preemptive cleanup, due to previous errors"),
+    (48, "Double Bit ECC Error"),
+    (61, "Internal micro-controller breakpoint/warning"),
+    (62, "Internal micro-controller halt"),
+    (63, "ECC page retirement or row remapping recording event"),
+    (64, "ECC page retirement or row remapping recording failure"),
+    (74, "NVLink Error"),
+    (79, "GPU has fallen off the bus"),
+    (92, "High single-bit ECC error rate"),
+    (94, "Contained ECC error"),
+    (95, "Uncontained ECC error"),
+    (119, "GSP RPC timeout"),
+    (120, "GSP error"),
+];
+
+/// The `err_msg` of an XID code.
+pub(crate) fn xid_meaning(code: u64) -> &'static str {
+    XID_MEANINGS
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map_or("Unknown Error", |(_, m)| m)
+}
+
 pub(crate) const METRICS: &[Metric] = &[
     alias(
         gauge(
-            "DCGM_FI_DEV_GPU_UTIL",
-            "GPU utilization in percent; dcgm-exporter alias of ethand_gpu_utilization_ratio.",
+            "DCGM_FI_DEV_SM_CLOCK",
+            "SM clock frequency in MHz; dcgm-exporter alias of ethand_gpu_sm_clock_hertz.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.sm_clock_hertz.map(|h| Sample::Int(h / MHZ))),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_MEM_CLOCK",
+            "Memory clock frequency in MHz; dcgm-exporter alias of ethand_gpu_memory_clock_hertz.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.memory_clock_hertz.map(|h| Sample::Int(h / MHZ))),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_MEMORY_TEMP",
+            "Memory temperature in C; dcgm-exporter alias of ethand_gpu_memory_temperature_celsius.",
         ),
         |s, o| {
             each_dcgm(s, o, |g| {
-                g.utilization_ratio.map(|r| Sample::Float(r * 100.0))
+                g.memory_temperature_celsius
+                    .map(|c| Sample::Float(c as f64))
             })
         },
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_DEV_MEM_COPY_UTIL",
-            "Memory utilization in percent; dcgm-exporter alias of \
-     ethand_gpu_memory_utilization_ratio.",
-        ),
-        |s, o| {
-            each_dcgm(s, o, |g| {
-                g.memory_utilization_ratio.map(|r| Sample::Float(r * 100.0))
-            })
-        },
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_DEV_FB_USED",
-            "Framebuffer memory used in MiB; dcgm-exporter alias of ethand_gpu_memory_used_bytes.",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.memory_used_bytes.map(|b| Sample::Int(b / MIB))),
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_DEV_FB_FREE",
-            "Framebuffer memory free in MiB (nvmlDeviceGetMemoryInfo); dcgm-exporter name.",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.memory_free_bytes.map(|b| Sample::Int(b / MIB))),
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_DEV_POWER_USAGE",
-            "Power draw in W; dcgm-exporter alias of ethand_gpu_power_watts.",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.power_watts.map(Sample::Float)),
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-            "Energy since the driver was loaded in mJ, a counter typed as gauge; dcgm-exporter alias \
-     of ethand_gpu_energy_joules_total.",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.energy_millijoules.map(Sample::Int)),
     ),
     alias(
         gauge(
@@ -107,23 +121,204 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     alias(
         gauge(
-            "DCGM_FI_DEV_SM_CLOCK",
-            "SM clock in MHz; dcgm-exporter alias of ethand_gpu_sm_clock_hertz.",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "Power draw in W; dcgm-exporter alias of ethand_gpu_power_watts.",
         ),
-        |s, o| each_dcgm(s, o, |g| g.sm_clock_hertz.map(|h| Sample::Int(h / MHZ))),
+        |s, o| each_dcgm(s, o, |g| g.power_watts.map(Sample::Float)),
+    ),
+    alias(
+        counter(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "Energy since the driver was loaded in mJ; dcgm-exporter alias of \
+     ethand_gpu_energy_joules_total.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.energy_millijoules.map(Sample::Int)),
+    ),
+    alias(
+        counter(
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "PCIe replays (retries) since the driver was loaded; dcgm-exporter alias of \
+     ethand_gpu_pcie_replays_total.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.pcie_replays.map(Sample::Int)),
     ),
     alias(
         gauge(
-            "DCGM_FI_DEV_MEM_CLOCK",
-            "Memory clock in MHz; dcgm-exporter alias of ethand_gpu_memory_clock_hertz.",
+            "DCGM_FI_DEV_GPU_UTIL",
+            "GPU utilization in percent; dcgm-exporter alias of ethand_gpu_utilization_ratio.",
         ),
-        |s, o| each_dcgm(s, o, |g| g.memory_clock_hertz.map(|h| Sample::Int(h / MHZ))),
+        |s, o| each_dcgm(s, o, |g| percent(g.utilization_ratio)),
     ),
     alias(
         gauge(
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            "Memory utilization in percent; dcgm-exporter alias of \
+     ethand_gpu_memory_utilization_ratio.",
+        ),
+        |s, o| each_dcgm(s, o, |g| percent(g.memory_utilization_ratio)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_ENC_UTIL",
+            "Encoder utilization in percent; dcgm-exporter alias of \
+     ethand_gpu_encoder_utilization_ratio.",
+        ),
+        |s, o| each_dcgm(s, o, |g| percent(g.encoder_utilization_ratio)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_DEC_UTIL",
+            "Decoder utilization in percent; dcgm-exporter alias of \
+     ethand_gpu_decoder_utilization_ratio.",
+        ),
+        |s, o| each_dcgm(s, o, |g| percent(g.decoder_utilization_ratio)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Code of the last critical XID error seen since ethand started watching, 0 for none, \
+     with err_code (the code) and err_msg (its meaning, Unknown Error for codes ethand has no \
+     text for); dcgm-exporter name (ethand_gpu_xid_errors_total counts them by code).",
+        ),
+        |s, o| {
+            let hostname = s.snap.devices.hostname.as_str();
+            for gpu in &s.snap.devices.gpus {
+                if gpu.xid_errors.is_none() {
+                    continue;
+                }
+                let code = gpu.last_xid.unwrap_or(0);
+                let subject = Subject::DcgmGpu { gpu, hostname };
+                let labels = [&*code.to_string(), xid_meaning(code)];
+                o.sample(subject, &labels, Sample::Int(code));
+            }
+        },
+    )
+    .labels(&[
+        label("err_code", "").values("XID code"),
+        label("err_msg", "").values("bounded table of XID meanings, else Unknown Error"),
+    ]),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_FB_FREE",
+            "Framebuffer memory free in MiB; dcgm-exporter alias of ethand_gpu_memory_free_bytes.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.memory_free_bytes.map(|b| Sample::Int(b / MIB))),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_FB_USED",
+            "Framebuffer memory used in MiB; dcgm-exporter alias of ethand_gpu_memory_used_bytes.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.memory_used_bytes.map(|b| Sample::Int(b / MIB))),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_FB_RESERVED",
+            "Framebuffer memory reserved by the driver in MiB; dcgm-exporter alias of \
+     ethand_gpu_memory_reserved_bytes.",
+        ),
+        |s, o| {
+            each_dcgm(s, o, |g| {
+                g.memory_reserved_bytes.map(|b| Sample::Int(b / MIB))
+            })
+        },
+    ),
+    alias(
+        counter(
+            "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+            "NVLink traffic of all links, transmit plus receive, in about MiB/s (bytes per second / \
+     1024 / 1000, as DCGM computes it); a rate, typed counter as dcgm-exporter types it; \
+     dcgm-exporter alias of ethand_gpu_nvlink_bytes_per_second.",
+        ),
+        |s, o| {
+            each_dcgm(s, o, |g| {
+                g.nvlink_bytes_per_second
+                    .map(|b| Sample::Float(b / 1024.0 / 1000.0))
+            })
+        },
+    ),
+    alias(
+        counter(
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "Rows remapped for uncorrectable errors; dcgm-exporter alias of \
+     ethand_gpu_memory_remapped_rows_total{cause=\"uncorrectable\"}.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.remapped_rows_uncorrectable.map(Sample::Int)),
+    ),
+    alias(
+        counter(
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "Rows remapped for correctable errors; dcgm-exporter alias of \
+     ethand_gpu_memory_remapped_rows_total{cause=\"correctable\"}.",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.remapped_rows_correctable.map(Sample::Int)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            "1 when a row remap failed, else 0; dcgm-exporter alias of \
+     ethand_gpu_memory_row_remap_failed.",
+        ),
+        |s, o| {
+            each_dcgm(s, o, |g| {
+                g.row_remap_failed.map(|b| Sample::Int(u64::from(b)))
+            })
+        },
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine was active, 0-1; dcgm-exporter alias of \
+     ethand_gpu_graphics_activity_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.graphics_activity_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of time the tensor pipes were busy, 0-1; dcgm-exporter alias of \
+     ethand_gpu_tensor_activity_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.tensor_activity_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of the DRAM bandwidth in use, 0-1; dcgm-exporter alias of \
+     ethand_gpu_dram_bandwidth_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.dram_bandwidth_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "PCIe transmit rate in bytes per second, headers included; dcgm-exporter alias of \
+     ethand_gpu_pcie_tx_average_bytes_per_second (NVML GPM, not DCGM).",
+        ),
+        |s, o| {
+            each_dcgm(s, o, |g| {
+                g.pcie_tx_average_bytes_per_second.map(Sample::Float)
+            })
+        },
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "PCIe receive rate in bytes per second, headers included; dcgm-exporter alias of \
+     ethand_gpu_pcie_rx_average_bytes_per_second (NVML GPM, not DCGM).",
+        ),
+        |s, o| {
+            each_dcgm(s, o, |g| {
+                g.pcie_rx_average_bytes_per_second.map(Sample::Float)
+            })
+        },
+    ),
+    // Not in dcgm-exporter's default set, kept for dashboards that use them.
+    alias(
+        counter(
             "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
-            "PCIe transmit throughput in KB/s; dcgm-exporter alias of \
-     ethand_gpu_pcie_tx_bytes_per_second.",
+            "PCIe transmit throughput in KB/s, typed counter as dcgm-exporter types it; \
+     dcgm-exporter alias of ethand_gpu_pcie_tx_bytes_per_second.",
         ),
         |s, o| {
             each_dcgm(s, o, |g| {
@@ -132,10 +327,10 @@ pub(crate) const METRICS: &[Metric] = &[
         },
     ),
     alias(
-        gauge(
+        counter(
             "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
-            "PCIe receive throughput in KB/s; dcgm-exporter alias of \
-     ethand_gpu_pcie_rx_bytes_per_second.",
+            "PCIe receive throughput in KB/s, typed counter as dcgm-exporter types it; \
+     dcgm-exporter alias of ethand_gpu_pcie_rx_bytes_per_second.",
         ),
         |s, o| {
             each_dcgm(s, o, |g| {
@@ -144,30 +339,18 @@ pub(crate) const METRICS: &[Metric] = &[
         },
     ),
     alias(
-        gauge(
-            "DCGM_FI_DEV_XID_ERRORS",
-            "Code of the last critical XID error seen since ethand started watching, 0 for none; \
-     dcgm-exporter name (ethand_gpu_xid_errors_total counts them).",
-        ),
-        |s, o| {
-            each_dcgm(s, o, |g| {
-                g.xid_errors.map(|_| Sample::Int(g.last_xid.unwrap_or(0)))
-            })
-        },
-    ),
-    alias(
-        gauge(
+        counter(
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-            "Corrected (single-bit) volatile ECC errors, a counter typed as gauge; dcgm-exporter \
-     alias of ethand_gpu_ecc_errors_total{type=\"corrected\"}.",
+            "Corrected (single-bit) volatile ECC errors; dcgm-exporter alias of \
+     ethand_gpu_ecc_errors_total{type=\"corrected\"}.",
         ),
         |s, o| each_dcgm(s, o, |g| g.ecc_corrected_errors.map(Sample::Int)),
     ),
     alias(
-        gauge(
+        counter(
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-            "Uncorrected (double-bit) volatile ECC errors, a counter typed as gauge; dcgm-exporter \
-     alias of ethand_gpu_ecc_errors_total{type=\"uncorrected\"}.",
+            "Uncorrected (double-bit) volatile ECC errors; dcgm-exporter alias of \
+     ethand_gpu_ecc_errors_total{type=\"uncorrected\"}.",
         ),
         |s, o| each_dcgm(s, o, |g| g.ecc_uncorrected_errors.map(Sample::Int)),
     ),
@@ -186,21 +369,5 @@ pub(crate) const METRICS: &[Metric] = &[
      ethand_gpu_sm_occupancy_ratio (NVML GPM, not DCGM).",
         ),
         |s, o| each_dcgm(s, o, |g| g.sm_occupancy_ratio.map(Sample::Float)),
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-            "Ratio of time the tensor pipes were busy, 0-1; dcgm-exporter alias of \
-     ethand_gpu_tensor_activity_ratio (NVML GPM, not DCGM).",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.tensor_activity_ratio.map(Sample::Float)),
-    ),
-    alias(
-        gauge(
-            "DCGM_FI_PROF_DRAM_ACTIVE",
-            "Ratio of the DRAM bandwidth in use, 0-1; dcgm-exporter alias of \
-     ethand_gpu_dram_bandwidth_ratio (NVML GPM, not DCGM).",
-        ),
-        |s, o| each_dcgm(s, o, |g| g.dram_bandwidth_ratio.map(Sample::Float)),
     ),
 ];

@@ -4,14 +4,16 @@
 //! A field the driver did not give (`None`) emits no sample. GPU series carry `gpu` ("gpu0")
 //! and `uuid`; NPU series `npu` ("npu0") and `uuid`; the identity labels (model, PCI bus,
 //! driver) are on `ethand_gpu_info` / `ethand_npu_info` only (over OTLP: on every `hw.*`
-//! point). Per-process series are bounded: per device, the [`MAX_PROCESSES_PER_DEVICE`]
+//! point). With `PrometheusOptions::device_workload_labels`, a GPU whose compute processes
+//! all belong to one workload also gets that workload's `namespace`, `pod`, `container`,
+//! `job_id`, `rank` (`prometheus::gpu_owners`). Per-process series are bounded: per device, the [`MAX_PROCESSES_PER_DEVICE`]
 //! processes with the most device memory keep their pid, the rest are summed into
 //! `pid="other"`. Over OTLP the per-process device usage comes from each selected process's
 //! own record instead (the two OTLP-only entries at the end).
 use std::collections::BTreeMap;
 
 use ethand_snapshot::devices::{
-    CollectorState, DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS,
+    CollectorState, DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS, xid_label,
 };
 
 use super::labels::DIRECTION;
@@ -28,6 +30,12 @@ const LINK: Label = label("link", "ethand.nvlink");
 const PID: Label = label("pid", "process.pid");
 const GPU: Label = label("gpu", "hw.name");
 const UUID: Label = label("uuid", "hw.id");
+/// The XID code ([`xid_label`]: bounded, codes above 1023 as "other").
+pub(crate) const XID: Label = label("xid", "ethand.gpu.xid");
+const REMAP_CAUSE: Label =
+    label("cause", "ethand.gpu.memory.error.cause").values("correctable, uncorrectable");
+const RETIRE_CAUSE: Label =
+    label("cause", "ethand.gpu.memory.error.cause").values("single_bit, double_bit");
 
 /// One sample per GPU where `value` has one.
 fn each_gpu(s: &Scope, o: &mut dyn Sink, value: fn(&GpuDevice) -> Option<Sample<'static>>) {
@@ -175,6 +183,26 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     Metric::new(
         gauge(
+            "ethand_gpu_encoder_utilization_ratio",
+            "Share of the last sample period in which the GPU's video encoder was busy, 0-1 \
+     (nvmlDeviceGetEncoderUtilization).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("hw.gpu.utilization", "1", OtelKind::Gauge, Num::Float).with(&[("hw.gpu.task", "encoder")])),
+        |s, o| each_gpu(s, o, |g| g.encoder_utilization_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_decoder_utilization_ratio",
+            "Share of the last sample period in which the GPU's video decoder was busy, 0-1 \
+     (nvmlDeviceGetDecoderUtilization).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("hw.gpu.utilization", "1", OtelKind::Gauge, Num::Float).with(&[("hw.gpu.task", "decoder")])),
+        |s, o| each_gpu(s, o, |g| g.decoder_utilization_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
             "ethand_gpu_sm_activity_ratio",
             "Share of time the GPU's SMs had at least one warp assigned, averaged over the SMs, over \
      the last device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
@@ -218,6 +246,17 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     Metric::new(
         gauge(
+            "ethand_gpu_graphics_activity_ratio",
+            "Share of time any engine of the GPU's graphics/compute context was busy, over the last \
+     device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_GRAPHICS_UTIL).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.graphics.activity", "1", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.graphics_activity_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
             "ethand_gpu_memory_used_bytes",
             "Allocated GPU memory (nvmlDeviceGetMemoryInfo).",
         ),
@@ -236,12 +275,40 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     Metric::new(
         gauge(
+            "ethand_gpu_memory_free_bytes",
+            "Unallocated GPU memory: installed less used and less what the driver reserves \
+     (nvmlDeviceGetMemoryInfo_v2).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.free", "By", OtelKind::UpDownCounter, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.memory_free_bytes.map(Sample::Int)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_memory_reserved_bytes",
+            "GPU memory the driver reserves for itself (nvmlDeviceGetMemoryInfo_v2).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.reserved", "By", OtelKind::UpDownCounter, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.memory_reserved_bytes.map(Sample::Int)),
+    ),
+    Metric::new(
+        gauge(
             "ethand_gpu_power_watts",
             "GPU power draw (nvmlDeviceGetPowerUsage).",
         ),
         Per::Device,
         Otel::Metric(otel("hw.power", "W", OtelKind::Gauge, Num::Float)),
         |s, o| each_gpu(s, o, |g| g.power_watts.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_power_limit_watts",
+            "Power limit the driver enforces on the GPU (nvmlDeviceGetEnforcedPowerLimit).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.power.limit", "W", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.power_limit_watts.map(Sample::Float)),
     ),
     Metric::new(
         counter(
@@ -260,6 +327,15 @@ pub(crate) const METRICS: &[Metric] = &[
         Per::Device,
         Otel::Metric(otel("hw.temperature", "Cel", OtelKind::Gauge, Num::Float).with(&[("hw.sensor_location", "core")])),
         |s, o| each_gpu(s, o, |g| g.temperature_celsius.map(|c| Sample::Float(c as f64))),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_memory_temperature_celsius",
+            "GPU memory (HBM) temperature (nvmlDeviceGetFieldValues NVML_FI_DEV_MEMORY_TEMP).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("hw.temperature", "Cel", OtelKind::Gauge, Num::Float).with(&[("hw.sensor_location", "memory")])),
+        |s, o| each_gpu(s, o, |g| g.memory_temperature_celsius.map(|c| Sample::Float(c as f64))),
     ),
     Metric::new(
         gauge(
@@ -300,6 +376,74 @@ pub(crate) const METRICS: &[Metric] = &[
         |s, o| each_gpu(s, o, |g| g.pcie_rx_bytes_per_second.map(Sample::Int)),
     ),
     Metric::new(
+        gauge(
+            "ethand_gpu_pcie_tx_average_bytes_per_second",
+            "PCIe traffic from the GPU to the host, headers included, averaged over the last device \
+     interval; Hopper and newer, absent elsewhere (NVML GPM, NVML_GPM_METRIC_PCIE_TX_PER_SEC).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.throughput.average", "By/s", OtelKind::Gauge, Num::Float).with(&[("network.io.direction", "transmit")])),
+        |s, o| each_gpu(s, o, |g| g.pcie_tx_average_bytes_per_second.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_pcie_rx_average_bytes_per_second",
+            "PCIe traffic from the host to the GPU, headers included, averaged over the last device \
+     interval; Hopper and newer, absent elsewhere (NVML GPM, NVML_GPM_METRIC_PCIE_RX_PER_SEC).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.throughput.average", "By/s", OtelKind::Gauge, Num::Float).with(&[("network.io.direction", "receive")])),
+        |s, o| each_gpu(s, o, |g| g.pcie_rx_average_bytes_per_second.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_pcie_link_generation",
+            "PCIe generation the GPU's link runs at now; an idle GPU lowers it to save power \
+     (nvmlDeviceGetCurrPcieLinkGeneration).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.link.generation", "1", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.pcie_link_generation.map(|v| Sample::Int(u64::from(v)))),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_pcie_link_generation_max",
+            "Highest PCIe generation the GPU and its slot allow (nvmlDeviceGetMaxPcieLinkGeneration).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.link.generation.max", "1", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.pcie_link_generation_max.map(|v| Sample::Int(u64::from(v)))),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_pcie_link_width",
+            "PCIe lanes the GPU's link uses now; below the maximum the link is downtrained \
+     (nvmlDeviceGetCurrPcieLinkWidth).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.link.width", "{lane}", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.pcie_link_width.map(|v| Sample::Int(u64::from(v)))),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_pcie_link_width_max",
+            "Most PCIe lanes the GPU and its slot allow (nvmlDeviceGetMaxPcieLinkWidth).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.link.width.max", "{lane}", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.pcie_link_width_max.map(|v| Sample::Int(u64::from(v)))),
+    ),
+    Metric::new(
+        counter(
+            "ethand_gpu_pcie_replays_total",
+            "PCIe replays (link-level retransmissions) of the GPU since the driver was loaded \
+     (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_REPLAY_COUNTER).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.pcie.replays", "{replay}", OtelKind::Counter, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.pcie_replays.map(Sample::Int)),
+    ),
+    Metric::new(
         counter(
             "ethand_gpu_nvlink_bytes_total",
             "Payload bytes sent (transmit) or received (receive) over each active NVLink since the \
@@ -321,6 +465,17 @@ pub(crate) const METRICS: &[Metric] = &[
         },
     )
     .labels(&[LINK, DIRECTION]),
+    Metric::new(
+        gauge(
+            "ethand_gpu_nvlink_bytes_per_second",
+            "NVLink payload traffic of all the GPU's links, transmit plus receive, averaged over the \
+     last device interval; absent after the first read (nvmlDeviceGetFieldValues \
+     NVLINK_THROUGHPUT_DATA, two reads).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.nvlink.throughput", "By/s", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.nvlink_bytes_per_second.map(Sample::Float)),
+    ),
     Metric::new(
         counter(
             "ethand_gpu_nvlink_errors_total",
@@ -377,6 +532,81 @@ pub(crate) const METRICS: &[Metric] = &[
         ..label("type", "")
     }]),
     Metric::new(
+        counter(
+            "ethand_gpu_memory_remapped_rows_total",
+            "GPU memory rows remapped to spares, by the cause of the errors (correctable, \
+     uncorrectable); kept in the InfoROM across reboots, Ampere and newer \
+     (nvmlDeviceGetFieldValues NVML_FI_DEV_REMAPPED_COR / _UNC).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.remapped_rows", "{row}", OtelKind::Counter, Num::Int)),
+        |s, o| {
+            for g in &s.snap.devices.gpus {
+                for (cause, rows) in [
+                    ("correctable", g.remapped_rows_correctable),
+                    ("uncorrectable", g.remapped_rows_uncorrectable),
+                ] {
+                    if let Some(n) = rows {
+                        o.sample(Subject::Gpu(g), &[cause], Sample::Int(n));
+                    }
+                }
+            }
+        },
+    )
+    .labels(&[REMAP_CAUSE]),
+    Metric::new(
+        gauge(
+            "ethand_gpu_memory_row_remap_pending",
+            "1 while a row remap waits for a GPU reset to take effect, else 0; Ampere and newer \
+     (nvmlDeviceGetFieldValues NVML_FI_DEV_REMAPPED_PENDING).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.row_remap.pending", "1", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.row_remap_pending.map(|b| Sample::Int(u64::from(b)))),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_memory_row_remap_failed",
+            "1 when a row remap failed (no spare row left: the GPU needs service), else 0; Ampere \
+     and newer (nvmlDeviceGetFieldValues NVML_FI_DEV_REMAPPED_FAILURE).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.row_remap.failed", "1", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.row_remap_failed.map(|b| Sample::Int(u64::from(b)))),
+    ),
+    Metric::new(
+        counter(
+            "ethand_gpu_memory_retired_pages_total",
+            "GPU memory pages retired, by the cause of the errors (single_bit, double_bit); GPUs \
+     before Ampere (nvmlDeviceGetFieldValues NVML_FI_DEV_RETIRED_SBE / _DBE).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.retired_pages", "{page}", OtelKind::Counter, Num::Int)),
+        |s, o| {
+            for g in &s.snap.devices.gpus {
+                for (cause, pages) in [
+                    ("single_bit", g.retired_pages_single_bit),
+                    ("double_bit", g.retired_pages_double_bit),
+                ] {
+                    if let Some(n) = pages {
+                        o.sample(Subject::Gpu(g), &[cause], Sample::Int(n));
+                    }
+                }
+            }
+        },
+    )
+    .labels(&[RETIRE_CAUSE]),
+    Metric::new(
+        gauge(
+            "ethand_gpu_memory_retired_pages_pending",
+            "1 while a page retirement waits for a GPU reset, else 0; GPUs before Ampere \
+     (nvmlDeviceGetFieldValues NVML_FI_DEV_RETIRED_PENDING).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.memory.retired_pages.pending", "1", OtelKind::Gauge, Num::Int)),
+        |s, o| each_gpu(s, o, |g| g.retired_pages_pending.map(|b| Sample::Int(u64::from(b)))),
+    ),
+    Metric::new(
         gauge(
             "ethand_gpu_throttle_reason",
             "1 for each clock throttle reason active now, 0 for the others \
@@ -405,13 +635,24 @@ pub(crate) const METRICS: &[Metric] = &[
     Metric::new(
         counter(
             "ethand_gpu_xid_errors_total",
-            "Critical XID error events of the GPU since ethand started watching (NVML event set, \
+            "Critical XID error events of the GPU since ethand started watching, by XID code (codes \
+     above 1023 as xid=\"other\"); a watched GPU without events has no series (NVML event set, \
      nvmlEventTypeXidCriticalError).",
         ),
         Per::Device,
         Otel::Metric(otel("hw.errors", "{error}", OtelKind::Counter, Num::Int).with(&[("error.type", "xid")])),
-        |s, o| each_gpu(s, o, |g| g.xid_errors.map(Sample::Int)),
-    ),
+        |s, o| {
+            for g in &s.snap.devices.gpus {
+                if g.xid_errors.is_none() {
+                    continue;
+                }
+                for (&code, &n) in &g.xid_errors_by_code {
+                    o.sample(Subject::Gpu(g), &[&xid_label(code)], Sample::Int(n));
+                }
+            }
+        },
+    )
+    .labels(&[XID]),
     Metric::new(
         gauge(
             "ethand_npu_info",

@@ -3,6 +3,7 @@
 //! picked (there are few: about one per accelerator). Labels are bounded by the symbol
 //! catalog: direction (6), memory kind (4), library (4), operation (8), symbol (under 100).
 use ethand_snapshot::ProcessSnapshot;
+use ethand_snapshot::devices::xid_label;
 use ethand_snapshot::gpu::GpuProcessStats;
 
 use super::{
@@ -315,5 +316,29 @@ pub(crate) const METRICS: &[Metric] = &[
             otel: OtelLabel::PointValue,
             ..label("nranks", "")
         },
+    ]),
+    Metric::new(
+        counter(
+            "ethand_process_gpu_xid_events_total",
+            "Critical XID events of a GPU the process held a compute context on when they happened, \
+             by GPU and XID code (codes above 1023 as xid=\"other\"), since ethand started \
+             watching; no series for a process without any (NVML event set, \
+             nvmlEventTypeXidCriticalError, joined with nvmlDeviceGetComputeRunningProcesses).",
+        ),
+        Per::Process,
+        Otel::Metric(otel("ethand.process.gpu.xid_events", "{event}", OtelKind::Counter, Num::Int)),
+        |s, o| {
+            for (id, p) in s.processes() {
+                for x in &p.gpu_xid_events {
+                    let xid = xid_label(x.xid);
+                    o.sample(id, &[&x.device, &x.uuid, &xid], Sample::Int(x.count));
+                }
+            }
+        },
+    )
+    .labels(&[
+        label("gpu", "hw.name"),
+        label("uuid", "hw.id"),
+        super::devices::XID,
     ]),
 ];

@@ -23,7 +23,7 @@ use ethand_snapshot::{
 mod block;
 mod cgroup;
 mod comm;
-mod dcgm;
+pub(crate) mod dcgm;
 pub(crate) mod devices;
 mod gpu;
 mod process;
@@ -132,7 +132,8 @@ pub(crate) enum Per {
     Process,
     /// `cgroup` and the workload labels; OTLP `ethand.cgroup` and `k8s.*`.
     Cgroup,
-    /// `gpu`/`npu` and `uuid`; OTLP `hw.*`.
+    /// `gpu`/`npu` and `uuid` (GPUs: with `PrometheusOptions::device_workload_labels`, also
+    /// the owning workload's labels); OTLP `hw.*`.
     Device,
 }
 

@@ -90,6 +90,7 @@ fn options() -> PrometheusOptions {
     PrometheusOptions {
         selection: ExportSelection::Once(policy()),
         dcgm_aliases: false,
+        device_workload_labels: false,
     }
 }
 

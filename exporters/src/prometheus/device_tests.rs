@@ -41,13 +41,35 @@ fn gpu0() -> GpuDevice {
         ecc_corrected_errors: Some(7),
         ecc_uncorrected_errors: Some(0),
         throttle_reasons: Some(vec!["sw_power_cap".into()]),
-        xid_errors: Some(2),
+        xid_errors: Some(4),
         last_xid: Some(79),
         gpm_supported: Some(true),
         sm_activity_ratio: Some(0.875),
         sm_occupancy_ratio: Some(0.375),
         tensor_activity_ratio: Some(0.5),
         dram_bandwidth_ratio: Some(0.0625),
+        graphics_activity_ratio: Some(0.9375),
+        pcie_tx_average_bytes_per_second: Some(3.5e9),
+        pcie_rx_average_bytes_per_second: Some(1.5e9),
+        memory_reserved_bytes: Some(512 << 20),
+        memory_temperature_celsius: Some(81),
+        power_limit_watts: Some(700.0),
+        encoder_utilization_ratio: Some(0.125),
+        decoder_utilization_ratio: Some(0.25),
+        pcie_link_generation: Some(4),
+        pcie_link_generation_max: Some(5),
+        pcie_link_width: Some(8),
+        pcie_link_width_max: Some(16),
+        pcie_replays: Some(9),
+        remapped_rows_correctable: Some(2),
+        remapped_rows_uncorrectable: Some(1),
+        row_remap_pending: Some(true),
+        row_remap_failed: Some(false),
+        retired_pages_single_bit: Some(5),
+        retired_pages_double_bit: Some(6),
+        retired_pages_pending: Some(false),
+        nvlink_bytes_per_second: Some(2_048_000_000.0),
+        xid_errors_by_code: [(79, 1), (31, 1), (5000, 2)].into_iter().collect(),
         ..Default::default()
     }
 }
@@ -163,7 +185,16 @@ fn gpu_values_and_labels() {
     assert_eq!(v("ethand_gpu_memory_clock_hertz"), 2.619e9);
     assert_eq!(v("ethand_gpu_pcie_tx_bytes_per_second"), 2048.0 * 1024.0);
     assert_eq!(v("ethand_gpu_pcie_rx_bytes_per_second"), 512.0 * 1024.0);
-    assert_eq!(v("ethand_gpu_xid_errors_total"), 2.0);
+    let xid = |code: &str| {
+        value(
+            &s,
+            &format!(r#"ethand_gpu_xid_errors_total{{{g},xid="{code}"}}"#),
+        )
+    };
+    assert_eq!(xid("31"), 1.0);
+    assert_eq!(xid("79"), 1.0);
+    // Codes beyond the bound are counted as "other".
+    assert_eq!(xid("other"), 2.0);
     let e = |t: &str| {
         value(
             &s,
@@ -378,7 +409,7 @@ fn dcgm_aliases_use_dcgm_units_and_labels() {
     let text = render(&snapshot(), &opts(false));
     assert!(!text.contains("DCGM_"), "aliases are off by default");
     let s = samples(&render(&snapshot(), &opts(true)));
-    let l = r#"gpu="0",UUID="GPU-aaaa",pci_bus_id="00000000:18:00.0",device="nvidia3",modelName="NVIDIA H200",Hostname="node1""#;
+    let l = r#"gpu="0",UUID="GPU-aaaa",pci_bus_id="00000000:18:00.0",device="nvidia3",modelName="NVIDIA H200",Hostname="node1",DCGM_FI_DRIVER_VERSION="580.65.06""#;
     let v = |name: &str| value(&s, &format!("{name}{{{l}}}"));
     assert_eq!(v("DCGM_FI_DEV_GPU_UTIL"), 75.0);
     assert_eq!(v("DCGM_FI_DEV_MEM_COPY_UTIL"), 25.0);
@@ -391,7 +422,28 @@ fn dcgm_aliases_use_dcgm_units_and_labels() {
     assert_eq!(v("DCGM_FI_DEV_MEM_CLOCK"), 2619.0);
     assert_eq!(v("DCGM_FI_DEV_PCIE_TX_THROUGHPUT"), 2048.0);
     assert_eq!(v("DCGM_FI_DEV_PCIE_RX_THROUGHPUT"), 512.0);
-    assert_eq!(v("DCGM_FI_DEV_XID_ERRORS"), 79.0);
+    assert_eq!(
+        value(
+            &s,
+            &format!(
+                r#"DCGM_FI_DEV_XID_ERRORS{{{l},err_code="79",err_msg="GPU has fallen off the bus"}}"#
+            )
+        ),
+        79.0
+    );
+    assert_eq!(v("DCGM_FI_DEV_MEMORY_TEMP"), 81.0);
+    assert_eq!(v("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"), 9.0);
+    assert_eq!(v("DCGM_FI_DEV_ENC_UTIL"), 12.5);
+    assert_eq!(v("DCGM_FI_DEV_DEC_UTIL"), 25.0);
+    assert_eq!(v("DCGM_FI_DEV_FB_RESERVED"), 512.0);
+    // DCGM's "approximately MiB/s": bytes/s / 1024 / 1000.
+    assert_eq!(v("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), 2000.0);
+    assert_eq!(v("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"), 1.0);
+    assert_eq!(v("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"), 2.0);
+    assert_eq!(v("DCGM_FI_DEV_ROW_REMAP_FAILURE"), 0.0);
+    assert_eq!(v("DCGM_FI_PROF_GR_ENGINE_ACTIVE"), 0.9375);
+    assert_eq!(v("DCGM_FI_PROF_PCIE_TX_BYTES"), 3.5e9);
+    assert_eq!(v("DCGM_FI_PROF_PCIE_RX_BYTES"), 1.5e9);
     assert_eq!(v("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"), 7.0);
     assert_eq!(v("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), 0.0);
     // Profiling fields: ratios in dcgm-exporter too.
@@ -419,5 +471,339 @@ fn every_device_family_is_rendered_and_declared() {
     for (name, _, help) in devices {
         assert!(rendered.contains(name), "{name} not rendered");
         assert!(text.contains(&format!("# HELP {name} {help}\n")), "{name}");
+    }
+}
+
+/// The issue-26 families: exact values, labels and types.
+#[test]
+fn health_and_rate_families() {
+    let text = render(&snapshot(), &opts(false));
+    let s = samples(&text);
+    let g = r#"gpu="gpu0",uuid="GPU-aaaa""#;
+    let v = |name: &str| value(&s, &format!("{name}{{{g}}}"));
+    assert_eq!(v("ethand_gpu_graphics_activity_ratio"), 0.9375);
+    assert_eq!(v("ethand_gpu_pcie_tx_average_bytes_per_second"), 3.5e9);
+    assert_eq!(v("ethand_gpu_pcie_rx_average_bytes_per_second"), 1.5e9);
+    assert_eq!(v("ethand_gpu_memory_reserved_bytes"), (512u64 << 20) as f64);
+    assert_eq!(v("ethand_gpu_memory_free_bytes"), (130u64 << 30) as f64);
+    assert_eq!(v("ethand_gpu_memory_temperature_celsius"), 81.0);
+    assert_eq!(v("ethand_gpu_power_limit_watts"), 700.0);
+    assert_eq!(v("ethand_gpu_encoder_utilization_ratio"), 0.125);
+    assert_eq!(v("ethand_gpu_decoder_utilization_ratio"), 0.25);
+    assert_eq!(v("ethand_gpu_pcie_link_generation"), 4.0);
+    assert_eq!(v("ethand_gpu_pcie_link_generation_max"), 5.0);
+    assert_eq!(v("ethand_gpu_pcie_link_width"), 8.0);
+    assert_eq!(v("ethand_gpu_pcie_link_width_max"), 16.0);
+    assert_eq!(v("ethand_gpu_pcie_replays_total"), 9.0);
+    assert_eq!(v("ethand_gpu_memory_row_remap_pending"), 1.0);
+    assert_eq!(v("ethand_gpu_memory_row_remap_failed"), 0.0);
+    assert_eq!(v("ethand_gpu_memory_retired_pages_pending"), 0.0);
+    assert_eq!(v("ethand_gpu_nvlink_bytes_per_second"), 2.048e9);
+    let cause = |name: &str, c: &str| value(&s, &format!(r#"{name}{{{g},cause="{c}"}}"#));
+    let rows = "ethand_gpu_memory_remapped_rows_total";
+    assert_eq!(cause(rows, "correctable"), 2.0);
+    assert_eq!(cause(rows, "uncorrectable"), 1.0);
+    let pages = "ethand_gpu_memory_retired_pages_total";
+    assert_eq!(cause(pages, "single_bit"), 5.0);
+    assert_eq!(cause(pages, "double_bit"), 6.0);
+    for (name, kind) in [
+        ("ethand_gpu_graphics_activity_ratio", "gauge"),
+        ("ethand_gpu_pcie_tx_average_bytes_per_second", "gauge"),
+        ("ethand_gpu_pcie_link_width_max", "gauge"),
+        ("ethand_gpu_pcie_replays_total", "counter"),
+        ("ethand_gpu_memory_remapped_rows_total", "counter"),
+        ("ethand_gpu_memory_retired_pages_total", "counter"),
+        ("ethand_gpu_memory_row_remap_failed", "gauge"),
+        ("ethand_gpu_nvlink_bytes_per_second", "gauge"),
+        ("ethand_gpu_xid_errors_total", "counter"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+    }
+}
+
+/// A field the driver does not give is no series, in ethand's names and DCGM's; a watched
+/// GPU without XID events has no XID counter series (and DCGM's last-XID alias is 0).
+#[test]
+fn absent_never_zero() {
+    let mut bare = gpu0();
+    bare.graphics_activity_ratio = None;
+    bare.pcie_tx_average_bytes_per_second = None;
+    bare.memory_reserved_bytes = None;
+    bare.memory_temperature_celsius = None;
+    bare.power_limit_watts = None;
+    bare.encoder_utilization_ratio = None;
+    bare.pcie_link_generation = None;
+    bare.pcie_replays = None;
+    bare.remapped_rows_correctable = None;
+    bare.row_remap_failed = None;
+    bare.retired_pages_single_bit = None;
+    bare.retired_pages_double_bit = None;
+    bare.retired_pages_pending = None;
+    bare.nvlink_bytes_per_second = None;
+    bare.xid_errors = Some(0);
+    bare.last_xid = None;
+    bare.xid_errors_by_code.clear();
+    let mut snap = snapshot();
+    snap.devices.gpus = vec![bare];
+    let text = render(&snap, &opts(true));
+    for gone in [
+        "ethand_gpu_graphics_activity_ratio{",
+        "ethand_gpu_pcie_tx_average_bytes_per_second{",
+        "ethand_gpu_memory_reserved_bytes{",
+        "ethand_gpu_memory_temperature_celsius{",
+        "ethand_gpu_power_limit_watts{",
+        "ethand_gpu_encoder_utilization_ratio{",
+        "ethand_gpu_pcie_link_generation{",
+        "ethand_gpu_pcie_replays_total{",
+        "ethand_gpu_memory_row_remap_failed{",
+        "ethand_gpu_memory_retired_pages_total{",
+        "ethand_gpu_memory_retired_pages_pending{",
+        "ethand_gpu_nvlink_bytes_per_second{",
+        "ethand_gpu_xid_errors_total{",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE{",
+        "DCGM_FI_PROF_PCIE_TX_BYTES{",
+        "DCGM_FI_DEV_FB_RESERVED{",
+        "DCGM_FI_DEV_MEMORY_TEMP{",
+        "DCGM_FI_DEV_ENC_UTIL{",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER{",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE{",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{",
+    ] {
+        assert!(!text.contains(gone), "{gone} present:\n{text}");
+    }
+    // The other half of each pair is still there.
+    let s = samples(&text);
+    let g = r#"gpu="gpu0",uuid="GPU-aaaa""#;
+    assert_eq!(
+        value(
+            &s,
+            &format!(r#"ethand_gpu_memory_remapped_rows_total{{{g},cause="uncorrectable"}}"#)
+        ),
+        1.0
+    );
+    assert!(!s.contains_key(&format!(
+        r#"ethand_gpu_memory_remapped_rows_total{{{g},cause="correctable"}}"#
+    )));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("DCGM_FI_DEV_XID_ERRORS{")
+                && l.ends_with(r#"err_code="0",err_msg="No Error"} 0"#)),
+        "{text}"
+    );
+}
+
+/// dcgm-exporter's counters are typed counter, under its names (no `_total`).
+#[test]
+fn dcgm_counter_types() {
+    let text = render(&snapshot(), &opts(true));
+    for name in [
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+        "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} counter\n")),
+            "{name}:\n{text}"
+        );
+        assert!(text.contains(&format!("\n{name}{{")), "{name} sample");
+        assert!(!text.contains(&format!("{name}_total")), "{name}_total");
+    }
+    for name in [
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{name}");
+    }
+}
+
+#[test]
+fn xid_meanings_are_bounded() {
+    use crate::catalog::dcgm::{XID_MEANINGS, xid_meaning};
+    assert_eq!(xid_meaning(79), "GPU has fallen off the bus");
+    assert_eq!(xid_meaning(48), "Double Bit ECC Error");
+    assert_eq!(xid_meaning(7), "Unknown Error");
+    assert_eq!(xid_meaning(u64::MAX), "Unknown Error");
+    assert!(XID_MEANINGS.len() < 32);
+    let mut codes: Vec<u64> = XID_MEANINGS.iter().map(|m| m.0).collect();
+    codes.dedup();
+    assert_eq!(codes.len(), XID_MEANINGS.len(), "sorted, no code twice");
+}
+
+mod workload {
+    use super::*;
+    use ethand_snapshot::{ProcessSnapshot, WorkloadIdentity};
+
+    fn w(pod: &str, rank: Option<u32>) -> WorkloadIdentity {
+        WorkloadIdentity {
+            namespace: Some("ml".into()),
+            pod: Some(pod.into()),
+            container: Some("pytorch".into()),
+            job_id: Some("job-7".into()),
+            rank,
+            ..Default::default()
+        }
+    }
+
+    fn proc(pid: u32, workload: Option<WorkloadIdentity>) -> ProcessSnapshot {
+        ProcessSnapshot {
+            pid,
+            comm: "python".into(),
+            alive: true,
+            workload,
+            ..Default::default()
+        }
+    }
+
+    fn on(pid: u32, gpu: &GpuDevice) -> DeviceProcess {
+        DeviceProcess {
+            pid,
+            device: gpu.label(),
+            uuid: gpu.uuid.clone(),
+            memory_used_bytes: Some(1 << 30),
+            utilization_ratio: None,
+        }
+    }
+
+    /// gpu0: two processes of one workload (pod a, rank 0); gpu1: processes of two pods;
+    /// gpu2: a process of unknown workload; gpu3: no process.
+    fn node() -> NodeSnapshot {
+        let gpus: Vec<GpuDevice> = (0..4)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "NVIDIA H200".into(),
+                pci_bus_id: format!("00000000:1{i}:00.0"),
+                driver_version: "580.65.06".into(),
+                utilization_ratio: Some(0.5),
+                ..Default::default()
+            })
+            .collect();
+        let mut snap = NodeSnapshot {
+            processes: vec![
+                proc(10, Some(w("a", Some(0)))),
+                proc(11, Some(w("a", Some(0)))),
+                proc(20, Some(w("b", None))),
+                proc(21, Some(w("c", None))),
+                proc(30, None),
+            ],
+            ..Default::default()
+        };
+        snap.devices.hostname = "node1".into();
+        snap.devices.processes = vec![
+            on(10, &gpus[0]),
+            on(11, &gpus[0]),
+            on(20, &gpus[1]),
+            on(21, &gpus[1]),
+            on(30, &gpus[2]),
+        ];
+        snap.devices.gpus = gpus;
+        snap
+    }
+
+    fn render_with(labels: bool) -> String {
+        render(
+            &node(),
+            &PrometheusOptions {
+                dcgm_aliases: true,
+                device_workload_labels: labels,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    }
+
+    #[test]
+    fn one_owner_gets_its_labels() {
+        let text = render_with(true);
+        assert_eq!(
+            line(&text, r#"ethand_gpu_utilization_ratio{gpu="gpu0""#),
+            r#"ethand_gpu_utilization_ratio{gpu="gpu0",uuid="GPU-0",namespace="ml",pod="a",container="pytorch",job_id="job-7",rank="0"} 0.5"#
+        );
+        assert_eq!(
+            line(&text, r#"DCGM_FI_DEV_GPU_UTIL{gpu="0""#),
+            r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:10:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1",DCGM_FI_DRIVER_VERSION="580.65.06",namespace="ml",pod="a",container="pytorch",job_id="job-7",rank="0"} 50.0"#
+        );
+        assert!(line(&text, r#"ethand_gpu_info{gpu="gpu0""#).contains(r#"pod="a""#));
+    }
+
+    #[test]
+    fn shared_unknown_or_idle_gpus_get_none() {
+        let text = render_with(true);
+        for gpu in ["1", "2", "3"] {
+            for prefix in [
+                format!(r#"ethand_gpu_utilization_ratio{{gpu="gpu{gpu}""#),
+                format!(r#"DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}""#),
+            ] {
+                let l = line(&text, &prefix);
+                assert!(
+                    !l.contains("pod=") && !l.contains("job_id=") && !l.contains("namespace="),
+                    "{l}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn off_by_default() {
+        assert!(!PrometheusOptions::default().device_workload_labels);
+        let text = render_with(false);
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("ethand_gpu_") || l.starts_with("DCGM_"))
+        {
+            assert!(!l.contains("pod=") && !l.contains("job_id="), "{l}");
+        }
+    }
+
+    /// Two ranks of one job on one GPU are two workloads: no labels.
+    #[test]
+    fn different_ranks_share_no_labels() {
+        let mut snap = node();
+        snap.processes[1].workload = Some(w("a", Some(1)));
+        let owners = crate::prometheus::gpu_owners(&snap);
+        assert!(!owners.contains_key(&0), "{owners:?}");
+        snap.processes[1].workload = Some(w("a", Some(0)));
+        assert!(crate::prometheus::gpu_owners(&snap).contains_key(&0));
+    }
+
+    /// The per-process XID series carry the process's pid, comm and workload labels.
+    #[test]
+    fn process_xid_events_carry_workload_labels() {
+        let mut snap = node();
+        // A GPU user: selected whatever the top-N says.
+        snap.processes[0].gpu = Some(Default::default());
+        snap.processes[0].gpu_xid_events = vec![ethand_snapshot::gpu::ProcessXid {
+            device: "gpu0".into(),
+            uuid: "GPU-0".into(),
+            xid: 79,
+            count: 2,
+            last_unix_ns: 5,
+        }];
+        let text = render(
+            &snap,
+            &PrometheusOptions {
+                selection: ethand_snapshot::selection::ExportSelection::top(10),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            line(&text, "ethand_process_gpu_xid_events_total{"),
+            r#"ethand_process_gpu_xid_events_total{pid="10",comm="python",namespace="ml",pod="a",container="pytorch",job_id="job-7",rank="0",gpu="gpu0",uuid="GPU-0",xid="79"} 2"#
+        );
+        assert!(text.contains("# TYPE ethand_process_gpu_xid_events_total counter\n"));
     }
 }

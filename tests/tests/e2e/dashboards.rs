@@ -40,6 +40,26 @@ const NEED_NVML: &[(&str, &str)] = &[
         "ethand-gpu-workloads.json",
         "GPU utilization per process (NVML)",
     ),
+    ("ethand-gpu-health.json", "SM activity per GPU"),
+    ("ethand-gpu-health.json", "Tensor activity per GPU"),
+    ("ethand-gpu-health.json", "DRAM activity per GPU"),
+    ("ethand-gpu-health.json", "Graphics engine activity per GPU"),
+    ("ethand-gpu-health.json", "SM activity per job"),
+    ("ethand-gpu-health.json", "Tensor activity per job"),
+    ("ethand-gpu-health.json", "DRAM activity per job"),
+    (
+        "ethand-gpu-health.json",
+        "PCIe link generation: current vs max",
+    ),
+    ("ethand-gpu-health.json", "PCIe link width: current vs max"),
+    ("ethand-gpu-health.json", "PCIe replays"),
+    ("ethand-gpu-health.json", "Remapped rows"),
+    ("ethand-gpu-health.json", "Row remap pending / failed"),
+    ("ethand-gpu-health.json", "Retired pages"),
+    ("ethand-gpu-health.json", "Memory and core temperature"),
+    ("ethand-gpu-health.json", "Power vs power limit"),
+    ("ethand-gpu-health.json", "Clock-event (throttle) reasons"),
+    ("ethand-gpu-health.json", "XID errors by code"),
 ];
 
 /// Families only the NVML collector fills.
