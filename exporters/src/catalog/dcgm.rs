@@ -50,35 +50,13 @@ fn percent(ratio: Option<f64>) -> Option<Sample<'static>> {
     ratio.map(|r| Sample::Float(r * 100.0))
 }
 
-/// What well-known XID codes mean, in short (after NVIDIA's public XID catalog), for the
-/// `err_msg` label of `DCGM_FI_DEV_XID_ERRORS`; other codes are "Unknown Error".
-pub(crate) const XID_MEANINGS: &[(u64, &str)] = &[
-    (0, "No Error"),
-    (13, "Graphics Engine Exception"),
-    (31, "GPU memory page fault"),
-    (32, "Invalid or corrupted push buffer stream"),
-    (43, "GPU stopped processing"),
-    (45, "Preemptive cleanup, due to previous errors"),
-    (48, "Double Bit ECC Error"),
-    (61, "Internal micro-controller breakpoint/warning"),
-    (62, "Internal micro-controller halt"),
-    (63, "ECC page retirement or row remapping recording event"),
-    (64, "ECC page retirement or row remapping recording failure"),
-    (74, "NVLink Error"),
-    (79, "GPU has fallen off the bus"),
-    (92, "High single-bit ECC error rate"),
-    (94, "Contained ECC error"),
-    (95, "Uncontained ECC error"),
-    (119, "GSP RPC timeout"),
-    (120, "GSP error"),
-];
-
-/// The `err_msg` of an XID code.
+/// The `err_msg` of an XID code: the snapshot's one table of XID meanings, "No Error" for
+/// 0 (no XID yet) and "Unknown Error" for codes it does not describe.
 pub(crate) fn xid_meaning(code: u64) -> &'static str {
-    XID_MEANINGS
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map_or("Unknown Error", |(_, m)| m)
+    match code {
+        0 => "No Error",
+        c => ethand_snapshot::devices::xid_description(c).unwrap_or("Unknown Error"),
+    }
 }
 
 pub(crate) const METRICS: &[Metric] = &[

@@ -626,16 +626,16 @@ fn dcgm_counter_types() {
 }
 
 #[test]
-fn xid_meanings_are_bounded() {
-    use crate::catalog::dcgm::{XID_MEANINGS, xid_meaning};
+fn xid_meanings_come_from_the_one_table() {
+    use crate::catalog::dcgm::xid_meaning;
     assert_eq!(xid_meaning(79), "GPU has fallen off the bus");
-    assert_eq!(xid_meaning(48), "Double Bit ECC Error");
+    assert_eq!(xid_meaning(48), "Double-bit ECC error");
+    assert_eq!(xid_meaning(0), "No Error");
     assert_eq!(xid_meaning(7), "Unknown Error");
     assert_eq!(xid_meaning(u64::MAX), "Unknown Error");
-    assert!(XID_MEANINGS.len() < 32);
-    let mut codes: Vec<u64> = XID_MEANINGS.iter().map(|m| m.0).collect();
-    codes.dedup();
-    assert_eq!(codes.len(), XID_MEANINGS.len(), "sorted, no code twice");
+    // A bounded label: every code up to 10k maps to a handful of texts.
+    let texts: std::collections::BTreeSet<&str> = (0..10_000).map(xid_meaning).collect();
+    assert!(texts.len() < 40, "{texts:?}");
 }
 
 mod workload {
