@@ -46,8 +46,12 @@ fn each_dcgm(s: &Scope, o: &mut dyn Sink, value: fn(&GpuDevice) -> Option<Sample
     }
 }
 
+/// dcgm-exporter's whole percent. The ratios behind these aliases are NVML's whole percents
+/// divided by 100, so rounding gives NVML's number back (0.07 * 100 is 7.000000000000001).
 fn percent(ratio: Option<f64>) -> Option<Sample<'static>> {
-    ratio.map(|r| Sample::Float(r * 100.0))
+    ratio
+        .filter(|r| r.is_finite() && *r >= 0.0)
+        .map(|r| Sample::Int((r * 100.0).round() as u64))
 }
 
 /// The `err_msg` of an XID code: the snapshot's one table of XID meanings, "No Error" for

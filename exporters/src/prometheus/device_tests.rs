@@ -54,7 +54,7 @@ fn gpu0() -> GpuDevice {
         memory_reserved_bytes: Some(512 << 20),
         memory_temperature_celsius: Some(81),
         power_limit_watts: Some(700.0),
-        encoder_utilization_ratio: Some(0.125),
+        encoder_utilization_ratio: Some(0.12),
         decoder_utilization_ratio: Some(0.25),
         pcie_link_generation: Some(4),
         pcie_link_generation_max: Some(5),
@@ -433,7 +433,7 @@ fn dcgm_aliases_use_dcgm_units_and_labels() {
     );
     assert_eq!(v("DCGM_FI_DEV_MEMORY_TEMP"), 81.0);
     assert_eq!(v("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"), 9.0);
-    assert_eq!(v("DCGM_FI_DEV_ENC_UTIL"), 12.5);
+    assert_eq!(v("DCGM_FI_DEV_ENC_UTIL"), 12.0);
     assert_eq!(v("DCGM_FI_DEV_DEC_UTIL"), 25.0);
     assert_eq!(v("DCGM_FI_DEV_FB_RESERVED"), 512.0);
     // DCGM's "approximately MiB/s": bytes/s / 1024 / 1000.
@@ -488,7 +488,7 @@ fn health_and_rate_families() {
     assert_eq!(v("ethand_gpu_memory_free_bytes"), (130u64 << 30) as f64);
     assert_eq!(v("ethand_gpu_memory_temperature_celsius"), 81.0);
     assert_eq!(v("ethand_gpu_power_limit_watts"), 700.0);
-    assert_eq!(v("ethand_gpu_encoder_utilization_ratio"), 0.125);
+    assert_eq!(v("ethand_gpu_encoder_utilization_ratio"), 0.12);
     assert_eq!(v("ethand_gpu_decoder_utilization_ratio"), 0.25);
     assert_eq!(v("ethand_gpu_pcie_link_generation"), 4.0);
     assert_eq!(v("ethand_gpu_pcie_link_generation_max"), 5.0);
@@ -735,7 +735,7 @@ mod workload {
         );
         assert_eq!(
             line(&text, r#"DCGM_FI_DEV_GPU_UTIL{gpu="0""#),
-            r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:10:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1",DCGM_FI_DRIVER_VERSION="580.65.06",namespace="ml",pod="a",container="pytorch",job_id="job-7",rank="0"} 50.0"#
+            r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:10:00.0",device="nvidia0",modelName="NVIDIA H200",Hostname="node1",DCGM_FI_DRIVER_VERSION="580.65.06",namespace="ml",pod="a",container="pytorch",job_id="job-7",rank="0"} 50"#
         );
         assert!(line(&text, r#"ethand_gpu_info{gpu="gpu0""#).contains(r#"pod="a""#));
     }

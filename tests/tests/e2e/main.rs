@@ -26,6 +26,7 @@ mod inflight;
 mod lifecycle;
 mod metrics;
 mod net;
+mod nvml;
 mod otlp;
 mod privilege;
 mod probes;
