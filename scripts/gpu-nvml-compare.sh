@@ -98,7 +98,8 @@ ecc.errors.uncorrected.volatile.total"
 timeout 20 nvidia-smi --help-query-gpu > "$W/help.txt" 2>&1
 FIELDS=""
 for f in $WANT; do
-    grep -q "^\"$f\"" "$W/help.txt" && FIELDS="$FIELDS${FIELDS:+,}$f"
+    # A field is listed as "name" or as an alias of another ("clocks.current.sm" or "clocks.sm").
+    grep -q "\"$f\"" "$W/help.txt" && FIELDS="$FIELDS${FIELDS:+,}$f"
 done
 echo "$FIELDS" > "$OUT/smi-fields.txt"
 

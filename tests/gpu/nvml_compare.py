@@ -108,7 +108,7 @@ def dmon_gpm(path):
         lines = open(path).read().splitlines()
     except OSError:
         return {}
-    head, sums, n = None, {}, 0
+    head, sums = None, {}
     for line in lines:
         if line.startswith("#") and head is None:
             head = line.lstrip("#").split()
@@ -118,13 +118,15 @@ def dmon_gpm(path):
         cells = line.split()
         if not head or len(cells) != len(head) or cells[0] != "0":
             continue
-        n += 1
+        # A column's "-" (GPM's first interval) is no sample of it.
         for h, c in zip(head[1:], cells[1:]):
             try:
-                sums[h] = sums.get(h, 0.0) + float(c)
+                v = float(c)
             except ValueError:
-                pass
-    return {h: s / n for h, s in sums.items()} if n else {}
+                continue
+            t, k = sums.get(h, (0.0, 0))
+            sums[h] = (t + v, k + 1)
+    return {h: t / k for h, (t, k) in sums.items()}
 
 
 def fmt(v):
@@ -162,8 +164,8 @@ FIELDS = [
     ("Memory temperature (C)", "temperature.memory", ("ethand_gpu_memory_temperature_celsius", {}, 1), ("DCGM_FI_DEV_MEMORY_TEMP", {}, 1), ("abs", 3)),
     ("Power draw (W)", "power.draw", ("ethand_gpu_power_watts", {}, 1), ("DCGM_FI_DEV_POWER_USAGE", {}, 1), ("rel", 0.25)),
     ("Enforced power limit (W)", "enforced.power.limit", ("ethand_gpu_power_limit_watts", {}, 1), None, ("abs", 0.5)),
-    ("SM clock (MHz)", "clocks.sm", ("ethand_gpu_sm_clock_hertz", {}, 1e-6), ("DCGM_FI_DEV_SM_CLOCK", {}, 1), ("rel", 0.1)),
-    ("Memory clock (MHz)", "clocks.mem", ("ethand_gpu_memory_clock_hertz", {}, 1e-6), ("DCGM_FI_DEV_MEM_CLOCK", {}, 1), ("rel", 0.02)),
+    ("SM clock (MHz)", ("clocks.current.sm", "clocks.sm"), ("ethand_gpu_sm_clock_hertz", {}, 1e-6), ("DCGM_FI_DEV_SM_CLOCK", {}, 1), ("rel", 0.1)),
+    ("Memory clock (MHz)", ("clocks.current.memory", "clocks.mem"), ("ethand_gpu_memory_clock_hertz", {}, 1e-6), ("DCGM_FI_DEV_MEM_CLOCK", {}, 1), ("rel", 0.02)),
     ("PCIe generation now", ("pcie.link.gen.gpucurrent", "pcie.link.gen.current"), ("ethand_gpu_pcie_link_generation", {}, 1), None, EXACT),
     ("PCIe generation max", ("pcie.link.gen.max",), ("ethand_gpu_pcie_link_generation_max", {}, 1), None, EXACT),
     ("PCIe width now", "pcie.link.width.current", ("ethand_gpu_pcie_link_width", {}, 1), None, EXACT),
@@ -187,7 +189,7 @@ GPM = [
     ("Graphics activity (%)", ("gract", "gr"), "ethand_gpu_graphics_activity_ratio", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
     ("SM activity (%)", ("smutil", "sm"), "ethand_gpu_sm_activity_ratio", "DCGM_FI_PROF_SM_ACTIVE"),
     ("SM occupancy (%)", ("smocc",), "ethand_gpu_sm_occupancy_ratio", "DCGM_FI_PROF_SM_OCCUPANCY"),
-    ("Tensor activity (%)", ("anyten", "tensor"), "ethand_gpu_tensor_activity_ratio", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    ("Tensor activity (%)", ("mmaact", "anyten", "tensor"), "ethand_gpu_tensor_activity_ratio", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
     ("DRAM activity (%)", ("dramu", "dram"), "ethand_gpu_dram_bandwidth_ratio", "DCGM_FI_PROF_DRAM_ACTIVE"),
 ]
 
@@ -270,8 +272,8 @@ def main(d):
               f"{' / '.join(fmt(x) for x in nv)} | {' / '.join(fmt(x) for x in nva)} | - |")
         print()
         if gi == 0 and gpm:
-            print("GPM: `nvidia-smi dmon --gpm-metrics` mean over the 12 s of the rounds (%), "
-                  "against ethand's 1 s value in each round.\n")
+            print("GPM: `nvidia-smi dmon --gpm-metrics` mean over the 12 s of the rounds (%; its "
+                  "first interval has no GPM value), against ethand's 1 s value in each round.\n")
             print("| field | nvidia-smi dmon | ethand native (%) | DCGM alias (ratio) | agree (±10 points) |")
             print("| --- | --- | --- | --- | --- |")
             for what, cols, nn, an in GPM:
@@ -283,19 +285,37 @@ def main(d):
                 bad += not ok
                 print(f"| {what} | {fmt(s)} | {' / '.join(fmt(None if x is None else x * 100) for x in n)} | "
                       f"{' / '.join(fmt(x) for x in a)} | {'yes' if ok else '**NO**'} |")
+            # dmon's PCIe columns are MiB/s ("GPM:MiB/s"); ethand's bytes/s.
             for what, cols, nn, an in (
-                ("PCIe TX", ("pcitx", "ptx"), "ethand_gpu_pcie_tx_average_bytes_per_second", "DCGM_FI_PROF_PCIE_TX_BYTES"),
-                ("PCIe RX", ("pcirx", "prx"), "ethand_gpu_pcie_rx_average_bytes_per_second", "DCGM_FI_PROF_PCIE_RX_BYTES"),
+                ("PCIe TX (MiB/s; alias B/s)", ("pcitx", "ptx"), "ethand_gpu_pcie_tx_average_bytes_per_second", "DCGM_FI_PROF_PCIE_TX_BYTES"),
+                ("PCIe RX (MiB/s; alias B/s)", ("pcirx", "prx"), "ethand_gpu_pcie_rx_average_bytes_per_second", "DCGM_FI_PROF_PCIE_RX_BYTES"),
             ):
                 s = next((gpm[c] for c in cols if c in gpm), None)
                 n = [pick(rs, nn, native) for rs in rounds]
                 a = [pick(rs, an, alias) for rs in rounds]
-                print(f"| {what} (dmon's unit; B/s) | {fmt(s)} | {' / '.join(fmt(x) for x in n)} | "
-                      f"{' / '.join(fmt(x) for x in a)} | - |")
+                n = [None if x is None else x / MIB for x in n]
+                ok = s is not None and all(x is not None and abs(x - s) <= 0.1 * s + 1 for x in n)
+                bad += not ok
+                print(f"| {what} | {fmt(s)} | {' / '.join(fmt(x) for x in n)} | "
+                      f"{' / '.join(fmt(x) for x in a)} | {'yes' if ok else '**NO**'} (±10 %) |")
+            # Clocks from dmon too (where --query-gpu lacked them): its mean against each round.
+            for what, col, nn, an in (
+                ("SM clock (MHz)", "pclk", "ethand_gpu_sm_clock_hertz", "DCGM_FI_DEV_SM_CLOCK"),
+                ("Memory clock (MHz)", "mclk", "ethand_gpu_memory_clock_hertz", "DCGM_FI_DEV_MEM_CLOCK"),
+            ):
+                s = gpm.get(col)
+                n = [pick(rs, nn, native) for rs in rounds]
+                n = [None if x is None else x / 1e6 for x in n]
+                a = [pick(rs, an, alias) for rs in rounds]
+                ok = s is not None and all(x is not None and abs(x - s) <= 0.05 * s for x in n)
+                ok &= all(x is not None and y is not None and abs(x - y) < 1 for x, y in zip(n, a))
+                bad += not ok
+                print(f"| {what} (dmon) | {fmt(s)} | {' / '.join(fmt(x) for x in n)} | "
+                      f"{' / '.join(fmt(x) for x in a)} | {'yes' if ok else '**NO**'} (±5 %) |")
             print()
     # The job's workload labels on its per-process and device series.
     print("## Workload labels (devices.workload_labels = true)\n")
-    for nm in ("ethand_gpu_utilization_ratio", "DCGM_FI_DEV_GPU_UTIL", "ethand_process_gpu_memory_used_bytes"):
+    for nm in ("ethand_gpu_utilization_ratio", "DCGM_FI_DEV_GPU_UTIL", "ethand_process_gpu_utilization_ratio"):
         l = next((l for n, l, _ in rounds[1] if n == nm), None)
         print(f"- `{nm}`: {json.dumps(l) if l is not None else 'absent'}")
     print()
