@@ -203,6 +203,17 @@ fn real_h200_reading_renders_every_default_dcgm_field_it_has() {
         let (_, v) = sample(&text, alias).expect(alias);
         assert!((lo..=hi).contains(&v), "{alias}: {v}");
     }
+    // The driver's per-process series carry the job's labels too.
+    for name in [
+        "ethand_process_gpu_memory_bytes",
+        "ethand_process_gpu_utilization_ratio",
+    ] {
+        let (labels, _) = sample(&text, name).expect(name);
+        assert!(
+            labels.contains("job_id=\"nvml-compare-job\"") && labels.contains("rank=\"0\""),
+            "{name}: {labels}"
+        );
+    }
     let (_, rx) = sample(&text, "DCGM_FI_PROF_PCIE_RX_BYTES").expect("PCIe RX");
     assert!(rx > 100e6, "64 MiB host-to-device every 50 ms: {rx} B/s");
 }

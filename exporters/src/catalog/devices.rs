@@ -12,9 +12,8 @@
 //! own record instead (the two OTLP-only entries at the end).
 use std::collections::BTreeMap;
 
-use ethand_snapshot::devices::{
-    CollectorState, DevicesSnapshot, GpuDevice, NpuDevice, THROTTLE_REASONS, xid_label,
-};
+use ethand_snapshot::NodeSnapshot;
+use ethand_snapshot::devices::{CollectorState, GpuDevice, NpuDevice, THROTTLE_REASONS, xid_label};
 
 use super::labels::DIRECTION;
 use super::{
@@ -64,11 +63,50 @@ pub(crate) struct DeviceProcess<'a> {
     npu: bool,
     memory: Option<u64>,
     utilization: Option<f64>,
+    /// namespace, pod, container, job_id, rank of the process where known ("" otherwise,
+    /// and for "other"): the values of the `OWNER_*` labels.
+    workload: [String; 5],
+}
+
+// The workload labels of a driver-listed process, as its own series have them (dcgm-exporter's
+// `namespace`, `pod`, `container`; `job_id`, `rank`); left out where unknown. A process has one
+// value of each, so they add no series.
+const OWNER_NAMESPACE: Label = label("namespace", "k8s.namespace.name").omit_empty();
+const OWNER_POD: Label = label("pod", "k8s.pod.name").omit_empty();
+const OWNER_CONTAINER: Label = label("container", "k8s.container.name").omit_empty();
+const OWNER_JOB: Label = label("job_id", "ethand.job.id").omit_empty();
+const OWNER_RANK: Label = label("rank", "ethand.rank").omit_empty();
+
+/// The `OWNER_*` labels' values for `pid` from the snapshot's processes.
+fn owner_of(processes: &[ethand_snapshot::ProcessSnapshot], pid: &str) -> [String; 5] {
+    let w = pid
+        .parse::<u32>()
+        .ok()
+        .and_then(|pid| processes.iter().find(|p| p.pid == pid && p.alive))
+        .and_then(|p| p.workload.as_ref());
+    let Some(w) = w else {
+        return Default::default();
+    };
+    let s = |v: &Option<String>| v.clone().unwrap_or_default();
+    [
+        s(&w.namespace),
+        s(&w.pod),
+        s(&w.container),
+        s(&w.job_id),
+        w.rank.map(|r| r.to_string()).unwrap_or_default(),
+    ]
+}
+
+/// One sample of a per-process device series: pid, device, uuid, then the `OWNER_*` labels.
+fn device_process_sample(o: &mut dyn Sink, p: &DeviceProcess<'_>, v: Sample<'_>) {
+    let [a, b, c, d, e] = &p.workload;
+    o.sample(Subject::Node, &[&p.pid, p.device, p.uuid, a, b, c, d, e], v);
 }
 
 /// Per device (label, uuid), its processes, most memory first (ties to the lower pid), the
 /// ones beyond the cap summed into `pid="other"`.
-fn device_processes(d: &DevicesSnapshot) -> Vec<DeviceProcess<'_>> {
+fn device_processes(snap: &NodeSnapshot) -> Vec<DeviceProcess<'_>> {
+    let d = &snap.devices;
     let mut by_device: BTreeMap<(&str, &str), Vec<_>> = BTreeMap::new();
     for p in &d.processes {
         by_device
@@ -99,6 +137,7 @@ fn device_processes(d: &DevicesSnapshot) -> Vec<DeviceProcess<'_>> {
             series
                 .into_iter()
                 .map(|(pid, (memory, utilization))| DeviceProcess {
+                    workload: owner_of(&snap.processes, &pid),
                     pid,
                     device,
                     uuid,
@@ -753,19 +792,20 @@ pub(crate) const METRICS: &[Metric] = &[
         gauge(
             "ethand_process_gpu_memory_bytes",
             "GPU memory held by the process, per GPU; per GPU the 32 processes with the most memory, \
-     the rest as pid=\"other\" (nvmlDeviceGetComputeRunningProcesses).",
+     the rest as pid=\"other\"; with the process's namespace, pod, container, job_id and rank \
+     labels where known (nvmlDeviceGetComputeRunningProcesses).",
         ),
         Per::Node,
         Otel::Elsewhere("ethand.process.gpu.memory.usage"),
         |s, o| {
-            for series in device_processes(&s.snap.devices).iter().filter(|p| !p.npu) {
+            for series in device_processes(s.snap).iter().filter(|p| !p.npu) {
                 if let Some(m) = series.memory {
-                    o.sample(Subject::Node, &[&series.pid, series.device, series.uuid], Sample::Int(m));
+                    device_process_sample(o, series, Sample::Int(m));
                 }
             }
         },
     )
-    .labels(&[PID, GPU, UUID]),
+    .labels(&[PID, GPU, UUID, OWNER_NAMESPACE, OWNER_POD, OWNER_CONTAINER, OWNER_JOB, OWNER_RANK]),
     Metric::new(
         gauge(
             "ethand_process_gpu_utilization_ratio",
@@ -776,14 +816,14 @@ pub(crate) const METRICS: &[Metric] = &[
         Per::Node,
         Otel::Elsewhere("ethand.process.gpu.utilization"),
         |s, o| {
-            for series in device_processes(&s.snap.devices).iter().filter(|p| !p.npu) {
+            for series in device_processes(s.snap).iter().filter(|p| !p.npu) {
                 if let Some(u) = series.utilization {
-                    o.sample(Subject::Node, &[&series.pid, series.device, series.uuid], Sample::Float(u));
+                    device_process_sample(o, series, Sample::Float(u));
                 }
             }
         },
     )
-    .labels(&[PID, GPU, UUID]),
+    .labels(&[PID, GPU, UUID, OWNER_NAMESPACE, OWNER_POD, OWNER_CONTAINER, OWNER_JOB, OWNER_RANK]),
     Metric::new(
         gauge(
             "ethand_process_npu_memory_bytes",
@@ -793,14 +833,14 @@ pub(crate) const METRICS: &[Metric] = &[
         Per::Node,
         Otel::Elsewhere("ethand.process.gpu.memory.usage"),
         |s, o| {
-            for series in device_processes(&s.snap.devices).iter().filter(|p| p.npu) {
+            for series in device_processes(s.snap).iter().filter(|p| p.npu) {
                 if let Some(m) = series.memory {
-                    o.sample(Subject::Node, &[&series.pid, series.device, series.uuid], Sample::Int(m));
+                    device_process_sample(o, series, Sample::Int(m));
                 }
             }
         },
     )
-    .labels(&[PID, label("npu", "hw.name"), UUID]),
+    .labels(&[PID, label("npu", "hw.name"), UUID, OWNER_NAMESPACE, OWNER_POD, OWNER_CONTAINER, OWNER_JOB, OWNER_RANK]),
     // OTLP only: per selected process from its own device usage, where /metrics has the
     // capped per-device lists above.
     Metric {

@@ -285,6 +285,12 @@ fn stand_in_nvml_through_the_daemon() {
     let (labels, _) = series(&body, "ethand_gpu_power_limit_watts", &g1).expect("gpu1 limit");
     assert!(!labels.contains("job_id"), "{labels}");
 
+    // The driver's per-process series of the job carry its labels.
+    let (labels, v) = series(&body, "ethand_process_gpu_memory_bytes", &[("pid", &pid)])
+        .expect("the job's device memory");
+    assert_eq!(v, (1u64 << 30) as f64);
+    assert!(labels.contains(&format!("job_id=\"{JOB_ID}\"")), "{labels}");
+
     // `ethand status` lists what gpu1 does not have.
     let status = text(&d.cli(&["status"]).stdout);
     assert!(
