@@ -1,13 +1,11 @@
 //! The Grafana dashboards (deploy/grafana) and the alerting rules (deploy/prometheus) against
 //! live data: a real ethand measures workloads that make every panel's series exist (CPU, run
 //! queue, syscalls, disk, network, and GPU runtime calls and NCCL collectives of two ranks
-//! through the stand-in libraries, plus the stand-in DCMI library for device series), Debian's
+//! through the stand-in libraries, plus the stand-in NVML and DCMI libraries for device series,
+//! NVML's listing a process of the job on gpu0 so that the per-job device panels fill), Debian's
 //! Prometheus scrapes it every second with ethand's alerting rules loaded, and every panel
 //! target's query, template variables substituted, must return data through the HTTP API.
 //! Every alerting rule must evaluate without error.
-//!
-//! Panels that only NVML (a real NVIDIA GPU and driver) can feed are listed in
-//! [`NEED_NVML`]; their queries must still succeed.
 use std::{
     collections::BTreeMap,
     fs,
@@ -20,7 +18,7 @@ use std::{
 
 use ethand_tests::{
     Daemon, ProbeState, RemoveOnDrop,
-    prometheus_server::{DEPLOY, PrometheusServer, dashboards, exprs, metric_names, panels},
+    prometheus_server::{DEPLOY, PrometheusServer, dashboards, exprs, panels},
     serial,
     standins::{self, Driver, Lib, SOURCES},
     text,
@@ -29,42 +27,12 @@ use serde_json::Value;
 
 use crate::workload;
 
-/// Panels whose every series comes from NVML: there is no NVML stand-in, so without an
-/// NVIDIA GPU they have no data. (dashboard file, panel title).
-const NEED_NVML: &[(&str, &str)] = &[
-    ("ethand-node.json", "NVIDIA clocks"),
-    ("ethand-node.json", "NVIDIA throttle reasons"),
-    ("ethand-node.json", "NVIDIA errors: XID, ECC, NVLink"),
-    ("ethand-node.json", "NVIDIA PCIe and NVLink throughput"),
-    (
-        "ethand-gpu-workloads.json",
-        "GPU utilization per process (NVML)",
-    ),
-    ("ethand-gpu-health.json", "SM activity per GPU"),
-    ("ethand-gpu-health.json", "Tensor activity per GPU"),
-    ("ethand-gpu-health.json", "DRAM activity per GPU"),
-    ("ethand-gpu-health.json", "Graphics engine activity per GPU"),
-    ("ethand-gpu-health.json", "SM activity per job"),
-    ("ethand-gpu-health.json", "Tensor activity per job"),
-    ("ethand-gpu-health.json", "DRAM activity per job"),
-    (
-        "ethand-gpu-health.json",
-        "PCIe link generation: current vs max",
-    ),
-    ("ethand-gpu-health.json", "PCIe link width: current vs max"),
-    ("ethand-gpu-health.json", "PCIe replays"),
-    ("ethand-gpu-health.json", "Remapped rows"),
-    ("ethand-gpu-health.json", "Row remap pending / failed"),
-    ("ethand-gpu-health.json", "Retired pages"),
-    ("ethand-gpu-health.json", "Memory and core temperature"),
-    ("ethand-gpu-health.json", "Power vs power limit"),
-    ("ethand-gpu-health.json", "Clock-event (throttle) reasons"),
-    ("ethand-gpu-health.json", "XID errors by code"),
-];
-
-/// Families only the NVML collector fills.
-fn nvml_only(metric: &str) -> bool {
-    metric.starts_with("ethand_gpu_") || metric == "ethand_process_gpu_utilization_ratio"
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `$__rate_interval` in the queries: Grafana's value for a 1 s scrape interval and a short
@@ -88,6 +56,25 @@ fn build_dcmi(dir: &Path) -> PathBuf {
     assert!(
         o.status.success(),
         "gcc dcmi.c: {}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    out
+}
+
+/// Builds the stand-in NVML library (tests/standins/nvml.c) into `dir`.
+fn build_nvml(dir: &Path) -> PathBuf {
+    fs::create_dir_all(dir).expect("create the NVML directory");
+    let out = dir.join("libnvidia-ml.so.1");
+    let o = Command::new("gcc")
+        .args(["-O1", "-shared", "-fPIC", "-Wall", "-o"])
+        .arg(&out)
+        .arg(Path::new(SOURCES).join("nvml.c"))
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc nvml.c: {}{}",
         text(&o.stdout),
         text(&o.stderr)
     );
@@ -219,15 +206,29 @@ fn every_dashboard_panel_has_data_and_every_rule_evaluates() {
     let t0 = Instant::now();
     let s = standins::shared();
     let dcmi = build_dcmi(&s.root.join("dcmi"));
-    let d = Daemon::start(
+    let nvml = build_nvml(&s.root.join("nvml"));
+    // The job's process NVML lists on gpu0 (it owns the GPU: the per-job device panels).
+    let gpu_holder = KillOnDrop(
+        Command::new("sleep")
+            .arg("600")
+            .env("TORCHELASTIC_RUN_ID", JOB_ID)
+            .env("RANK", "0")
+            .spawn()
+            .expect("spawn sleep"),
+    );
+    let d = Daemon::start_with(
         "dashboards",
         &format!(
             "[daemon]\nbpf_stats = \"always\"\n\
              [prometheus]\ncomms = [\"ethand-workload\", \"gpu_driver\"]\n\
              [gpu]\nlevel = \"process\"\nrescan_interval_ms = 300\n\
-             [devices]\ndcmi_library = {:?}\ninterval_ms = 500\n",
-            dcmi.display().to_string()
+             [devices]\ndcmi_library = {:?}\nnvml_library = {:?}\ninterval_ms = 500\n\
+             counters_interval_ms = 500\nworkload_labels = true\n",
+            dcmi.display().to_string(),
+            nvml.display().to_string()
         ),
+        &[],
+        &[("ETHAND_NVML_STANDIN_PIDS", gpu_holder.0.id().to_string())],
     );
     let instance = format!("127.0.0.1:{}", d.port);
     let rules = Path::new(DEPLOY).join("prometheus/ethand-alerts.yml");
@@ -285,7 +286,6 @@ fn every_dashboard_panel_has_data_and_every_rule_evaluates() {
         let vars = resolve_variables(&prom, &dash);
         for p in panels(&dash) {
             let title = p["title"].as_str().unwrap_or("");
-            let nvml = NEED_NVML.contains(&(file.as_str(), title));
             for raw in exprs(p) {
                 let expr = substitute(raw, &vars);
                 assert!(
@@ -295,40 +295,16 @@ fn every_dashboard_panel_has_data_and_every_rule_evaluates() {
                 let v = prom.query(&expr);
                 let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
                 let nan = result.iter().filter(|r| r["value"][1] == "NaN").count();
-                println!(
-                    "  {title}: {} series ({nan} NaN){}: {expr}",
-                    result.len(),
-                    if nvml { " [NVML only]" } else { "" }
-                );
+                println!("  {title}: {} series ({nan} NaN): {expr}", result.len());
                 checked += 1;
                 if v["status"] != "success" {
                     failures.push(format!("{file} / {title}: query failed: {v}\n    {expr}"));
-                } else if nvml {
-                    let other: Vec<String> = metric_names(raw)
-                        .into_iter()
-                        .filter(|m| !nvml_only(m))
-                        .collect();
-                    if !other.is_empty() {
-                        failures.push(format!(
-                            "{file} / {title}: listed as NVML only but uses {other:?}"
-                        ));
-                    }
                 } else if result.is_empty() {
                     failures.push(format!("{file} / {title}: no data\n    {expr}"));
                 }
             }
         }
     }
-    for (file, title) in NEED_NVML {
-        let found = dashboards()
-            .iter()
-            .any(|(f, d)| f == file && panels(d).iter().any(|p| p["title"] == *title));
-        assert!(
-            found,
-            "NEED_NVML lists {file} / {title}, which does not exist"
-        );
-    }
-
     // The alerting rules: loaded, evaluated against this data, no errors.
     let v = prom.api("/api/v1/rules");
     assert_eq!(v["status"], "success", "{v}");
