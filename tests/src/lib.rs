@@ -752,6 +752,16 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// A child process killed and reaped when the test ends, passed or not.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// "major:minor" of the whole disk holding `path` (as the block tracepoints report it).
 pub fn disk_of(path: &Path) -> String {
     let md = fs::metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));

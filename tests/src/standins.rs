@@ -807,3 +807,24 @@ pub fn mapped_files(pid: u32) -> Vec<(PathBuf, u64)> {
     }
     files
 }
+
+/// Compiles the stand-in device management library `source` (`nvml.c`, `dcmi.c` of
+/// [`SOURCES`]) into `dir/file` (`libnvidia-ml.so.1`, `libdcmi.so`), for a daemon's
+/// `devices.nvml_library` / `dcmi_library`.
+pub fn build_device_library(dir: &Path, source: &str, file: &str) -> PathBuf {
+    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let out = dir.join(file);
+    let o = Command::new("gcc")
+        .args(["-O1", "-shared", "-fPIC", "-Wall", "-o"])
+        .arg(&out)
+        .arg(Path::new(SOURCES).join(source))
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc {source}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}

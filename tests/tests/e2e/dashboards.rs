@@ -10,30 +10,21 @@ use std::{
     collections::BTreeMap,
     fs,
     os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     thread,
     time::{Duration, Instant},
 };
 
 use ethand_tests::{
-    Daemon, ProbeState, RemoveOnDrop,
+    Daemon, KillOnDrop, ProbeState, RemoveOnDrop,
     prometheus_server::{DEPLOY, PrometheusServer, dashboards, exprs, panels},
     serial,
-    standins::{self, Driver, Lib, SOURCES},
-    text,
+    standins::{self, Driver, Lib},
 };
 use serde_json::Value;
 
 use crate::workload;
-
-struct KillOnDrop(std::process::Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `$__rate_interval` in the queries: Grafana's value for a 1 s scrape interval and a short
 /// time range is 4 s; 15 s keeps several scrapes in every window on a loaded machine.
@@ -42,44 +33,6 @@ const RATE_INTERVAL: &str = "15s";
 const SCRAPES: usize = 20;
 /// The job id and ranks the GPU drivers carry in their environment (as torchrun sets them).
 const JOB_ID: &str = "dash-job";
-
-/// Builds the stand-in DCMI library (tests/standins/dcmi.c) into `dir`.
-fn build_dcmi(dir: &Path) -> PathBuf {
-    fs::create_dir_all(dir).expect("create the DCMI directory");
-    let out = dir.join("libdcmi.so");
-    let o = Command::new("gcc")
-        .args(["-O1", "-shared", "-fPIC", "-Wall", "-o"])
-        .arg(&out)
-        .arg(Path::new(SOURCES).join("dcmi.c"))
-        .output()
-        .expect("run gcc");
-    assert!(
-        o.status.success(),
-        "gcc dcmi.c: {}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    out
-}
-
-/// Builds the stand-in NVML library (tests/standins/nvml.c) into `dir`.
-fn build_nvml(dir: &Path) -> PathBuf {
-    fs::create_dir_all(dir).expect("create the NVML directory");
-    let out = dir.join("libnvidia-ml.so.1");
-    let o = Command::new("gcc")
-        .args(["-O1", "-shared", "-fPIC", "-Wall", "-o"])
-        .arg(&out)
-        .arg(Path::new(SOURCES).join("nvml.c"))
-        .output()
-        .expect("run gcc");
-    assert!(
-        o.status.success(),
-        "gcc nvml.c: {}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    out
-}
 
 /// Waits until `ethand status` lists each library file attached.
 fn wait_attached(d: &Daemon, paths: &[&Path]) {
@@ -205,8 +158,8 @@ fn every_dashboard_panel_has_data_and_every_rule_evaluates() {
     let _serial = serial();
     let t0 = Instant::now();
     let s = standins::shared();
-    let dcmi = build_dcmi(&s.root.join("dcmi"));
-    let nvml = build_nvml(&s.root.join("nvml"));
+    let dcmi = standins::build_device_library(&s.root.join("dcmi"), "dcmi.c", "libdcmi.so");
+    let nvml = standins::build_device_library(&s.root.join("nvml"), "nvml.c", "libnvidia-ml.so.1");
     // The job's process NVML lists on gpu0 (it owns the GPU: the per-job device panels).
     let gpu_holder = KillOnDrop(
         Command::new("sleep")

@@ -7,43 +7,15 @@
 //! by code on the GPU and on the process that held it, with the `gpu_errors` finding in its
 //! snapshot, and the job's labels on gpu0's device series (`devices.workload_labels`).
 use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
-use ethand_tests::{Daemon, serial, standins::SOURCES, temp_path, text};
+use ethand_tests::{Daemon, KillOnDrop, serial, standins, temp_path, text};
 
 const JOB_ID: &str = "nvml-e2e-job";
 const RANK: &str = "3";
-
-fn build_nvml(dir: &Path) -> PathBuf {
-    fs::create_dir_all(dir).expect("create the NVML directory");
-    let out = dir.join("libnvidia-ml.so.1");
-    let o = Command::new("gcc")
-        .args(["-O1", "-shared", "-fPIC", "-Wall", "-o"])
-        .arg(&out)
-        .arg(Path::new(SOURCES).join("nvml.c"))
-        .output()
-        .expect("run gcc");
-    assert!(
-        o.status.success(),
-        "gcc nvml.c: {}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    out
-}
-
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The value of the one series of `name` whose label set contains every `labels` pair.
 fn value(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -68,7 +40,11 @@ fn series<'a>(body: &'a str, name: &str, labels: &[(&str, &str)]) -> Option<(&'a
 #[test]
 fn stand_in_nvml_through_the_daemon() {
     let _serial = serial();
-    let lib = build_nvml(&temp_path("nvml-standin", "d"));
+    let lib = standins::build_device_library(
+        &temp_path("nvml-standin", "d"),
+        "nvml.c",
+        "libnvidia-ml.so.1",
+    );
     let job = KillOnDrop(
         Command::new("sleep")
             .arg("300")
