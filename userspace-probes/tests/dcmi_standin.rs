@@ -3,8 +3,9 @@
 //! the daemon uses (`open_collectors`, `DeviceCollector::collect`). This is not real Ascend
 //! hardware: it checks the symbol lookup, struct layouts, units and error handling against
 //! the documented API, nothing more.
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ethand_userspace_probes::devices::{
     CollectorState, DeviceCollector, DeviceProcess, DevicesConfig, NpuDevice, open_collectors,
@@ -15,34 +16,7 @@ const MIB: u64 = 1 << 20;
 
 /// Compiles the stand-in into a fresh directory; None (test skipped) when there is no `cc`.
 fn build(variant: &str, defines: &[&str]) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/standins/dcmi.c");
-    let dir = std::env::temp_dir().join(format!(
-        "ethand-dcmi-standin-{}-{variant}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join("libdcmi.so");
-    let out = match Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .args(defines)
-        .arg(&src)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("skipped: no C compiler (`cc`) to build the DCMI stand-in: {e}");
-            return None;
-        }
-        Err(e) => panic!("running cc: {e}"),
-    };
-    assert!(
-        out.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(lib)
+    common::build_standin("dcmi.c", "libdcmi.so", variant, defines)
 }
 
 fn open(lib: &Path) -> (Box<dyn DeviceCollector>, String) {

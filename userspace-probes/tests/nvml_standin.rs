@@ -3,9 +3,10 @@
 //! public API the daemon uses (`open_collectors`, `collect_all`). This is not a real GPU: it
 //! checks the symbol lookup, struct layouts, units, "not supported" handling, XID events and
 //! GPM intervals against NVML's documented API, nothing more.
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,33 +26,7 @@ static OPEN: Mutex<()> = Mutex::new(());
 
 /// Compiles the stand-in into a fresh directory; None (test skipped) when there is no `cc`.
 fn build_standin(variant: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/standins/nvml.c");
-    let dir = std::env::temp_dir().join(format!(
-        "ethand-nvml-standin-{}-{variant}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join("libnvidia-ml.so.1");
-    let out = match Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("skipped: no C compiler (`cc`) to build the NVML stand-in: {e}");
-            return None;
-        }
-        Err(e) => panic!("running cc: {e}"),
-    };
-    assert!(
-        out.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(lib)
+    common::build_standin("nvml.c", "libnvidia-ml.so.1", variant, &[])
 }
 
 /// Opens the NVML collector on `lib` (with gpu1 lost when `lost`); returns it with the
