@@ -558,5 +558,5 @@ async fn standalone(
     let ms = t0.elapsed().as_millis() as u64;
     Ok(engine
         .shared
-        .tree(pid, ms + 1000, "standalone", ms, probes, sample))
+        .tree(pid, ms + 1000, "standalone", ms, probes, sample, None))
 }

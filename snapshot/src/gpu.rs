@@ -36,6 +36,10 @@ pub struct GpuProcessStats {
     pub errors: u64,
     /// Every probed symbol the process called, by library and name.
     pub symbols: Vec<GpuSymbolStats>,
+    /// Where the calls come from: per runtime symbol, the user stacks the kernel took at
+    /// each call (exact counts), symbolized. Empty where stacks were not taken.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_sites: Vec<crate::stacks::CallSites>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

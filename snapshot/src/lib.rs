@@ -13,6 +13,7 @@ pub mod devices;
 pub mod diagnosis;
 pub mod gpu;
 pub mod selection;
+pub mod stacks;
 
 pub const SCHEMA_VERSION: u32 = 1;
 /// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0; the
@@ -602,6 +603,10 @@ pub struct TreeSnapshot {
     /// (`calls`, the default): see [`crate::gpu::LaunchSample`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_sample: Option<crate::gpu::LaunchSample>,
+    /// Python frames of the tree's threads sampled for this snapshot: where GPU/NPU calls
+    /// come from and where the threads' time goes (see [`crate::stacks::StackSample`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_sample: Option<crate::stacks::StackSample>,
     /// Rules that could not be evaluated on this tree: which signal is missing and how to get
     /// it. A tree with no findings and entries here was not found healthy: it was not fully
     /// examined.

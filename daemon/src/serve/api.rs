@@ -327,6 +327,7 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
                     0,
                     probes,
                     sample,
+                    None,
                 ) {
                     Some(t) => ok_line(&t),
                     None => response_line(&Response::NotFound(format!(

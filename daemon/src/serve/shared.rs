@@ -261,6 +261,7 @@ impl Shared {
         measured_ms: u64,
         probes: Vec<snap::ProbeStatus>,
         launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
+        stack_sample: Option<ethand_snapshot::stacks::StackSample>,
     ) -> Option<TreeSnapshot> {
         // A thread id stands for its process.
         let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
@@ -344,6 +345,7 @@ impl Shared {
             devices: node.devices.clone(),
             dropped_events,
             launch_sample,
+            stack_sample,
             not_evaluated: Vec::new(),
             node_cpus: std::thread::available_parallelism()
                 .ok()

@@ -1,0 +1,252 @@
+//! Where in the code: the call sites of GPU/NPU runtime calls and where a tree's threads
+//! spend their time, as frames (function, file, line). Two producers fill the same types:
+//! user stacks the kernel takes at each probed call (exact counts per site, cumulative like
+//! the other GPU counters: [`crate::gpu::GpuProcessStats::call_sites`]) and the Python
+//! frames of a tree's threads sampled while a snapshot is taken ([`StackSample`]).
+use serde::{Deserialize, Serialize};
+
+/// Most frames kept per stack (innermost first): enough to reach a training script's line
+/// from deep inside a framework.
+pub const MAX_FRAMES: usize = 64;
+/// Most call sites kept per (process, call); the rest are summed in `other`.
+pub const MAX_SITES: usize = 8;
+/// Most distinct stacks kept per sampled thread for the flame graph; the rest summed.
+pub const MAX_FOLDED: usize = 512;
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameKind {
+    /// A Python function's frame, read from the interpreter's state.
+    Python,
+    /// A machine-code frame of the process (binary or shared library).
+    #[default]
+    Native,
+    /// A kernel frame.
+    Kernel,
+}
+
+/// One frame. Everything here was chosen by the profiled process (names, paths): outputs
+/// escape it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub kind: FrameKind,
+    /// Function name (demangled); None where the address has no symbol (a stripped binary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// Source file: the script of a Python frame, the DWARF file of a native one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// The binary or library a native frame is in (path as the process maps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// A native frame's offset in `module` (file offset), kept when it has no symbol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+/// One call site: the stack above the runtime call (the runtime library's own frames
+/// dropped), innermost first.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CallSite {
+    pub frames: Vec<Frame>,
+    /// Calls from this site (kernel stacks: exact) or samples that found a thread inside the
+    /// call from it (Python sampling), per the enclosing [`CallSites::basis`].
+    pub count: u64,
+    /// Host time inside the calls from this site, where the calls were timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ns: Option<u64>,
+    /// The source text of the innermost frame that has a file and line (trimmed, at most 200
+    /// characters), read from the process's view of the file (/proc/PID/root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SiteBasis {
+    /// Every call counted with the user stack the kernel took at its entry.
+    #[default]
+    Calls,
+    /// Periodic samples of the threads' Python frames, counted when the thread was inside
+    /// the call at that moment (so weighted by time spent in the call).
+    Samples,
+}
+
+/// The call sites of one runtime function in one process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CallSites {
+    pub pid: u32,
+    /// The runtime symbol ("cuStreamSynchronize").
+    pub call: String,
+    /// launch, copy, alloc, free, sync, collective, ... as in `GpuSymbolStats::category`.
+    pub category: String,
+    pub basis: SiteBasis,
+    /// Calls (or samples) in all, `sites` and `other` included.
+    pub total: u64,
+    /// Highest count first, at most [`MAX_SITES`].
+    pub sites: Vec<CallSite>,
+    /// Calls (or samples) from sites beyond the first [`MAX_SITES`].
+    pub other: u64,
+    /// Calls whose stack could not be taken (the kernel's stack map full, a stack it could not
+    /// walk); they are in `total` but in no site. None: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unattributed: Option<u64>,
+}
+
+/// Python frames of a tree's threads, sampled while a snapshot was taken.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StackSample {
+    /// How the frames were read and what that costs the sampled processes.
+    pub method: String,
+    pub started_unix_ms: u64,
+    pub duration_ms: u64,
+    /// Samples per second per process.
+    pub rate_hz: u32,
+    /// Per (process, runtime call): where the threads were when a sample found them inside
+    /// the call.
+    pub call_sites: Vec<CallSites>,
+    /// Per sampled thread, busiest first.
+    pub threads: Vec<ThreadProfile>,
+    /// Processes of the tree that could not be sampled, and why (not Python, no permission,
+    /// an interpreter version the reader does not know).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Where one thread was over a stack sample.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadProfile {
+    pub pid: u32,
+    pub tid: u32,
+    /// The interpreter's name for the thread ("MainThread"), else the kernel's.
+    pub name: String,
+    pub main_thread: bool,
+    /// Samples that found the thread (with at least one Python frame).
+    pub samples: u64,
+    /// Of them: running or runnable on a CPU (not idle in a wait).
+    pub active_samples: u64,
+    /// Of them: inside a probed GPU/NPU runtime call.
+    pub in_runtime_call_samples: u64,
+    /// Innermost Python line by samples, highest first (at most [`MAX_SITES`]): where the
+    /// thread's time went.
+    pub top_lines: Vec<CallSite>,
+    /// Whole stacks (outermost first, as indexes into `frames`) with their samples, for a
+    /// flame graph; at most [`MAX_FOLDED`] kept, the rest in `folded_other`.
+    pub folded: Vec<FoldedStack>,
+    #[serde(default)]
+    pub folded_other: u64,
+    /// The frames `folded` refers to.
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FoldedStack {
+    /// Outermost first: indexes into [`ThreadProfile::frames`].
+    pub frames: Vec<u32>,
+    pub samples: u64,
+}
+
+impl Frame {
+    /// "train.py:41 in step()" / "libfoo.so+0x1234" / "main (app.c:12)": a short label.
+    pub fn label(&self) -> String {
+        let file = self.file.as_deref().map(|f| f.rsplit('/').next().unwrap_or(f));
+        match (self.kind, self.function.as_deref(), file, self.line) {
+            (FrameKind::Python, f, Some(file), Some(l)) => {
+                format!("{file}:{l} in {}()", f.unwrap_or("?"))
+            }
+            (_, Some(f), Some(file), Some(l)) => format!("{f} ({file}:{l})"),
+            (_, Some(f), _, _) => f.to_string(),
+            (_, None, _, _) => {
+                let m = self.module.as_deref().unwrap_or("?");
+                let m = m.rsplit('/').next().unwrap_or(m);
+                match self.offset {
+                    Some(o) => format!("{m}+{o:#x}"),
+                    None => m.to_string(),
+                }
+            }
+        }
+    }
+}
+
+impl CallSite {
+    /// The frame that names the site: the innermost Python frame where there is one (the
+    /// script's line, not the framework's C++), else the innermost frame.
+    pub fn key_frame(&self) -> Option<&Frame> {
+        self.frames
+            .iter()
+            .find(|f| f.kind == FrameKind::Python)
+            .or_else(|| self.frames.first())
+    }
+}
+
+impl CallSites {
+    /// The busiest site and its share of `total` (0-1).
+    pub fn top(&self) -> Option<(&CallSite, f64)> {
+        let s = self.sites.first()?;
+        (self.total > 0).then(|| (s, s.count as f64 / self.total as f64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(f: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            kind: FrameKind::Python,
+            function: Some(f.into()),
+            file: Some(file.into()),
+            line: Some(line),
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn labels_say_file_line_and_function() {
+        assert_eq!(py("step", "/w/train.py", 41).label(), "train.py:41 in step()");
+        let n = Frame {
+            function: Some("sync_a".into()),
+            file: Some("/src/app.c".into()),
+            line: Some(12),
+            ..Frame::default()
+        };
+        assert_eq!(n.label(), "sync_a (app.c:12)");
+        let stripped = Frame {
+            module: Some("/usr/lib/libx.so".into()),
+            offset: Some(0x1234),
+            ..Frame::default()
+        };
+        assert_eq!(stripped.label(), "libx.so+0x1234");
+    }
+
+    #[test]
+    fn the_key_frame_is_the_innermost_python_one() {
+        let native = Frame {
+            function: Some("at::native::item".into()),
+            ..Frame::default()
+        };
+        let site = CallSite {
+            frames: vec![native.clone(), py("step", "t.py", 9), py("main", "t.py", 20)],
+            count: 3,
+            ..CallSite::default()
+        };
+        assert_eq!(site.key_frame().unwrap().line, Some(9));
+        let only_native = CallSite {
+            frames: vec![native],
+            ..CallSite::default()
+        };
+        assert_eq!(
+            only_native.key_frame().unwrap().function.as_deref(),
+            Some("at::native::item")
+        );
+        let sites = CallSites {
+            total: 4,
+            sites: vec![site],
+            other: 1,
+            ..CallSites::default()
+        };
+        assert_eq!(sites.top().unwrap().1, 0.75);
+    }
+}
