@@ -4,7 +4,7 @@
 # ITS DEFAULT SETTINGS: the daemon runs with the embedded defaults, only its socket and /metrics
 # address moved. Per scenario: daemon snapshots of the worker and of its launcher (bash -c or
 # torchrun, which stays the parent), standalone snapshots of both (`snapshot --standalone`), the
-# text snapshot, the scenario's output; nvidia-smi GPM vs ethand /metrics for healthy_resnet and
+# text snapshot and its HTML report, the scenario's output; nvidia-smi GPM vs ethand /metrics for healthy_resnet and
 # sync_storm; launch-sample cost from tiny_kernels' per-step log. Then report.md
 # (tests/gpu/scenarios_report.py) and $OUT.tgz.
 #
@@ -297,7 +297,7 @@ while True: pass" & done; wait' "$PY3" > /dev/null 2>&1 &
     if [ $DAEMON_OK = 1 ]; then
         snap daemon-worker.json --pid "$wp" --window 8 --json
         snap daemon-launcher.json --pid "$lp" --window 8 --json
-        snap daemon-worker.txt --pid "$wp" --window 8
+        snap daemon-worker.txt --pid "$wp" --window 8 --html "$D/daemon-worker.html"
     fi
     local s1 s2
     snap standalone-worker.json --standalone --pid "$wp" --duration 8 --json &

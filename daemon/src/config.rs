@@ -54,6 +54,11 @@ pub struct DiagnosisConfig {
     /// How long a snapshot counts kernel launches on demand when the GPU level does not
     /// count them (launch uprobes scoped to the tree's GPU processes); 0: never.
     pub launch_sample_ms: u64,
+    /// How long a snapshot samples the Python frames of the tree's threads (at the same time
+    /// as the launch sample); 0: never.
+    pub stack_sample_ms: u64,
+    /// Stack samples per second per Python process.
+    pub stack_sample_hz: u32,
 }
 
 /// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.
@@ -358,6 +363,18 @@ impl Config {
             self.diagnosis.launch_sample_ms,
             0,
             60_000,
+        )?;
+        in_range(
+            "diagnosis.stack_sample_ms",
+            self.diagnosis.stack_sample_ms,
+            0,
+            60_000,
+        )?;
+        in_range(
+            "diagnosis.stack_sample_hz",
+            u64::from(self.diagnosis.stack_sample_hz),
+            1,
+            1000,
         )?;
         in_range(
             "devices.counters_interval_ms",

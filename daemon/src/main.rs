@@ -86,6 +86,9 @@ enum Command {
         /// then say they could not run).
         #[arg(long)]
         no_launch_sample: bool,
+        /// Do not sample the tree's Python frames (the findings then name no Python line).
+        #[arg(long)]
+        no_stack_sample: bool,
     },
     /// Run the diagnosis rules (built-in plus diagnosis.rules_dir) over a saved
     /// `ethand snapshot --json` file: the findings, and which rules could not run and why.
@@ -357,6 +360,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             duration,
             standalone,
             no_launch_sample,
+            no_stack_sample,
         } => {
             snapshot(
                 cfg,
@@ -365,7 +369,10 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 window,
                 duration,
                 standalone,
-                !no_launch_sample,
+                Samples {
+                    launches: !no_launch_sample,
+                    stacks: !no_stack_sample,
+                },
                 timeout,
             )
             .await
@@ -433,6 +440,13 @@ struct SnapshotFormat {
     html: Option<PathBuf>,
 }
 
+/// What a snapshot samples on demand.
+#[derive(Clone, Copy)]
+struct Samples {
+    launches: bool,
+    stacks: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn snapshot(
     cfg: Config,
@@ -441,12 +455,14 @@ async fn snapshot(
     window: u64,
     duration: u64,
     force_standalone: bool,
-    launch_sample: bool,
+    samples: Samples,
     timeout: Duration,
 ) -> anyhow::Result<u8> {
     let SnapshotFormat { json, csv, html } = format;
-    // The daemon may sample launches for diagnosis.launch_sample_ms: wait for that too.
-    let timeout = timeout + Duration::from_millis(cfg.diagnosis.launch_sample_ms) * 2;
+    // The daemon may sample launches and stacks (at once) for diagnosis.launch_sample_ms and
+    // stack_sample_ms: wait for that too.
+    let d = &cfg.diagnosis;
+    let timeout = timeout + Duration::from_millis(d.launch_sample_ms.max(d.stack_sample_ms)) * 2;
     let answer = if force_standalone {
         Err(api::CallError::NoDaemon {
             path: cfg.daemon.socket.display().to_string(),
@@ -458,7 +474,8 @@ async fn snapshot(
             &api::Request::Snapshot {
                 pid,
                 window_s: window,
-                launch_sample: Some(launch_sample),
+                launch_sample: Some(samples.launches),
+                stack_sample: Some(samples.stacks),
             },
             timeout,
         )
@@ -487,7 +504,7 @@ async fn snapshot(
                     cfg.daemon.socket.display()
                 );
             }
-            match standalone(&cfg, pid, Duration::from_secs(duration), launch_sample).await? {
+            match standalone(&cfg, pid, Duration::from_secs(duration), samples).await? {
                 Some(t) => t,
                 None => {
                     eprintln!("ethand: process {pid} was not seen during the measurement");
@@ -519,7 +536,7 @@ async fn standalone(
     cfg: &Config,
     pid: u32,
     duration: Duration,
-    launch_sample: bool,
+    samples: Samples,
 ) -> anyhow::Result<Option<TreeSnapshot>> {
     // A thread id stands for its process (its launch sample too).
     let pid = procinfo::tgid_of(pid).unwrap_or(pid);
@@ -530,7 +547,7 @@ async fn standalone(
     // The first round found the runtime libraries: count the tree's launches over the rest
     // of the measurement (at a level that does not count them anyway).
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    if launch_sample && engine.gpu.level() == ethand::config::GpuLevel::Calls {
+    if samples.launches && engine.gpu.level() == ethand::config::GpuLevel::Calls {
         engine.shared.sample_requests.lock().expect("lock").push(
             ethand::pipeline::launch_sample::Request {
                 pids: ethand::procinfo::descendants(pid),
@@ -539,6 +556,16 @@ async fn standalone(
             },
         );
     }
+    // The tree's Python frames over the end of the measurement, on their own thread.
+    let stacks = samples.stacks.then(|| {
+        let shared = engine.shared.clone();
+        let d = Duration::from_millis(cfg.diagnosis.stack_sample_ms).min(duration);
+        let wait = duration.saturating_sub(d);
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            shared.sample_stacks(pid, d)
+        })
+    });
     let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);
     while t0.elapsed() < duration {
         tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
@@ -548,6 +575,7 @@ async fn standalone(
     drop(progress);
     engine.sample_tick(true);
     let sample = rx.try_recv().ok();
+    let stacks = stacks.and_then(|h| h.join().ok()).flatten();
     let probes = engine
         .loaded
         .probes
@@ -558,5 +586,5 @@ async fn standalone(
     let ms = t0.elapsed().as_millis() as u64;
     Ok(engine
         .shared
-        .tree(pid, ms + 1000, "standalone", ms, probes, sample, None))
+        .tree(pid, ms + 1000, "standalone", ms, probes, sample, stacks))
 }

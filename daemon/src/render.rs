@@ -403,6 +403,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
         launch_sample(&mut o, l);
     }
+    where_in_code(&mut o, t);
     let mut rows: Vec<_> = t
         .processes
         .iter()
@@ -607,6 +608,74 @@ fn gpu_section(
             bytes_u(s.bytes),
             t
         );
+    }
+}
+
+/// Call sites of runtime calls (kernel stacks, exact; Python samples) and where the sampled
+/// threads' time went.
+fn where_in_code(o: &mut String, t: &TreeSnapshot) {
+    use ethand_exporters::stacks;
+    let kernel: Vec<&ethand_snapshot::stacks::CallSites> = t
+        .processes
+        .iter()
+        .filter_map(|p| p.gpu.as_ref())
+        .flat_map(|g| &g.call_sites)
+        .collect();
+    let sample = t.stack_sample.as_ref();
+    if kernel.is_empty() && sample.is_none() {
+        return;
+    }
+    let _ = writeln!(o, "\nWHERE IN THE CODE");
+    if let Some(s) = sample {
+        let _ = writeln!(
+            o,
+            "  Python frames sampled {}/s over {:.1}s for this snapshot",
+            s.rate_hz,
+            s.duration_ms as f64 / 1000.0
+        );
+        for c in s.call_sites.iter().take(8) {
+            if let Some(line) = stacks::call_sites(c) {
+                let _ = writeln!(o, "  {}", clean(&line));
+            }
+            call_stack(o, c);
+        }
+        for th in s.threads.iter().take(4) {
+            if let Some(line) = stacks::thread_lines(th, 3) {
+                let _ = writeln!(o, "  {}", clean(&line));
+            }
+        }
+        for n in &s.notes {
+            let _ = writeln!(o, "    {}", clean(n));
+        }
+    }
+    if !kernel.is_empty() {
+        let _ = writeln!(
+            o,
+            "  user stacks the kernel took at each call (exact counts):"
+        );
+        let mut kernel = kernel;
+        kernel.sort_by(|a, b| b.total.cmp(&a.total));
+        for c in kernel.iter().take(8) {
+            if let Some(line) = stacks::call_sites(c) {
+                let _ = writeln!(o, "  {}", clean(&line));
+            }
+            if let Some(u) = c.unattributed.filter(|u| *u > 0) {
+                let _ = writeln!(
+                    o,
+                    "    {u} calls without a stack (stack map full or unreadable)"
+                );
+            }
+            call_stack(o, c);
+        }
+    }
+}
+
+/// The callers of a call's busiest site, innermost first, a few frames.
+fn call_stack(o: &mut String, c: &ethand_snapshot::stacks::CallSites) {
+    if let Some((top, _)) = c.top() {
+        for f in top.frames.iter().skip(1).take(4) {
+            let _ = writeln!(o, "      <- {}", clean(&f.label()));
+        }
     }
 }
 

@@ -21,10 +21,12 @@ macro_rules! w {
 mod charts;
 mod gpu;
 mod sections;
+mod stacks;
 
 use charts::*;
 use gpu::*;
 use sections::*;
+use stacks::where_in_code;
 
 /// A process's command line as one string, marked when ethand kept only its start.
 fn cmdline_text(p: &ethand_snapshot::ProcessSnapshot) -> String {
@@ -161,6 +163,8 @@ details table{margin-top:8px}
 footer{color:var(--dim);font-size:12px;text-align:center;margin-top:10px}
 @media (max-width:900px){.charts,.two,section.two{grid-template-columns:1fr}}
 @media print{body{background:#fff}section{box-shadow:none;break-inside:avoid}header{-webkit-print-color-adjust:exact;print-color-adjust:exact}}
+.flame-wrap{overflow-x:auto;background:#fff;border:1px solid var(--line);border-radius:6px;padding:4px}
+.flame text{fill:#1f2937;pointer-events:none}
 "#;
 
 /// The complete report: one self-contained HTML document.
@@ -240,6 +244,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     threads_and_syscalls(&mut o, t);
     disks(&mut o, t);
     gpu_section(&mut o, t);
+    where_in_code(&mut o, t);
     devices(&mut o, &t.devices, t);
     probes(&mut o, t);
     w!(

@@ -7,4 +7,5 @@ pub mod html;
 pub mod otlp;
 pub mod prometheus;
 pub mod report;
+pub mod stacks;
 pub mod text;

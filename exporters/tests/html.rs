@@ -554,3 +554,71 @@ fn empty_tree_does_not_panic() {
     let h = render_html(&TreeSnapshot::default());
     assert!(h.contains("</html>"));
 }
+
+/// "Where in the code": the sampled call sites, each main thread's busiest lines and its
+/// flame graph, names from the process escaped; absent without a sample or kernel stacks.
+#[test]
+fn where_in_the_code_with_a_flame_graph() {
+    use ethand_snapshot::stacks::{
+        CallSite, CallSites, FoldedStack, Frame, FrameKind, SiteBasis, StackSample, ThreadProfile,
+    };
+    let mut t = tree();
+    assert!(!render_html(&t).contains("Where in the code"));
+    let py = |f: &str, l: u32| Frame {
+        kind: FrameKind::Python,
+        function: Some(f.into()),
+        file: Some(format!("/w/{EVIL}.py")),
+        line: Some(l),
+        ..Frame::default()
+    };
+    t.stack_sample = Some(StackSample {
+        method: "py-spy".into(),
+        duration_ms: 2000,
+        rate_hz: 97,
+        call_sites: vec![CallSites {
+            pid: 1,
+            call: "cuStreamSynchronize".into(),
+            category: "sync".into(),
+            basis: SiteBasis::Samples,
+            total: 10,
+            sites: vec![CallSite {
+                frames: vec![py("step", 41)],
+                count: 10,
+                time_ns: None,
+                source: Some(format!("loss.item()  # {EVIL}")),
+            }],
+            ..CallSites::default()
+        }],
+        threads: vec![ThreadProfile {
+            pid: 1,
+            tid: 1,
+            name: "MainThread".into(),
+            main_thread: true,
+            samples: 10,
+            active_samples: 0,
+            in_runtime_call_samples: 10,
+            top_lines: vec![CallSite {
+                frames: vec![py("step", 41)],
+                count: 10,
+                ..CallSite::default()
+            }],
+            frames: vec![py("<module>", 90), py("step", 41)],
+            folded: vec![FoldedStack {
+                frames: vec![0, 1],
+                samples: 10,
+            }],
+            folded_other: 0,
+        }],
+        ..StackSample::default()
+    });
+    let h = render_html(&t);
+    assert_self_contained(&h);
+    assert!(h.contains("Where in the code"));
+    assert!(h.contains("cuStreamSynchronize: 100.0 % of 10 samples inside it from"));
+    assert!(h.contains("<svg class=\"flame\""));
+    assert_eq!(
+        h.matches("<rect").count() - render_html(&tree()).matches("<rect").count(),
+        2
+    );
+    assert!(!h.contains(EVIL), "unescaped process text in the report");
+}

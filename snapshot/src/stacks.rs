@@ -13,7 +13,9 @@ pub const MAX_SITES: usize = 8;
 /// Most distinct stacks kept per sampled thread for the flame graph; the rest summed.
 pub const MAX_FOLDED: usize = 512;
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FrameKind {
     /// A Python function's frame, read from the interpreter's state.
@@ -27,7 +29,7 @@ pub enum FrameKind {
 
 /// One frame. Everything here was chosen by the profiled process (names, paths): outputs
 /// escape it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frame {
     pub kind: FrameKind,
     /// Function name (demangled); None where the address has no symbol (a stripped binary).
@@ -151,7 +153,10 @@ pub struct FoldedStack {
 impl Frame {
     /// "train.py:41 in step()" / "libfoo.so+0x1234" / "main (app.c:12)": a short label.
     pub fn label(&self) -> String {
-        let file = self.file.as_deref().map(|f| f.rsplit('/').next().unwrap_or(f));
+        let file = self
+            .file
+            .as_deref()
+            .map(|f| f.rsplit('/').next().unwrap_or(f));
         match (self.kind, self.function.as_deref(), file, self.line) {
             (FrameKind::Python, f, Some(file), Some(l)) => {
                 format!("{file}:{l} in {}()", f.unwrap_or("?"))
@@ -205,7 +210,10 @@ mod tests {
 
     #[test]
     fn labels_say_file_line_and_function() {
-        assert_eq!(py("step", "/w/train.py", 41).label(), "train.py:41 in step()");
+        assert_eq!(
+            py("step", "/w/train.py", 41).label(),
+            "train.py:41 in step()"
+        );
         let n = Frame {
             function: Some("sync_a".into()),
             file: Some("/src/app.c".into()),
@@ -228,7 +236,11 @@ mod tests {
             ..Frame::default()
         };
         let site = CallSite {
-            frames: vec![native.clone(), py("step", "t.py", 9), py("main", "t.py", 20)],
+            frames: vec![
+                native.clone(),
+                py("step", "t.py", 9),
+                py("main", "t.py", 20),
+            ],
             count: 3,
             ..CallSite::default()
         };

@@ -202,6 +202,9 @@ def section_evidence(out, scenarios):
                 )
             else:
                 print(head + "no warning/critical finding")
+            for line in (top or {}).get("detail") or []:
+                if line.startswith("where "):
+                    print(f"  - {compact(line, 400)}")
             others = [f"{f.get('id')}/{f.get('severity')}/{num(f.get('impact'))}" for f in fs if f is not top]
             if others:
                 print(f"  - other findings: {', '.join(others)}")
@@ -215,6 +218,13 @@ def section_evidence(out, scenarios):
             ne = t.get("not_evaluated")
             if ne:
                 print(f"  - not evaluated: {'; '.join(compact(x) for x in ne)}")
+            ss = t.get("stack_sample")
+            if isinstance(ss, dict):
+                print(
+                    f"  - stack_sample: {len(ss.get('threads') or [])} threads, "
+                    f"{len(ss.get('call_sites') or [])} call sites, {ss.get('duration_ms')} ms"
+                    + (f", notes {compact(ss.get('notes'), 200)}" if ss.get("notes") else "")
+                )
             if isinstance(t.get("launch_sample"), dict):
                 print(f"  - launch_sample: {compact(t['launch_sample'], 300)}")
             drops = t.get("dropped_events")

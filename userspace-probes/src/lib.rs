@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, fs, path::PathBuf};
 pub mod catalog;
 pub mod devices;
 pub mod elf;
+pub mod python;
 
 /// The runtime libraries ethand knows how to probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -861,3 +861,75 @@ fn single_thread_cpu_bound() {
     );
     assert!(!ids(&gpu).contains(&"single_thread_cpu_bound".to_string()));
 }
+
+/// A GPU finding names its busiest call site, an input stall the main thread's busiest lines,
+/// from the snapshot's stack sample; without a sample, no such line.
+#[test]
+fn findings_say_where_in_the_code() {
+    use ethand_snapshot::stacks::{
+        CallSite, CallSites, Frame, FrameKind, SiteBasis, StackSample, ThreadProfile,
+    };
+    let py = |f: &str, l: u32| Frame {
+        kind: FrameKind::Python,
+        function: Some(f.into()),
+        file: Some("/w/train.py".into()),
+        line: Some(l),
+        ..Frame::default()
+    };
+    let site = |f: &str, l: u32, n: u64| CallSite {
+        frames: vec![py(f, l)],
+        count: n,
+        time_ns: None,
+        source: None,
+    };
+    let sample = StackSample {
+        call_sites: vec![CallSites {
+            pid: 1,
+            call: "cuStreamSynchronize".into(),
+            category: "sync".into(),
+            basis: SiteBasis::Samples,
+            total: 100,
+            sites: vec![site("step", 41, 99)],
+            other: 1,
+            unattributed: None,
+        }],
+        threads: vec![ThreadProfile {
+            pid: 1,
+            tid: 1,
+            name: "MainThread".into(),
+            main_thread: true,
+            samples: 200,
+            active_samples: 150,
+            in_runtime_call_samples: 10,
+            top_lines: vec![site("decode", 186, 120), site("step", 41, 40)],
+            ..ThreadProfile::default()
+        }],
+        ..StackSample::default()
+    };
+    let mut storm = calls_level(1.0, 14_000, 0, 0.05, Some(42_000.0));
+    let f = diagnose(&storm, &rules());
+    assert!(
+        !f[0].detail.iter().any(|d| d.starts_with("where")),
+        "{:?}",
+        f[0].detail
+    );
+    storm.stack_sample = Some(sample.clone());
+    let f = diagnose(&storm, &rules());
+    assert_eq!(f[0].id, "excessive_sync");
+    assert_eq!(
+        f[0].detail,
+        vec![
+            "where in the code: cuStreamSynchronize: 99.0 % of 100 samples inside it from train.py:41 in step() (pid 1; 2 sites in all)"
+        ]
+    );
+    let mut stall = calls_level(0.9, 30, 30, 0.02, Some(1500.0));
+    stall.stack_sample = Some(sample);
+    let f = diagnose(&stall, &rules());
+    assert_eq!(f[0].id, "input_pipeline_stall");
+    assert_eq!(
+        f[0].detail,
+        vec![
+            "where the time goes: main thread of pid 1 (MainThread): 60.0 % at train.py:186 in decode(), 20.0 % at train.py:41 in step() (75.0 % on a CPU, 5.0 % inside runtime calls, of 200 samples)"
+        ]
+    );
+}

@@ -11,9 +11,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use ethand_common::{
-    BlkKey, BlkStats, CpuCtx, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuProcState, Hist,
-    LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
-    counter, lifecycle_kind, thread_flags,
+    BlkKey, BlkStats, CpuCtx, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight,
+    GpuInflightKey, GpuProcState, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey,
+    SyscallKey, SyscallStats, ThreadStats, counter, lifecycle_kind, thread_flags,
 };
 use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
@@ -53,6 +53,7 @@ pub struct Collector {
     gpu_proc: BpfHashMap<MapData, ProcKey, GpuProcState>,
     gpu_allocs: BpfHashMap<MapData, GpuAllocKey, GpuAlloc>,
     lifecycle: RingBuf<MapData>,
+    gpu_inflight: std::sync::Arc<GpuInflightReader>,
     capacity: HashMap<&'static str, u64>,
     pub fills: Vec<MapFill>,
     pub stats: BpfStats,
@@ -200,6 +201,39 @@ impl BpfStats {
     }
 }
 
+/// `GPU_INFLIGHT`: the timed runtime calls (syncs, collectives, allocations at level
+/// `calls`; every probed call at `op`) entered and not yet returned, by thread. Read many
+/// times a second while a stack sample runs, from the sampler's thread.
+pub struct GpuInflightReader {
+    #[allow(clippy::type_complexity)]
+    map: std::sync::Mutex<(
+        BpfHashMap<MapData, GpuInflightKey, GpuInflight>,
+        bool,
+        Vec<(GpuInflightKey, GpuInflight)>,
+    )>,
+}
+
+impl GpuInflightReader {
+    /// Thread id to the op it is inside and when it entered (the latest entered, should a
+    /// thread show two: an entry whose return was lost stays until the LRU map drops it).
+    pub fn by_thread(&self) -> HashMap<u32, (u16, u64)> {
+        let mut g = self.map.lock().expect("lock");
+        let (map, batch_ok, buf) = &mut *g;
+        read_all(map, batch_ok, buf);
+        let mut latest: HashMap<u32, (u64, u16)> = HashMap::new();
+        for (k, v) in buf.iter() {
+            let e = latest.entry(k.tid).or_insert((v.start_ns, k.op as u16));
+            if v.start_ns > e.0 {
+                *e = (v.start_ns, k.op as u16);
+            }
+        }
+        latest
+            .into_iter()
+            .map(|(t, (start, op))| (t, (op, start)))
+            .collect()
+    }
+}
+
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -231,6 +265,9 @@ impl Collector {
             gpu_proc: take(ebpf, "GPU_PROC")?,
             gpu_allocs: take(ebpf, "GPU_ALLOCS")?,
             lifecycle: take(ebpf, "LIFECYCLE")?,
+            gpu_inflight: std::sync::Arc::new(GpuInflightReader {
+                map: std::sync::Mutex::new((take(ebpf, "GPU_INFLIGHT")?, true, Vec::new())),
+            }),
             capacity: HashMap::from([
                 ("threads", u64::from(m.threads)),
                 ("syscalls", u64::from(m.syscalls)),
@@ -245,6 +282,11 @@ impl Collector {
             batch_ok: true,
             raw: RawRead::default(),
         })
+    }
+
+    /// Which threads are inside a timed GPU/NPU runtime call now, for the stack sampler.
+    pub fn gpu_inflight(&self) -> std::sync::Arc<GpuInflightReader> {
+        self.gpu_inflight.clone()
     }
 
     /// A second descriptor of the lifecycle ring buffer, to wait on: it becomes readable when

@@ -13,6 +13,7 @@ pub mod launch_sample;
 pub mod loader;
 pub mod model;
 pub mod procinfo;
+pub mod stack_sample;
 pub mod syscalls_table;
 pub mod uprobes;
 pub mod xid;

@@ -26,6 +26,9 @@ pub enum Request {
         /// Count kernel launches on demand when the level does not (default: yes).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         launch_sample: Option<bool>,
+        /// Sample the tree's Python frames (default: yes).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stack_sample: Option<bool>,
     },
     Node,
     /// Switch the GPU/NPU probing level live: "system", "process" or "op".
@@ -307,6 +310,7 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
             pid,
             window_s,
             launch_sample,
+            stack_sample,
         } => {
             let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
             let (probes, level) = {
@@ -314,11 +318,16 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
                 (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
             };
             // Only for a tree the model knows (else the answer is "not found" at once).
-            let sample = (launch_sample.unwrap_or(true)
-                && level == "calls"
-                && !shared.model.lock().expect("lock").tree_keys(pid).is_empty())
-            .then(|| shared.sample_launches(pid, shared.launch_sample))
-            .flatten();
+            let known = !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
+            // Both samples at once: the snapshot waits for the longer only.
+            let (sample, stacks) = std::thread::scope(|s| {
+                let stacks = (stack_sample.unwrap_or(true) && known)
+                    .then(|| s.spawn(|| shared.sample_stacks(pid, shared.stack_sample.0)));
+                let sample = (launch_sample.unwrap_or(true) && level == "calls" && known)
+                    .then(|| shared.sample_launches(pid, shared.launch_sample))
+                    .flatten();
+                (sample, stacks.and_then(|h| h.join().ok()).flatten())
+            });
             Arc::new(
                 match shared.tree(
                     pid,
@@ -327,7 +336,7 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
                     0,
                     probes,
                     sample,
-                    None,
+                    stacks,
                 ) {
                     Some(t) => ok_line(&t),
                     None => response_line(&Response::NotFound(format!(
@@ -541,6 +550,7 @@ mod tests {
                 pid: 1,
                 window_s: 10,
                 launch_sample: None,
+                stack_sample: None,
             })
         ));
         assert!(matches!(

@@ -82,6 +82,7 @@ impl Engine {
         let seeded = model.seed_live_processes(unix_ms());
         tracing::debug!(processes = seeded, "live processes entered from /proc");
         let shared = Arc::new(Shared::new(model, cfg));
+        let _ = shared.gpu_inflight.set(collector.gpu_inflight());
         let syscalls_attached = loaded
             .probes
             .iter()

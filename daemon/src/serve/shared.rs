@@ -66,6 +66,10 @@ pub struct Shared {
     pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
     /// `diagnosis.launch_sample_ms`.
     pub launch_sample: std::time::Duration,
+    /// `diagnosis.stack_sample_ms` and `diagnosis.stack_sample_hz`.
+    pub stack_sample: (std::time::Duration, u32),
+    /// Which threads are inside a timed runtime call, for stack samples (set at start-up).
+    pub gpu_inflight: std::sync::OnceLock<Arc<crate::pipeline::collector::GpuInflightReader>>,
 }
 
 impl Shared {
@@ -92,6 +96,11 @@ impl Shared {
                 (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
             )),
             launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
+            stack_sample: (
+                std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms),
+                cfg.diagnosis.stack_sample_hz,
+            ),
+            gpu_inflight: std::sync::OnceLock::new(),
         }
     }
 
@@ -251,6 +260,24 @@ impl Shared {
         // Started and ended at collection rounds: up to two intervals more than asked.
         rx.recv_timeout(duration + std::time::Duration::from_secs(5))
             .ok()
+    }
+
+    /// Samples the Python frames of `pid`'s tree for `duration` (see stack_sample.rs); None
+    /// when sampling is off or no process of the tree runs Python.
+    pub fn sample_stacks(
+        &self,
+        pid: u32,
+        duration: std::time::Duration,
+    ) -> Option<ethand_snapshot::stacks::StackSample> {
+        if duration.is_zero() {
+            return None;
+        }
+        crate::pipeline::stack_sample::sample(
+            &crate::pipeline::procinfo::descendants(pid),
+            duration,
+            self.stack_sample.1,
+            self.gpu_inflight.get().map(|r| &**r),
+        )
     }
 
     pub fn tree(

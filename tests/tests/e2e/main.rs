@@ -34,6 +34,7 @@ mod record;
 mod sched;
 mod series;
 mod service;
+mod stacks;
 mod syscalls;
 
 use ethand_tests::Workload;

@@ -1,0 +1,404 @@
+//! The stack sample of a snapshot: the Python frames of a tree's threads, read from outside
+//! the processes (`ethand_userspace_probes::python`) a few dozen times a second for a short
+//! while. Each sample of a thread counts
+//! - toward the runtime call the thread is inside at that moment (`GPU_INFLIGHT`, the timed
+//!   calls: syncs, collectives, allocations at level `calls`; the same call before and after
+//!   the read, so that the stack is that call's), at the Python stack it was called from:
+//!   sampled this way, a site's share is its share of the time spent in the call, which is
+//!   what a slow job loses;
+//! - toward the thread's profile: its innermost Python line, and its whole stack for a flame
+//!   graph.
+//!
+//! **Invariant:** nothing here stops or writes to a profiled process, and a process the
+//! reader cannot read is a note, never an error of the snapshot.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use ethand_snapshot::stacks::{
+    CallSite, CallSites, FoldedStack, Frame, MAX_FOLDED, MAX_SITES, SiteBasis, StackSample,
+    ThreadProfile,
+};
+use ethand_userspace_probes::{
+    catalog::CATALOG,
+    python::{PythonError, PythonReader, ThreadStack, source_line},
+};
+
+use crate::pipeline::{collector::GpuInflightReader, procinfo::unix_ms};
+
+/// Most Python processes of one tree sampled (a DataLoader with many workers, a launcher with
+/// eight ranks); the rest are noted.
+pub const MAX_PROCESSES: usize = 32;
+
+/// Samples the Python processes among `pids` every `1 / rate_hz` s for `duration`. None when
+/// none of them runs Python.
+pub fn sample(
+    pids: &[u32],
+    duration: Duration,
+    rate_hz: u32,
+    inflight: Option<&GpuInflightReader>,
+) -> Option<StackSample> {
+    let started_unix_ms = unix_ms();
+    let t0 = Instant::now();
+    let mut notes = Vec::new();
+    let mut readers: Vec<(u32, PythonReader)> = Vec::new();
+    let mut python = 0usize;
+    for &pid in pids {
+        match PythonReader::open(pid) {
+            Ok(r) => {
+                python += 1;
+                if readers.len() < MAX_PROCESSES {
+                    readers.push((pid, r));
+                }
+            }
+            Err(PythonError::NotPython(_)) => {}
+            Err(e) => {
+                python += 1;
+                notes.push(e.to_string());
+            }
+        }
+    }
+    if python == 0 {
+        return None;
+    }
+    if python > readers.len() + notes.len() {
+        notes.push(format!(
+            "{} more Python processes not sampled (at most {MAX_PROCESSES} per snapshot)",
+            python - readers.len() - notes.len()
+        ));
+    }
+    let mut acc = Acc::default();
+    let period = Duration::from_secs(1) / rate_hz.max(1);
+    let mut read_errors: HashMap<u32, (u64, String)> = HashMap::new();
+    let mut next = t0;
+    while !readers.is_empty() && t0.elapsed() < duration {
+        for (pid, r) in &mut readers {
+            // In a call before and after the read, the same call (op and entry time): the
+            // stack read in between is that call's, not the next line's.
+            let before = inflight.map(GpuInflightReader::by_thread);
+            let stacks = r.stacks();
+            let after = inflight.map(GpuInflightReader::by_thread);
+            let in_call: HashMap<u32, u16> = match (before, after) {
+                (Some(b), Some(a)) => b
+                    .into_iter()
+                    .filter(|(tid, v)| a.get(tid) == Some(v))
+                    .map(|(tid, (op, _))| (tid, op))
+                    .collect(),
+                _ => HashMap::new(),
+            };
+            match stacks {
+                Ok(stacks) => {
+                    for t in stacks {
+                        acc.add(*pid, t, &in_call);
+                    }
+                }
+                // A torn read (the thread moved on mid-read) loses this sample only.
+                Err(e) => {
+                    let slot = read_errors.entry(*pid).or_default();
+                    slot.0 += 1;
+                    slot.1 = e.to_string();
+                }
+            }
+        }
+        acc.rounds += 1;
+        next += period;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            // Behind (a slow read): skip the missed ticks rather than burst.
+            next = now;
+        }
+    }
+    for (pid, (n, last)) in read_errors {
+        if n * 10 > acc.rounds {
+            notes.push(format!(
+                "process {pid}: {n} of {} reads failed (last: {last})",
+                acc.rounds
+            ));
+        }
+    }
+    let versions: Vec<String> = readers
+        .iter()
+        .map(|(pid, r)| format!("{pid}: Python {}", r.version()))
+        .collect();
+    Some(acc.finish(
+        StackSample {
+            method: format!(
+                "Python frames read from outside the process (py-spy's reader; the process is \
+                 not stopped) {rate_hz} times a second; a sample counts toward a runtime call when \
+                 the thread was inside it (the timed calls: syncs, collectives, allocations at \
+                 level calls). Sampled: {}",
+                versions.join(", ")
+            ),
+            started_unix_ms,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            rate_hz,
+            notes,
+            ..StackSample::default()
+        },
+        &readers.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+    ))
+}
+
+#[derive(Default)]
+struct ThreadAcc {
+    name: Option<String>,
+    samples: u64,
+    active: u64,
+    in_call: u64,
+    /// Innermost frame: samples.
+    lines: HashMap<Frame, u64>,
+    /// Whole stack, innermost first: samples.
+    stacks: HashMap<Vec<Frame>, u64>,
+}
+
+#[derive(Default)]
+struct Acc {
+    rounds: u64,
+    threads: HashMap<(u32, u32), ThreadAcc>,
+    /// (pid, op) -> stack (innermost first) -> samples.
+    sites: HashMap<(u32, u16), HashMap<Vec<Frame>, u64>>,
+}
+
+impl Acc {
+    fn add(&mut self, pid: u32, t: ThreadStack, in_call: &HashMap<u32, u16>) {
+        let Some(first) = t.frames.first().cloned() else {
+            return;
+        };
+        // A thread the interpreter gives no OS id for is kept apart under id 0.
+        let tid = t.tid.unwrap_or(0);
+        let op = t.tid.and_then(|tid| in_call.get(&tid).copied());
+        let th = self.threads.entry((pid, tid)).or_default();
+        if th.name.is_none() {
+            th.name = t.name;
+        }
+        th.samples += 1;
+        th.active += u64::from(t.active);
+        th.in_call += u64::from(op.is_some());
+        *th.lines.entry(first).or_default() += 1;
+        if let Some(op) = op {
+            *self
+                .sites
+                .entry((pid, op))
+                .or_default()
+                .entry(t.frames.clone())
+                .or_default() += 1;
+        }
+        *th.stacks.entry(t.frames).or_default() += 1;
+    }
+
+    fn finish(self, mut out: StackSample, pids: &[u32]) -> StackSample {
+        let mut sources = Sources::new(pids);
+        for ((pid, op), stacks) in self.sites {
+            let Some(spec) = CATALOG.get(op as usize) else {
+                continue;
+            };
+            let total = stacks.values().sum();
+            let (sites, other) = top(stacks, MAX_SITES);
+            out.call_sites.push(CallSites {
+                pid,
+                call: spec.name.to_string(),
+                category: spec.category.as_str().to_string(),
+                basis: SiteBasis::Samples,
+                total,
+                sites: sites
+                    .into_iter()
+                    .map(|(frames, count)| CallSite {
+                        source: sources.of(pid, &frames),
+                        frames,
+                        count,
+                        time_ns: None,
+                    })
+                    .collect(),
+                other,
+                unattributed: None,
+            });
+        }
+        out.call_sites
+            .sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
+        for ((pid, tid), th) in self.threads {
+            let (lines, _) = top(th.lines, MAX_SITES);
+            let (stacks, folded_other) = top(th.stacks, MAX_FOLDED);
+            let mut frames: Vec<Frame> = Vec::new();
+            let mut index: HashMap<Frame, u32> = HashMap::new();
+            let folded = stacks
+                .into_iter()
+                .map(|(stack, samples)| FoldedStack {
+                    frames: stack
+                        .into_iter()
+                        .rev()
+                        .map(|f| {
+                            *index.entry(f.clone()).or_insert_with(|| {
+                                frames.push(f);
+                                frames.len() as u32 - 1
+                            })
+                        })
+                        .collect(),
+                    samples,
+                })
+                .collect();
+            out.threads.push(ThreadProfile {
+                pid,
+                tid,
+                name: th
+                    .name
+                    .or_else(|| crate::pipeline::procinfo::thread_comm(pid, tid))
+                    .unwrap_or_default(),
+                main_thread: pid == tid,
+                samples: th.samples,
+                active_samples: th.active,
+                in_runtime_call_samples: th.in_call,
+                top_lines: lines
+                    .into_iter()
+                    .map(|(f, count)| {
+                        let frames = vec![f];
+                        CallSite {
+                            source: sources.of(pid, &frames),
+                            frames,
+                            count,
+                            time_ns: None,
+                        }
+                    })
+                    .collect(),
+                folded,
+                folded_other,
+                frames,
+            });
+        }
+        out.threads.sort_by(|a, b| {
+            (b.main_thread, b.active_samples, b.samples)
+                .cmp(&(a.main_thread, a.active_samples, a.samples))
+                .then((a.pid, a.tid).cmp(&(b.pid, b.tid)))
+        });
+        out
+    }
+}
+
+/// The `n` largest counts (ties in key order, so that the output is stable) and the sum of
+/// the rest.
+fn top<K: Ord>(m: HashMap<K, u64>, n: usize) -> (Vec<(K, u64)>, u64) {
+    let mut v: Vec<(K, u64)> = m.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let other = v.iter().skip(n).map(|(_, c)| c).sum();
+    v.truncate(n);
+    (v, other)
+}
+
+/// Source lines of the sites, read once per (process, file, line).
+struct Sources {
+    uid: HashMap<u32, Option<u32>>,
+    lines: HashMap<(u32, String, u32), Option<String>>,
+}
+
+impl Sources {
+    fn new(pids: &[u32]) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            uid: pids
+                .iter()
+                .map(|p| {
+                    (
+                        *p,
+                        std::fs::metadata(format!("/proc/{p}"))
+                            .ok()
+                            .map(|m| m.uid()),
+                    )
+                })
+                .collect(),
+            lines: HashMap::new(),
+        }
+    }
+
+    fn of(&mut self, pid: u32, frames: &[Frame]) -> Option<String> {
+        let f = frames
+            .iter()
+            .find(|f| f.file.is_some() && f.line.is_some())?;
+        let (file, line) = (f.file.clone()?, f.line?);
+        let uid = (*self.uid.get(&pid)?)?;
+        self.lines
+            .entry((pid, file.clone(), line))
+            .or_insert_with(|| source_line(pid, uid, &file, line))
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ethand_snapshot::stacks::FrameKind;
+
+    fn f(func: &str, line: u32) -> Frame {
+        Frame {
+            kind: FrameKind::Python,
+            function: Some(func.into()),
+            file: Some("/nonexistent/t.py".into()),
+            line: Some(line),
+            ..Frame::default()
+        }
+    }
+
+    fn stack(tid: u32, active: bool, frames: Vec<Frame>) -> ThreadStack {
+        ThreadStack {
+            tid: Some(tid),
+            name: Some("MainThread".into()),
+            active,
+            owns_gil: true,
+            frames,
+        }
+    }
+
+    #[test]
+    fn samples_count_toward_the_call_the_thread_is_inside_and_its_profile() {
+        // cuStreamSynchronize's op id, whatever the catalog's order.
+        let op = CATALOG
+            .iter()
+            .position(|s| s.name == "cuStreamSynchronize")
+            .unwrap() as u16;
+        let in_sync = HashMap::from([(10, op)]);
+        let mut acc = Acc::default();
+        for _ in 0..3 {
+            acc.add(
+                10,
+                stack(10, false, vec![f("step", 41), f("<module>", 90)]),
+                &in_sync,
+            );
+        }
+        acc.add(
+            10,
+            stack(10, true, vec![f("load", 7), f("<module>", 88)]),
+            &HashMap::new(),
+        );
+        // A thread with no Python frame is no sample.
+        acc.add(10, stack(11, true, vec![]), &HashMap::new());
+        let out = acc.finish(StackSample::default(), &[10]);
+        assert_eq!(out.call_sites.len(), 1);
+        let c = &out.call_sites[0];
+        assert_eq!(
+            (c.pid, c.call.as_str(), c.category.as_str()),
+            (10, "cuStreamSynchronize", "sync")
+        );
+        assert_eq!((c.total, c.other, c.sites.len()), (3, 0, 1));
+        assert_eq!(c.sites[0].frames[0].line, Some(41));
+        assert_eq!(out.threads.len(), 1);
+        let t = &out.threads[0];
+        assert!(t.main_thread);
+        assert_eq!(
+            (t.samples, t.active_samples, t.in_runtime_call_samples),
+            (4, 1, 3)
+        );
+        assert_eq!(t.top_lines[0].frames[0].line, Some(41));
+        assert_eq!(t.top_lines[0].count, 3);
+        // Folded stacks are outermost first.
+        let s = &t.folded[0];
+        assert_eq!(s.samples, 3);
+        assert_eq!(
+            t.frames[s.frames[0] as usize].function.as_deref(),
+            Some("<module>")
+        );
+        assert_eq!(t.frames[s.frames[1] as usize].line, Some(41));
+        // A file that cannot be read has no source text, not an error.
+        assert_eq!(c.sites[0].source, None);
+    }
+}

@@ -1,0 +1,76 @@
+//! The report's "Where in the code": call sites of runtime calls (Python samples and the
+//! kernel's exact stacks) and a flame graph of each sampled main thread.
+use super::*;
+use crate::stacks::{call_sites, flame_svg, thread_lines};
+
+pub(super) fn where_in_code(o: &mut String, t: &TreeSnapshot) {
+    let mut kernel: Vec<&ethand_snapshot::stacks::CallSites> = t
+        .processes
+        .iter()
+        .filter_map(|p| p.gpu.as_ref())
+        .flat_map(|g| &g.call_sites)
+        .collect();
+    kernel.sort_by(|a, b| b.total.cmp(&a.total));
+    let sample = t.stack_sample.as_ref();
+    if kernel.is_empty() && sample.is_none() {
+        return;
+    }
+    o.push_str("<section><h2>Where in the code</h2>");
+    if let Some(s) = sample {
+        w!(
+            o,
+            "<div class=\"note\">Python frames sampled {} times a second over {:.1} s for this snapshot. {}</div>",
+            s.rate_hz,
+            s.duration_ms as f64 / 1000.0,
+            escape(&s.method)
+        );
+        if !s.call_sites.is_empty() {
+            o.push_str("<h3>Runtime calls, by the Python line they were made from</h3><ul>");
+            for c in &s.call_sites {
+                if let Some(l) = call_sites(c) {
+                    w!(o, "<li>{}</li>", escape(&l));
+                }
+            }
+            o.push_str("</ul>");
+        }
+        for th in s.threads.iter().filter(|th| th.main_thread).take(3) {
+            if let Some(l) = thread_lines(th, 5) {
+                w!(o, "<h3>{}</h3>", escape(&l));
+            }
+            if !th.folded.is_empty() {
+                w!(
+                    o,
+                    "<div class=\"flame-wrap\">{}</div><div class=\"note\">Flame graph of the thread's Python stacks: outermost frame at the bottom, width by samples (hover for each frame's share).</div>",
+                    flame_svg(th, 1100)
+                );
+            }
+        }
+        for n in &s.notes {
+            w!(o, "<div class=\"note\">{}</div>", escape(n));
+        }
+    }
+    if !kernel.is_empty() {
+        o.push_str(
+            "<h3>Runtime calls, by the user stack the kernel took at each call (exact)</h3><ul>",
+        );
+        for c in kernel.iter().take(12) {
+            if let Some(l) = call_sites(c) {
+                w!(o, "<li>{}", escape(&l));
+                if let Some((top, _)) = c.top() {
+                    o.push_str("<div class=\"note\">");
+                    let frames: Vec<String> = top
+                        .frames
+                        .iter()
+                        .take(8)
+                        .map(|f| escape(&f.label()))
+                        .collect();
+                    o.push_str(&frames.join(" &larr; "));
+                    o.push_str("</div>");
+                }
+                o.push_str("</li>");
+            }
+        }
+        o.push_str("</ul>");
+    }
+    o.push_str("</section>\n");
+}

@@ -1,0 +1,272 @@
+//! Call sites and thread profiles ([`ethand_snapshot::stacks`]) as people read them: the one
+//! phrase of a site that the terminal, the HTML report and the findings share, and the flame
+//! graph of a thread as inline SVG. Names and paths are the process's: the phrases are
+//! returned raw for the caller to escape for its medium; the SVG escapes them itself.
+use std::fmt::Write as _;
+
+use ethand_snapshot::stacks::{CallSite, CallSites, SiteBasis, ThreadProfile};
+
+use crate::format;
+
+/// "train.py:41 in step(): `loss.item()`": where a site is, with its source text.
+pub fn site(s: &CallSite) -> String {
+    let mut o = s
+        .key_frame()
+        .map_or_else(|| "(no frame)".to_string(), |f| f.label());
+    if let Some(src) = &s.source {
+        let _ = write!(o, ": `{src}`");
+    }
+    o
+}
+
+/// "cuStreamSynchronize: 99.0 % of the time inside it from train.py:41 in step(): `loss.item()`
+/// (pid 12)", naming the busiest site.
+pub fn call_sites(c: &CallSites) -> Option<String> {
+    let (top, share) = c.top()?;
+    let what = match c.basis {
+        SiteBasis::Samples => format!(
+            "{} of {} inside it",
+            format::percent(share),
+            format::plural(c.total, "sample")
+        ),
+        SiteBasis::Calls => format!(
+            "{} of {}",
+            format::percent(share),
+            format::plural(c.total, "call")
+        ),
+    };
+    let more = match c.sites.len() + usize::from(c.other > 0) {
+        0 | 1 => String::new(),
+        n => format!("; {n} sites in all"),
+    };
+    Some(format!(
+        "{}: {what} from {} (pid {}{more})",
+        c.call,
+        site(top),
+        c.pid
+    ))
+}
+
+/// "main thread of pid 12 (MainThread): 62.0 % at decode.py:186 in decode(): `...`, 20.0 %
+/// at ...": where a thread's samples were, its `n` busiest lines.
+pub fn thread_lines(t: &ThreadProfile, n: usize) -> Option<String> {
+    if t.samples == 0 || t.top_lines.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = t
+        .top_lines
+        .iter()
+        .take(n)
+        .map(|l| {
+            format!(
+                "{} at {}",
+                format::percent(l.count as f64 / t.samples as f64),
+                site(l)
+            )
+        })
+        .collect();
+    let who = if t.main_thread {
+        format!("main thread of pid {}", t.pid)
+    } else {
+        format!("thread {} of pid {}", t.tid, t.pid)
+    };
+    Some(format!(
+        "{who} ({}): {} ({} on a CPU, {} inside runtime calls, of {})",
+        t.name,
+        lines.join(", "),
+        format::percent(t.active_samples as f64 / t.samples as f64),
+        format::percent(t.in_runtime_call_samples as f64 / t.samples as f64),
+        format::plural(t.samples, "sample"),
+    ))
+}
+
+/// A flame graph of one thread's sampled stacks: outermost frame at the bottom, width by
+/// samples, one `<rect>` and `<title>` per frame (hover shows the whole label and share).
+/// Self-contained SVG, no script.
+pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
+    const ROW: u32 = 17;
+    // Merge the folded stacks into a tree: (frame index path) -> samples.
+    #[derive(Default)]
+    struct Node {
+        samples: u64,
+        children: Vec<(u32, Node)>,
+    }
+    let mut root = Node::default();
+    for s in &t.folded {
+        root.samples += s.samples;
+        let mut n = &mut root;
+        for &f in &s.frames {
+            let i = match n.children.iter().position(|(k, _)| *k == f) {
+                Some(i) => i,
+                None => {
+                    n.children.push((f, Node::default()));
+                    n.children.len() - 1
+                }
+            };
+            n = &mut n.children[i].1;
+            n.samples += s.samples;
+        }
+    }
+    fn depth(n: &Node) -> u32 {
+        n.children
+            .iter()
+            .map(|(_, c)| 1 + depth(c))
+            .max()
+            .unwrap_or(0)
+    }
+    let rows = depth(&root).max(1);
+    let height = rows * ROW + 4;
+    let total = root.samples.max(1) as f64;
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        r#"<svg class="flame" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="monospace" font-size="11">"#
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn draw(
+        o: &mut String,
+        t: &ThreadProfile,
+        n: &Node,
+        x: f64,
+        level: u32,
+        rows: u32,
+        total: f64,
+        width: f64,
+    ) {
+        let mut cx = x;
+        for (f, c) in &n.children {
+            let w = c.samples as f64 / total * width;
+            if w >= 0.5 {
+                let y = (rows - 1 - level) * ROW + 2;
+                let label = t
+                    .frames
+                    .get(*f as usize)
+                    .map_or_else(|| "?".to_string(), |fr| fr.label());
+                // Warm colours; a stable hue per label so a function keeps its colour.
+                let h = label
+                    .bytes()
+                    .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b.into()));
+                let share = format::percent(c.samples as f64 / total);
+                let _ = write!(
+                    o,
+                    r#"<g><title>{} ({share}, {} samples)</title><rect x="{cx:.1}" y="{y}" width="{:.1}" height="{}" fill="hsl({},80%,{}%)" rx="2"/>"#,
+                    xml(&label),
+                    c.samples,
+                    (w - 1.0).max(0.5),
+                    ROW - 1,
+                    10 + h % 40,
+                    55 + h % 15,
+                );
+                // Text only where it fits (6.6 px per character at 11 px monospace).
+                let fits = ((w - 6.0) / 6.6) as usize;
+                if fits >= 3 {
+                    let shown: String = if label.chars().count() > fits {
+                        label
+                            .chars()
+                            .take(fits.saturating_sub(2))
+                            .chain("..".chars())
+                            .collect()
+                    } else {
+                        label
+                    };
+                    let _ = write!(
+                        o,
+                        r#"<text x="{:.1}" y="{}">{}</text>"#,
+                        cx + 3.0,
+                        y + ROW - 5,
+                        xml(&shown)
+                    );
+                }
+                o.push_str("</g>");
+                draw(o, t, c, cx, level + 1, rows, total, width);
+            }
+            cx += w;
+        }
+    }
+    draw(&mut o, t, &root, 0.0, 0, rows, total, f64::from(width));
+    o.push_str("</svg>");
+    o
+}
+
+/// Escapes for SVG text and attributes; hidden and control characters as visible escapes.
+fn xml(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in crate::text::for_terminal(s).chars() {
+        match c {
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ethand_snapshot::stacks::{FoldedStack, Frame, FrameKind};
+
+    fn py(f: &str, line: u32) -> Frame {
+        Frame {
+            kind: FrameKind::Python,
+            function: Some(f.into()),
+            file: Some("/w/train.py".into()),
+            line: Some(line),
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn a_site_phrase_names_call_share_line_and_source() {
+        let c = CallSites {
+            pid: 7,
+            call: "cuStreamSynchronize".into(),
+            category: "sync".into(),
+            basis: SiteBasis::Samples,
+            total: 200,
+            sites: vec![CallSite {
+                frames: vec![py("step", 41), py("<module>", 90)],
+                count: 198,
+                time_ns: None,
+                source: Some("loss.item()".into()),
+            }],
+            other: 2,
+            unattributed: None,
+        };
+        assert_eq!(
+            call_sites(&c).unwrap(),
+            "cuStreamSynchronize: 99.0 % of 200 samples inside it from train.py:41 in step(): `loss.item()` (pid 7; 2 sites in all)"
+        );
+    }
+
+    #[test]
+    fn the_flame_graph_has_one_box_per_frame_and_escapes_names() {
+        let t = ThreadProfile {
+            pid: 1,
+            tid: 1,
+            name: "MainThread".into(),
+            main_thread: true,
+            samples: 4,
+            frames: vec![py("<module>", 1), py("a", 2), py("<b>\u{202e}", 3)],
+            folded: vec![
+                FoldedStack {
+                    frames: vec![0, 1],
+                    samples: 3,
+                },
+                FoldedStack {
+                    frames: vec![0, 2],
+                    samples: 1,
+                },
+            ],
+            ..ThreadProfile::default()
+        };
+        let svg = flame_svg(&t, 800);
+        assert_eq!(svg.matches("<rect").count(), 3);
+        assert!(svg.contains("train.py:2 in a() (75.0 %, 3 samples)"));
+        assert!(svg.contains("&lt;b&gt;\\u{202e}"), "{svg}");
+        assert!(!svg.contains('\u{202e}'));
+    }
+}
