@@ -627,9 +627,18 @@ fn where_in_code(o: &mut String, t: &TreeSnapshot) {
     }
     let _ = writeln!(o, "\nWHERE IN THE CODE");
     if let Some(s) = sample {
+        let cost = match s.sampler_cpu_ns {
+            Some(ns) if s.reads > 0 => format!(
+                "; {} reads cost ethand {} of CPU, {} each",
+                s.reads,
+                ethand_exporters::format::duration_ns_u(ns),
+                ethand_exporters::format::duration_ns_u(ns / s.reads)
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             o,
-            "  Python frames sampled {}/s over {:.1}s for this snapshot",
+            "  Python frames sampled {}/s over {:.1}s for this snapshot{cost}",
             s.rate_hz,
             s.duration_ms as f64 / 1000.0
         );

@@ -106,6 +106,13 @@ pub struct StackSample {
     pub duration_ms: u64,
     /// Samples per second per process.
     pub rate_hz: u32,
+    /// Reads of a process's Python stacks made (each: every thread of one process).
+    #[serde(default)]
+    pub reads: u64,
+    /// CPU time the sampling thread of ethand spent (the cost of the sample; the sampled
+    /// processes are not stopped). None where the clock could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_cpu_ns: Option<u64>,
     /// Per (process, runtime call): where the threads were when a sample found them inside
     /// the call.
     pub call_sites: Vec<CallSites>,
