@@ -111,6 +111,8 @@ pub struct GpuConfig {
     /// libraries, found in the loader's directories and beside NVML's library.
     #[serde(default)]
     pub driver_libraries: Vec<PathBuf>,
+    /// Take the user stack at each probed call (not frees) and count calls per call site.
+    pub call_stacks: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -215,6 +217,8 @@ pub struct MapsConfig {
     pub blk_stats: u32,
     pub net_stats: u32,
     pub sock_owner: u32,
+    pub gpu_stacks: u32,
+    pub gpu_sites: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -419,9 +423,17 @@ impl Config {
             ("maps.blk_stats", m.blk_stats),
             ("maps.net_stats", m.net_stats),
             ("maps.sock_owner", m.sock_owner),
+            ("maps.gpu_sites", m.gpu_sites),
         ] {
             in_range(key, u64::from(v), MAP_ENTRIES_MIN, MAP_ENTRIES_MAX)?;
         }
+        // ~1 KiB per stack, preallocated: at most 256 MiB.
+        in_range(
+            "maps.gpu_stacks",
+            u64::from(m.gpu_stacks),
+            MAP_ENTRIES_MIN,
+            1 << 18,
+        )?;
         self.validate_otlp()?;
         self.attribution.validate()?;
         for (name, tp) in &self.probes.tracepoints {
