@@ -877,6 +877,8 @@ mod tests {
             ("[daemon]\nuser = \"a:b\"\n", "daemon.user", 2),
             ("[maps]\nthreads = 0\n", "maps.threads", 2),
             ("[maps]\nsock_owner = 100000000\n", "maps.sock_owner", 2),
+            ("[maps]\ngpu_stacks = 1000000\n", "maps.gpu_stacks", 2),
+            ("[maps]\ngpu_sites = 10\n", "maps.gpu_sites", 2),
             (
                 "[prometheus]\nmax_connections = 0\n",
                 "prometheus.max_connections",

@@ -263,3 +263,34 @@ fn call_sites_exact_from_kernel_stacks() {
     }
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `gpu.call_stacks = false`: the calls are counted as before, no call site is.
+#[test]
+fn no_call_sites_when_call_stacks_off() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-callsites-off-{}", std::process::id()));
+    let (_, bin, _) = build(&dir);
+    let d = Daemon::start(
+        "gpu-sites-off",
+        "[gpu]\nlevel = \"calls\"\nrescan_interval_ms = 300\ncall_stacks = false\n",
+    );
+    let mut p = Prog::start(&bin);
+    wait_attached(&d, &standins::shared().cuda);
+    p.go();
+    thread::sleep(SETTLE);
+    let pid = p.child.id();
+    let t0 = Instant::now();
+    let g = loop {
+        let snap = d.snapshot(pid);
+        let g = find_proc(&snap, pid).gpu.clone();
+        if g.as_ref().is_some_and(|g| g.sync.calls == CALLS_A + CALLS_B)
+            || t0.elapsed() > Duration::from_secs(5)
+        {
+            break g.expect("a gpu section");
+        }
+        thread::sleep(Duration::from_millis(INTERVAL_MS + 50));
+    };
+    assert_eq!(g.sync.calls, CALLS_A + CALLS_B);
+    assert!(g.call_sites.is_empty(), "{:#?}", g.call_sites);
+    let _ = fs::remove_dir_all(&dir);
+}
