@@ -283,7 +283,8 @@ fn no_call_sites_when_call_stacks_off() {
     let g = loop {
         let snap = d.snapshot(pid);
         let g = find_proc(&snap, pid).gpu.clone();
-        if g.as_ref().is_some_and(|g| g.sync.calls == CALLS_A + CALLS_B)
+        if g.as_ref()
+            .is_some_and(|g| g.sync.calls == CALLS_A + CALLS_B)
             || t0.elapsed() > Duration::from_secs(5)
         {
             break g.expect("a gpu section");
