@@ -116,6 +116,8 @@ pub struct GpuConfig {
     /// libraries, found in the loader's directories and beside NVML's library.
     #[serde(default)]
     pub driver_libraries: Vec<PathBuf>,
+    /// Take the user stack at each probed call (not frees) and count calls per call site.
+    pub call_stacks: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -220,6 +222,8 @@ pub struct MapsConfig {
     pub blk_stats: u32,
     pub net_stats: u32,
     pub sock_owner: u32,
+    pub gpu_stacks: u32,
+    pub gpu_sites: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -436,9 +440,17 @@ impl Config {
             ("maps.blk_stats", m.blk_stats),
             ("maps.net_stats", m.net_stats),
             ("maps.sock_owner", m.sock_owner),
+            ("maps.gpu_sites", m.gpu_sites),
         ] {
             in_range(key, u64::from(v), MAP_ENTRIES_MIN, MAP_ENTRIES_MAX)?;
         }
+        // ~1 KiB per stack, preallocated: at most 256 MiB.
+        in_range(
+            "maps.gpu_stacks",
+            u64::from(m.gpu_stacks),
+            MAP_ENTRIES_MIN,
+            1 << 18,
+        )?;
         self.validate_otlp()?;
         self.attribution.validate()?;
         for (name, tp) in &self.probes.tracepoints {
@@ -882,6 +894,8 @@ mod tests {
             ("[daemon]\nuser = \"a:b\"\n", "daemon.user", 2),
             ("[maps]\nthreads = 0\n", "maps.threads", 2),
             ("[maps]\nsock_owner = 100000000\n", "maps.sock_owner", 2),
+            ("[maps]\ngpu_stacks = 1000000\n", "maps.gpu_stacks", 2),
+            ("[maps]\ngpu_sites = 10\n", "maps.gpu_sites", 2),
             (
                 "[prometheus]\nmax_connections = 0\n",
                 "prometheus.max_connections",

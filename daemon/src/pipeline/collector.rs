@@ -8,12 +8,13 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
 };
 use ethand_common::{
-    BlkKey, BlkStats, CpuCtx, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight,
-    GpuInflightKey, GpuProcState, Hist, LifecycleEvent, NetStats, ProcKey, SyscallHistKey,
-    SyscallKey, SyscallStats, ThreadStats, counter, lifecycle_kind, thread_flags,
+    BlkKey, BlkStats, CpuCtx, GPU_STACK_UNATTRIBUTED, GpuAlloc, GpuAllocKey, GpuCallKey,
+    GpuCallStats, GpuInflight, GpuInflightKey, GpuProcState, GpuSiteKey, GpuSiteStats, Hist,
+    LifecycleEvent, NetStats, ProcKey, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
+    counter, lifecycle_kind, thread_flags,
 };
 use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
@@ -52,6 +53,12 @@ pub struct Collector {
     gpu_calls: BpfHashMap<MapData, GpuCallKey, GpuCallStats>,
     gpu_proc: BpfHashMap<MapData, ProcKey, GpuProcState>,
     gpu_allocs: BpfHashMap<MapData, GpuAllocKey, GpuAlloc>,
+    gpu_sites: BpfHashMap<MapData, GpuSiteKey, GpuSiteStats>,
+    gpu_stacks: StackTraceMap<MapData>,
+    /// Stack ids no call site referred to at the last sweep: deleted at the next one if
+    /// still unreferenced (a stack is stored just before its site is counted).
+    unreferenced_stacks: HashSet<u32>,
+    rounds: u64,
     lifecycle: RingBuf<MapData>,
     gpu_inflight: std::sync::Arc<GpuInflightReader>,
     capacity: HashMap<&'static str, u64>,
@@ -80,7 +87,17 @@ macro_rules! of_process {
         }
     )*};
 }
-of_process!(SyscallKey, SyscallHistKey, BlkKey, GpuCallKey, ProcKey);
+of_process!(
+    SyscallKey,
+    SyscallHistKey,
+    BlkKey,
+    GpuCallKey,
+    GpuSiteKey,
+    ProcKey
+);
+
+/// Rounds between sweeps of the stacks no call site refers to.
+const STACK_SWEEP_ROUNDS: u64 = 30;
 
 /// The keys of `read` that belong to a process in `procs`.
 fn of<K: OfProcess, V>(read: &[(K, V)], procs: &FoldSet<(u32, u64)>) -> Vec<K> {
@@ -264,6 +281,10 @@ impl Collector {
             gpu_calls: take(ebpf, "GPU_CALLS")?,
             gpu_proc: take(ebpf, "GPU_PROC")?,
             gpu_allocs: take(ebpf, "GPU_ALLOCS")?,
+            gpu_sites: take(ebpf, "GPU_SITES")?,
+            gpu_stacks: take(ebpf, "GPU_STACKS")?,
+            unreferenced_stacks: HashSet::new(),
+            rounds: 0,
             lifecycle: take(ebpf, "LIFECYCLE")?,
             gpu_inflight: std::sync::Arc::new(GpuInflightReader {
                 map: std::sync::Mutex::new((take(ebpf, "GPU_INFLIGHT")?, true, Vec::new())),
@@ -276,6 +297,8 @@ impl Collector {
                 ("net_stats", u64::from(m.net_stats)),
                 ("gpu_calls", 16384),
                 ("gpu_proc", 4096),
+                ("gpu_sites", u64::from(m.gpu_sites)),
+                ("gpu_stacks", u64::from(m.gpu_stacks)),
             ]),
             fills: Vec::new(),
             stats: BpfStats::new(cfg),
@@ -329,6 +352,12 @@ impl Collector {
         read_all(&self.net_stats, ok, &mut raw.net);
         read_all(&self.gpu_calls, ok, &mut raw.gpu_calls);
         read_all(&self.gpu_proc, ok, &mut raw.gpu_procs);
+        read_all(&self.gpu_sites, ok, &mut raw.gpu_sites);
+        read_stacks(&self.gpu_stacks, raw);
+        self.rounds += 1;
+        if self.rounds.is_multiple_of(STACK_SWEEP_ROUNDS) {
+            sweep_stacks(&mut self.gpu_stacks, &mut self.unreferenced_stacks, raw);
+        }
         // A batch read comes in hash-bucket order, every process's entries scattered. In
         // process order, ingest finds a process's model state still in cache for its next
         // entry: at 1,000 processes it was memory-bound, a few cache misses per entry.
@@ -355,6 +384,8 @@ impl Collector {
             fill("net_stats", raw.net.len(), &self.capacity),
             fill("gpu_calls", raw.gpu_calls.len(), &self.capacity),
             fill("gpu_proc", raw.gpu_procs.len(), &self.capacity),
+            fill("gpu_sites", raw.gpu_sites.len(), &self.capacity),
+            fill("gpu_stacks", raw.gpu_stacks.len(), &self.capacity),
         ];
         raw
     }
@@ -380,6 +411,8 @@ impl Collector {
         delete_keys(&mut self.net_stats, &of(&k.net, &reclaimed), ok);
         delete_keys(&mut self.gpu_proc, &of(&k.gpu_procs, &reclaimed), ok);
         delete_keys(&mut self.gpu_calls, &of(&k.gpu_calls, &reclaimed), ok);
+        // Their stacks go at a later sweep, once no site refers to them.
+        delete_keys(&mut self.gpu_sites, &of(&k.gpu_sites, &reclaimed), ok);
         // Allocations carry only the tgid: drop those of reclaimed tgids unless a live
         // process has taken the tgid over meanwhile.
         let keys: Vec<GpuAllocKey> = self
@@ -434,6 +467,50 @@ fn read_running(cpu_ctx: &PerCpuArray<MapData, CpuCtx>, raw: &mut RawRead) {
             raw.running_oncpu.insert(*tid, now - t.exec_runtime_ns);
         }
     }
+}
+
+/// Reads the stacks of call sites new since the last read (a stack's frames never change
+/// while its id lives).
+fn read_stacks(map: &StackTraceMap<MapData>, raw: &mut RawRead) {
+    raw.gpu_stacks_changed = false;
+    for (k, _) in &raw.gpu_sites {
+        let id = k.stack_id;
+        if id == GPU_STACK_UNATTRIBUTED || raw.gpu_stacks.contains_key(&id) {
+            continue;
+        }
+        if let Ok(st) = map.get(&id, 0) {
+            let ips: Vec<u64> = st.frames().iter().map(|f| f.ip).collect();
+            raw.gpu_stacks.insert(id, ips.into());
+            raw.gpu_stacks_changed = true;
+        }
+    }
+}
+
+/// Deletes the stacks that no call site has referred to for two sweeps (the sites of
+/// reclaimed processes are deleted, so their stacks end here; a stack whose site could not be
+/// counted, too).
+fn sweep_stacks(
+    map: &mut StackTraceMap<MapData>,
+    unreferenced: &mut HashSet<u32>,
+    raw: &mut RawRead,
+) {
+    let used: FoldSet<u32> = raw.gpu_sites.iter().map(|(k, _)| k.stack_id).collect();
+    let ids: Vec<u32> = map.stack_ids().filter_map(Result::ok).collect();
+    let mut now = HashSet::new();
+    for id in ids {
+        if used.contains(&id) {
+            continue;
+        }
+        if unreferenced.contains(&id) {
+            let _ = map.remove(&id);
+            if raw.gpu_stacks.remove(&id).is_some() {
+                raw.gpu_stacks_changed = true;
+            }
+        } else {
+            now.insert(id);
+        }
+    }
+    *unreferenced = now;
 }
 
 /// Run count and time of each attached program (kernel BPF stats).

@@ -300,6 +300,9 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
     let ebpf = loader
         .override_global("KOFF", &koff, true)
         .override_global("TPOFF", &tpoff, true)
+        .override_global("GPU_CALL_STACKS", &u32::from(cfg.gpu.call_stacks), true)
+        .map_max_entries("GPU_STACKS", m.gpu_stacks)
+        .map_max_entries("GPU_SITES", m.gpu_sites)
         .map_max_entries("THREADS", m.threads)
         .map_max_entries("SYSCALLS", m.syscalls)
         .map_max_entries("SYSCALL_HIST", m.syscall_hist)

@@ -105,7 +105,13 @@ pub mod counter {
     /// charge. Counted only where the switch-in does accounting (not `offcpu_from_task`,
     /// where nothing depends on it). Informational: the kernel did not deliver the event.
     pub const SWITCH_IN_UNSEEN: u32 = 14;
-    pub const COUNT: u32 = 15;
+    /// A probed GPU call's user stack could not be taken (a different stack already holds
+    /// its hash slot in GPU_STACKS, the map is full, the stack could not be read): the call is
+    /// counted under the unattributed site ([`super::GPU_STACK_UNATTRIBUTED`]).
+    pub const GPU_STACK_LOST: u32 = 15;
+    /// GPU_SITES was full: a call was counted in GPU_CALLS but at no call site.
+    pub const GPU_SITES_FULL: u32 = 16;
+    pub const COUNT: u32 = 17;
     pub const NAMES: [&str; COUNT as usize] = [
         "threads_full",
         "syscalls_full",
@@ -122,10 +128,13 @@ pub mod counter {
         "gpu_inflight_full",
         "wakeup_slot_taken",
         "switch_in_unseen",
+        "gpu_stack_lost",
+        "gpu_sites_full",
     ];
     /// Which of the above mean lost data (the rest are informational).
     pub const IS_LOSS: [bool; COUNT as usize] = [
-        true, true, true, true, true, true, true, false, false, true, true, true, true, true, false,
+        true, true, true, true, true, true, true, false, false, true, true, true, true, true,
+        false, true, true,
     ];
 }
 
@@ -558,7 +567,44 @@ pub struct GpuInflight {
     pub ptr: u64,
     pub size: u64,
     pub dir: u32,
+    /// The call's site in `GPU_SITES` (a `GPU_STACKS` id, [`GPU_STACK_UNATTRIBUTED`]), or
+    /// [`GPU_STACK_NONE`] where no stack was taken.
+    pub stack_id: u32,
+    /// The call's return address (see [`GpuSiteKey::caller`]).
+    pub caller: u64,
+}
+
+/// [`GpuSiteKey::stack_id`] of calls whose user stack could not be taken.
+pub const GPU_STACK_UNATTRIBUTED: u32 = u32::MAX;
+/// [`GpuInflight::stack_id`] when call stacks are off.
+pub const GPU_STACK_NONE: u32 = u32::MAX - 1;
+/// Frames the kernel keeps per stack in `GPU_STACKS` (PERF_MAX_STACK_DEPTH).
+pub const GPU_STACK_DEPTH: usize = 127;
+
+/// One call site of a runtime symbol: per process, symbol and user stack (`GPU_STACKS` id)
+/// at the call's entry. Updated with atomic adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GpuSiteKey {
+    pub tgid: u32,
+    pub op: u32,
+    pub proc_start_ns: u64,
+    pub stack_id: u32,
     pub _pad0: u32,
+    /// The return address at the top of the user stack at the probed function's entry: the
+    /// immediate caller, which a frame-pointer walk from a function's first instruction
+    /// misses (the kernel adds it only where the probed instruction is `push %rbp` or
+    /// `endbr64`). 0: not read.
+    pub caller: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuSiteStats {
+    pub calls: u64,
+    /// Host time inside the calls from this site, summed over `timed_calls` returns.
+    pub time_ns: u64,
+    pub timed_calls: u64,
 }
 
 /// A live allocation, keyed by (tgid, pointer).
@@ -789,6 +835,8 @@ mod pod {
     unsafe impl aya::Pod for GpuInflight {}
     unsafe impl aya::Pod for GpuAllocKey {}
     unsafe impl aya::Pod for GpuAlloc {}
+    unsafe impl aya::Pod for GpuSiteKey {}
+    unsafe impl aya::Pod for GpuSiteStats {}
     unsafe impl aya::Pod for GpuProcState {}
     unsafe impl aya::Pod for RecordEvent {}
     unsafe impl aya::Pod for RecordThread {}
@@ -826,9 +874,11 @@ mod tests {
         assert_eq!(size_of::<GpuCallKey>(), 16);
         assert_eq!(size_of::<GpuCallStats>(), 40);
         assert_eq!(size_of::<GpuInflightKey>(), 8);
-        assert_eq!(size_of::<GpuInflight>(), 32);
+        assert_eq!(size_of::<GpuInflight>(), 40);
         assert_eq!(size_of::<GpuAllocKey>(), 16);
         assert_eq!(size_of::<GpuAlloc>(), 16);
+        assert_eq!(size_of::<GpuSiteKey>(), 32);
+        assert_eq!(size_of::<GpuSiteStats>(), 24);
         assert_eq!(size_of::<GpuProcState>(), 8 * 17 + 16);
         assert_eq!(size_of::<RecordEvent>(), 64);
         assert_eq!(size_of::<RecordThread>(), 40);

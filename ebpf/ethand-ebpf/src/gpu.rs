@@ -2,20 +2,24 @@
 //! programs serve every probed symbol: the attach cookie carries the symbol's op id, and
 //! `GPU_OPS[op]` (filled by userspace from the catalog) says how to read its arguments. Per
 //! hit: one array lookup, one hash update with atomic adds; allocations, frees, syncs and
-//! collectives add one more map operation. No strings, no stacks.
+//! collectives add one more map operation. No strings. With `gpu.call_stacks` on, the calls
+//! worth a call site (copies but device-to-device, allocations, syncs, collectives) also take
+//! the user stack
+//! (`bpf_get_stackid` into `GPU_STACKS`) and add to `GPU_SITES` per (process, symbol, stack).
 use aya_ebpf::{
     EbpfContext,
+    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, LruHashMap},
-    programs::{ProbeContext, RetProbeContext},
+    maps::{Array, HashMap, LruHashMap, StackTrace},
+    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use ethand_common::{
-    GPU_ARG_NONE, GPU_COOKIE_TIME, GPU_MAX_OPS, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats,
-    GpuInflight, GpuInflightKey, GpuOpDesc, GpuProcState, counter, gpu_dir, gpu_dtype, gpu_flags,
-    gpu_kind, gpu_mem,
+    GPU_ARG_NONE, GPU_COOKIE_TIME, GPU_MAX_OPS, GPU_STACK_NONE, GPU_STACK_UNATTRIBUTED, GpuAlloc,
+    GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight, GpuInflightKey, GpuOpDesc, GpuProcState,
+    GpuSiteKey, GpuSiteStats, counter, gpu_dir, gpu_dtype, gpu_flags, gpu_kind, gpu_mem,
 };
 
 use crate::maps::{atomic_add, bump, current_ctx, get_or_insert, proc_key};
@@ -33,6 +37,16 @@ pub static GPU_ALLOCS: HashMap<GpuAllocKey, GpuAlloc> = HashMap::with_max_entrie
 #[map]
 pub static GPU_PROC: HashMap<ethand_common::ProcKey, GpuProcState> =
     HashMap::with_max_entries(4096, 0);
+
+/// 1: take call stacks (`gpu.call_stacks`); set by the loader.
+#[unsafe(no_mangle)]
+pub static GPU_CALL_STACKS: u32 = 0;
+/// User stacks at the entry of probed calls, by id (sized from `maps.gpu_stacks`).
+#[map]
+pub static GPU_STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
+/// Calls per (process, symbol, stack id) (sized from `maps.gpu_sites`).
+#[map]
+pub static GPU_SITES: HashMap<GpuSiteKey, GpuSiteStats> = HashMap::with_max_entries(16384, 0);
 
 /// Kernel launches per process while a diagnosis samples them (`ethand snapshot` at a level
 /// that does not count launches): the links are scoped to the sampled processes and live only
@@ -164,6 +178,43 @@ fn read_user_u64(p: u64) -> u64 {
     unsafe { bpf_probe_read_user(p as *const u64) }.unwrap_or(0)
 }
 
+/// Takes the user stack and counts the call at its site; returns the site's stack id
+/// ([`GPU_STACK_UNATTRIBUTED`] when the stack could not be taken, [`GPU_STACK_NONE`] when
+/// the site could not be counted) and the caller's return address.
+#[inline(always)]
+fn count_site(ctx: &ProbeContext, tgid: u32, proc_start_ns: u64, op: u32) -> (u32, u64) {
+    // At the probed function's first instruction the return address is on top of the stack.
+    let sp = unsafe { core::ptr::read_volatile(&raw const (*ctx.regs).rsp) };
+    let caller = read_user_u64(sp);
+    let stack_id = match ctx.get_stackid(&GPU_STACKS, u64::from(BPF_F_USER_STACK)) {
+        Ok(id) => id as u32,
+        Err(_) => {
+            bump(counter::GPU_STACK_LOST);
+            GPU_STACK_UNATTRIBUTED
+        }
+    };
+    let key = GpuSiteKey {
+        tgid,
+        op,
+        proc_start_ns,
+        stack_id,
+        _pad0: 0,
+        caller,
+    };
+    match get_or_insert(
+        &GPU_SITES,
+        &key,
+        &GpuSiteStats::default(),
+        counter::GPU_SITES_FULL,
+    ) {
+        Some(site) => {
+            unsafe { atomic_add(&raw mut (*site).calls, 1) };
+            (stack_id, caller)
+        }
+        None => (GPU_STACK_NONE, 0),
+    }
+}
+
 #[inline(always)]
 fn proc_state(key: &ethand_common::ProcKey) -> Option<*mut GpuProcState> {
     get_or_insert(&GPU_PROC, key, &ZERO_PROC, counter::GPU_PROC_FULL)
@@ -291,6 +342,19 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             atomic_add(&raw mut (*st).bytes, bytes);
         }
     }
+    let stacks = unsafe { core::ptr::read_volatile(&raw const GPU_CALL_STACKS) } == 1;
+    // Not for launches and group calls (kind COUNT), device-to-device copies (both made per
+    // kernel or per tensor, probed from level `process` on: ~1 us more each would cost a
+    // launch-bound step), frees and communicator creations.
+    let site = d.kind != gpu_kind::COUNT
+        && d.kind != gpu_kind::FREE
+        && d.kind != gpu_kind::COMM_INIT
+        && !(d.kind == gpu_kind::COPY && d.dir == gpu_dir::DEVICE_TO_DEVICE);
+    let (stack_id, caller) = if stacks && site {
+        count_site(ctx, c.tgid, c.proc_start_ns, op)
+    } else {
+        (GPU_STACK_NONE, 0)
+    };
     if d.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0 || cookie & GPU_COOKIE_TIME != 0 {
         let ik = GpuInflightKey {
             tid: bpf_get_current_pid_tgid() as u32,
@@ -301,7 +365,8 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             ptr,
             size,
             dir,
-            _pad0: 0,
+            stack_id,
+            caller,
         };
         if GPU_INFLIGHT.insert(&ik, &v, 0).is_err() {
             bump(counter::GPU_INFLIGHT_FULL);
@@ -333,12 +398,29 @@ fn on_return(ctx: &RetProbeContext) -> Option<()> {
     // CUresult, ncclResult_t, aclError and HcclResult are all int, 0 on success.
     let rc: u64 = ctx.ret();
     let ok = rc as u32 == 0;
+    let took = now.saturating_sub(inf.start_ns);
     unsafe {
         if !ok {
             atomic_add(&raw mut (*st).errors, 1);
         }
-        atomic_add(&raw mut (*st).time_ns, now.saturating_sub(inf.start_ns));
+        atomic_add(&raw mut (*st).time_ns, took);
         atomic_add(&raw mut (*st).timed_calls, 1);
+    }
+    if inf.stack_id != GPU_STACK_NONE {
+        let sk = GpuSiteKey {
+            tgid: c.tgid,
+            op,
+            proc_start_ns: c.proc_start_ns,
+            stack_id: inf.stack_id,
+            _pad0: 0,
+            caller: inf.caller,
+        };
+        if let Some(site) = GPU_SITES.get_ptr_mut(&sk) {
+            unsafe {
+                atomic_add(&raw mut (*site).time_ns, took);
+                atomic_add(&raw mut (*site).timed_calls, 1);
+            }
+        }
     }
     if ok && (d.kind == gpu_kind::ALLOC || d.kind == gpu_kind::REGISTER) {
         let ptr = if d.kind == gpu_kind::ALLOC {

@@ -20,6 +20,7 @@ mod escaping;
 mod faults;
 mod gpu;
 mod gpu_diagnosis;
+mod gpu_sites;
 mod hostile;
 mod html;
 mod inflight;

@@ -36,6 +36,7 @@ use crate::{
 pub use crate::pipeline::uprobes::Progs;
 
 mod libraries;
+pub mod sites;
 mod stats;
 
 use libraries::*;

@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ethand_common::{
-    BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, HIST_BUCKETS, Hist,
-    NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey, SyscallStats as RawSys, ThreadStats,
-    blk_op, syscall_class, thread_flags,
+    BlkKey, BlkStats as RawBlk, GpuCallKey, GpuCallStats, GpuProcState, GpuSiteKey, GpuSiteStats,
+    HIST_BUCKETS, Hist, NetStats as RawNet, ProcKey, SyscallHistKey, SyscallKey,
+    SyscallStats as RawSys, ThreadStats, blk_op, syscall_class, thread_flags,
 };
 use ethand_snapshot as snap;
 
@@ -42,6 +42,12 @@ pub struct RawRead {
     pub net: Vec<(ProcKey, RawNet)>,
     pub gpu_calls: Vec<(GpuCallKey, GpuCallStats)>,
     pub gpu_procs: Vec<(ProcKey, GpuProcState)>,
+    pub gpu_sites: Vec<(GpuSiteKey, GpuSiteStats)>,
+    /// The user stacks call sites refer to, by `GPU_STACKS` id (kept between reads: only
+    /// new ids are read).
+    pub gpu_stacks: HashMap<u32, crate::pipeline::gpu::sites::Stack>,
+    /// `gpu_stacks` changed in this read.
+    pub gpu_stacks_changed: bool,
     /// On-CPU time of runs in progress that `threads` does not hold yet (tid -> ns): the
     /// kernel charges a run at its switch-out, and a thread alone on its CPU may not be
     /// switched out for seconds.
@@ -114,6 +120,10 @@ pub struct Model {
     seed_hits: Vec<ProcKey>,
     /// Wall clock minus CLOCK_MONOTONIC (ms) at the last ingest: births in wall time.
     unix_minus_mono_ms: i64,
+    /// The user stacks of GPU call sites, by `GPU_STACKS` id (as of the last read).
+    pub gpu_stacks: HashMap<u32, crate::pipeline::gpu::sites::Stack>,
+    /// Call sites symbolized when a snapshot was built, kept per (process, stack).
+    pub site_cache: std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>,
 }
 
 /// What the kernel recorded of a process at its exit (lifecycle.rs): all that is known of
@@ -147,6 +157,8 @@ impl Model {
             maps_changed: HashSet::new(),
             exit_events: false,
             launches_counted: false,
+            gpu_stacks: HashMap::new(),
+            site_cache: Default::default(),
             rounds: Thinned::default(),
             history_ms: (history_seconds * 1000).max(2 * interval_ms),
             round: 0,
@@ -489,6 +501,21 @@ impl Model {
             if let Some(p) = self.proc_mut(k) {
                 p.gpu_state = Some(v);
             }
+        }
+        for &(k, v) in &raw.gpu_sites {
+            if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
+                p.gpu_sites.insert((k.op as u16, k.stack_id, k.caller), v);
+            }
+        }
+        if raw.gpu_stacks_changed {
+            self.gpu_stacks = raw.gpu_stacks.clone();
+        }
+        if self.round.is_multiple_of(60) {
+            let procs = &self.procs;
+            self.site_cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|pid, start| procs.contains_key(&proc_key(pid, start)));
         }
         self.untracked_exited_threads = untracked_exited;
         self.refresh_meta(&new_threads);

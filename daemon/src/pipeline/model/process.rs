@@ -144,6 +144,9 @@ pub struct Proc {
     /// Per (op id, copy direction): cumulative kernel counters.
     pub gpu_calls: BTreeMap<(u16, u16), GpuCallStats>,
     pub gpu_state: Option<GpuProcState>,
+    /// Per (op id, `GPU_STACKS` id, caller's return address): calls from each call site
+    /// (cumulative).
+    pub gpu_sites: BTreeMap<(u16, u32, u64), ethand_common::GpuSiteStats>,
     /// Metadata must be (re)read: first sight or exec.
     pub meta_stale: bool,
     /// Totals over time, for the snapshot windows and timelines.
@@ -178,6 +181,7 @@ impl Proc {
             net: RawNet::default(),
             gpu_calls: BTreeMap::new(),
             gpu_state: None,
+            gpu_sites: BTreeMap::new(),
             history: History::default(),
             kernel_released: false,
             read_this_round: false,

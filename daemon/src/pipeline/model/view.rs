@@ -262,11 +262,19 @@ impl Model {
             .iter()
             .map(|(&(dev, op), b)| blk_snapshot(dev, op, b, devnames))
             .collect();
-        let gpu = crate::pipeline::gpu::process_stats(
+        let mut gpu = crate::pipeline::gpu::process_stats(
             &p.gpu_calls,
             p.gpu_state.as_ref(),
             self.launches_counted,
         );
+        if let Some(g) = &mut gpu {
+            g.call_sites = crate::pipeline::gpu::sites::call_sites(
+                &self.site_cache,
+                p.key,
+                &p.gpu_sites,
+                &self.gpu_stacks,
+            );
+        }
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,
