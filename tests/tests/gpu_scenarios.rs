@@ -172,3 +172,51 @@ fn real_gpu_scenarios_get_their_expected_diagnosis() {
     assert!(checked >= 40, "only {checked} fixtures checked");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The top finding's detail lines of one fixture, through `ethand diagnose` (this build's rules
+/// over the recorded snapshot, its stack sample included).
+fn top_detail(file: &Path) -> Vec<String> {
+    let out = ethand(&["diagnose", file.to_str().expect("utf-8"), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["severity"] != "info")
+        .and_then(|f| f["detail"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.as_str().expect("text").to_string())
+        .collect()
+}
+
+/// On the H200, at the default settings, the findings name the Python line that causes them:
+/// the sync storm's `.item()` line as the site of its synchronizations, the input stall's
+/// decoding line as where the main thread's time goes. The source text is what the daemon read
+/// from the script on the GPU machine.
+#[test]
+fn real_gpu_findings_name_the_python_line() {
+    let dir = root().join("tests/fixtures/gpu-scenarios");
+    let storm = top_detail(&dir.join("sync_storm/daemon-worker.json"));
+    eprintln!("sync_storm: {storm:#?}");
+    assert!(
+        storm.iter().any(
+            |d| d.starts_with("where in the code: cuStreamSynchronize: ")
+                && d.contains("scenarios.py:")
+                && d.contains(
+                    "in mode_sync_storm.<locals>.step(): `total[0] += (x @ w).relu().sum().item()`"
+                )
+        ),
+        "{storm:#?}"
+    );
+    let stall = top_detail(&dir.join("input_main/daemon-worker.json"));
+    eprintln!("input_main: {stall:#?}");
+    assert!(
+        stall.iter().any(
+            |d| d.starts_with("where the time goes: main thread of pid ")
+                && d.contains("in decode(): `a = np.tanh(a @ a.T / size) + 0.5`")
+        ),
+        "{stall:#?}"
+    );
+}

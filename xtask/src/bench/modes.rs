@@ -68,13 +68,10 @@ pub enum Mode {
     FloorClock,
     /// Empty BPF programs on the scheduler hooks only (as floor); runs the ping-pong only.
     FloorSched,
-    /// As ethand with `gpu.call_stacks = false`; runs the uprobe workload only: against
-    /// `ethand`, what taking the user stack at each probed call costs.
-    EthandNoStacks,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 9] = [
+    pub const ALL: [Mode; 8] = [
         Mode::None,
         Mode::Ethand,
         Mode::Bpftrace,
@@ -83,7 +80,6 @@ impl Mode {
         Mode::Floor,
         Mode::FloorClock,
         Mode::FloorSched,
-        Mode::EthandNoStacks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,7 +92,6 @@ impl Mode {
             Mode::Floor => "floor",
             Mode::FloorClock => "floor-clock",
             Mode::FloorSched => "floor-sched",
-            Mode::EthandNoStacks => "ethand-no-stacks",
         }
     }
 
@@ -106,17 +101,13 @@ impl Mode {
         match self {
             Mode::EthandSched | Mode::BpftraceSched | Mode::FloorSched => &[Workload::Pingpong],
             Mode::Floor | Mode::FloorClock => &[Workload::Getpid, Workload::Pingpong],
-            Mode::EthandNoStacks => &[Workload::Uprobe],
             _ => &Workload::ALL,
         }
     }
 
     /// Whether the mode runs ethand (else bpftrace, or nothing).
     pub fn runs_ethand(self) -> bool {
-        matches!(
-            self,
-            Mode::Ethand | Mode::EthandSched | Mode::EthandNoStacks
-        )
+        matches!(self, Mode::Ethand | Mode::EthandSched)
     }
 
     pub fn runs_bpftrace(self) -> bool {
@@ -154,13 +145,6 @@ pub fn attach(mode: Mode, tools: &Tools, dir: &Path) -> Result<Option<Tracer>> {
         Mode::EthandSched => {
             start_ethand(&tool(&tools.ethand)?, dir, "", ETHAND_SCHED_ONLY).map(Some)
         }
-        Mode::EthandNoStacks => start_ethand(
-            &tool(&tools.ethand)?,
-            dir,
-            "",
-            "[gpu]\nlevel = \"process\"\ncall_stacks = false\n",
-        )
-        .map(Some),
         Mode::Bpftrace => start_bpftrace(
             &tool(&tools.bpftrace)?,
             dir,

@@ -350,14 +350,6 @@ impl Report<'_> {
         let mut rows = Vec::new();
         for w in Workload::ALL {
             rows.push(self.workload_row(w, w.label().to_string(), (Mode::Ethand, Mode::Bpftrace)));
-            if w == Workload::Uprobe {
-                let label = format!(
-                    "{}, call stacks off ({})",
-                    w.label(),
-                    Mode::EthandNoStacks.name()
-                );
-                rows.push(self.workload_row(w, label, (Mode::EthandNoStacks, Mode::Bpftrace)));
-            }
             if w == Workload::Pingpong {
                 let sched = (Mode::EthandSched, Mode::BpftraceSched);
                 rows.push(self.workload_row(
