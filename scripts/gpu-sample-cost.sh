@@ -5,12 +5,15 @@
 # snapshot samples the loop's launches (~3 s). Per sample: steps/s inside the sample against
 # the mean of the 3 s before and the 3 s after it (drift cancels). Run from the repository root
 # as root. Writes ${OUT:-/tmp/gpu-sample-cost}/{log.txt,cost.json,steps.txt,snap-*.json}.
+# SNAP_ARGS: more `ethand snapshot` flags (e.g. --no-stack-sample: the launch sample alone, to
+# tell its cost from the stack sample's, which runs at the same time by default).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/gpu-sample-cost}
 E=${ETHAND:-.device-bin/ethand}
 PY=${PY:-/opt/torch/.venv/bin/python}
 SAMPLES=${SAMPLES:-10}
+SNAP_ARGS=${SNAP_ARGS:-}
 mkdir -p "$OUT"; exec > >(tee "$OUT/log.txt") 2>&1
 W=$(mktemp -d)
 printf '[daemon]\nsocket = "%s/ethand.sock"\n[prometheus]\nlisten = "127.0.0.1:9482"\n' "$W" > "$W/cfg.toml"
@@ -26,7 +29,8 @@ echo "worker $WP"
 sleep 8
 for i in $(seq 1 "$SAMPLES"); do
     sleep 3
-    timeout 30 "$E" --config "$W/cfg.toml" snapshot --pid "$WP" --window 3 --json > "$OUT/snap-$i.json"
+    # shellcheck disable=SC2086 # SNAP_ARGS is a list of flags
+    timeout 30 "$E" --config "$W/cfg.toml" snapshot --pid "$WP" --window 3 --json $SNAP_ARGS > "$OUT/snap-$i.json"
     sleep 3.5
 done
 wait $TP
