@@ -131,9 +131,10 @@ class Pooling(unittest.TestCase):
             self.assertEqual(pool_runs.runs_from_records(d, "op"), {9: [0.1, 0.3]})
 
     def test_the_stored_runs_pool_to_the_documented_figures(self):
-        # docs/perf-gpu-training.md: runs 10-22, `calls`, single GPU, 597 rounds.
+        # The pooled figure of runs 10-22 (`calls`, single GPU, 597 rounds) as first documented;
+        # later runs add to the records, never change these.
         runs = pool_runs.runs_from_records(pool_runs.RESULTS, "calls")
-        self.assertEqual(sorted(runs), [1, 6] + list(range(10, 23)))
+        self.assertLessEqual(set([1, 6] + list(range(10, 23))), set(runs))
         allx = [x for r in range(10, 23) for x in runs[r]]
         self.assertEqual(len(allx), 597)
         got = [(round(s, 2), round(lo, 2), round(hi, 2)) for _, s, lo, hi in pool_runs.estimates(allx)]
