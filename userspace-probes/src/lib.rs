@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod devices;
 pub mod elf;
 pub mod python;
+pub mod source;
 
 /// The runtime libraries ethand knows how to probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -8,9 +8,7 @@
 //! and more and stacks of more than 4096 frames; this module keeps at most
 //! [`ethand_snapshot::stacks::MAX_FRAMES`] frames and cuts names to [`MAX_NAME`] bytes.
 use std::{
-    ffi::CString,
     io::{BufRead, BufReader},
-    os::fd::{FromRawFd, OwnedFd},
     panic::{AssertUnwindSafe, catch_unwind},
 };
 
@@ -18,10 +16,6 @@ use ethand_snapshot::stacks::{Frame, FrameKind, MAX_FRAMES};
 
 /// Longest function or file name kept (bytes).
 pub const MAX_NAME: usize = 512;
-/// Longest source line kept (characters).
-pub const MAX_SOURCE: usize = 200;
-/// Largest source file read for a line (bytes).
-const MAX_SOURCE_FILE: u64 = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PythonError {
@@ -150,69 +144,14 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
-/// Line `line` (1-based) of the Python source file `file` as process `pid` sees it, trimmed
-/// and cut to [`MAX_SOURCE`] characters. The path is the process's: it is resolved inside
-/// the process's root (`openat2` with `RESOLVE_IN_ROOT`, so neither `..` nor a symbolic link
-/// leaves it), relative paths from its working directory. Only a regular `*.py` file that the
-/// process's user owns or that everyone may read is read: the daemon reads with privileges the
-/// process does not have, and a path is the process's to choose.
+/// Line `line` (1-based) of the Python source file `file` as process `pid` sees it: only a
+/// `*.py` file, read as [`crate::source::line`] reads any (inside the process's root, only a
+/// file its user may read).
 pub fn source_line(pid: u32, proc_uid: u32, file: &str, line: u32) -> Option<String> {
-    if line == 0 || !file.ends_with(".py") || file.contains('\0') {
+    if !file.ends_with(".py") {
         return None;
     }
-    let (base, rel) = match file.strip_prefix('/') {
-        Some(r) => (format!("/proc/{pid}/root"), r),
-        None => (format!("/proc/{pid}/cwd"), file),
-    };
-    let dir = std::fs::File::open(&base).ok()?;
-    let f = open_in_root(&dir, rel)?;
-    let md = f.metadata().ok()?;
-    use std::os::unix::fs::MetadataExt;
-    if !md.is_file()
-        || md.len() > MAX_SOURCE_FILE
-        || !(md.uid() == proc_uid || md.mode() & 0o004 != 0)
-    {
-        return None;
-    }
-    let text = BufReader::new(f).lines().nth(line as usize - 1)?.ok()?;
-    let t = text.trim();
-    (!t.is_empty()).then(|| t.chars().take(MAX_SOURCE).collect())
-}
-
-/// `openat2(dir, rel, O_RDONLY|O_NOCTTY|O_NONBLOCK, RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS)`.
-fn open_in_root(dir: &std::fs::File, rel: &str) -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_IN_ROOT: u64 = 0x10;
-    let path = CString::new(rel).ok()?;
-    let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: openat2 reads `path` and `how` (sized as passed) and returns a new descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a descriptor openat2 just returned, owned by nobody else.
-    Some(std::fs::File::from(unsafe {
-        OwnedFd::from_raw_fd(fd as i32)
-    }))
+    crate::source::line(pid, proc_uid, file, line)
 }
 
 #[cfg(test)]

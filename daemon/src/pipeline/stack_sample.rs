@@ -316,18 +316,10 @@ struct Sources {
 
 impl Sources {
     fn new(pids: &[u32]) -> Self {
-        use std::os::unix::fs::MetadataExt;
         Self {
             uid: pids
                 .iter()
-                .map(|p| {
-                    (
-                        *p,
-                        std::fs::metadata(format!("/proc/{p}"))
-                            .ok()
-                            .map(|m| m.uid()),
-                    )
-                })
+                .map(|p| (*p, ethand_userspace_probes::source::process_uid(*p)))
                 .collect(),
             lines: HashMap::new(),
         }

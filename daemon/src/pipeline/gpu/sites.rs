@@ -6,7 +6,6 @@
 //! `/proc/PID/map_files`).
 use std::{
     collections::{BTreeMap, HashMap},
-    io::{BufRead as _, BufReader, Read as _},
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -17,7 +16,7 @@ use blazesym::{
 };
 use ethand_common::{GPU_STACK_UNATTRIBUTED, GpuSiteStats, ProcKey};
 use ethand_snapshot::stacks::{CallSite, CallSites, Frame, MAX_FRAMES, MAX_SITES, SiteBasis};
-use ethand_userspace_probes::catalog::CATALOG;
+use ethand_userspace_probes::{catalog::CATALOG, source};
 
 /// The instruction pointers of one user stack, innermost first (the probed function's entry,
 /// then return addresses).
@@ -154,6 +153,7 @@ fn symbolize<'a>(pid: u32, stacks: impl Iterator<Item = &'a [u64]>) -> Vec<Resol
         .enable_inlined_fns(false)
         .build();
     let root = format!("/proc/{pid}/root");
+    let uid = source::process_uid(pid);
     stacks
         .map(|ips| {
             // A return address is the instruction after the call: look up the call itself.
@@ -214,27 +214,14 @@ fn symbolize<'a>(pid: u32, stacks: impl Iterator<Item = &'a [u64]>) -> Vec<Resol
                 .count();
             let mut frames: Vec<Frame> = frames.into_iter().skip(1 + inner).collect();
             frames.truncate(MAX_FRAMES);
-            let source = frames
-                .iter()
-                .find_map(|f| source_line(&root, f.file.as_deref()?, f.line?));
+            let source = uid.and_then(|uid| {
+                frames
+                    .iter()
+                    .find_map(|f| source::line(pid, uid, f.file.as_deref()?, f.line?))
+            });
             Resolved { frames, source }
         })
         .collect()
-}
-
-/// Line `line` of `file` as the process sees it, trimmed, at most 200 characters; only the
-/// first 4 MiB of the file are read.
-fn source_line(root: &str, file: &str, line: u32) -> Option<String> {
-    if !file.starts_with('/') || line == 0 {
-        return None;
-    }
-    let f = std::fs::File::open(format!("{root}{file}")).ok()?;
-    let text = BufReader::new(f.take(4 << 20))
-        .lines()
-        .nth(line as usize - 1)?
-        .ok()?;
-    let t = text.trim();
-    Some(t.chars().take(200).collect())
 }
 
 #[cfg(test)]
