@@ -59,6 +59,11 @@ pub struct DiagnosisConfig {
     pub stack_sample_ms: u64,
     /// Stack samples per second per Python process.
     pub stack_sample_hz: u32,
+    /// CPU-clock samples per second of the snapshot's native CPU profile (over
+    /// `stack_sample_ms`); 0: no profile.
+    pub cpu_profile_hz: u32,
+    /// Waits off the CPU shorter than this are not counted by the profile.
+    pub offcpu_min_us: u64,
 }
 
 /// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.
@@ -224,6 +229,7 @@ pub struct MapsConfig {
     pub sock_owner: u32,
     pub gpu_stacks: u32,
     pub gpu_sites: u32,
+    pub profile_stacks: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -375,6 +381,18 @@ impl Config {
             60_000,
         )?;
         in_range(
+            "diagnosis.cpu_profile_hz",
+            u64::from(self.diagnosis.cpu_profile_hz),
+            0,
+            999,
+        )?;
+        in_range(
+            "diagnosis.offcpu_min_us",
+            self.diagnosis.offcpu_min_us,
+            1,
+            1_000_000,
+        )?;
+        in_range(
             "diagnosis.stack_sample_hz",
             u64::from(self.diagnosis.stack_sample_hz),
             1,
@@ -448,6 +466,12 @@ impl Config {
         in_range(
             "maps.gpu_stacks",
             u64::from(m.gpu_stacks),
+            MAP_ENTRIES_MIN,
+            1 << 18,
+        )?;
+        in_range(
+            "maps.profile_stacks",
+            u64::from(m.profile_stacks),
             MAP_ENTRIES_MIN,
             1 << 18,
         )?;

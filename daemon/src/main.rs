@@ -575,7 +575,7 @@ async fn standalone(
     drop(progress);
     engine.sample_tick(true);
     let sample = rx.try_recv().ok();
-    let stacks = stacks.and_then(|h| h.join().ok()).flatten();
+    let stacks = stacks.and_then(|h| h.join().ok()).unwrap_or_default();
     let probes = engine
         .loaded
         .probes

@@ -404,6 +404,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
         launch_sample(&mut o, l);
     }
     where_in_code(&mut o, t);
+    cpu_profile(&mut o, t);
     let mut rows: Vec<_> = t
         .processes
         .iter()
@@ -676,6 +677,43 @@ fn where_in_code(o: &mut String, t: &TreeSnapshot) {
             }
             call_stack(o, c);
         }
+    }
+}
+
+/// The native profile of the sample window: each profiled thread's CPU time by file and
+/// function, and where it blocked.
+fn cpu_profile(o: &mut String, t: &TreeSnapshot) {
+    use ethand_exporters::stacks;
+    let Some(p) = &t.cpu_profile else {
+        return;
+    };
+    let _ = writeln!(o, "\nCPU PROFILE");
+    if p.rate_hz > 0 {
+        let _ = writeln!(
+            o,
+            "  sampled {}/s on every CPU over {:.1}s, waits of at least {} caught where they block",
+            p.rate_hz,
+            p.duration_ms as f64 / 1000.0,
+            ethand_exporters::format::duration_ns_u(p.offcpu_min_ns)
+        );
+    }
+    for th in p.threads.iter().take(6) {
+        if let Some(l) = stacks::cpu_thread_line(p, th, 3) {
+            let _ = writeln!(o, "  {}", clean(&l));
+        }
+        if let Some(l) = stacks::wait_line(p, th) {
+            let _ = writeln!(o, "  {}", clean(&l));
+        }
+    }
+    let lost = p.lost_stacks.unwrap_or(0) + p.lost_samples.unwrap_or(0);
+    if lost > 0 {
+        let _ = writeln!(
+            o,
+            "    {lost} samples or waits without a stack or lost (profile maps full)"
+        );
+    }
+    for n in &p.notes {
+        let _ = writeln!(o, "    {}", clean(n));
     }
 }
 

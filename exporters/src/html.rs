@@ -26,7 +26,7 @@ mod stacks;
 use charts::*;
 use gpu::*;
 use sections::*;
-use stacks::where_in_code;
+use stacks::{cpu_profile, where_in_code};
 
 /// A process's command line as one string, marked when ethand kept only its start.
 fn cmdline_text(p: &ethand_snapshot::ProcessSnapshot) -> String {
@@ -245,6 +245,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     disks(&mut o, t);
     gpu_section(&mut o, t);
     where_in_code(&mut o, t);
+    cpu_profile(&mut o, t);
     devices(&mut o, &t.devices, t);
     probes(&mut o, t);
     w!(

@@ -4,7 +4,10 @@
 //! returned raw for the caller to escape for its medium; the SVG escapes them itself.
 use std::fmt::Write as _;
 
-use ethand_snapshot::stacks::{CallSite, CallSites, SiteBasis, ThreadProfile};
+use ethand_snapshot::stacks::{
+    CallSite, CallSites, CpuProfile, CpuThreadProfile, FoldedStack, Frame, FrameKind, SiteBasis,
+    ThreadProfile,
+};
 
 use crate::format;
 
@@ -80,10 +83,131 @@ pub fn thread_lines(t: &ThreadProfile, n: usize) -> Option<String> {
     ))
 }
 
-/// A flame graph of one thread's sampled stacks: outermost frame at the bottom, width by
-/// samples, one `<rect>` and `<title>` per frame (hover shows the whole label and share).
-/// Self-contained SVG, no script.
+/// "main thread of pid 12 (python3): on a CPU 96.0 % of the window; by file: libcuda.so.1
+/// 61.0 %, [kernel] 20.0 %; by function: cuLaunchKernel 40.0 %, ...": where a thread's CPU
+/// time went, its `n` busiest files and functions. None for a thread never sampled on a CPU.
+pub fn cpu_thread_line(p: &CpuProfile, t: &CpuThreadProfile, n: usize) -> Option<String> {
+    if t.samples == 0 {
+        return None;
+    }
+    let of = |k: u64| format::percent(k as f64 / t.samples as f64);
+    let modules: Vec<String> = t
+        .by_module
+        .iter()
+        .take(n)
+        .map(|m| format!("{} {}", m.name, of(m.samples)))
+        .collect();
+    let functions: Vec<String> = t
+        .top_functions
+        .iter()
+        .take(n)
+        .map(|f| format!("{} {}", f.frame.label(), of(f.samples)))
+        .collect();
+    let full = p.full_samples();
+    let on_cpu = if full > 0.0 {
+        format!(
+            "on a CPU {} of the window",
+            format::percent((t.samples as f64 / full).min(1.0))
+        )
+    } else {
+        format::plural(t.samples, "sample")
+    };
+    Some(format!(
+        "{}: {on_cpu}; by file: {}; by function: {}",
+        who(t),
+        modules.join(", "),
+        functions.join(", ")
+    ))
+}
+
+/// "thread 13 of pid 12 (pt_data_worker): blocked 40 times, 1.9 s (95.0 % of the window),
+/// longest in futex_wait from at::...": where a thread waited. None for a thread that
+/// never waited long enough to count.
+pub fn wait_line(p: &CpuProfile, t: &CpuThreadProfile) -> Option<String> {
+    let top = t.wait_sites.first()?;
+    let share = (p.duration_ms > 0).then(|| {
+        format!(
+            " ({} of the window)",
+            format::percent((t.wait_ns as f64 / 1e6 / p.duration_ms as f64).min(1.0))
+        )
+    });
+    let top_share = if t.wait_ns > 0 && t.wait_sites.len() > 1 {
+        format!(
+            " ({} of it)",
+            format::percent(top.time_ns.unwrap_or(0) as f64 / t.wait_ns as f64)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{}: blocked {}, {}{}, in {}{top_share}",
+        who(t),
+        format::plural(t.waits, "time"),
+        format::duration_ns_u(t.wait_ns),
+        share.unwrap_or_default(),
+        wait_site(top)
+    ))
+}
+
+/// "do_nanosleep from sleeper": the kernel function a wait is in (past the scheduler's own)
+/// and the innermost user function outside the C library that led there.
+pub fn wait_site(s: &CallSite) -> String {
+    let kernel = s.frames.iter().find(|f| {
+        f.kind == FrameKind::Kernel
+            && f.function.as_deref().is_none_or(|n| {
+                !(n.starts_with("schedule")
+                    || n.starts_with("__schedule")
+                    || n.starts_with("preempt_schedule")
+                    || n.starts_with("io_schedule"))
+            })
+    });
+    let users: Vec<&Frame> = s
+        .frames
+        .iter()
+        .filter(|f| f.kind != FrameKind::Kernel)
+        .collect();
+    let system = |f: &&Frame| {
+        f.module.as_deref().is_some_and(|m| {
+            let b = m.rsplit('/').next().unwrap_or(m);
+            [
+                "libc.so",
+                "libc-",
+                "libpthread",
+                "ld-linux",
+                "ld-musl",
+                "[vdso]",
+            ]
+            .iter()
+            .any(|p| b.starts_with(p))
+        })
+    };
+    let user = users.iter().find(|f| !system(f)).or_else(|| users.first());
+    match (kernel, user) {
+        (Some(k), Some(u)) => format!("{} from {}", k.label(), u.label()),
+        (Some(k), None) => k.label(),
+        (None, Some(u)) => u.label(),
+        (None, None) => "(no stack)".into(),
+    }
+}
+
+fn who(t: &CpuThreadProfile) -> String {
+    if t.main_thread {
+        format!("main thread of pid {} ({})", t.pid, t.name)
+    } else {
+        format!("thread {} of pid {} ({})", t.tid, t.pid, t.name)
+    }
+}
+
+/// A flame graph of one thread's sampled Python stacks (see [`flame_svg_of`]).
 pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
+    flame_svg_of(&t.folded, &t.frames, width)
+}
+
+/// A flame graph of one thread's stacks (`folded`: outermost first, indexes into `frames`):
+/// outermost frame at the bottom, width by samples, one `<rect>` and `<title>` per frame
+/// (hover shows the whole label and share); kernel frames in a cooler hue. Self-contained
+/// SVG, no script.
+pub fn flame_svg_of(folded: &[FoldedStack], frames: &[Frame], width: u32) -> String {
     const ROW: u32 = 17;
     // Merge the folded stacks into a tree: (frame index path) -> samples.
     #[derive(Default)]
@@ -92,7 +216,7 @@ pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
         children: Vec<(u32, Node)>,
     }
     let mut root = Node::default();
-    for s in &t.folded {
+    for s in folded {
         root.samples += s.samples;
         let mut n = &mut root;
         for &f in &s.frames {
@@ -125,7 +249,7 @@ pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
     #[allow(clippy::too_many_arguments)]
     fn draw(
         o: &mut String,
-        t: &ThreadProfile,
+        frames: &[Frame],
         n: &Node,
         x: f64,
         level: u32,
@@ -138,10 +262,13 @@ pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
             let w = c.samples as f64 / total * width;
             if w >= 0.5 {
                 let y = (rows - 1 - level) * ROW + 2;
-                let label = t
-                    .frames
-                    .get(*f as usize)
-                    .map_or_else(|| "?".to_string(), |fr| fr.label());
+                let frame = frames.get(*f as usize);
+                let label = frame.map_or_else(|| "?".to_string(), |fr| fr.label());
+                let base = if frame.is_some_and(|fr| fr.kind == FrameKind::Kernel) {
+                    190
+                } else {
+                    10
+                };
                 // Warm colours; a stable hue per label so a function keeps its colour.
                 let h = label
                     .bytes()
@@ -154,7 +281,7 @@ pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
                     c.samples,
                     (w - 1.0).max(0.5),
                     ROW - 1,
-                    10 + h % 40,
+                    base + h % 40,
                     55 + h % 15,
                 );
                 // Text only where it fits (6.6 px per character at 11 px monospace).
@@ -178,12 +305,12 @@ pub fn flame_svg(t: &ThreadProfile, width: u32) -> String {
                     );
                 }
                 o.push_str("</g>");
-                draw(o, t, c, cx, level + 1, rows, total, width);
+                draw(o, frames, c, cx, level + 1, rows, total, width);
             }
             cx += w;
         }
     }
-    draw(&mut o, t, &root, 0.0, 0, rows, total, f64::from(width));
+    draw(&mut o, frames, &root, 0.0, 0, rows, total, f64::from(width));
     o.push_str("</svg>");
     o
 }

@@ -607,6 +607,10 @@ pub struct TreeSnapshot {
     /// come from and where the threads' time goes (see [`crate::stacks::StackSample`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_sample: Option<crate::stacks::StackSample>,
+    /// The tree's threads profiled natively for this snapshot: on-CPU samples with user and
+    /// kernel stacks, and where they block (see [`crate::stacks::CpuProfile`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_profile: Option<crate::stacks::CpuProfile>,
     /// Rules that could not be evaluated on this tree: which signal is missing and how to get
     /// it. A tree with no findings and entries here was not found healthy: it was not fully
     /// examined.

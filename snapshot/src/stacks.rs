@@ -201,6 +201,86 @@ impl CallSites {
     }
 }
 
+/// A tree's threads profiled natively while a snapshot was taken: sampled on the CPU (a
+/// perf event at `rate_hz`, user and kernel stacks) and caught where they block (the stacks
+/// at the switch-out of each wait of at least `offcpu_min_ns`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuProfile {
+    /// How the samples were taken and what that costs.
+    pub method: String,
+    pub started_unix_ms: u64,
+    pub duration_ms: u64,
+    /// On-CPU samples per second per thread that runs the whole time.
+    pub rate_hz: u32,
+    /// Waits shorter than this were not taken.
+    pub offcpu_min_ns: u64,
+    /// Samples and waits counted without a stack that the kernel could not store (its stack
+    /// map slot taken), and samples lost with the count map full. None: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_stacks: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_samples: Option<u64>,
+    /// Per profiled thread: main threads first, then by samples and waited time.
+    pub threads: Vec<CpuThreadProfile>,
+    /// What could not be profiled, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// One thread's CPU profile.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuThreadProfile {
+    pub pid: u32,
+    pub tid: u32,
+    /// The kernel's name for the thread (comm).
+    pub name: String,
+    pub main_thread: bool,
+    /// On-CPU samples (each stands for 1 / `rate_hz` s on a CPU).
+    pub samples: u64,
+    /// Of them taken while the thread ran kernel code (a syscall, a fault).
+    pub kernel_samples: u64,
+    /// Samples by the file whose code the thread was running ("libcuda.so.1", "[kernel]",
+    /// "[unknown]" for code in no mapped file, such as JIT output), highest first.
+    pub by_module: Vec<Share>,
+    /// Samples by the function the thread was running (the innermost frame), highest first
+    /// (at most [`MAX_SITES`]).
+    pub top_functions: Vec<FrameShare>,
+    /// Whole on-CPU stacks (outermost first, kernel frames above user ones) for a flame graph;
+    /// at most [`MAX_FOLDED`], the rest in `folded_other`.
+    pub folded: Vec<FoldedStack>,
+    #[serde(default)]
+    pub folded_other: u64,
+    /// The frames `folded` refers to.
+    pub frames: Vec<Frame>,
+    /// Waits of at least [`CpuProfile::offcpu_min_ns`] that ended during the profile, and
+    /// their time; waits still going at its end are counted up to then.
+    pub waits: u64,
+    pub wait_ns: u64,
+    /// Where the thread blocked (kernel frames first, then user ones; innermost first),
+    /// longest waited first (at most [`MAX_SITES`]). `CallSite::count`: waits, `time_ns`:
+    /// their time.
+    pub wait_sites: Vec<CallSite>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Share {
+    pub name: String,
+    pub samples: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FrameShare {
+    pub frame: Frame,
+    pub samples: u64,
+}
+
+impl CpuProfile {
+    /// Samples a thread on a CPU the whole profile would have (0 when the profile is empty).
+    pub fn full_samples(&self) -> f64 {
+        self.duration_ms as f64 / 1000.0 * f64::from(self.rate_hz)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -387,6 +387,31 @@ fn in_code(rule: &str, t: &TreeSnapshot) -> Vec<String> {
                     .map(|l| format!("where the time goes: {l}")),
             );
         }
+        if let Some(p) = &t.cpu_profile {
+            let waits = matches!(
+                rule,
+                "stalled" | "input_pipeline_stall" | "input_workers_stall" | "gpu_underutilized"
+            );
+            let other = matches!(rule, "input_workers_stall" | "single_thread_cpu_bound");
+            let picked = p.threads.iter().filter(|th| th.main_thread).take(2).chain(
+                other
+                    .then(|| {
+                        p.threads
+                            .iter()
+                            .filter(|th| !th.main_thread)
+                            .max_by_key(|th| th.samples)
+                    })
+                    .flatten(),
+            );
+            for th in picked {
+                if let Some(l) = stacks::cpu_thread_line(p, th, 3) {
+                    out.push(format!("where the CPU time goes: {l}"));
+                }
+                if waits && let Some(l) = stacks::wait_line(p, th) {
+                    out.push(format!("where it waits: {l}"));
+                }
+            }
+        }
     }
     out
 }

@@ -154,6 +154,9 @@ pub struct Loaded {
     /// On-CPU time comes from the kernel's `se.sum_exec_runtime`: each thread entry holds
     /// its value at the last switch-out (`ThreadStats::exec_runtime_ns`).
     pub oncpu_from_task: bool,
+    /// The CPU profile's programs (`cpu_profile.rs`) loaded, not attached; else why not.
+    /// Ok(Some(why)): on-CPU samples only, the off-CPU program not loaded.
+    pub profile_programs: Result<Option<String>, String>,
 }
 
 fn family_enabled(cfg: &Config, family: &str) -> bool {
@@ -303,6 +306,12 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         .override_global("GPU_CALL_STACKS", &u32::from(cfg.gpu.call_stacks), true)
         .map_max_entries("GPU_STACKS", m.gpu_stacks)
         .map_max_entries("GPU_SITES", m.gpu_sites)
+        .override_global(
+            "PROFILE_OFFCPU_MIN_NS",
+            &cfg.diagnosis.offcpu_min_us.saturating_mul(1000),
+            true,
+        )
+        .map_max_entries("PROFILE_STACKS", m.profile_stacks)
         .map_max_entries("THREADS", m.threads)
         .map_max_entries("SYSCALLS", m.syscalls)
         .map_max_entries("SYSCALL_HIST", m.syscall_hist)
@@ -323,6 +332,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         tracefs_error,
         blk_btf: koff.blk_btf == 1,
         oncpu_from_task: koff.oncpu_from_task == 1,
+        profile_programs: Ok(None),
     };
     let block_btf_refused = match (&btf, cfg.probes.block && cfg.probes.prefer_btf) {
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),
@@ -369,7 +379,39 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         loaded.probes.push(status);
     }
     set_syscall_batching(&mut loaded, cfg);
+    loaded.profile_programs = load_profile(&mut loaded.ebpf, cfg, btf.as_ref());
     Ok(loaded)
+}
+
+/// Loads the CPU profile's programs for the snapshots to attach (`cpu_profile.rs`).
+fn load_profile(
+    ebpf: &mut Ebpf,
+    cfg: &Config,
+    btf: Option<&Btf>,
+) -> Result<Option<String>, String> {
+    let d = &cfg.diagnosis;
+    if d.cpu_profile_hz == 0 || d.stack_sample_ms == 0 {
+        return Err("off (diagnosis.cpu_profile_hz or diagnosis.stack_sample_ms is 0)".to_string());
+    }
+    let p: &mut aya::programs::PerfEvent = ebpf
+        .program_mut(crate::pipeline::cpu_profile::PROG_CPU)
+        .ok_or("the BPF object has no CPU profile program")?
+        .try_into()
+        .map_err(|e: ProgramError| error_chain(&e))?;
+    p.load().map_err(|e| with_cap_hint(error_chain(&e)))?;
+    let Some(btf) = btf else {
+        return Ok(Some(
+            "no kernel BTF (the off-CPU program is a BTF tracepoint)".into(),
+        ));
+    };
+    Ok(load_btf(
+        ebpf,
+        crate::pipeline::cpu_profile::PROG_SWITCH,
+        "sched_switch",
+        btf,
+    )
+    .err()
+    .map(|e| with_cap_hint(error_chain(&e))))
 }
 
 /// Turns syscall batching on when configured and every probe that flushes a batch is

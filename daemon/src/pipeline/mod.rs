@@ -4,6 +4,7 @@
 pub mod attribution;
 pub mod bpf_batch;
 pub mod collector;
+pub mod cpu_profile;
 pub mod devices;
 pub mod drop_history;
 pub mod gpu;
@@ -14,6 +15,7 @@ pub mod loader;
 pub mod model;
 pub mod procinfo;
 pub mod stack_sample;
+pub mod symbols;
 pub mod syscalls_table;
 pub mod uprobes;
 pub mod xid;

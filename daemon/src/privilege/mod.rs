@@ -95,7 +95,8 @@ pub fn names(mask: u64) -> Vec<String> {
 
 /// What the running daemon still needs, for this configuration:
 /// - CAP_PERFMON: uprobes on runtime libraries loaded after start-up and on `ethand level`
-///   (a uprobe perf event needs it; programs and maps exist already, so CAP_BPF does not).
+///   (a uprobe perf event needs it; programs and maps exist already, so CAP_BPF does not),
+///   and the CPU-clock perf events of a snapshot's CPU profile.
 /// - CAP_SYS_PTRACE: /proc/PID/maps, environ, exe and root/ of other users' processes.
 /// - CAP_DAC_READ_SEARCH: opening those libraries and paths whatever their modes.
 ///
@@ -104,7 +105,8 @@ pub fn names(mask: u64) -> Vec<String> {
 /// "always" turns them on once, at start-up.
 pub fn runtime_caps(cfg: &Config) -> u64 {
     let mut keep = (1u64 << CAP_SYS_PTRACE) | (1u64 << CAP_DAC_READ_SEARCH);
-    if !cfg.gpu.runtimes.is_empty() {
+    let d = &cfg.diagnosis;
+    if !cfg.gpu.runtimes.is_empty() || (d.cpu_profile_hz > 0 && d.stack_sample_ms > 0) {
         keep |= 1u64 << CAP_PERFMON;
     }
     keep
@@ -679,6 +681,12 @@ mod tests {
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
         );
         cfg.gpu.runtimes.clear();
+        // The snapshot's CPU profile opens perf events too.
+        assert_eq!(
+            list(runtime_caps(&cfg)),
+            "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
+        );
+        cfg.diagnosis.cpu_profile_hz = 0;
         assert_eq!(
             list(runtime_caps(&cfg)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE"

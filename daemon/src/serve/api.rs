@@ -326,7 +326,10 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
                 let sample = (launch_sample.unwrap_or(true) && level == "calls" && known)
                     .then(|| shared.sample_launches(pid, shared.launch_sample))
                     .flatten();
-                (sample, stacks.and_then(|h| h.join().ok()).flatten())
+                (
+                    sample,
+                    stacks.and_then(|h| h.join().ok()).unwrap_or_default(),
+                )
             });
             Arc::new(
                 match shared.tree(

@@ -27,6 +27,7 @@ pub struct Engine {
     pub collector: Collector,
     pub gpu: GpuProbes,
     pub sampler: crate::pipeline::launch_sample::LaunchSampler,
+    pub profiler: crate::pipeline::cpu_profile::CpuProfiler,
     pub devices: crate::pipeline::devices::DeviceSampler,
     pub shared: Arc<Shared>,
     pub started_at_unix_ms: u64,
@@ -48,6 +49,11 @@ impl Engine {
         let collector = Collector::new(&mut loaded.ebpf, cfg, loaded.oncpu_from_task)
             .context("setting up map readers")?;
         let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
+        let profiler = crate::pipeline::cpu_profile::CpuProfiler::new(
+            &mut loaded.ebpf,
+            cfg,
+            &loaded.profile_programs,
+        );
         // Loading parsed the kernel's BTF (several MB) twice; give the freed heap back to the
         // OS instead of carrying it as resident memory for the daemon's lifetime.
         // SAFETY: malloc_trim only releases free memory of glibc's allocator.
@@ -97,6 +103,7 @@ impl Engine {
             collector,
             gpu,
             sampler,
+            profiler,
             devices: crate::pipeline::devices::DeviceSampler::start(cfg, hostname()),
             shared,
             started_at_unix_ms: unix_ms(),
@@ -118,6 +125,8 @@ impl Engine {
         let new = std::mem::take(&mut *self.shared.sample_requests.lock().expect("lock"));
         self.sampler
             .tick(&mut self.loaded.ebpf, &self.gpu, new, force);
+        let new = std::mem::take(&mut *self.shared.profile_requests.lock().expect("lock"));
+        self.profiler.tick(&mut self.loaded.ebpf, new, force);
     }
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.

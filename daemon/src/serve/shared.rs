@@ -70,6 +70,20 @@ pub struct Shared {
     pub stack_sample: (std::time::Duration, u32),
     /// Which threads are inside a timed runtime call, for stack samples (set at start-up).
     pub gpu_inflight: std::sync::OnceLock<Arc<crate::pipeline::collector::GpuInflightReader>>,
+    /// CPU profiles asked for by snapshots, started by the collection loop.
+    pub profile_requests: Mutex<Vec<crate::pipeline::cpu_profile::Request>>,
+    /// `diagnosis.cpu_profile_hz > 0`.
+    pub cpu_profile: bool,
+    /// Kernel symbols for the profiles' kernel frames, opened at start-up.
+    pub kallsyms: crate::pipeline::symbols::Kallsyms,
+}
+
+/// Where a tree's threads were over a snapshot's sample window: their Python frames, and
+/// their native profile (on and off the CPU).
+#[derive(Default)]
+pub struct CodeSample {
+    pub stacks: Option<ethand_snapshot::stacks::StackSample>,
+    pub profile: Option<ethand_snapshot::stacks::CpuProfile>,
 }
 
 impl Shared {
@@ -101,6 +115,9 @@ impl Shared {
                 cfg.diagnosis.stack_sample_hz,
             ),
             gpu_inflight: std::sync::OnceLock::new(),
+            profile_requests: Mutex::default(),
+            cpu_profile: cfg.diagnosis.cpu_profile_hz > 0,
+            kallsyms: crate::pipeline::symbols::Kallsyms::open(),
         }
     }
 
@@ -262,22 +279,39 @@ impl Shared {
             .ok()
     }
 
-    /// Samples the Python frames of `pid`'s tree for `duration` (see stack_sample.rs); None
-    /// when sampling is off or no process of the tree runs Python.
-    pub fn sample_stacks(
-        &self,
-        pid: u32,
-        duration: std::time::Duration,
-    ) -> Option<ethand_snapshot::stacks::StackSample> {
+    /// Samples the Python frames of `pid`'s tree for `duration` (see stack_sample.rs) and,
+    /// over the same window, profiles its threads natively (cpu_profile.rs: the collection
+    /// loop attaches and detaches; this waits for its answer and symbolizes).
+    pub fn sample_stacks(&self, pid: u32, duration: std::time::Duration) -> CodeSample {
         if duration.is_zero() {
-            return None;
+            return CodeSample::default();
         }
-        crate::pipeline::stack_sample::sample(
-            &crate::pipeline::procinfo::descendants(pid),
+        let pids = crate::pipeline::procinfo::descendants(pid);
+        let profile = self.cpu_profile.then(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            self.profile_requests.lock().expect("lock").push(
+                crate::pipeline::cpu_profile::Request {
+                    pids: pids.clone(),
+                    duration,
+                    reply: tx,
+                },
+            );
+            rx
+        });
+        let stacks = crate::pipeline::stack_sample::sample(
+            &pids,
             duration,
             self.stack_sample.1,
             self.gpu_inflight.get().map(|r| &**r),
-        )
+        );
+        // Started and ended at collection rounds: up to two intervals more than asked.
+        let profile = profile
+            .and_then(|rx| {
+                rx.recv_timeout(duration + std::time::Duration::from_secs(5))
+                    .ok()
+            })
+            .and_then(|raw| crate::pipeline::cpu_profile::build(raw, &self.kallsyms));
+        CodeSample { stacks, profile }
     }
 
     pub fn tree(
@@ -288,7 +322,7 @@ impl Shared {
         measured_ms: u64,
         probes: Vec<snap::ProbeStatus>,
         launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
-        stack_sample: Option<ethand_snapshot::stacks::StackSample>,
+        code: CodeSample,
     ) -> Option<TreeSnapshot> {
         // A thread id stands for its process.
         let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
@@ -372,7 +406,8 @@ impl Shared {
             devices: node.devices.clone(),
             dropped_events,
             launch_sample,
-            stack_sample,
+            stack_sample: code.stacks,
+            cpu_profile: code.profile,
             not_evaluated: Vec::new(),
             node_cpus: std::thread::available_parallelism()
                 .ok()

@@ -10,6 +10,7 @@ mod gpu;
 mod lifecycle;
 mod maps;
 mod net;
+mod profile;
 mod record;
 mod sched;
 mod syscalls;

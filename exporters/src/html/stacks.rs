@@ -1,7 +1,58 @@
 //! The report's "Where in the code": call sites of runtime calls (Python samples and the
 //! kernel's exact stacks) and a flame graph of each sampled main thread.
 use super::*;
-use crate::stacks::{call_sites, flame_svg, thread_lines};
+use crate::stacks::{
+    call_sites, cpu_thread_line, flame_svg, flame_svg_of, thread_lines, wait_line, wait_site,
+};
+
+/// The report's "CPU profile": each profiled thread's CPU time by file and function with a
+/// flame graph of its native stacks, and where it blocked.
+pub(super) fn cpu_profile(o: &mut String, t: &TreeSnapshot) {
+    let Some(p) = &t.cpu_profile else {
+        return;
+    };
+    o.push_str("<section><h2>CPU profile</h2>");
+    if p.rate_hz > 0 {
+        w!(
+            o,
+            "<div class=\"note\">Sampled {} times a second on every CPU over {:.1} s for this snapshot: {}.</div>",
+            p.rate_hz,
+            p.duration_ms as f64 / 1000.0,
+            escape(&p.method)
+        );
+    }
+    let mut graphs = 0;
+    for th in p.threads.iter().take(8) {
+        if let Some(l) = cpu_thread_line(p, th, 4) {
+            w!(o, "<h3>{}</h3>", escape(&l));
+            if graphs < 3 && !th.folded.is_empty() {
+                graphs += 1;
+                w!(
+                    o,
+                    "<div class=\"flame-wrap\">{}</div><div class=\"note\">Flame graph of the thread's native stacks on the CPU: outermost frame at the bottom, kernel frames in blue, width by samples (hover for each frame's share).</div>",
+                    flame_svg_of(&th.folded, &th.frames, 1100)
+                );
+            }
+        }
+        if let Some(l) = wait_line(p, th) {
+            w!(o, "<h3>{}</h3><ul>", escape(&l));
+            for s in th.wait_sites.iter().take(4) {
+                w!(
+                    o,
+                    "<li>{} waits, {}: {}</li>",
+                    s.count,
+                    crate::format::duration_ns_u(s.time_ns.unwrap_or(0)),
+                    escape(&wait_site(s))
+                );
+            }
+            o.push_str("</ul>");
+        }
+    }
+    for n in &p.notes {
+        w!(o, "<div class=\"note\">{}</div>", escape(n));
+    }
+    o.push_str("</section>\n");
+}
 
 pub(super) fn where_in_code(o: &mut String, t: &TreeSnapshot) {
     let mut kernel: Vec<&ethand_snapshot::stacks::CallSites> = t

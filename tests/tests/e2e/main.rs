@@ -14,6 +14,7 @@ mod block;
 mod churn;
 mod cli;
 mod compare;
+mod cpu_profile;
 mod dashboards;
 mod diagnose;
 mod escaping;

@@ -9,14 +9,11 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use blazesym::{
-    Pid,
-    normalize::{Normalizer, UserMeta},
-    symbolize::{Input, Symbolized, Symbolizer, source::Elf, source::Source},
-};
 use ethand_common::{GPU_STACK_UNATTRIBUTED, GpuSiteStats, ProcKey};
 use ethand_snapshot::stacks::{CallSite, CallSites, Frame, MAX_FRAMES, MAX_SITES, SiteBasis};
 use ethand_userspace_probes::{catalog::CATALOG, source};
+
+use crate::pipeline::symbols;
 
 /// The instruction pointers of one user stack, innermost first (the probed function's entry,
 /// then return addresses).
@@ -146,64 +143,10 @@ fn with_caller(stack: &[u64], caller: u64) -> Vec<u64> {
 /// Frames of each stack of process `pid`: the probed library's own frames dropped (the first
 /// is the probed function), at most [`MAX_FRAMES`] kept.
 fn symbolize<'a>(pid: u32, stacks: impl Iterator<Item = &'a [u64]>) -> Vec<Resolved> {
-    let normalizer = Normalizer::builder().enable_build_ids(false).build();
-    let symbolizer = Symbolizer::builder()
-        .enable_code_info(true)
-        .enable_demangling(true)
-        .enable_inlined_fns(false)
-        .build();
-    let root = format!("/proc/{pid}/root");
     let uid = source::process_uid(pid);
-    stacks
-        .map(|ips| {
-            // A return address is the instruction after the call: look up the call itself.
-            let lookup: Vec<u64> = ips
-                .iter()
-                .enumerate()
-                .map(|(i, ip)| if i == 0 { *ip } else { ip.saturating_sub(1) })
-                .collect();
-            let norm = normalizer
-                .normalize_user_addrs(Pid::from(pid), &lookup)
-                .ok();
-            let mut frames: Vec<Frame> = Vec::with_capacity(lookup.len());
-            for (i, addr) in lookup.iter().enumerate() {
-                let back = u64::from(i != 0);
-                let mapped = norm.as_ref().and_then(|n| {
-                    let (off, m) = *n.outputs.get(i)?;
-                    match n.meta.get(m)? {
-                        UserMeta::Elf(e) => Some((off, e.path.clone())),
-                        _ => None,
-                    }
-                });
-                let Some((off, path)) = mapped else {
-                    frames.push(Frame {
-                        offset: Some(addr + back),
-                        ..Frame::default()
-                    });
-                    continue;
-                };
-                let mut f = Frame {
-                    module: Some(path.to_string_lossy().into_owned()),
-                    offset: Some(off + back),
-                    ..Frame::default()
-                };
-                let file = std::path::PathBuf::from(format!("{root}{}", path.display()));
-                let src = Source::Elf(Elf::new(file));
-                if let Ok(Symbolized::Sym(sym)) =
-                    symbolizer.symbolize_single(&src, Input::FileOffset(off))
-                {
-                    f.function = Some(sym.name.into_owned());
-                    if let Some(ci) = &sym.code_info {
-                        let p = match &ci.dir {
-                            Some(d) => d.join(&*ci.file),
-                            None => std::path::PathBuf::from(&*ci.file),
-                        };
-                        f.file = Some(p.to_string_lossy().into_owned());
-                        f.line = ci.line;
-                    }
-                }
-                frames.push(f);
-            }
+    symbols::user_frames(pid, stacks, true)
+        .into_iter()
+        .map(|frames| {
             // The first frame is the probed function: drop it and every frame after it in
             // the same library (the runtime's own calls on the way in).
             let lib = frames.first().map(|f| f.module.clone());
