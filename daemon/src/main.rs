@@ -146,6 +146,11 @@ enum Command {
         /// Record syscalls at least this long (microseconds).
         #[arg(long, default_value_t = 100)]
         syscall_threshold_us: u64,
+        /// Sample the tree's threads on the CPU this many times a second (a perf event on
+        /// every CPU), each sample an instant on its thread's track with its user and kernel
+        /// stack; 0: no samples. At most 999.
+        #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u32).range(0..1000))]
+        cpu_sample_hz: u32,
     },
     /// Compare two `ethand snapshot --pid PID --json` files (e.g. before and after a
     /// change): tree totals, rates per second and derived signals, and which findings were
@@ -407,6 +412,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             duration,
             output,
             syscall_threshold_us,
+            cpu_sample_hz,
         } => {
             record::run(
                 &cfg,
@@ -415,6 +421,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                     duration,
                     output: &output,
                     syscall_threshold_us,
+                    cpu_sample_hz,
                 },
             )
             .await

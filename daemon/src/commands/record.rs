@@ -30,6 +30,11 @@
 //!   `args.tid` gives the real thread id;
 //! - block requests: async slices (`ph: "b"`/`"e"`, `cat: "block"`) of the submitting
 //!   process (requests overlap, which complete events on one track cannot);
+//! - CPU samples (`--cpu-sample-hz`, a CPU-clock perf event on every CPU): thread-scoped
+//!   instant events (`ph: "i"`, `cat: "cpu_sample"`) on the thread's own track, named by the
+//!   innermost frame, `args.stack` the user and kernel frames, innermost first. They are
+//!   symbolized every half second while the processes are alive (a process that exits
+//!   takes its maps with it) and written then, so memory stays bounded;
 //! - drops: in `metadata.dropped` and, when non-zero, a global instant event.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -42,9 +47,10 @@ use std::{
 use anyhow::Context as _;
 use aya::{
     Btf, Ebpf,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
-        BtfTracePoint, TracePoint,
+        BtfTracePoint, PerfEvent, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachPoint, UProbeScope},
     },
 };
@@ -59,7 +65,7 @@ use crate::{
     config::Config,
     pipeline::{
         loader::{self, error_chain},
-        syscalls_table,
+        symbols, syscalls_table,
         uprobes::{self, CatalogSymbols, LibraryLinks, Progs, UprobeError},
     },
 };
@@ -75,6 +81,7 @@ pub struct Options<'a> {
     pub duration: Duration,
     pub output: &'a Path,
     pub syscall_threshold_us: u64,
+    pub cpu_sample_hz: u32,
 }
 
 pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
@@ -160,6 +167,8 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     c.probes.block = false;
     c.probes.net = false;
     c.probes.lifecycle = false;
+    // Samples of a whole recording keep their stacks: room for many more than a snapshot's.
+    c.maps.profile_stacks = RECORD_STACKS;
     let mut loaded = loader::load_with(&c, ethand_common::RECORD_RINGBUF_BYTES)?;
     let ebpf = &mut loaded.ebpf;
     let btf = Btf::from_sys_fs().context("kernel BTF (needed for the recording programs)")?;
@@ -187,6 +196,14 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     let threads_map: BpfHashMap<MapData, u32, RecordThread> = BpfHashMap::try_from(
         ebpf.take_map("RECORD_THREADS")
             .context("RECORD_THREADS map")?,
+    )?;
+    let stacks: StackTraceMap<MapData> = StackTraceMap::try_from(
+        ebpf.take_map("PROFILE_STACKS")
+            .context("PROFILE_STACKS map")?,
+    )?;
+    let profile_drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(
+        ebpf.take_map("PROFILE_DROPS")
+            .context("PROFILE_DROPS map")?,
     )?;
 
     let t0 = monotonic_ns();
@@ -222,6 +239,12 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         warnings.push(format!("block IO not recorded: {e}"));
     }
     let gpu_libs = attach_gpu(ebpf, &tree, &mut warnings);
+    if o.cpu_sample_hz > 0
+        && let Err(e) = attach_samples(ebpf, o.cpu_sample_hz)
+    {
+        eprintln!("ethand: warning: no CPU samples: {e}");
+        warnings.push(format!("no CPU samples: {e}"));
+    }
     eprintln!(
         "ethand: recording {} process(es) from pid {} for {:.1}s (syscalls >= {} us, {} GPU/NPU library file(s))...",
         tree.len(),
@@ -232,6 +255,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     );
 
     let mut tw = TraceWriter::new(file, tmp, t0);
+    let mut samples = Samples::new();
     for p in &tree {
         tw.learn_process(*p).map_err(|e| tw.error(e))?;
     }
@@ -254,6 +278,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         // Nothing more can happen once the whole tree has exited.
         if now >= next_tree_check {
             next_tree_check = now + TREE_CHECK;
+            samples.write(&mut tw, &stacks).map_err(|e| tw.error(e))?;
             let alive = pids_map
                 .keys()
                 .filter_map(Result::ok)
@@ -278,6 +303,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     tw.drain(&mut ring).map_err(|e| tw.error(e))?;
     tw.close_open_slices(&threads_map, t_end)
         .map_err(|e| tw.error(e))?;
+    samples.write(&mut tw, &stacks).map_err(|e| tw.error(e))?;
     let dropped = drop_sum(&drops, record_drop::RINGBUF_FULL);
     let threads_full = drop_sum(&drops, record_drop::THREADS_FULL);
     let inflight_full = drop_sum(&drops, record_drop::INFLIGHT_FULL);
@@ -302,6 +328,11 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "dropped_threads_table_full": threads_full,
         "dropped_inflight_table_full": inflight_full,
         "sched_tid_base": SCHED_TID_BASE,
+        "cpu_sample_hz": o.cpu_sample_hz,
+        "cpu_samples": samples.written,
+        "cpu_samples_dropped": tw.pending_dropped,
+        // Samples without a stack: their slot in the stack map taken by another stack.
+        "cpu_samples_stack_lost": drop_sum(&profile_drops, ethand_common::profile_drop::STACK_LOST),
         "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
         "warnings": warnings,
     });
@@ -319,6 +350,126 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         );
     }
     Ok(0)
+}
+
+/// Stacks a recording can keep (`PROFILE_STACKS`, ~1 KiB each, preallocated: 16 MiB).
+const RECORD_STACKS: u32 = 16384;
+/// CPU samples held between two symbolization rounds (half a second): 99 samples a second
+/// of 1,000 busy threads fit.
+const MAX_PENDING_SAMPLES: usize = 100_000;
+
+fn attach_samples(ebpf: &mut Ebpf, hz: u32) -> anyhow::Result<()> {
+    let p: &mut PerfEvent = ebpf
+        .program_mut("record_cpu_sample")
+        .context("program record_cpu_sample")?
+        .try_into()?;
+    p.load()?;
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    for cpu in cpus {
+        p.attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            SamplePolicy::Frequency(u64::from(hz)),
+            false,
+        )
+        .with_context(|| format!("perf event on CPU {cpu}"))?;
+    }
+    Ok(())
+}
+
+/// Symbolizes the pending CPU samples and writes them as instants on their threads' tracks.
+/// Frames are cached per (process, stack id): ids are stable for the recording (a stack
+/// never replaces another in the map).
+struct Samples {
+    user: symbols::UserSymbolizer,
+    kernel: Option<symbols::KernelSymbols>,
+    /// (pid, user stack id) -> labels, innermost first.
+    user_labels: HashMap<(u32, i64), Vec<String>>,
+    kernel_labels: HashMap<i64, Vec<String>>,
+    written: u64,
+}
+
+impl Samples {
+    fn new() -> Self {
+        Self {
+            user: symbols::UserSymbolizer::new(false),
+            kernel: symbols::Kallsyms::open().load(),
+            user_labels: HashMap::new(),
+            kernel_labels: HashMap::new(),
+            written: 0,
+        }
+    }
+
+    fn ips(stacks: &StackTraceMap<MapData>, id: i64) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        let st = stacks.get(&id, 0).ok()?;
+        Some(st.frames().iter().map(|f| f.ip).collect())
+    }
+
+    fn write(
+        &mut self,
+        tw: &mut TraceWriter,
+        stacks: &StackTraceMap<MapData>,
+    ) -> std::io::Result<()> {
+        let pending = std::mem::take(&mut tw.pending);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        // New user stacks, per process, symbolized in one go each.
+        let mut new: HashMap<u32, Vec<(i64, Vec<u64>)>> = HashMap::new();
+        for e in &pending {
+            let id = e.arg0 as i64;
+            if !self.user_labels.contains_key(&(e.tgid, id))
+                && !new
+                    .get(&e.tgid)
+                    .is_some_and(|v| v.iter().any(|(i, _)| *i == id))
+            {
+                let ips = Self::ips(stacks, id).unwrap_or_default();
+                new.entry(e.tgid).or_default().push((id, ips));
+            }
+        }
+        for (pid, list) in new {
+            let frames = self
+                .user
+                .frames(pid, list.iter().map(|(_, ips)| ips.as_slice()));
+            for ((id, _), f) in list.into_iter().zip(frames) {
+                self.user_labels
+                    .insert((pid, id), f.iter().map(|f| f.label()).collect());
+            }
+        }
+        for e in &pending {
+            let kid = e.arg1 as i64;
+            if !self.kernel_labels.contains_key(&kid) {
+                let ips = Self::ips(stacks, kid).unwrap_or_default();
+                let labels = match &self.kernel {
+                    Some(k) => k.frames(&ips).iter().map(|f| f.label()).collect(),
+                    None => vec!["[kernel]".to_string(); ips.len()],
+                };
+                self.kernel_labels.insert(kid, labels);
+            }
+        }
+        for e in &pending {
+            tw.learn_thread(e.tgid, e.tid)?;
+            let mut stack: Vec<&str> = self
+                .kernel_labels
+                .get(&(e.arg1 as i64))
+                .map(|v| v.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            if let Some(u) = self.user_labels.get(&(e.tgid, e.arg0 as i64)) {
+                stack.extend(u.iter().map(String::as_str));
+            }
+            let name = stack.first().copied().unwrap_or("(no stack)");
+            let ts = tw.rel(e.start_ns);
+            let v = json!({
+                "name": name, "cat": "cpu_sample", "ph": "i", "s": "t", "ts": ts,
+                "pid": e.tgid, "tid": e.tid, "args": {"stack": stack},
+            });
+            tw.value(&v)?;
+            tw.events += 1;
+            self.written += 1;
+        }
+        Ok(())
+    }
 }
 
 fn drop_sum(m: &PerCpuArray<MapData, u64>, idx: u32) -> u64 {
@@ -560,6 +711,10 @@ struct TraceWriter {
     syscall_names: Vec<Option<String>>,
     /// The event being formatted.
     line: Vec<u8>,
+    /// CPU samples waiting for their stacks to be symbolized (see [`Samples`]), and those
+    /// lost with it full.
+    pending: Vec<RecordEvent>,
+    pending_dropped: u64,
 }
 
 impl TraceWriter {
@@ -576,6 +731,8 @@ impl TraceWriter {
             sched_threads: HashSet::new(),
             syscall_names: Vec::new(),
             line: Vec::with_capacity(512),
+            pending: Vec::new(),
+            pending_dropped: 0,
         }
     }
 
@@ -679,6 +836,15 @@ impl TraceWriter {
 
     /// One recorded event: one trace event (two for a block request).
     fn event(&mut self, e: &RecordEvent) -> std::io::Result<()> {
+        if e.kind == record_kind::CPU_SAMPLE {
+            // Written once symbolized, by `Samples::write` (at most half a second later).
+            if self.pending.len() < MAX_PENDING_SAMPLES {
+                self.pending.push(*e);
+            } else {
+                self.pending_dropped += 1;
+            }
+            return Ok(());
+        }
         self.learn_thread(e.tgid, e.tid)?;
         self.events += 1;
         match e.kind {

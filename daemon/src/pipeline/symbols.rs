@@ -26,73 +26,93 @@ pub fn user_frames<'a>(
     stacks: impl Iterator<Item = &'a [u64]>,
     code_info: bool,
 ) -> Vec<Vec<Frame>> {
-    let normalizer = Normalizer::builder().enable_build_ids(false).build();
-    let symbolizer = Symbolizer::builder()
-        .enable_code_info(code_info)
-        .enable_demangling(true)
-        .enable_inlined_fns(false)
-        .build();
-    let root = format!("/proc/{pid}/root");
-    // For addresses in no file blazesym reads: the mapping's name ("[vdso]", "[anon:...]").
-    let named = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|m| named_mappings(&m))
-        .unwrap_or_default();
-    stacks
-        .map(|ips| {
-            // A return address is the instruction after the call: look up the call itself.
-            let lookup: Vec<u64> = ips
-                .iter()
-                .enumerate()
-                .map(|(i, ip)| if i == 0 { *ip } else { ip.saturating_sub(1) })
-                .collect();
-            let norm = normalizer
-                .normalize_user_addrs(Pid::from(pid), &lookup)
-                .ok();
-            let mut frames: Vec<Frame> = Vec::with_capacity(lookup.len());
-            for (i, addr) in lookup.iter().enumerate() {
-                let back = u64::from(i != 0);
-                let mapped = norm.as_ref().and_then(|n| {
-                    let (off, m) = *n.outputs.get(i)?;
-                    match n.meta.get(m)? {
-                        UserMeta::Elf(e) => Some((off, e.path.clone())),
-                        _ => None,
-                    }
-                });
-                let Some((off, path)) = mapped else {
-                    let a = addr + back;
-                    let m = named.iter().find(|(lo, hi, _)| (*lo..*hi).contains(&a));
-                    frames.push(Frame {
-                        module: m.map(|(_, _, n)| n.clone()),
-                        offset: Some(m.map_or(a, |(lo, _, _)| a - lo)),
-                        ..Frame::default()
+    UserSymbolizer::new(code_info).frames(pid, stacks)
+}
+
+/// A symbolizer kept across calls (`ethand record` symbolizes as it goes): the files it has
+/// parsed stay parsed.
+pub struct UserSymbolizer {
+    normalizer: Normalizer,
+    symbolizer: Symbolizer,
+}
+
+impl UserSymbolizer {
+    pub fn new(code_info: bool) -> Self {
+        Self {
+            normalizer: Normalizer::builder().enable_build_ids(false).build(),
+            symbolizer: Symbolizer::builder()
+                .enable_code_info(code_info)
+                .enable_demangling(true)
+                .enable_inlined_fns(false)
+                .build(),
+        }
+    }
+
+    /// See [`user_frames`].
+    pub fn frames<'a>(&self, pid: u32, stacks: impl Iterator<Item = &'a [u64]>) -> Vec<Vec<Frame>> {
+        let (normalizer, symbolizer) = (&self.normalizer, &self.symbolizer);
+        let root = format!("/proc/{pid}/root");
+        // For addresses in no file blazesym reads: the mapping's name ("[vdso]", "[anon:...]").
+        let named = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .map(|m| named_mappings(&m))
+            .unwrap_or_default();
+        stacks
+            .map(|ips| {
+                // A return address is the instruction after the call: look up the call itself.
+                let lookup: Vec<u64> = ips
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ip)| if i == 0 { *ip } else { ip.saturating_sub(1) })
+                    .collect();
+                let norm = normalizer
+                    .normalize_user_addrs(Pid::from(pid), &lookup)
+                    .ok();
+                let mut frames: Vec<Frame> = Vec::with_capacity(lookup.len());
+                for (i, addr) in lookup.iter().enumerate() {
+                    let back = u64::from(i != 0);
+                    let mapped = norm.as_ref().and_then(|n| {
+                        let (off, m) = *n.outputs.get(i)?;
+                        match n.meta.get(m)? {
+                            UserMeta::Elf(e) => Some((off, e.path.clone())),
+                            _ => None,
+                        }
                     });
-                    continue;
-                };
-                let mut f = Frame {
-                    module: Some(path.to_string_lossy().into_owned()),
-                    offset: Some(off + back),
-                    ..Frame::default()
-                };
-                let file = std::path::PathBuf::from(format!("{root}{}", path.display()));
-                let src = Source::Elf(Elf::new(file));
-                if let Ok(Symbolized::Sym(sym)) =
-                    symbolizer.symbolize_single(&src, Input::FileOffset(off))
-                {
-                    f.function = Some(sym.name.into_owned());
-                    if let Some(ci) = &sym.code_info {
-                        let p = match &ci.dir {
-                            Some(d) => d.join(&*ci.file),
-                            None => std::path::PathBuf::from(&*ci.file),
-                        };
-                        f.file = Some(p.to_string_lossy().into_owned());
-                        f.line = ci.line;
+                    let Some((off, path)) = mapped else {
+                        let a = addr + back;
+                        let m = named.iter().find(|(lo, hi, _)| (*lo..*hi).contains(&a));
+                        frames.push(Frame {
+                            module: m.map(|(_, _, n)| n.clone()),
+                            offset: Some(m.map_or(a, |(lo, _, _)| a - lo)),
+                            ..Frame::default()
+                        });
+                        continue;
+                    };
+                    let mut f = Frame {
+                        module: Some(path.to_string_lossy().into_owned()),
+                        offset: Some(off + back),
+                        ..Frame::default()
+                    };
+                    let file = std::path::PathBuf::from(format!("{root}{}", path.display()));
+                    let src = Source::Elf(Elf::new(file));
+                    if let Ok(Symbolized::Sym(sym)) =
+                        symbolizer.symbolize_single(&src, Input::FileOffset(off))
+                    {
+                        f.function = Some(sym.name.into_owned());
+                        if let Some(ci) = &sym.code_info {
+                            let p = match &ci.dir {
+                                Some(d) => d.join(&*ci.file),
+                                None => std::path::PathBuf::from(&*ci.file),
+                            };
+                            f.file = Some(p.to_string_lossy().into_owned());
+                            f.line = ci.line;
+                        }
                     }
+                    frames.push(f);
                 }
-                frames.push(f);
-            }
-            frames
-        })
-        .collect()
+                frames
+            })
+            .collect()
+    }
 }
 
 /// The address ranges of /proc/PID/maps lines whose name is not a path ("[vdso]",

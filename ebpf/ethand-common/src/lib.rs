@@ -984,6 +984,9 @@ pub mod record_kind {
     /// catalog's bytes argument (bytes, element count or size), `arg2` = the raw auxiliary
     /// argument (copy kind, data type, ...), `arg3` = return value.
     pub const GPU: u32 = 5;
+    /// A CPU-clock sample of a thread on a CPU at `start_ns`; `arg0` = user and `arg1` =
+    /// kernel stack id in `PROFILE_STACKS` (as i64; [`super::PROFILE_NO_STACK`]: none).
+    pub const CPU_SAMPLE: u32 = 6;
 }
 
 /// Why a thread went off CPU ([`RecordEvent::arg0`] of an `OFF_CPU` event).

@@ -57,8 +57,10 @@ fn profiled(tgid: u32) -> bool {
     unsafe { PROFILE_PIDS.get(&tgid) }.is_some()
 }
 
+/// The id of the current user (`BPF_F_USER_STACK`) or kernel (0) stack in `PROFILE_STACKS`,
+/// or [`PROFILE_NO_STACK`].
 #[inline(always)]
-fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+pub(crate) fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
     match ctx.get_stackid(&PROFILE_STACKS, flags) {
         Ok(id) => id as i32,
         Err(e) => {

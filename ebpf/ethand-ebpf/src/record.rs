@@ -9,12 +9,15 @@
 //! One clock: `bpf_ktime_get_ns()`.
 use aya_ebpf::{
     EbpfContext,
+    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
-    macros::{btf_tracepoint, map, tracepoint, uprobe, uretprobe},
+    macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{
+        BtfTracePointContext, PerfEventContext, ProbeContext, RetProbeContext, TracePointContext,
+    },
 };
 use ethand_common::{
     BlkReqKey, GpuInflightKey, GpuOpDesc, MAX_SYSCALL_NR, NO_SYSCALL, RECORD_RINGBUF_BYTES,
@@ -474,5 +477,30 @@ pub fn record_gpu_enter_multi(ctx: ProbeContext) -> u32 {
 #[uretprobe(multi)]
 pub fn record_gpu_return_multi(ctx: RetProbeContext) -> u32 {
     let _ = gpu_return(&ctx);
+    0
+}
+
+/// A CPU-clock sample (a perf event on every CPU at `ethand record --cpu-sample-hz`) of a
+/// recorded thread: its time and its user and kernel stacks (`PROFILE_STACKS`).
+#[perf_event]
+pub fn record_cpu_sample(ctx: PerfEventContext) -> u32 {
+    let pt = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pt >> 32) as u32, pt as u32);
+    if tid == 0 || !recorded(tgid) {
+        return 0;
+    }
+    let user = crate::profile::stack(&ctx, u64::from(BPF_F_USER_STACK));
+    let kernel = crate::profile::stack(&ctx, 0);
+    emit(
+        record_kind::CPU_SAMPLE,
+        tgid,
+        tid,
+        unsafe { bpf_ktime_get_ns() },
+        0,
+        i64::from(user) as u64,
+        i64::from(kernel) as u64,
+        0,
+        0,
+    );
     0
 }

@@ -67,7 +67,8 @@ const RATE_HZ: u64 = 99;
 /// Each wait: 20 ms asked, a little more slept.
 const WAIT_MS: f64 = 20.0;
 
-fn build(dir: &Path) -> (PathBuf, PathBuf) {
+/// Compiles the program into `dir`: (binary, stripped copy).
+pub(crate) fn build(dir: &Path) -> (PathBuf, PathBuf) {
     fs::create_dir_all(dir).expect("mkdir");
     let src = dir.join("spin.c");
     fs::write(&src, SOURCE).expect("write the source");
@@ -90,7 +91,8 @@ fn build(dir: &Path) -> (PathBuf, PathBuf) {
     (bin, stripped)
 }
 
-fn start(bin: &Path) -> KillOnDrop {
+/// Starts the program and waits until it runs its loops.
+pub(crate) fn start(bin: &Path) -> KillOnDrop {
     use std::io::BufRead;
     let mut child = Command::new(bin)
         .stdout(Stdio::piped())

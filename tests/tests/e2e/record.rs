@@ -3,7 +3,8 @@
 //! slices that never overlap on one thread, exact GPU call counts through the stand-ins, no
 //! drops, per-thread timestamps in order; the exact bytes of O_DIRECT block requests; a
 //! million events in bounded memory (the trace is
-//! streamed to disk while recording); a full disk fails clearly and leaves no file.
+//! streamed to disk while recording); a full disk fails clearly and leaves no file; CPU
+//! samples of a program with a known 70/30 split between two functions.
 use std::{
     collections::BTreeMap,
     fs,
@@ -618,7 +619,8 @@ fn record_a_million_events_in_bounded_memory() {
         };
         let e: Value =
             serde_json::from_str(body).unwrap_or_else(|err| panic!("line {}: {err}: {l}", i + 2));
-        if e["ph"] == "X" || e["ph"] == "b" {
+        // A recorded event is one complete event, one async begin or one CPU sample.
+        if e["ph"] == "X" || e["ph"] == "b" || e["cat"] == "cpu_sample" {
             total += 1;
         }
         if e["cat"] == "syscall" && u(&e, "pid") == pid && e["name"] == "getpid" {
@@ -750,5 +752,60 @@ fn record_refuses_absurd_durations() {
         assert_eq!(out.status.code(), Some(2), "--duration {d}: {err}");
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert!(err.contains("--duration"), "{err}");
+    }
+}
+
+/// CPU samples: instants on the main thread's track, about rate x duration of them, named by
+/// the innermost frame with the whole stack; the program's 70/30 split between `spin_a` and
+/// `spin_b` within a few points (cpu_profile.rs has the program).
+#[test]
+fn record_cpu_samples_follow_the_program() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-record-samples-{}", std::process::id()));
+    let (bin, _) = crate::cpu_profile::build(&dir);
+    let child = crate::cpu_profile::start(&bin);
+    let pid = child.0.id();
+    let out = temp_path("record-samples", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let rec = Recorder::start(pid, "4s", &out, 100);
+    rec.finish();
+    drop(child);
+    let trace = load(&out);
+    let samples: Vec<&Value> = events(&trace)
+        .iter()
+        .filter(|e| e["cat"] == "cpu_sample" && u(e, "tid") == u64::from(pid))
+        .collect();
+    let meta = &trace["metadata"];
+    eprintln!(
+        "observed: {} main-thread samples; metadata {}",
+        samples.len(),
+        meta
+    );
+    assert_eq!(meta["cpu_sample_hz"], 99);
+    assert_eq!(meta["cpu_samples_dropped"], 0);
+    assert_eq!(meta["cpu_samples_stack_lost"], 0);
+    let expect = 99.0 * f(meta, "duration_s");
+    let n = samples.len() as f64;
+    assert!(
+        (n - expect).abs() <= 0.15 * expect,
+        "{n} samples, expected ~{expect:.0}"
+    );
+    let named = |name: &str| samples.iter().filter(|e| e["name"] == name).count() as f64 / n;
+    let (a, b) = (named("spin_a"), named("spin_b"));
+    assert!((a - 0.70).abs() <= 0.08, "spin_a {a:.3}");
+    assert!((b - 0.30).abs() <= 0.08, "spin_b {b:.3}");
+    for e in &samples {
+        assert_eq!(e["ph"], "i");
+        assert_eq!(e["s"], "t");
+        let stack: Vec<&str> = e["args"]["stack"]
+            .as_array()
+            .expect("args.stack")
+            .iter()
+            .map(|v| v.as_str().expect("a frame label"))
+            .collect();
+        assert_eq!(Some(&e["name"].as_str().unwrap()), stack.first());
+        if e["name"] == "spin_a" {
+            assert!(stack.contains(&"main"), "{stack:?}");
+        }
     }
 }
