@@ -149,17 +149,40 @@ pub fn wait_line(p: &CpuProfile, t: &CpuThreadProfile) -> Option<String> {
     ))
 }
 
-/// "do_nanosleep from sleeper": the kernel function a wait is in (past the scheduler's own)
-/// and the innermost user function outside the C library that led there.
+/// "clock_nanosleep() from sleeper": the syscall a wait is in (else the kernel function,
+/// past the scheduler's own) and the innermost user function outside the C library that led
+/// there.
 pub fn wait_site(s: &CallSite) -> String {
-    let kernel = s.frames.iter().find(|f| {
-        f.kind == FrameKind::Kernel
-            && f.function.as_deref().is_none_or(|n| {
-                !(n.starts_with("schedule")
-                    || n.starts_with("__schedule")
-                    || n.starts_with("preempt_schedule")
-                    || n.starts_with("io_schedule"))
+    let kernel: Vec<&Frame> = s
+        .frames
+        .iter()
+        .filter(|f| f.kind == FrameKind::Kernel)
+        .collect();
+    let syscall = kernel.iter().find_map(|f| {
+        let n = f.function.as_deref()?;
+        [
+            "__x64_sys_",
+            "__arm64_sys_",
+            "__ia32_sys_",
+            "__se_sys_",
+            "__do_sys_",
+        ]
+        .iter()
+        .find_map(|p| n.strip_prefix(p))
+        .map(|sys| format!("{sys}()"))
+    });
+    let in_kernel = syscall.or_else(|| {
+        kernel
+            .iter()
+            .find(|f| {
+                f.function.as_deref().is_none_or(|n| {
+                    !(n.starts_with("schedule")
+                        || n.starts_with("__schedule")
+                        || n.starts_with("preempt_schedule")
+                        || n.starts_with("io_schedule"))
+                })
             })
+            .map(|f| f.label())
     });
     let users: Vec<&Frame> = s
         .frames
@@ -182,9 +205,9 @@ pub fn wait_site(s: &CallSite) -> String {
         })
     };
     let user = users.iter().find(|f| !system(f)).or_else(|| users.first());
-    match (kernel, user) {
-        (Some(k), Some(u)) => format!("{} from {}", k.label(), u.label()),
-        (Some(k), None) => k.label(),
+    match (in_kernel, user) {
+        (Some(k), Some(u)) => format!("{k} from {}", u.label()),
+        (Some(k), None) => k,
         (None, Some(u)) => u.label(),
         (None, None) => "(no stack)".into(),
     }

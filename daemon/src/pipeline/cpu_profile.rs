@@ -49,6 +49,8 @@ pub const MAX_THREADS: usize = 16;
 
 /// A snapshot's request, answered by the collection loop.
 pub struct Request {
+    /// The tree's root (its threads are listed first), then the whole tree.
+    pub root: u32,
     pub pids: Vec<u32>,
     pub duration: Duration,
     pub reply: std::sync::mpsc::SyncSender<Raw>,
@@ -57,6 +59,7 @@ pub struct Request {
 /// What the kernel counted for one profile, before symbolization.
 #[derive(Debug, Default)]
 pub struct Raw {
+    pub root: u32,
     pub started_unix_ms: u64,
     pub duration_ms: u64,
     pub rate_hz: u32,
@@ -80,6 +83,7 @@ struct Maps {
 }
 
 struct Active {
+    root: u32,
     pids: Vec<u32>,
     started: Instant,
     started_unix_ms: u64,
@@ -228,6 +232,7 @@ impl CpuProfiler {
         }
         debug!(pids = pids.len(), "CPU profile started");
         self.active.push(Active {
+            root: r.root,
             pids,
             started: Instant::now(),
             started_unix_ms: unix_ms(),
@@ -360,6 +365,7 @@ impl CpuProfiler {
         }
         let drops = self.drops();
         let raw = Raw {
+            root: a.root,
             started_unix_ms: a.started_unix_ms,
             duration_ms: elapsed.as_millis() as u64,
             rate_hz: self.rate_hz,
@@ -484,9 +490,12 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms) -> Option<CpuProfile> {
         .into_iter()
         .map(|((pid, tid), th)| th.finish(pid, tid))
         .collect();
+    // The root process first (the trainer a snapshot was asked for, not its data workers),
+    // then main threads, then the busiest.
     out.sort_by(|a, b| {
-        b.main_thread
-            .cmp(&a.main_thread)
+        (b.pid == raw.root)
+            .cmp(&(a.pid == raw.root))
+            .then(b.main_thread.cmp(&a.main_thread))
             .then(b.samples.cmp(&a.samples))
             .then(b.wait_ns.cmp(&a.wait_ns))
             .then(a.tid.cmp(&b.tid))
@@ -521,9 +530,10 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms) -> Option<CpuProfile> {
 }
 
 /// A frame as the profile counts it: by function where it has a name (every sample in a
-/// function is one frame, whatever the instruction), by address where it has none.
+/// function is one frame, whatever the instruction), by file where it has none (a stripped
+/// library's internal functions: "libcuda.so.1"), by address only outside any mapping.
 fn by_function(mut f: Frame) -> Frame {
-    if f.function.is_some() {
+    if f.function.is_some() || f.module.is_some() {
         f.offset = None;
         f.line = None;
         f.file = None;
@@ -672,6 +682,7 @@ mod tests {
         // frames with offsets only, module unknown.
         let me = std::process::id();
         let raw = Raw {
+            root: me,
             started_unix_ms: 1,
             duration_ms: 2000,
             rate_hz: 99,

@@ -291,6 +291,7 @@ impl Shared {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             self.profile_requests.lock().expect("lock").push(
                 crate::pipeline::cpu_profile::Request {
+                    root: pid,
                     pids: pids.clone(),
                     duration,
                     reply: tx,
