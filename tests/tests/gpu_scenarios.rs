@@ -220,3 +220,47 @@ fn real_gpu_findings_name_the_python_line() {
         "{stall:#?}"
     );
 }
+
+/// On the H200, at the default settings, the native CPU profile of the snapshot says what the
+/// input stall's main thread runs (numpy's loops and BLAS, which decode() calls) and where the
+/// DataLoader trainer's main thread waits (a futex under Python's lock: the batch queue); the
+/// healthy ResNet step's report has its flame graph.
+#[test]
+fn real_gpu_findings_say_where_the_cpu_time_goes_and_where_threads_wait() {
+    let dir = root().join("tests/fixtures/gpu-scenarios");
+    let stall = top_detail(&dir.join("input_main/daemon-worker.json"));
+    assert!(
+        stall.iter().any(
+            |d| d.starts_with("where the CPU time goes: main thread of pid ")
+                && d.contains("_multiarray_umath")
+                && d.contains("openblas")
+        ),
+        "{stall:#?}"
+    );
+    let workers = top_detail(&dir.join("input_workers/daemon-worker.json"));
+    let root_pid: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("input_workers/daemon-worker.json")).expect("read"),
+    )
+    .expect("JSON");
+    let root_pid = root_pid["root_pid"].as_u64().expect("root_pid");
+    assert!(
+        workers.iter().any(|d| d.starts_with(&format!(
+            "where it waits: main thread of pid {root_pid} (python): blocked "
+        )) && d.contains("in futex() from PyThread_acquire_lock_timed")),
+        "{workers:#?}"
+    );
+    let html =
+        std::fs::read_to_string(dir.join("healthy_resnet/daemon-worker.html")).expect("read");
+    let profile = html
+        .split("<h2>CPU profile</h2>")
+        .nth(1)
+        .expect("a CPU profile section");
+    assert!(
+        profile.contains("<svg class=\"flame\""),
+        "a native flame graph"
+    );
+    assert!(
+        profile.contains("libcuda.so"),
+        "the driver's share of the step"
+    );
+}

@@ -393,7 +393,10 @@ fn in_code(rule: &str, t: &TreeSnapshot) -> Vec<String> {
                 "stalled" | "input_pipeline_stall" | "input_workers_stall" | "gpu_underutilized"
             );
             let other = matches!(rule, "input_workers_stall" | "single_thread_cpu_bound");
-            let picked = p.threads.iter().filter(|th| th.main_thread).take(2).chain(
+            // The snapshot's root process first (the trainer, not its data workers).
+            let mut mains: Vec<_> = p.threads.iter().filter(|th| th.main_thread).collect();
+            mains.sort_by_key(|th| th.pid != t.root_pid);
+            let picked = mains.into_iter().take(2).chain(
                 other
                     .then(|| {
                         p.threads
