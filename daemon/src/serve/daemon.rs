@@ -69,6 +69,15 @@ impl Engine {
                 .program_probe
                 .insert(prog.into(), format!("uprobe_{prog}"));
         }
+        // The snapshot's CPU profile: their cost shows while one is taken.
+        if profiler.unavailable().is_none() {
+            for (prog, probe) in [
+                (crate::pipeline::cpu_profile::PROG_CPU, "cpu_profile"),
+                (crate::pipeline::cpu_profile::PROG_SWITCH, "cpu_profile_offcpu"),
+            ] {
+                loaded.program_probe.insert(prog.into(), probe.into());
+            }
+        }
         let d = &cfg.daemon;
         let mut model = Model::new(
             d.interval_ms,
