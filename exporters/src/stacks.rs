@@ -419,4 +419,92 @@ mod tests {
         assert!(svg.contains("&lt;b&gt;\\u{202e}"), "{svg}");
         assert!(!svg.contains('\u{202e}'));
     }
+
+    fn kernel(f: &str) -> Frame {
+        Frame {
+            kind: FrameKind::Kernel,
+            function: Some(f.into()),
+            ..Frame::default()
+        }
+    }
+
+    fn native(f: &str, module: &str) -> Frame {
+        Frame {
+            function: Some(f.into()),
+            module: Some(module.into()),
+            ..Frame::default()
+        }
+    }
+
+    fn profile() -> CpuProfile {
+        CpuProfile {
+            duration_ms: 2000,
+            rate_hz: 100,
+            threads: vec![CpuThreadProfile {
+                pid: 9,
+                tid: 9,
+                name: "<b>\u{1b}[31m".into(),
+                main_thread: true,
+                samples: 150,
+                by_module: vec![
+                    ethand_snapshot::stacks::Share {
+                        name: "libcuda.so.1".into(),
+                        samples: 90,
+                    },
+                    ethand_snapshot::stacks::Share {
+                        name: "[kernel]".into(),
+                        samples: 60,
+                    },
+                ],
+                top_functions: vec![ethand_snapshot::stacks::FrameShare {
+                    frame: native("cuLaunchKernel", "/usr/lib/libcuda.so.1"),
+                    samples: 90,
+                }],
+                waits: 10,
+                wait_ns: 500_000_000,
+                wait_sites: vec![CallSite {
+                    frames: vec![
+                        kernel("__schedule"),
+                        kernel("futex_wait"),
+                        kernel("__x64_sys_futex"),
+                        native("__futex_abstimed_wait_common", "/lib/libc.so.6"),
+                        native("PyThread_acquire_lock_timed", "/usr/bin/python3.12"),
+                    ],
+                    count: 10,
+                    time_ns: Some(500_000_000),
+                    source: None,
+                }],
+                ..CpuThreadProfile::default()
+            }],
+            ..CpuProfile::default()
+        }
+    }
+
+    #[test]
+    fn cpu_lines_give_shares_of_the_window_files_functions_and_waits() {
+        let p = profile();
+        let t = &p.threads[0];
+        assert_eq!(
+            cpu_thread_line(&p, t, 3).unwrap(),
+            "main thread of pid 9 (<b>\u{1b}[31m): on a CPU 75.0 % of the window; by file: libcuda.so.1 60.0 %, [kernel] 40.0 %; by function: cuLaunchKernel 60.0 %"
+        );
+        // The syscall and the first user function outside the C library.
+        assert_eq!(
+            wait_line(&p, t).unwrap(),
+            "main thread of pid 9 (<b>\u{1b}[31m): blocked 10 times, 500.0 ms (25.0 % of the window), in futex() from PyThread_acquire_lock_timed"
+        );
+        // No syscall frame: the first kernel function past the scheduler.
+        let s = CallSite {
+            frames: vec![
+                kernel("schedule"),
+                kernel("io_schedule"),
+                kernel("folio_wait_bit"),
+            ],
+            ..CallSite::default()
+        };
+        assert_eq!(wait_site(&s), "folio_wait_bit");
+        assert_eq!(wait_site(&CallSite::default()), "(no stack)");
+        let idle = CpuThreadProfile::default();
+        assert!(cpu_thread_line(&p, &idle, 3).is_none() && wait_line(&p, &idle).is_none());
+    }
 }

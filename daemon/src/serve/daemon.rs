@@ -73,7 +73,10 @@ impl Engine {
         if profiler.unavailable().is_none() {
             for (prog, probe) in [
                 (crate::pipeline::cpu_profile::PROG_CPU, "cpu_profile"),
-                (crate::pipeline::cpu_profile::PROG_SWITCH, "cpu_profile_offcpu"),
+                (
+                    crate::pipeline::cpu_profile::PROG_SWITCH,
+                    "cpu_profile_offcpu",
+                ),
             ] {
                 loaded.program_probe.insert(prog.into(), probe.into());
             }

@@ -125,3 +125,65 @@ pub(super) fn where_in_code(o: &mut String, t: &TreeSnapshot) {
     }
     o.push_str("</section>\n");
 }
+
+#[cfg(test)]
+mod tests {
+    use ethand_snapshot::stacks::{CpuProfile, CpuThreadProfile, FoldedStack, Frame, FrameKind};
+
+    #[test]
+    fn the_cpu_profile_section_escapes_names_and_draws_the_flame_graph() {
+        let hostile = "<script>\u{1b}[31m";
+        let t = ethand_snapshot::TreeSnapshot {
+            cpu_profile: Some(CpuProfile {
+                duration_ms: 1000,
+                rate_hz: 10,
+                threads: vec![CpuThreadProfile {
+                    pid: 3,
+                    tid: 3,
+                    name: hostile.into(),
+                    main_thread: true,
+                    samples: 10,
+                    frames: vec![
+                        Frame {
+                            function: Some(hostile.into()),
+                            ..Frame::default()
+                        },
+                        Frame {
+                            kind: FrameKind::Kernel,
+                            function: Some("do_syscall_64".into()),
+                            ..Frame::default()
+                        },
+                    ],
+                    folded: vec![FoldedStack {
+                        frames: vec![0, 1],
+                        samples: 10,
+                    }],
+                    ..CpuThreadProfile::default()
+                }],
+                notes: vec![hostile.into()],
+                ..CpuProfile::default()
+            }),
+            ..ethand_snapshot::TreeSnapshot::default()
+        };
+        let html = crate::html::render_html(&t);
+        let section = html
+            .split("<h2>CPU profile</h2>")
+            .nth(1)
+            .expect("a CPU profile section");
+        assert!(section.contains("<svg class=\"flame\""));
+        assert_eq!(
+            section
+                .split("</section>")
+                .next()
+                .unwrap()
+                .matches("<rect")
+                .count(),
+            2
+        );
+        assert!(
+            !html.contains("<script>") && !html.contains('\u{1b}'),
+            "escaped"
+        );
+        assert!(section.contains("&lt;script&gt;"));
+    }
+}
