@@ -53,9 +53,9 @@ impl UserSymbolizer {
         let (normalizer, symbolizer) = (&self.normalizer, &self.symbolizer);
         let root = format!("/proc/{pid}/root");
         // For addresses in no file blazesym reads: the mapping's name ("[vdso]", "[anon:...]").
-        let named = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .map(|m| named_mappings(&m))
-            .unwrap_or_default();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let named = named_mappings(&maps);
+        let inodes = file_inodes(&maps);
         stacks
             .map(|ips| {
                 // A return address is the instruction after the call: look up the call itself.
@@ -92,7 +92,7 @@ impl UserSymbolizer {
                         offset: Some(off + back),
                         ..Frame::default()
                     };
-                    let file = std::path::PathBuf::from(format!("{root}{}", path.display()));
+                    let file = file_of(&root, &path, &inodes);
                     let src = Source::Elf(Elf::new(file));
                     if let Ok(Symbolized::Sym(sym)) =
                         symbolizer.symbolize_single(&src, Input::FileOffset(off))
@@ -113,6 +113,39 @@ impl UserSymbolizer {
             })
             .collect()
     }
+}
+
+/// Where to read a file the process maps: through its root (`/proc/PID/root` + the path, a
+/// container's own file) where the path exists there; else the path as the daemon sees it when
+/// that is the very file mapped (same inode: a chroot or a mount namespace whose files the
+/// kernel names by their host path); else through the root (and no symbols).
+fn file_of(
+    root: &str,
+    path: &std::path::Path,
+    inodes: &std::collections::HashMap<String, u64>,
+) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let in_root = std::path::PathBuf::from(format!("{root}{}", path.display()));
+    if in_root.exists() {
+        return in_root;
+    }
+    let same = inodes
+        .get(&*path.to_string_lossy())
+        .zip(std::fs::metadata(path).ok())
+        .is_some_and(|(ino, md)| md.ino() == *ino && md.is_file());
+    if same { path.to_path_buf() } else { in_root }
+}
+
+/// Inode of each file path in /proc/PID/maps.
+fn file_inodes(maps: &str) -> std::collections::HashMap<String, u64> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(6, ' ');
+            let inode = it.nth(4)?.parse().ok()?;
+            let path = it.next()?.trim_start();
+            path.starts_with('/').then(|| (path.to_string(), inode))
+        })
+        .collect()
 }
 
 /// The address ranges of /proc/PID/maps lines whose name is not a path ("[vdso]",
@@ -256,6 +289,25 @@ mod tests {
                 (0x7a00, 0x7b00, "[anon]".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn a_file_outside_the_processs_root_is_read_only_when_it_is_the_mapped_one() {
+        use std::os::unix::fs::MetadataExt;
+        let me = std::env::current_exe().expect("exe");
+        let ino = std::fs::metadata(&me).expect("stat").ino();
+        let key = me.to_string_lossy().into_owned();
+        let root = "/nonexistent-root";
+        let right = std::collections::HashMap::from([(key.clone(), ino)]);
+        assert_eq!(file_of(root, &me, &right), me);
+        let wrong = std::collections::HashMap::from([(key, ino + 1)]);
+        assert!(file_of(root, &me, &wrong).starts_with(root));
+        let maps = "55d0-55e0 r-xp 00001000 08:01 1234 /usr/bin/python3 (deleted)\n\
+                    7ff0-7ff2 r-xp 00000000 00:00 0                          [vdso]\n\
+                    7a00-7b00 r--p 00000000 08:01 99    /lib/x.so\n";
+        let i = file_inodes(maps);
+        assert_eq!(i.get("/lib/x.so"), Some(&99));
+        assert_eq!(i.len(), 2);
     }
 
     #[test]

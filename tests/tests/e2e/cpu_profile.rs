@@ -93,8 +93,12 @@ pub(crate) fn build(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// Starts the program and waits until it runs its loops.
 pub(crate) fn start(bin: &Path) -> KillOnDrop {
+    start_cmd(Command::new(bin))
+}
+
+fn start_cmd(mut cmd: Command) -> KillOnDrop {
     use std::io::BufRead;
-    let mut child = Command::new(bin)
+    let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the program");
@@ -310,4 +314,85 @@ fn cpu_profile_shares_and_waits_match_the_program() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let t: ethand_tests::TreeSnapshot = serde_json::from_slice(&o.stdout).expect("JSON");
     assert!(t.cpu_profile.is_none(), "{:?}", t.cpu_profile);
+}
+
+/// A container's own files: a static copy of the program under a directory that becomes its
+/// root, two ways:
+/// - a mount namespace whose root is that directory (`unshare -m`, `pivot_root`, as container
+///   runtimes do): the kernel names the file `/app/spin`, a path only that root has, read
+///   through /proc/PID/root;
+/// - `chroot`: the kernel names it by its host path, which is not under the process's root;
+///   it is read by that path because it is the very file mapped (same inode).
+/// Either way the profile names its functions and gives the split.
+#[test]
+fn cpu_profile_reads_a_containers_own_files() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-cpuprof-root-{}", std::process::id()));
+    let app = dir.join("app");
+    fs::create_dir_all(&app).expect("mkdir");
+    fs::create_dir_all(dir.join("old")).expect("mkdir");
+    let src = dir.join("spin.c");
+    fs::write(&src, SOURCE).expect("write the source");
+    let out = Command::new("gcc")
+        .args([
+            "-static",
+            "-g",
+            "-O1",
+            "-fno-omit-frame-pointer",
+            "-pthread",
+            "-o",
+        ])
+        .arg(app.join("spin"))
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(out.status.success(), "gcc -static: {}", text(&out.stderr));
+    assert!(
+        !Path::new("/app/spin").exists(),
+        "the host must not have the container's path"
+    );
+    let d = Daemon::start(
+        "cpu-profile-root",
+        &format!("[diagnosis]\nstack_sample_ms = {WINDOW_MS}\n"),
+    );
+    let root = dir.to_str().expect("utf-8");
+    let namespace = format!(
+        "mount --make-rprivate / && mount --bind {root} {root} && cd {root} && \
+         pivot_root . old && exec /app/spin"
+    );
+    for (how, module) in [
+        ("mount namespace", "/app/spin".to_string()),
+        ("chroot", format!("{root}/app/spin")),
+    ] {
+        let mut cmd = if how == "chroot" {
+            let mut c = Command::new("chroot");
+            c.arg(&dir).arg("/app/spin");
+            c
+        } else {
+            let mut c = Command::new("unshare");
+            c.args(["-m", "sh", "-c", &namespace]);
+            c
+        };
+        let child = start_cmd(cmd);
+        let pid = child.0.id();
+        thread::sleep(Duration::from_millis(1500));
+        let t = d.snapshot(pid);
+        let p = t.cpu_profile.as_ref().expect("a CPU profile");
+        let main = thread_of(p, pid, true);
+        println!("{how}: {:?} {:?}", main.by_module, main.top_functions);
+        assert_eq!(
+            main.by_module[0].name, "spin",
+            "{how}: {:?}",
+            main.by_module
+        );
+        let a = share(main, |f| {
+            f.function.as_deref() == Some("spin_a") && f.module.as_deref() == Some(&module)
+        });
+        assert!(
+            (a - 0.70).abs() <= 0.08,
+            "{how}: spin_a share {a:.3}, expected 0.70"
+        );
+        drop(child);
+    }
+    let _ = fs::remove_dir_all(&dir);
 }
