@@ -86,7 +86,9 @@ enum Command {
         /// then say they could not run).
         #[arg(long)]
         no_launch_sample: bool,
-        /// Do not sample the tree's Python frames (the findings then name no Python line).
+        /// Do not sample the tree's Python frames nor profile its threads natively (the
+        /// findings then name no Python line and say nothing of where CPU time goes or
+        /// threads wait).
         #[arg(long)]
         no_stack_sample: bool,
     },
