@@ -108,7 +108,10 @@ fn daemonset_capabilities_and_mounts_are_the_documented_ones() {
     assert_eq!(at(sc, &["readOnlyRootFilesystem"]).as_bool(), Some(true));
     assert_eq!(strings(sc, &["capabilities", "drop"]), ["ALL"]);
     let caps = strings(sc, &["capabilities", "add"]);
-    assert_eq!(caps, ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]);
+    assert_eq!(
+        caps,
+        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG"]
+    );
 
     // Each capability is explained in the docs, and SYS_ADMIN's absence too.
     let docs = read("docs/cluster.md");

@@ -80,6 +80,7 @@ pub(crate) fn cap_bit(name: &str) -> u32 {
         "CAP_SETPCAP" => 8,
         "CAP_SYS_PTRACE" => 19,
         "CAP_SYS_ADMIN" => 21,
+        "CAP_SYSLOG" => 34,
         "CAP_PERFMON" => 38,
         "CAP_BPF" => 39,
         other => panic!("add {other} to cap_bit"),
@@ -545,6 +546,52 @@ fn each_capability_of_the_unit_is_needed() {
         );
     }
 
+    // CAP_SYSLOG: the kernel frames of a snapshot's CPU profile are named (kallsyms shows
+    // addresses at open); without it they are unnamed and the profile says so.
+    for with in [true, false] {
+        let wrap = if with {
+            systemd_like(&caps)
+        } else {
+            systemd_like(&without(&caps, &["CAP_SYSLOG"]))
+        };
+        let d = Daemon::start_with(
+            if with { "syslog" } else { "no-syslog" },
+            "[diagnosis]\nstack_sample_ms = 1500\n",
+            &wrap,
+            &[],
+        );
+        // A shell that waits for a short sleep, again and again: waits with kernel stacks.
+        let w = ethand_tests::KillOnDrop(
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do sleep 0.05; done"])
+                .spawn()
+                .expect("sh"),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let t = d.snapshot(w.0.id());
+        let p = t.cpu_profile.expect("a CPU profile");
+        let named = p
+            .threads
+            .iter()
+            .flat_map(|th| &th.wait_sites)
+            .flat_map(|s| &s.frames)
+            .any(|f| f.kind == ethand_snapshot::stacks::FrameKind::Kernel && f.function.is_some());
+        eprintln!(
+            "observed: CAP_SYSLOG {with}: kernel frames named {named}, notes {:?}",
+            p.notes
+        );
+        if with {
+            assert!(named, "kernel frames unnamed with CAP_SYSLOG: {p:?}");
+        } else if kallsyms_needs_syslog() {
+            assert!(!named, "kernel frames named without CAP_SYSLOG");
+            assert!(
+                p.notes.iter().any(|n| n.contains("kernel frames unnamed")),
+                "{:?}",
+                p.notes
+            );
+        }
+    }
+
     // CAP_BPF (and CAP_SYS_ADMIN): nothing can be loaded; one clear error, exit 1.
     let path = temp_path("no-bpf", "toml");
     let _rm = RemoveOnDrop(path.clone());
@@ -576,4 +623,16 @@ fn each_capability_of_the_unit_is_needed() {
     assert_eq!(out.status.code(), Some(1), "exit status: {err}");
     assert_eq!(errors.len(), 1, "one error line expected: {err}");
     assert!(errors[0].contains("CAP_BPF"), "{}", errors[0]);
+}
+
+/// Whether reading kernel addresses from /proc/kallsyms takes CAP_SYSLOG here (kptr_restrict
+/// above 0, or perf_event_paranoid above 1).
+fn kallsyms_needs_syslog() -> bool {
+    let read = |p: &str| {
+        fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .unwrap_or(2)
+    };
+    read("/proc/sys/kernel/kptr_restrict") > 0 || read("/proc/sys/kernel/perf_event_paranoid") > 1
 }
