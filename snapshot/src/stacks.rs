@@ -274,6 +274,30 @@ pub struct FrameShare {
     pub samples: u64,
 }
 
+/// Stacks (innermost first) with their samples as `folded` (outermost first) indexes into one
+/// frame table, in the order given: what [`ThreadProfile`] and [`CpuThreadProfile`] hold.
+pub fn fold(stacks: Vec<(Vec<Frame>, u64)>) -> (Vec<FoldedStack>, Vec<Frame>) {
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut index: std::collections::HashMap<Frame, u32> = std::collections::HashMap::new();
+    let folded = stacks
+        .into_iter()
+        .map(|(stack, samples)| FoldedStack {
+            frames: stack
+                .into_iter()
+                .rev()
+                .map(|f| {
+                    *index.entry(f.clone()).or_insert_with(|| {
+                        frames.push(f);
+                        frames.len() as u32 - 1
+                    })
+                })
+                .collect(),
+            samples,
+        })
+        .collect();
+    (folded, frames)
+}
+
 impl CpuProfile {
     /// Samples a thread on a CPU the whole profile would have (0 when the profile is empty).
     pub fn full_samples(&self) -> f64 {

@@ -65,6 +65,7 @@ use crate::{
     config::Config,
     pipeline::{
         loader::{self, error_chain},
+        procinfo::monotonic_ns,
         symbols, syscalls_table,
         uprobes::{self, CatalogSymbols, LibraryLinks, Progs, UprobeError},
     },
@@ -142,16 +143,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             }),
         _ => Err(format!("{s:?} is not a duration like 10s, 500ms or 2m")),
     }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A library file attached for recording.

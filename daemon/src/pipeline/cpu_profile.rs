@@ -28,14 +28,15 @@ use ethand_common::{
     PROFILE_NO_STACK, ProfileCount, ProfileKey, ProfileOff, profile_drop, profile_kind,
 };
 use ethand_snapshot::stacks::{
-    CallSite, CpuProfile, CpuThreadProfile, FoldedStack, Frame, FrameKind, FrameShare, MAX_FOLDED,
-    MAX_FRAMES, MAX_SITES, Share,
+    CallSite, CpuProfile, CpuThreadProfile, Frame, FrameKind, FrameShare, MAX_FOLDED, MAX_FRAMES,
+    MAX_SITES, Share, fold,
 };
 use tracing::{debug, warn};
 
 use crate::pipeline::{
     loader::error_chain,
-    procinfo::unix_ms,
+    procinfo::{self, monotonic_ns, unix_ms},
+    stack_sample::top,
     symbols::{self, Kallsyms},
 };
 
@@ -383,16 +384,6 @@ impl CpuProfiler {
     }
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// What the method of every profile says.
 pub fn method(rate_hz: u32, offcpu_min_ns: u64) -> String {
     format!(
@@ -591,45 +582,20 @@ struct ThreadAcc {
 
 impl ThreadAcc {
     fn finish(self, pid: u32, tid: u32) -> CpuThreadProfile {
-        let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_else(|_| "?".into());
-        let mut modules: Vec<Share> = self
-            .modules
+        // A thread gone by now keeps its samples under "?".
+        let name = procinfo::thread_comm(pid, tid).unwrap_or_else(|| "?".into());
+        let (modules, _) = top(self.modules, MAX_SITES);
+        let modules = modules
             .into_iter()
             .map(|(name, samples)| Share { name, samples })
             .collect();
-        modules.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
-        modules.truncate(MAX_SITES);
-        let mut functions: Vec<FrameShare> = self
-            .functions
+        let (functions, _) = top(self.functions, MAX_SITES);
+        let functions = functions
             .into_iter()
             .map(|(frame, samples)| FrameShare { frame, samples })
             .collect();
-        functions.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.frame.cmp(&b.frame)));
-        functions.truncate(MAX_SITES);
-        let mut stacks: Vec<(Vec<Frame>, u64)> = self.stacks.into_iter().collect();
-        stacks.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let folded_other = stacks.iter().skip(MAX_FOLDED).map(|(_, n)| n).sum();
-        stacks.truncate(MAX_FOLDED);
-        let mut frames: Vec<Frame> = Vec::new();
-        let mut index: HashMap<Frame, u32> = HashMap::new();
-        let folded = stacks
-            .into_iter()
-            .map(|(stack, samples)| FoldedStack {
-                frames: stack
-                    .into_iter()
-                    .rev()
-                    .map(|f| {
-                        *index.entry(f.clone()).or_insert_with(|| {
-                            frames.push(f);
-                            frames.len() as u32 - 1
-                        })
-                    })
-                    .collect(),
-                samples,
-            })
-            .collect();
+        let (stacks, folded_other) = top(self.stacks, MAX_FOLDED);
+        let (folded, frames) = fold(stacks);
         let mut wait_sites: Vec<CallSite> = self
             .wait_sites
             .into_iter()

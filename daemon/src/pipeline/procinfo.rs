@@ -449,6 +449,17 @@ pub fn fd_target(pid: u32, fd: u64) -> Option<String> {
 }
 
 /// Wall-clock time now, in ms since the Unix epoch (0 before it).
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -17,8 +17,7 @@ use std::{
 };
 
 use ethand_snapshot::stacks::{
-    CallSite, CallSites, FoldedStack, Frame, MAX_FOLDED, MAX_SITES, SiteBasis, StackSample,
-    ThreadProfile,
+    CallSite, CallSites, Frame, MAX_FOLDED, MAX_SITES, SiteBasis, StackSample, ThreadProfile, fold,
 };
 use ethand_userspace_probes::{
     catalog::CATALOG,
@@ -243,24 +242,7 @@ impl Acc {
         for ((pid, tid), th) in self.threads {
             let (lines, _) = top(th.lines, MAX_SITES);
             let (stacks, folded_other) = top(th.stacks, MAX_FOLDED);
-            let mut frames: Vec<Frame> = Vec::new();
-            let mut index: HashMap<Frame, u32> = HashMap::new();
-            let folded = stacks
-                .into_iter()
-                .map(|(stack, samples)| FoldedStack {
-                    frames: stack
-                        .into_iter()
-                        .rev()
-                        .map(|f| {
-                            *index.entry(f.clone()).or_insert_with(|| {
-                                frames.push(f);
-                                frames.len() as u32 - 1
-                            })
-                        })
-                        .collect(),
-                    samples,
-                })
-                .collect();
+            let (folded, frames) = fold(stacks);
             out.threads.push(ThreadProfile {
                 pid,
                 tid,
@@ -300,7 +282,8 @@ impl Acc {
 
 /// The `n` largest counts (ties in key order, so that the output is stable) and the sum of
 /// the rest.
-fn top<K: Ord>(m: HashMap<K, u64>, n: usize) -> (Vec<(K, u64)>, u64) {
+/// The `n` highest counts (ties by key) and the sum of the rest.
+pub(crate) fn top<K: Ord>(m: HashMap<K, u64>, n: usize) -> (Vec<(K, u64)>, u64) {
     let mut v: Vec<(K, u64)> = m.into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let other = v.iter().skip(n).map(|(_, c)| c).sum();

@@ -364,7 +364,7 @@ fn cpu_profile_reads_a_containers_own_files() {
         ("mount namespace", "/app/spin".to_string()),
         ("chroot", format!("{root}/app/spin")),
     ] {
-        let mut cmd = if how == "chroot" {
+        let cmd = if how == "chroot" {
             let mut c = Command::new("chroot");
             c.arg(&dir).arg("/app/spin");
             c
