@@ -91,6 +91,12 @@ enum Command {
         /// threads wait).
         #[arg(long)]
         no_stack_sample: bool,
+        /// Profile the tree's threads natively (CPU time by library and function, where they
+        /// wait) even when it has no Python process and no launch sample to wait for: the
+        /// snapshot then takes diagnosis.stack_sample_ms longer. Standalone snapshots always
+        /// profile.
+        #[arg(long, conflicts_with = "no_stack_sample")]
+        cpu_profile: bool,
     },
     /// Run the diagnosis rules (built-in plus diagnosis.rules_dir) over a saved
     /// `ethand snapshot --json` file: the findings, and which rules could not run and why.
@@ -368,6 +374,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             standalone,
             no_launch_sample,
             no_stack_sample,
+            cpu_profile,
         } => {
             snapshot(
                 cfg,
@@ -379,6 +386,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 Samples {
                     launches: !no_launch_sample,
                     stacks: !no_stack_sample,
+                    profile: cpu_profile,
                 },
                 timeout,
             )
@@ -454,6 +462,8 @@ struct SnapshotFormat {
 struct Samples {
     launches: bool,
     stacks: bool,
+    /// `--cpu-profile`: profile even where the snapshot would not wait for samples.
+    profile: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -485,6 +495,7 @@ async fn snapshot(
                 window_s: window,
                 launch_sample: Some(samples.launches),
                 stack_sample: Some(samples.stacks),
+                cpu_profile: samples.profile.then_some(true),
             },
             timeout,
         )
@@ -572,7 +583,8 @@ async fn standalone(
         let wait = duration.saturating_sub(d);
         std::thread::spawn(move || {
             std::thread::sleep(wait);
-            shared.sample_stacks(pid, d)
+            // The measurement lasts its duration anyway: always profile.
+            shared.sample_stacks(pid, d, Some(true), false)
         })
     });
     let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);

@@ -168,8 +168,29 @@ impl CpuProfiler {
             .into_iter()
             .partition(|a| force || a.started.elapsed() >= a.duration);
         self.active = keep;
+        if due.is_empty() {
+            return;
+        }
+        // Stop counting the ended profiles' processes, and stop sampling when none is left,
+        // before their counts are read.
+        if let Some(maps) = self.maps.as_mut() {
+            for p in due.iter().flat_map(|a| &a.pids) {
+                let _ = maps.pids.remove(p);
+            }
+        }
+        let last = self.active.is_empty();
+        if last {
+            self.detach(ebpf);
+        }
         for a in due {
-            self.finish(ebpf, a);
+            self.finish(a);
+        }
+        // Stacks are kept only for the profiles that took them: the map starts empty.
+        if last && let Some(maps) = self.maps.as_mut() {
+            let ids: Vec<u32> = maps.stacks.stack_ids().filter_map(Result::ok).collect();
+            for id in ids {
+                let _ = maps.stacks.remove(&id);
+            }
         }
     }
 
@@ -295,18 +316,10 @@ impl CpuProfiler {
         }
     }
 
-    fn finish(&mut self, ebpf: &mut Ebpf, a: Active) {
+    /// Reads and removes one ended profile's counts (its processes already out of
+    /// `PROFILE_PIDS`) and answers it.
+    fn finish(&mut self, a: Active) {
         let elapsed = a.started.elapsed();
-        let Some(maps) = self.maps.as_mut() else {
-            return;
-        };
-        for p in &a.pids {
-            let _ = maps.pids.remove(p);
-        }
-        let last = self.active.is_empty();
-        if last {
-            self.detach(ebpf);
-        }
         let Some(maps) = self.maps.as_mut() else {
             return;
         };
@@ -355,13 +368,6 @@ impl CpuProfiler {
                 {
                     stacks.insert(id, st.frames().iter().map(|f| f.ip).collect());
                 }
-            }
-        }
-        if last {
-            // Stacks are kept only for the profile that took them: the map starts empty.
-            let ids: Vec<u32> = maps.stacks.stack_ids().filter_map(Result::ok).collect();
-            for id in ids {
-                let _ = maps.stacks.remove(&id);
             }
         }
         let drops = self.drops();

@@ -29,6 +29,11 @@ pub enum Request {
         /// Sample the tree's Python frames (default: yes).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stack_sample: Option<bool>,
+        /// Profile the tree's threads natively. Default: when the snapshot samples anyway (a
+        /// Python process in the tree, or a launch sample), so that a snapshot that has
+        /// nothing else to wait for stays immediate and its window ends when it was asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_profile: Option<bool>,
     },
     Node,
     /// Switch the GPU/NPU probing level live: "system", "process" or "op".
@@ -311,6 +316,7 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
             window_s,
             launch_sample,
             stack_sample,
+            cpu_profile,
         } => {
             let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
             let (probes, level) = {
@@ -320,10 +326,14 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
             // Only for a tree the model knows (else the answer is "not found" at once).
             let known = !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
             // Both samples at once: the snapshot waits for the longer only.
+            let launching = launch_sample.unwrap_or(true) && level == "calls" && known;
             let (sample, stacks) = std::thread::scope(|s| {
-                let stacks = (stack_sample.unwrap_or(true) && known)
-                    .then(|| s.spawn(|| shared.sample_stacks(pid, shared.stack_sample.0)));
-                let sample = (launch_sample.unwrap_or(true) && level == "calls" && known)
+                let stacks = (stack_sample.unwrap_or(true) && known).then(|| {
+                    s.spawn(|| {
+                        shared.sample_stacks(pid, shared.stack_sample.0, cpu_profile, launching)
+                    })
+                });
+                let sample = launching
                     .then(|| shared.sample_launches(pid, shared.launch_sample))
                     .flatten();
                 (
@@ -554,6 +564,7 @@ mod tests {
                 window_s: 10,
                 launch_sample: None,
                 stack_sample: None,
+                cpu_profile: None,
             })
         ));
         assert!(matches!(

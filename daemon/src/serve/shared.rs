@@ -254,14 +254,7 @@ impl Shared {
             return None;
         }
         // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
-        let pids: Vec<u32> = crate::pipeline::procinfo::descendants(pid)
-            .into_iter()
-            .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/maps"))
-                    .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
-            })
-            .collect();
+        let pids = gpu_pids(pid);
         if pids.is_empty() {
             return None;
         }
@@ -281,13 +274,27 @@ impl Shared {
 
     /// Samples the Python frames of `pid`'s tree for `duration` (see stack_sample.rs) and,
     /// over the same window, profiles its threads natively (cpu_profile.rs: the collection
-    /// loop attaches and detaches; this waits for its answer and symbolizes).
-    pub fn sample_stacks(&self, pid: u32, duration: std::time::Duration) -> CodeSample {
+    /// loop attaches and detaches; this waits for its answer and symbolizes). `profile`:
+    /// whether to profile; None: when the snapshot waits for samples anyway (a Python process
+    /// in the tree, or `launching`: a launch sample of the tree's GPU processes), so that a
+    /// snapshot with nothing else to sample stays immediate.
+    pub fn sample_stacks(
+        &self,
+        pid: u32,
+        duration: std::time::Duration,
+        profile: Option<bool>,
+        launching: bool,
+    ) -> CodeSample {
         if duration.is_zero() {
             return CodeSample::default();
         }
         let pids = crate::pipeline::procinfo::descendants(pid);
-        let profile = self.cpu_profile.then(|| {
+        let wanted = profile.unwrap_or_else(|| {
+            pids.iter()
+                .any(|p| ethand_userspace_probes::python::looks_like_python(*p))
+                || (launching && !gpu_pids(pid).is_empty())
+        });
+        let profile = (self.cpu_profile && wanted).then(|| {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             self.profile_requests.lock().expect("lock").push(
                 crate::pipeline::cpu_profile::Request {
@@ -534,4 +541,17 @@ fn selection_policy(p: &crate::config::PrometheusConfig) -> SelectionPolicy {
         hold_ms: p.selection_hold_seconds.saturating_mul(1000),
         min_age_ms: p.selection_min_age_seconds.saturating_mul(1000),
     }
+}
+
+/// The processes of `pid`'s tree that map a GPU/NPU runtime library (at most four times the
+/// launch sample's limit are looked at).
+fn gpu_pids(pid: u32) -> Vec<u32> {
+    crate::pipeline::procinfo::descendants(pid)
+        .into_iter()
+        .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/maps"))
+                .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
+        })
+        .collect()
 }

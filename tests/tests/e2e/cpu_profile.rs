@@ -118,6 +118,20 @@ fn thread_of(p: &CpuProfile, pid: u32, main: bool) -> &CpuThreadProfile {
         .unwrap_or_else(|| panic!("no thread (main: {main}) of {pid} in {p:#?}"))
 }
 
+/// A daemon snapshot with the CPU profile asked for (a C program has no Python frames and no
+/// launches to sample: by default its snapshot would not wait for a profile).
+pub(crate) fn profiled(d: &Daemon, pid: u32) -> ethand_tests::TreeSnapshot {
+    let o = d.cli(&[
+        "snapshot",
+        "--pid",
+        &pid.to_string(),
+        "--json",
+        "--cpu-profile",
+    ]);
+    assert!(o.status.success(), "snapshot: {}", text(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("a snapshot")
+}
+
 /// The thread's share of samples whose innermost frame `pick` accepts.
 fn share(t: &CpuThreadProfile, pick: impl Fn(&ethand_snapshot::stacks::Frame) -> bool) -> f64 {
     let n: u64 = t
@@ -144,7 +158,7 @@ fn cpu_profile_shares_and_waits_match_the_program() {
     let pid = child.0.id();
     // The daemon knows the tree once a round has seen it.
     thread::sleep(Duration::from_millis(1500));
-    let t = d.snapshot(pid);
+    let t = profiled(&d, pid);
     let p = t.cpu_profile.as_ref().expect("a CPU profile");
     println!("method: {}\nnotes: {:?}", p.method, p.notes);
     assert!(p.notes.is_empty(), "notes: {:?}", p.notes);
@@ -226,7 +240,7 @@ fn cpu_profile_shares_and_waits_match_the_program() {
         "the tracing path is not part of the site: {names:?}"
     );
     // The terminal and the HTML report say it.
-    let o = d.cli(&["snapshot", "--pid", &pid.to_string()]);
+    let o = d.cli(&["snapshot", "--pid", &pid.to_string(), "--cpu-profile"]);
     let out = text(&o.stdout);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let section = out
@@ -249,6 +263,7 @@ fn cpu_profile_shares_and_waits_match_the_program() {
         &pid.to_string(),
         "--html",
         html.to_str().unwrap(),
+        "--cpu-profile",
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let html = fs::read_to_string(&html).expect("report");
@@ -267,7 +282,7 @@ fn cpu_profile_shares_and_waits_match_the_program() {
     let child = start(&stripped);
     let pid = child.0.id();
     thread::sleep(Duration::from_millis(1500));
-    let t = d.snapshot(pid);
+    let t = profiled(&d, pid);
     let p = t.cpu_profile.as_ref().expect("a CPU profile (stripped)");
     let main = thread_of(p, pid, true);
     println!("stripped main: {:?}", main.top_functions);
@@ -376,7 +391,7 @@ fn cpu_profile_reads_a_containers_own_files() {
         let child = start_cmd(cmd);
         let pid = child.0.id();
         thread::sleep(Duration::from_millis(1500));
-        let t = d.snapshot(pid);
+        let t = profiled(&d, pid);
         let p = t.cpu_profile.as_ref().expect("a CPU profile");
         let main = thread_of(p, pid, true);
         println!("{how}: {:?} {:?}", main.by_module, main.top_functions);

@@ -568,7 +568,7 @@ fn each_capability_of_the_unit_is_needed() {
                 .expect("sh"),
         );
         std::thread::sleep(std::time::Duration::from_millis(1500));
-        let t = d.snapshot(w.0.id());
+        let t = crate::cpu_profile::profiled(&d, w.0.id());
         let p = t.cpu_profile.expect("a CPU profile");
         let named = p
             .threads
