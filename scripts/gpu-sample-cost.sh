@@ -7,6 +7,8 @@
 # as root. Writes ${OUT:-/tmp/gpu-sample-cost}/{log.txt,cost.json,steps.txt,snap-*.json}.
 # SNAP_ARGS: more `ethand snapshot` flags (e.g. --no-stack-sample: the launch sample alone, to
 # tell its cost from the stack sample's, which runs at the same time by default).
+# DAEMON_TOML: more lines of the daemon's config (e.g. "[diagnosis]\ncpu_profile_hz = 0": the
+# snapshot without its native CPU profile, to tell the profile's cost from the samples').
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/gpu-sample-cost}
@@ -16,7 +18,7 @@ SAMPLES=${SAMPLES:-10}
 SNAP_ARGS=${SNAP_ARGS:-}
 mkdir -p "$OUT"; exec > >(tee "$OUT/log.txt") 2>&1
 W=$(mktemp -d)
-printf '[daemon]\nsocket = "%s/ethand.sock"\n[prometheus]\nlisten = "127.0.0.1:9482"\n' "$W" > "$W/cfg.toml"
+printf '[daemon]\nsocket = "%s/ethand.sock"\n[prometheus]\nlisten = "127.0.0.1:9482"\n%b\n' "$W" "${DAEMON_TOML:-}" > "$W/cfg.toml"
 "$E" --config "$W/cfg.toml" run > "$W/daemon.log" 2>&1 &
 DP=$!
 for i in $(seq 1 60); do "$E" --config "$W/cfg.toml" status > /dev/null 2>&1 && break; sleep 0.25; done
