@@ -1,7 +1,7 @@
 #!/bin/bash
 # `ethand record` and a standalone snapshot of a real training loop (tests/gpu/scenarios.py,
 # default healthy_resnet and input_main), at the defaults: the Perfetto trace with its CPU
-# samples, the snapshot's JSON, text and HTML (the native CPU profile and its flame graph).
+# samples (native and Python), the snapshot's JSON, text and HTML (the native CPU profile and its flame graph).
 # Run from the repository root as root, with .device-bin/ethand built. Writes
 # ${OUT:-/tmp/gpu-record}/<scenario>/{trace.json.gz,snap.json,snap.txt,snap.html,summary.txt}.
 set -u
@@ -40,6 +40,11 @@ print("record:", {k: m[k] for k in m if k.startswith("cpu") or k in ("events", "
 by_tid = collections.Counter(e["tid"] for e in s)
 print("samples by thread (top 5):", by_tid.most_common(5))
 print("innermost frames (top 10):", collections.Counter(e["name"] for e in s).most_common(10))
+py = [e for e in t["traceEvents"] if e.get("cat") == "python_sample"]
+print("python:", {k: m[k] for k in m if k.startswith("python")})
+print("python samples by thread (top 5):", collections.Counter(e["tid"] for e in py).most_common(5))
+print("python innermost lines, running (top 8):", collections.Counter(e["name"] for e in py if e["args"]["active"]).most_common(8))
+print("python innermost lines, idle (top 5):", collections.Counter(e["name"] for e in py if not e["args"]["active"]).most_common(5))
 snap = json.load(open(f"{d}/snap.json"))
 p = snap.get("cpu_profile") or {}
 print("profile:", p.get("duration_ms"), p.get("rate_hz"), p.get("lost_stacks"), p.get("lost_samples"), p.get("notes"))

@@ -159,6 +159,12 @@ enum Command {
         /// stack; 0: no samples. At most 999.
         #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u32).range(0..1000))]
         cpu_sample_hz: u32,
+        /// Read the Python stacks of the tree's Python processes this many times a second,
+        /// from outside them (they are never stopped), each read an instant per thread with
+        /// its Python frames; 0: none. Each read costs ethand 0.1 to 1 ms of CPU per process.
+        /// At most 999.
+        #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(u32).range(0..1000))]
+        python_sample_hz: u32,
     },
     /// Compare two `ethand snapshot --pid PID --json` files (e.g. before and after a
     /// change): tree totals, rates per second and derived signals, and which findings were
@@ -423,6 +429,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             output,
             syscall_threshold_us,
             cpu_sample_hz,
+            python_sample_hz,
         } => {
             record::run(
                 &cfg,
@@ -432,6 +439,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                     output: &output,
                     syscall_threshold_us,
                     cpu_sample_hz,
+                    python_sample_hz,
                 },
             )
             .await

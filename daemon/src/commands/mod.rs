@@ -3,5 +3,6 @@
 //! snapshots side by side), and the one way every command writes an output file.
 pub mod compare;
 pub mod outfile;
+pub mod python_samples;
 pub mod record;
 pub mod survey;

@@ -35,6 +35,11 @@
 //!   innermost frame, `args.stack` the user and kernel frames, innermost first. They are
 //!   symbolized every half second while the processes are alive (a process that exits
 //!   takes its maps with it) and written then, so memory stays bounded;
+//! - Python samples (`--python-sample-hz`, the stacks of the tree's Python threads read from
+//!   outside the processes, `python_samples.rs`): thread-scoped instants (`cat:
+//!   "python_sample"`) on the thread's own track, named by the innermost Python frame
+//!   ("train.py:41 in step()"), `args.stack` the Python frames innermost first, `args.active`
+//!   (on a CPU or runnable) and `args.gil`;
 //! - drops: in `metadata.dropped` and, when non-zero, a global instant event.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -62,6 +67,7 @@ use ethand_userspace_probes::{catalog::CATALOG, elf::SymbolTable, parse_maps};
 use serde_json::{Value, json};
 
 use crate::{
+    commands::python_samples::{PySample, PythonSampler},
     config::Config,
     pipeline::{
         loader::{self, error_chain},
@@ -83,6 +89,7 @@ pub struct Options<'a> {
     pub output: &'a Path,
     pub syscall_threshold_us: u64,
     pub cpu_sample_hz: u32,
+    pub python_sample_hz: u32,
 }
 
 pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
@@ -245,8 +252,21 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         gpu_libs.len()
     );
 
+    let mut python = match o.python_sample_hz {
+        0 => None,
+        hz => match PythonSampler::start(o.pid, hz) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("ethand: warning: no Python samples: {e}");
+                warnings.push(format!("no Python samples: {e}"));
+                None
+            }
+        },
+    };
+
     let mut tw = TraceWriter::new(file, tmp, t0);
     let mut samples = Samples::new();
+    let mut python_written = 0u64;
     for p in &tree {
         tw.learn_process(*p).map_err(|e| tw.error(e))?;
     }
@@ -262,6 +282,10 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     let mut next_tree_check = Instant::now() + TREE_CHECK;
     loop {
         tw.drain(&mut ring).map_err(|e| tw.error(e))?;
+        if let Some(p) = &python {
+            python_written +=
+                write_python(&mut tw, p.samples.try_iter()).map_err(|e| tw.error(e))?;
+        }
         let now = Instant::now();
         if now >= deadline {
             break;
@@ -289,6 +313,14 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     }
     let interrupted = ended == "interrupted";
     let t_end = monotonic_ns();
+    let python_stats = match python.take() {
+        Some(p) => {
+            let (rest, stats) = p.stop();
+            python_written += write_python(&mut tw, rest.try_iter()).map_err(|e| tw.error(e))?;
+            Some(stats)
+        }
+        None => None,
+    };
     // Detach everything (the programs go with the object), then take what was left.
     drop(loaded);
     tw.drain(&mut ring).map_err(|e| tw.error(e))?;
@@ -324,6 +356,14 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "cpu_samples_dropped": tw.pending_dropped,
         // Samples without a stack: their slot in the stack map taken by another stack.
         "cpu_samples_stack_lost": drop_sum(&profile_drops, ethand_common::profile_drop::STACK_LOST),
+        "python_sample_hz": o.python_sample_hz,
+        // Absent when no Python sampling ran: not zero.
+        "python_samples": python_stats.as_ref().map(|_| python_written),
+        "python_samples_dropped": python_stats.as_ref().map(|s| s.dropped),
+        "python_reads": python_stats.as_ref().map(|s| s.reads),
+        "python_read_errors": python_stats.as_ref().map(|s| s.read_errors),
+        "python_processes": python_stats.as_ref().map(|s| s.processes.clone()),
+        "python_notes": python_stats.as_ref().map(|s| s.notes.clone()),
         "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
         "warnings": warnings,
     });
@@ -461,6 +501,27 @@ impl Samples {
         }
         Ok(())
     }
+}
+
+/// Writes Python samples as instants on their threads' tracks; returns how many.
+fn write_python(
+    tw: &mut TraceWriter,
+    samples: impl Iterator<Item = PySample>,
+) -> std::io::Result<u64> {
+    let mut n = 0;
+    for s in samples {
+        tw.learn_thread(s.pid, s.tid)?;
+        let name = s.frames.first().map_or("(no Python frame)", String::as_str);
+        let v = json!({
+            "name": name, "cat": "python_sample", "ph": "i", "s": "t", "ts": tw.rel(s.ns),
+            "pid": s.pid, "tid": s.tid,
+            "args": {"stack": s.frames, "active": s.active, "gil": s.owns_gil},
+        });
+        tw.value(&v)?;
+        tw.events += 1;
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn drop_sum(m: &PerCpuArray<MapData, u64>, idx: u32) -> u64 {

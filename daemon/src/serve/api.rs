@@ -323,8 +323,18 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
                 let node = shared.node.read().expect("lock");
                 (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
             };
-            // Only for a tree the model knows (else the answer is "not found" at once).
-            let known = !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
+            // Only for a tree the model knows (else the answer is "not found"). A running
+            // process the model does not know yet started after the last round: it is
+            // known after the next one, so wait up to two rounds for it.
+            let knows = || !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
+            let mut known = knows();
+            if !known && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let until = std::time::Instant::now() + 2 * shared.round_interval;
+                while !known && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    known = knows();
+                }
+            }
             // Both samples at once: the snapshot waits for the longer only.
             let launching = launch_sample.unwrap_or(true) && level == "calls" && known;
             let (sample, stacks) = std::thread::scope(|s| {

@@ -66,6 +66,9 @@ pub struct Shared {
     pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
     /// `diagnosis.launch_sample_ms`.
     pub launch_sample: std::time::Duration,
+    /// The collection round (`daemon.interval_ms`): a process started a moment ago is known
+    /// from the next round on.
+    pub round_interval: std::time::Duration,
     /// `diagnosis.stack_sample_ms` and `diagnosis.stack_sample_hz`.
     pub stack_sample: (std::time::Duration, u32),
     /// Which threads are inside a timed runtime call, for stack samples (set at start-up).
@@ -110,6 +113,7 @@ impl Shared {
                 (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
             )),
             launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
+            round_interval: std::time::Duration::from_millis(d.interval_ms),
             stack_sample: (
                 std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms),
                 cfg.diagnosis.stack_sample_hz,

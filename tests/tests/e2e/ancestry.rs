@@ -297,6 +297,21 @@ fn idle_processes_launchers_and_threads_are_known() {
     let t: ethand_snapshot::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(t.root_pid, dpid, "tid {tid} resolves to its process");
     assert_eq!(t.processes[0].pid, dpid);
+
+    // A process started a moment ago, before the daemon's next round: its snapshot, not
+    // "no process known".
+    for _ in 0..3 {
+        let young = bash("exec sleep 30");
+        let ypid = young.0.id();
+        let out = d2.cli(&["snapshot", "--pid", &ypid.to_string(), "--json"]);
+        assert!(
+            out.status.success(),
+            "snapshot of pid {ypid} right after its start: {}",
+            text(&out.stderr)
+        );
+        let t: ethand_snapshot::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(t.root_pid, ypid);
+    }
     drop(d2);
 
     // Standalone: the launcher, asleep in wait() through the whole measurement.

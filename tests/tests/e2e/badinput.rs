@@ -68,10 +68,10 @@ fn assert_error(sock: &Path, what: &str, req: Vec<u8>, want: &str) {
     let (reply, took) = exchange(sock, req);
     let msg = error_of(&reply)
         .unwrap_or_else(|| panic!("{what}: expected an error reply, got {reply:?}"));
-    println!("{what} ({len} bytes): error in {took:?}: {msg}");
+    // Quiet when right: a failure's message then shows at the head of CI's excerpt.
     assert!(
         msg.contains(want),
-        "{what}: error {msg:?} does not say {want:?}"
+        "{what} ({len} bytes): error {msg:?} (after {took:?}) does not say {want:?}"
     );
     assert!(
         reply.ends_with('\n') && reply.matches('\n').count() == 1,
@@ -239,8 +239,10 @@ fn malformed_api_requests_get_errors_and_the_daemon_keeps_working() {
     let conns: Vec<UnixStream> = (0..200)
         .map(|i| {
             let mut s = connect(&sock);
+            // Beyond daemon.api_max_connections (64) the daemon answers "busy" and closes
+            // at once: the write may then find the connection closed (EPIPE).
             if i % 3 == 0 {
-                s.write_all(br#"{"cmd":"snapshot","pid":"#).expect("write");
+                let _ = s.write_all(br#"{"cmd":"snapshot","pid":"#);
             }
             s
         })

@@ -4,7 +4,8 @@
 //! drops, per-thread timestamps in order; the exact bytes of O_DIRECT block requests; a
 //! million events in bounded memory (the trace is
 //! streamed to disk while recording); a full disk fails clearly and leaves no file; CPU
-//! samples of a program with a known 70/30 split between two functions.
+//! samples of a program with a known 70/30 split between two functions; Python samples of a
+//! script with known shares of its time in three lines.
 use std::{
     collections::BTreeMap,
     fs,
@@ -36,6 +37,16 @@ struct Recorder {
 
 impl Recorder {
     fn start(pid: u32, duration: &str, out: &std::path::Path, threshold_us: u64) -> Self {
+        Self::start_with(pid, duration, out, threshold_us, &[])
+    }
+
+    fn start_with(
+        pid: u32,
+        duration: &str,
+        out: &std::path::Path,
+        threshold_us: u64,
+        extra: &[&str],
+    ) -> Self {
         let mut child = Command::new(ethand_bin())
             .args([
                 "record",
@@ -48,6 +59,7 @@ impl Recorder {
                 "--syscall-threshold-us",
                 &threshold_us.to_string(),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -808,4 +820,121 @@ fn record_cpu_samples_follow_the_program() {
             assert!(stack.contains(&"main"), "{stack:?}");
         }
     }
+}
+
+/// Python samples: the script of the stack-sample test (e2e/stacks.rs) spends 25 % of its main
+/// thread's time in a sync (the stand-in sleeps), 25 % spinning under `spin_a` and 50 % under
+/// `spin_b`. The recording's Python instants must say so, name the lines, and mark the sync
+/// idle; a process that is not Python gets none.
+#[test]
+fn record_python_samples_name_the_lines() {
+    use crate::stacks::{SCRIPT, line_of};
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-record-python-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("dir");
+    let script = dir.join("sync_sites.py");
+    fs::write(&script, SCRIPT).expect("script");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(standins::shared().path(Lib::Cuda))
+        .env(SYNC_ENV, "10000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3");
+    let pid = child.id();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("ready line");
+    assert_eq!(ready.trim(), "ready");
+    let _kill = ethand_tests::KillOnDrop(child);
+    let out = temp_path("record-python", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let rec = Recorder::start_with(pid, "4s", &out, 100_000, &["--python-sample-hz", "97"]);
+    rec.finish();
+    let trace = load(&out);
+    let meta = &trace["metadata"];
+    let samples: Vec<&Value> = events(&trace)
+        .iter()
+        .filter(|e| e["cat"] == "python_sample" && u(e, "tid") == u64::from(pid))
+        .collect();
+    let n = samples.len() as f64;
+    eprintln!("observed: {n} main-thread Python samples; metadata {meta}");
+    assert_eq!(meta["python_sample_hz"], 97);
+    assert_eq!(meta["python_samples_dropped"], 0);
+    assert_eq!(meta["python_processes"], serde_json::json!([pid]));
+    // One read per tick of the only Python process; a torn read loses its sample.
+    let reads = f(meta, "python_reads");
+    let expect = 97.0 * f(meta, "duration_s");
+    assert!(
+        (reads - expect).abs() <= 0.2 * expect,
+        "{reads} reads, expected ~{expect:.0}"
+    );
+    assert!(n >= 0.8 * reads, "{n} samples of {reads} reads");
+    let file = script.file_name().unwrap().to_str().unwrap();
+    let line = |marker: &str| format!("{file}:{} in", line_of(marker));
+    let share =
+        |pred: &dyn Fn(&Value) -> bool| samples.iter().filter(|e| pred(e)).count() as f64 / n;
+    let stack = |e: &Value| -> Vec<String> {
+        e["args"]["stack"]
+            .as_array()
+            .expect("args.stack")
+            .iter()
+            .map(|v| v.as_str().expect("a frame label").to_string())
+            .collect()
+    };
+    let through = |marker: &str| {
+        let l = line(marker);
+        share(&|e| stack(e).iter().any(|f| f.starts_with(&l)))
+    };
+    let sync = share(&|e| {
+        e["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(&line("SYNC_LINE")))
+    });
+    let (a, b) = (through("A_LINE"), through("B_LINE"));
+    eprintln!("shares: sync {sync:.3} spin_a {a:.3} spin_b {b:.3}");
+    assert!((sync - 0.25).abs() < 0.08, "sync share {sync}");
+    assert!((a - 0.25).abs() < 0.08, "spin_a share {a}");
+    assert!((b - 0.50).abs() < 0.08, "spin_b share {b}");
+    for e in &samples {
+        assert_eq!(e["ph"], "i");
+        assert_eq!(e["s"], "t");
+        let st = stack(e);
+        assert_eq!(Some(&e["name"].as_str().unwrap().to_string()), st.first());
+        assert!(
+            st.last().is_some_and(|f| f.ends_with("in <module>()")),
+            "{st:?}"
+        );
+    }
+    // The sync sleeps (idle); the spin loops run.
+    let idle_in_sync = samples
+        .iter()
+        .filter(|e| {
+            e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&line("SYNC_LINE")))
+        })
+        .filter(|e| e["args"]["active"] == false)
+        .count() as f64;
+    assert!(
+        idle_in_sync >= 0.8 * sync * n,
+        "{idle_in_sync} of {} sync samples idle",
+        sync * n
+    );
+
+    // A program that is not Python: no Python sample, and the metadata says none was read.
+    let (bin, _) = crate::cpu_profile::build(&dir);
+    let child = crate::cpu_profile::start(&bin);
+    let out = temp_path("record-python-none", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let rec = Recorder::start(child.0.id(), "1s", &out, 100_000);
+    rec.finish();
+    drop(child);
+    let trace = load(&out);
+    assert!(events(&trace).iter().all(|e| e["cat"] != "python_sample"));
+    assert_eq!(trace["metadata"]["python_processes"], serde_json::json!([]));
+    assert_eq!(trace["metadata"]["python_samples"], 0);
+    fs::remove_dir_all(&dir).ok();
 }

@@ -18,7 +18,7 @@ use ethand_tests::{
 
 /// Each round: 10 ms inside the sync (the stand-in sleeps), 10 ms spinning in `spin_a`,
 /// 20 ms in `spin_b`: 25 %, 25 % and 50 % of the main thread's time.
-const SCRIPT: &str = r#"import ctypes, sys, time
+pub(crate) const SCRIPT: &str = r#"import ctypes, sys, time
 lib = ctypes.CDLL(sys.argv[1])
 sync = lib.cuStreamSynchronize
 def wait_for_gpu():
@@ -38,7 +38,7 @@ while True:
     spin_b()
 "#;
 
-fn line_of(marker: &str) -> u32 {
+pub(crate) fn line_of(marker: &str) -> u32 {
     SCRIPT
         .lines()
         .position(|l| l.contains(marker))
@@ -72,10 +72,19 @@ fn python_call_sites_and_line_shares_match_the_program() {
     let mut line = String::new();
     out.read_line(&mut line).expect("ready line");
     assert_eq!(line.trim(), "ready");
-    // Until the daemon has attached to the stand-in libcuda the process maps.
+    // Until the daemon knows the process (its next round) and has attached to the stand-in
+    // libcuda it maps.
     let t0 = Instant::now();
     loop {
-        let s = d.snapshot(pid);
+        assert!(t0.elapsed() < Duration::from_secs(20), "no syncs seen");
+        let o = d.cli(&["snapshot", "--pid", &pid.to_string(), "--json"]);
+        if !o.status.success() {
+            let err = text(&o.stderr);
+            assert!(err.contains("is known to ethand"), "snapshot: {err}");
+            thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        let s: ethand_tests::TreeSnapshot = serde_json::from_slice(&o.stdout).expect("JSON");
         if s.processes.iter().any(|p| {
             p.gpu
                 .as_ref()
@@ -83,7 +92,6 @@ fn python_call_sites_and_line_shares_match_the_program() {
         }) {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "no syncs seen");
         thread::sleep(Duration::from_millis(300));
     }
     let p = pid.to_string();

@@ -17,6 +17,7 @@ mod report;
 pub mod scale;
 mod series;
 mod serving;
+mod stacks;
 pub mod workloads;
 
 use std::collections::BTreeMap;
@@ -95,15 +96,19 @@ pub enum Suite {
     /// A real Prometheus scraping the daemon at its defaults for 10 minutes under the scale
     /// load (head series, flapping), and the daemon's VmHWM under heavy churn.
     Series,
+    /// Call-site stacks of probed GPU calls, per call; the snapshot's CPU profile, as the
+    /// slowdown of a busy and a launch-bound loop during its window.
+    Stacks,
 }
 
 impl Suite {
-    pub const ALL: [Suite; 5] = [
+    pub const ALL: [Suite; 6] = [
         Suite::Events,
         Suite::Scale,
         Suite::Serving,
         Suite::Record,
         Suite::Series,
+        Suite::Stacks,
     ];
 }
 
@@ -235,7 +240,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "[bench] BPF program run times: ethand with bpf_stats = \"always\", under getpid \
                  and ping-pong (untimed)"
             );
-            modes::ethand_program_costs(bin, tmp.path(), || {
+            modes::ethand_program_costs(bin, tmp.path(), "", |_| {
                 for w in [Workload::Getpid, Workload::Pingpong] {
                     workloads::measure(w, iters.of(w), &args.io_dir)?;
                 }
@@ -272,6 +277,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.suites.contains(&Suite::Series) {
         sections.push(series::run(&ctx).unwrap_or_else(|e| scale::failed("series", e)));
     }
+    if args.suites.contains(&Suite::Stacks) {
+        match ctx.ethand {
+            Some(_) => {
+                sections.push(stacks::run(&ctx).unwrap_or_else(|e| scale::failed("stacks", e)))
+            }
+            None => eprintln!("[bench] stacks suite skipped: ethand not run (--modes)"),
+        }
+    }
     if let Some(path) = &args.gpu_results {
         let raw = fs::read_to_string(path)
             .with_context(|| format!("reading --gpu-results {}", path.display()))?;
@@ -291,6 +304,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             title: "Real training on the GPU machine (scripts/gpu-bench.sh)".to_string(),
             text: format!("(from {})", path.display()),
             markdown,
+            record: None,
         });
     }
 

@@ -297,7 +297,7 @@ fn map_names(line: &str) -> impl Iterator<Item = &str> {
 /// `ethand run` with a config that moves its socket and /metrics port out of the way of an
 /// installed daemon, plus `daemon_extra` (lines of `[daemon]`) and `sections` (more tables).
 /// Ready when `ethand status` answers.
-fn start_ethand(bin: &Path, dir: &Path, daemon_extra: &str, sections: &str) -> Result<Tracer> {
+pub fn start_ethand(bin: &Path, dir: &Path, daemon_extra: &str, sections: &str) -> Result<Tracer> {
     let socket = ethand_socket(dir);
     let config = dir.join("ethand.toml");
     let port = free_loopback_port()?;
@@ -359,17 +359,18 @@ impl ProgramCost {
     }
 }
 
-/// Runs `work` under `ethand run` with its default probes and the kernel's BPF run-time
-/// statistics on (`daemon.bpf_stats = "always"`, which costs every program run: never used in
+/// Runs `work` under `ethand run` with its default probes (plus `sections`, more config
+/// tables) and the kernel's BPF run-time statistics on (`daemon.bpf_stats = "always"`, which costs every program run: never used in
 /// a timed mode), then returns `programs` of `ethand status --json`, from a snapshot the daemon
 /// took after `work`.
 pub fn ethand_program_costs(
     bin: &Path,
     dir: &Path,
-    work: impl FnOnce() -> Result<()>,
+    sections: &str,
+    work: impl FnOnce(&mut Tracer) -> Result<()>,
 ) -> Result<Vec<ProgramCost>> {
-    let mut tracer = start_ethand(bin, dir, "bpf_stats = \"always\"\n", "")?;
-    work()?;
+    let mut tracer = start_ethand(bin, dir, "bpf_stats = \"always\"\n", sections)?;
+    work(&mut tracer)?;
     tracer.ensure_running("while the workloads ran")?;
     // `status` answers from the snapshot of the daemon's last collection (every
     // daemon.interval_ms). The one current now may predate the end of `work`; the next one
@@ -393,6 +394,26 @@ pub fn ethand_program_costs(
     let costs = parse_program_costs(&status)?;
     tracer.finish()?;
     Ok(costs)
+}
+
+/// `ethand snapshot --json --pid PID ARGS` against the daemon at `socket`.
+pub fn snapshot_json(bin: &Path, socket: &Path, pid: u32, args: &[&str]) -> Result<Json> {
+    let out = Command::new(bin)
+        .args(["snapshot", "--json", "--pid", &pid.to_string()])
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} snapshot", bin.display()))?;
+    ensure!(
+        out.status.success(),
+        "`ethand snapshot --pid {pid} --json {}` failed ({}): {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    serde_json::from_slice(&out.stdout).context("parsing `ethand snapshot --json`")
 }
 
 fn ethand_status_json(bin: &Path, socket: &Path) -> Result<Json> {
@@ -648,6 +669,20 @@ impl Tracer {
         }
     }
 
+    /// `ethand snapshot --json --pid PID ARGS` of this daemon (None when the tracer is not
+    /// ethand).
+    pub fn ethand_snapshot(&self, pid: u32, args: &[&str]) -> Result<Option<Json>> {
+        let Some((bin, socket)) = &self.ethand else {
+            return Ok(None);
+        };
+        snapshot_json(bin, socket, pid, args).map(Some)
+    }
+
+    /// The daemon's binary and API socket (None when the tracer is not ethand).
+    pub fn ethand_api(&self) -> Option<(PathBuf, PathBuf)> {
+        self.ethand.clone()
+    }
+
     /// What ethand counted of the kernel launches of live process `pid` (`gpu.launches` of
     /// it in `ethand snapshot --pid PID --json`), polled until it reaches `expected` or the
     /// next snapshots stop changing it; None for bpftrace (its maps are not read).
@@ -659,20 +694,7 @@ impl Tracer {
         // loop ended may predate it.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let out = Command::new(&bin)
-                .args(["snapshot", "--json", "--pid", &pid.to_string(), "--socket"])
-                .arg(&socket)
-                .stdin(Stdio::null())
-                .output()
-                .with_context(|| format!("running {} snapshot", bin.display()))?;
-            ensure!(
-                out.status.success(),
-                "`ethand snapshot --pid {pid} --json` failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            let snap: Json =
-                serde_json::from_slice(&out.stdout).context("parsing `ethand snapshot --json`")?;
+            let snap = snapshot_json(&bin, &socket, pid, &[])?;
             let last = launches_of(&snap, pid);
             if last == Some(expected) || Instant::now() > deadline {
                 return Ok(Some(last.unwrap_or(0)));

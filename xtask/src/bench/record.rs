@@ -643,6 +643,7 @@ fn section(
             .to_string(),
         markdown: md,
         text,
+        record: None,
     }
 }
 

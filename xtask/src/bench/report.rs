@@ -133,6 +133,9 @@ pub struct Section {
     pub title: String,
     pub markdown: String,
     pub text: String,
+    /// The suite's measurements as data (every round's figures), for the run's JSON record;
+    /// None for the suites whose tables are the record.
+    pub record: Option<serde_json::Value>,
 }
 
 /// The 1, 5 and 15 minute load averages.
@@ -292,6 +295,12 @@ impl Report<'_> {
             .iter()
             .map(|(m, why)| (m.name().to_string(), Value::from(why.as_str())))
             .collect();
+        let sections: Map<String, Value> = self
+            .info
+            .sections
+            .iter()
+            .filter_map(|sec| Some((sec.title.clone(), sec.record.clone()?)))
+            .collect();
         let m = &self.info.machine;
         json!({
             "command": self.info.command,
@@ -309,6 +318,7 @@ impl Report<'_> {
             "workloads": workloads,
             "per_switch": switch,
             "not_run": not_run,
+            "sections": sections,
         })
     }
 

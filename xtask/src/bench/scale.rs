@@ -550,6 +550,7 @@ pub fn failed(suite: &str, e: anyhow::Error) -> Section {
         title: format!("Suite `{suite}`: failed"),
         markdown: format!("The suite failed:\n\n```\n{e:#}\n```\n"),
         text: format!("failed: {e:#}\n"),
+        record: None,
     }
 }
 
@@ -757,6 +758,7 @@ impl Run {
             ),
             markdown: md,
             text,
+            record: None,
         }
     }
 }

@@ -445,5 +445,6 @@ fn section(s: &SeriesResult, c: &ChurnResult) -> Section {
         title: "Series kept and memory under churn (suite `series`)".into(),
         markdown: md,
         text,
+        record: None,
     }
 }

@@ -817,6 +817,7 @@ impl Results {
                 .to_string(),
             markdown: md,
             text,
+            record: None,
         }
     }
 }

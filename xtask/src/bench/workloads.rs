@@ -269,14 +269,25 @@ pub fn measure_handshake(
 ) -> Result<Measurement> {
     ensure!(w.handshake(), "workload {} has no handshake", w.name());
     let exe = std::env::current_exe().context("finding xtask's own binary")?;
-    let mut child = Command::new(&exe)
-        .args(["workload", w.name(), "--iters", &iters.to_string()])
-        .args(args)
+    let mut cmd = Command::new(&exe);
+    cmd.args(["workload", w.name(), "--iters", &iters.to_string()])
+        .args(args);
+    measure_child(w.name(), cmd, ready, done)
+}
+
+/// [`measure_handshake`] of any program that speaks its protocol (`name` for messages).
+pub fn measure_child(
+    name: &str,
+    mut cmd: Command,
+    ready: impl FnOnce(u32) -> Result<()>,
+    done: impl FnOnce(u32, &mut Measurement) -> Result<()>,
+) -> Result<Measurement> {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting workload {}", w.name()))?;
+        .with_context(|| format!("starting workload {name}"))?;
     let pid = child.id();
     let mut stdin = child.stdin.take().context("child stdin")?;
     let stdout = child.stdout.take().context("child stdout")?;
@@ -298,13 +309,13 @@ pub fn measure_handshake(
     let result = (|| -> Result<Measurement> {
         let next_line = |what: &str| -> Result<String> {
             rx.recv_timeout(CHILD_TIMEOUT)
-                .map_err(|_| anyhow::anyhow!("workload {} exited or hung {what}", w.name()))
+                .map_err(|_| anyhow::anyhow!("workload {} exited or hung {what}", name))
         };
         let line = next_line("before it was ready")?;
         ensure!(
             line == "ready",
             "workload {}: expected `ready`, got {line:?}",
-            w.name()
+            name
         );
         ready(pid)?;
         stdin
@@ -313,7 +324,7 @@ pub fn measure_handshake(
         stdin.flush()?;
         let line = next_line("in its timed loop")?;
         let mut m =
-            Measurement::parse(&line).with_context(|| format!("workload {}'s result", w.name()))?;
+            Measurement::parse(&line).with_context(|| format!("workload {}'s result", name))?;
         done(pid, &mut m)?;
         Ok(m)
     })();
@@ -328,7 +339,7 @@ pub fn measure_handshake(
     ensure!(
         status.success(),
         "workload {} failed ({status}): {}",
-        w.name(),
+        name,
         stderr.trim()
     );
     Ok(m)
