@@ -21,7 +21,7 @@ use ethand_userspace_probes::python::{PythonError, PythonReader};
 
 use crate::pipeline::{
     procinfo::{self, monotonic_ns},
-    stack_sample::MAX_PROCESSES,
+    stack_sample::{self, MAX_PROCESSES},
 };
 
 /// Samples in flight between the reader thread and the writer: two seconds of 50 threads at
@@ -146,14 +146,7 @@ fn read_loop(root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -
                 Err(_) => stats.read_errors += 1,
             }
         }
-        next += period;
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        } else {
-            // Behind (slow reads): skip the missed ticks rather than burst.
-            next = now;
-        }
+        stack_sample::wait_tick(&mut next, period);
     }
     stats
 }

@@ -106,14 +106,7 @@ pub fn sample(
             }
         }
         acc.rounds += 1;
-        next += period;
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        } else {
-            // Behind (a slow read): skip the missed ticks rather than burst.
-            next = now;
-        }
+        wait_tick(&mut next, period);
     }
     for (pid, (n, last)) in read_errors {
         // Torn reads of a busy process (a frame freed mid-read) are expected without stopping
@@ -397,5 +390,17 @@ mod tests {
         assert_eq!(t.frames[s.frames[1] as usize].line, Some(41));
         // A file that cannot be read has no source text, not an error.
         assert_eq!(c.sites[0].source, None);
+    }
+}
+
+/// Sleeps until the tick after `next`, one `period` on; when behind (slow reads), skips the
+/// missed ticks rather than burst.
+pub(crate) fn wait_tick(next: &mut Instant, period: Duration) {
+    *next += period;
+    let now = Instant::now();
+    if *next > now {
+        std::thread::sleep(*next - now);
+    } else {
+        *next = now;
     }
 }
