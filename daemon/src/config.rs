@@ -24,6 +24,24 @@ pub struct Config {
     /// Container / pod / job / rank of processes (attribution.rs, docs/cluster.md).
     pub attribution: AttributionConfig,
     pub otlp: OtlpConfig,
+    /// The sandboxed reader of other users' files and memory (reader/, docs/security.md).
+    pub reader: ReaderConfig,
+}
+
+/// Bounds of the reader's workers (symbolization, Python frames, source lines).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReaderConfig {
+    /// RLIMIT_DATA of each worker (bytes).
+    pub memory_max_bytes: u64,
+    /// RLIMIT_CPU of each worker over its life (seconds).
+    pub cpu_max_seconds: u64,
+    /// Workers alive at once.
+    pub max_workers: u32,
+    /// Deadline of one symbolization request (a snapshot's call sites, a CPU profile).
+    pub symbolize_timeout_ms: u64,
+    /// Deadline of one read of a Python process's stacks.
+    pub python_read_timeout_ms: u64,
 }
 
 /// OTLP metrics export (exporters/src/otlp.rs, docs/otlp.md).
@@ -475,6 +493,12 @@ impl Config {
             MAP_ENTRIES_MIN,
             1 << 18,
         )?;
+        let r = &self.reader;
+        in_range("reader.memory_max_bytes", r.memory_max_bytes, 16 << 20, 16 << 30)?;
+        in_range("reader.cpu_max_seconds", r.cpu_max_seconds, 1, 86_400)?;
+        in_range("reader.max_workers", u64::from(r.max_workers), 1, 64)?;
+        in_range("reader.symbolize_timeout_ms", r.symbolize_timeout_ms, 100, 60_000)?;
+        in_range("reader.python_read_timeout_ms", r.python_read_timeout_ms, 10, 60_000)?;
         self.validate_otlp()?;
         self.attribution.validate()?;
         for (name, tp) in &self.probes.tracepoints {

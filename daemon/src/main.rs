@@ -195,6 +195,13 @@ enum Command {
         #[arg(long)]
         user: Option<String>,
     },
+    /// The reader of other users' files and memory (started by `ethand run`, `snapshot` and
+    /// `record`; the ethand-reader crate).
+    #[command(hide = true, name = "reader")]
+    Reader {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -249,6 +256,16 @@ fn main() -> ExitCode {
         // CAP_SYS_ADMIN and answers bytes.
         Command::BpfStatsHelper { user } => {
             return ExitCode::from(stats_helper::main(user.as_deref()));
+        }
+        // Single-threaded too: it forks a worker per session.
+        Command::Reader { args } => {
+            return match ethand_reader::supervisor::Args::parse(args.iter().cloned()) {
+                Ok(a) => ExitCode::from(ethand_reader::supervisor::main(a)),
+                Err(e) => {
+                    eprintln!("ethand reader: {e}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            };
         }
         _ => {}
     }
@@ -343,7 +360,10 @@ async fn ask(
 
 async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Result<u8> {
     match cmd {
-        Command::Completions { .. } | Command::Man | Command::BpfStatsHelper { .. } => Ok(0),
+        Command::Completions { .. }
+        | Command::Man
+        | Command::BpfStatsHelper { .. }
+        | Command::Reader { .. } => Ok(0),
         Command::Run { .. } => {
             daemon::run(cfg).await?;
             Ok(0)
@@ -572,6 +592,9 @@ async fn standalone(
     let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
     let t0 = std::time::Instant::now();
     engine.collect();
+    engine
+        .gpu
+        .settle(&mut engine.loaded.ebpf, daemon::GPU_SETTLE);
     // The first round found the runtime libraries: count the tree's launches over the rest
     // of the measurement (at a level that does not count them anyway).
     let (tx, rx) = std::sync::mpsc::sync_channel(1);

@@ -46,6 +46,11 @@ pub struct Frame {
     /// A native frame's offset in `module` (file offset), kept when it has no symbol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
+    /// Why a native frame has no function name although its file may have one: the reader
+    /// timed out or failed on it, or may not read the file ("not readable by the process's
+    /// user", "replaced on disk"). None: symbolized, or the file has no symbol there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<String>,
 }
 
 /// One call site: the stack above the runtime call (the runtime library's own frames
@@ -173,9 +178,13 @@ impl Frame {
             (_, None, _, _) => {
                 let m = self.module.as_deref().unwrap_or("?");
                 let m = m.rsplit('/').next().unwrap_or(m);
-                match self.offset {
+                let at = match self.offset {
                     Some(o) => format!("{m}+{o:#x}"),
                     None => m.to_string(),
+                };
+                match &self.unresolved {
+                    Some(why) => format!("{at} ({why})"),
+                    None => at,
                 }
             }
         }
@@ -338,6 +347,11 @@ mod tests {
             ..Frame::default()
         };
         assert_eq!(stripped.label(), "libx.so+0x1234");
+        let late = Frame {
+            unresolved: Some("symbolization timed out".into()),
+            ..stripped
+        };
+        assert_eq!(late.label(), "libx.so+0x1234 (symbolization timed out)");
     }
 
     #[test]

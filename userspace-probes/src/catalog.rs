@@ -384,9 +384,71 @@ pub fn symbols_of(runtime: Runtime) -> impl Iterator<Item = (u16, &'static Symbo
         .map(|(i, s)| (i as u16, s))
 }
 
+/// The catalog's symbols of one runtime looked up in one library file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CatalogSymbols {
+    /// How many symbols the catalog has for the runtime.
+    pub wanted: usize,
+    /// (op id, file offset) of each one found, in catalog order.
+    pub resolved: Vec<(u16, u64)>,
+    /// The names of those found.
+    pub found: Vec<String>,
+    /// "name: why" of each one not found.
+    pub missing: Vec<String>,
+}
+
+impl CatalogSymbols {
+    pub fn resolve(table: &crate::elf::SymbolTable, runtime: Runtime) -> Self {
+        let wanted: Vec<(u16, &str)> = symbols_of(runtime).map(|(op, s)| (op, s.name)).collect();
+        let mut out = Self {
+            wanted: wanted.len(),
+            ..Self::default()
+        };
+        let res = table.resolve(wanted.iter().map(|(_, n)| *n));
+        for ((op, name), (_, r)) in wanted.iter().zip(res) {
+            match r {
+                Ok(off) => {
+                    out.resolved.push((*op, off));
+                    out.found.push(name.to_string());
+                }
+                Err(why) => out.missing.push(format!("{name}: {why}")),
+            }
+        }
+        out
+    }
+
+    /// Whether `name` is one of the catalog's symbols of `runtime` (what a table needs keep).
+    pub fn wants(runtime: Runtime, name: &str) -> bool {
+        symbols_of(runtime).any(|(_, s)| s.name == name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every catalog symbol of the runtime is reported, found or missing with why, in catalog
+    /// order: libc exports none of CUDA's.
+    #[test]
+    fn catalog_symbols_are_each_found_or_missing() {
+        let path = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .map(std::path::Path::new)
+        .find(|p| p.exists())
+        .expect("libc.so.6");
+        let table = crate::elf::SymbolTable::read(path).unwrap();
+        let s = CatalogSymbols::resolve(&table, Runtime::Cuda);
+        let names: Vec<&str> = symbols_of(Runtime::Cuda).map(|(_, s)| s.name).collect();
+        assert_eq!(s.wanted, names.len());
+        assert!(s.resolved.is_empty() && s.found.is_empty(), "{s:?}");
+        assert_eq!(s.missing.len(), names.len());
+        for (m, n) in s.missing.iter().zip(&names) {
+            assert!(m.starts_with(&format!("{n}: ")), "{m}");
+        }
+    }
 
     #[test]
     fn device_work_is_launches_and_device_to_device_async_copies() {

@@ -49,6 +49,8 @@ impl std::fmt::Display for Unresolved {
 #[derive(Debug, Default)]
 pub struct SymbolTable {
     funcs: HashMap<String, (u64, bool)>,
+    /// Defined function symbols seen, kept or not.
+    seen: usize,
     /// PT_LOAD segments: (vaddr, file offset, file size).
     segments: Vec<(u64, u64, u64)>,
 }
@@ -66,6 +68,12 @@ impl SymbolTable {
     }
 
     pub fn parse(data: &[u8]) -> Result<Self, String> {
+        Self::parse_filtered(data, |_| true)
+    }
+
+    /// As [`SymbolTable::parse`], keeping only the names `keep` wants: memory bounded by what
+    /// the caller asks for, however many symbols the file claims.
+    pub fn parse_filtered(data: &[u8], keep: impl Fn(&str) -> bool) -> Result<Self, String> {
         let file = ElfFile64::<object::Endianness>::parse(data).map_err(|e| e.to_string())?;
         let endian = file.endian();
         let mut out = Self::default();
@@ -101,6 +109,10 @@ impl SymbolTable {
                 let Ok(name) = std::str::from_utf8(name) else {
                     continue;
                 };
+                out.seen += 1;
+                if !keep(name) {
+                    continue;
+                }
                 let hidden = is_dyn
                     && versions.as_ref().is_some_and(|v| {
                         v.version_index(endian, object::read::SymbolIndex(i))
@@ -160,6 +172,11 @@ impl SymbolTable {
 
     pub fn len(&self) -> usize {
         self.funcs.len()
+    }
+
+    /// Defined function symbols in the file (with those a filtered parse did not keep).
+    pub fn functions_seen(&self) -> usize {
+        self.seen
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,16 +1,16 @@
-//! Discovery of GPU/NPU runtime libraries mapped by a process, for uprobe attachment.
+//! Discovery of GPU/NPU runtime libraries mapped by a process, for uprobe attachment, and
+//! what a process maps read by what the kernel says (`procmaps`).
 //! A library is identified by the (device, inode) of its file so that a library shared by
 //! many processes (or seen through different container paths) is probed once.
-use std::{collections::BTreeMap, fs, path::PathBuf};
+use std::{collections::BTreeMap, path::PathBuf};
 
 pub mod catalog;
 pub mod devices;
 pub mod elf;
-pub mod python;
-pub mod source;
+pub mod procmaps;
 
 /// The runtime libraries ethand knows how to probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Runtime {
     Cuda,
     Nccl,
@@ -57,16 +57,62 @@ impl Runtime {
     }
 }
 
-/// A mapped runtime library file.
+/// A mapped runtime library file, as the kernel describes the mapping.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappedLibrary {
     pub runtime: Runtime,
-    /// Path as the process sees it (inside its mount namespace).
+    /// Path as the process sees it (inside its mount namespace), raw: spaces and newlines
+    /// kept.
     pub path: PathBuf,
-    /// `/proc/PID/root/<path>`: the same file reachable from ethand's namespace.
-    pub host_path: PathBuf,
-    pub dev: String,
+    /// The process it was found in: `path` is resolved inside its root. 0: the host's root
+    /// (a driver library probed at start-up).
+    pub pid: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
     pub inode: u64,
+}
+
+impl MappedLibrary {
+    /// "major:minor" in hex, as /proc/PID/maps writes a device.
+    pub fn dev(&self) -> String {
+        format!("{:02x}:{:02x}", self.dev_major, self.dev_minor)
+    }
+
+    /// Where the file is for a person reading `ethand status`: `/proc/PID/root/<path>`.
+    pub fn host_path(&self) -> String {
+        if self.pid == 0 {
+            self.path.display().to_string()
+        } else {
+            format!("/proc/{}/root{}", self.pid, self.path.display())
+        }
+    }
+
+    /// The mapping, for [`procmaps::open_mapped`].
+    pub fn vma(&self) -> procmaps::Vma {
+        use std::os::unix::ffi::OsStrExt;
+        procmaps::Vma {
+            start: 0,
+            end: 0,
+            offset: 0,
+            dev_major: self.dev_major,
+            dev_minor: self.dev_minor,
+            inode: self.inode,
+            executable: true,
+            name: self.path.as_os_str().as_bytes().to_vec(),
+        }
+    }
+
+    /// Opens the file itself: a regular file with this device and inode, inside the root of
+    /// the process it was found in (never a FIFO or device: nothing blocks).
+    pub fn open(&self) -> Result<std::fs::File, procmaps::OpenError> {
+        let root = if self.pid == 0 {
+            procmaps::host_root()
+        } else {
+            procmaps::open_root(self.pid)
+        }
+        .map_err(|e| procmaps::OpenError::Io(format!("cannot open the root of process {}: {e}", self.pid)))?;
+        procmaps::open_mapped(&root, &self.vma())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,56 +121,63 @@ pub enum DiscoveryError {
     Maps { pid: u32, source: std::io::Error },
 }
 
-/// Parses the text of `/proc/PID/maps` into the runtime libraries it maps, one per file.
-pub fn parse_maps(pid: u32, text: &str) -> Vec<MappedLibrary> {
-    let mut seen: BTreeMap<(String, u64), MappedLibrary> = BTreeMap::new();
-    for line in text.lines() {
-        // address perms offset dev inode path
-        let mut f = line
-            .splitn(6, char::is_whitespace)
-            .filter(|s| !s.is_empty());
-        let (Some(_addr), Some(_perms), Some(_off), Some(dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let Some(path) = line.split_whitespace().nth(5) else {
-            continue;
-        };
-        let path = path.trim();
-        // Files are absolute; anything else ([heap], [vdso], anon names) is not a library.
-        if !path.starts_with('/') {
+/// Whether a maps line's name may be a runtime library (the text spells these names as they
+/// are): the cheap look before the kernel is asked.
+fn may_be_runtime(name: &[u8]) -> bool {
+    Runtime::ALL.iter().any(|r| {
+        let lib = r.library().as_bytes();
+        name.windows(lib.len()).any(|w| w == lib)
+    })
+}
+
+/// The runtime a mapping's raw name belongs to, from its file name.
+fn runtime_of(name: &[u8]) -> Option<Runtime> {
+    let base = name.rsplit(|&c| c == b'/').next()?;
+    Runtime::from_file_name(&String::from_utf8_lossy(base))
+}
+
+/// The runtime libraries process `pid` has mapped now, one per file (device, inode), as the
+/// kernel names them (a path with spaces or newlines is found like any other).
+pub fn discover(pid: u32) -> Result<Vec<MappedLibrary>, DiscoveryError> {
+    let mut maps = procmaps::ProcMaps::open(pid).map_err(|source| DiscoveryError::Maps { pid, source })?;
+    let vmas = maps
+        .candidates(may_be_runtime)
+        .map_err(|source| DiscoveryError::Maps { pid, source })?;
+    Ok(libraries(pid, vmas))
+}
+
+/// The runtime libraries among `vmas` (file mappings of process `pid`), one per file.
+pub fn libraries(pid: u32, vmas: Vec<procmaps::Vma>) -> Vec<MappedLibrary> {
+    let mut seen: BTreeMap<(u32, u32, u64), MappedLibrary> = BTreeMap::new();
+    for v in vmas {
+        if !v.is_file() {
             continue;
         }
-        if line.ends_with(" (deleted)") {
-            continue; // replaced on disk: the next rescan finds the new file
-        }
-        let Ok(inode) = inode.parse::<u64>() else {
+        let Some(runtime) = runtime_of(&v.name) else {
             continue;
         };
-        let Some(name) = path.rsplit('/').next() else {
-            continue;
-        };
-        let Some(runtime) = Runtime::from_file_name(name) else {
-            continue;
-        };
-        seen.entry((dev.to_string(), inode))
+        seen.entry((v.dev_major, v.dev_minor, v.inode))
             .or_insert_with(|| MappedLibrary {
                 runtime,
-                path: PathBuf::from(path),
-                host_path: PathBuf::from(format!("/proc/{pid}/root{path}")),
-                dev: dev.to_string(),
-                inode,
+                path: v.path(),
+                pid,
+                dev_major: v.dev_major,
+                dev_minor: v.dev_minor,
+                inode: v.inode,
             });
     }
     seen.into_values().collect()
 }
 
-/// The runtime libraries process `pid` has mapped now.
-pub fn discover(pid: u32) -> Result<Vec<MappedLibrary>, DiscoveryError> {
-    let text = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|source| DiscoveryError::Maps { pid, source })?;
-    Ok(parse_maps(pid, &text))
+/// The runtime libraries of a maps text (the text alone: names as spelled, escapes undone).
+/// For the fuzz target and tests; the daemon asks the kernel ([`discover`]).
+pub fn parse_maps(pid: u32, text: &str) -> Vec<MappedLibrary> {
+    let vmas = text
+        .lines()
+        .take(procmaps::MAX_VMAS)
+        .filter_map(|l| procmaps::parse_line(l.as_bytes()))
+        .collect();
+    libraries(pid, vmas)
 }
 
 #[cfg(test)]
@@ -155,9 +208,10 @@ mod tests {
         let cuda = libs.iter().find(|l| l.runtime == Runtime::Cuda).unwrap();
         assert_eq!(cuda.inode, 1234);
         assert_eq!(
-            cuda.host_path,
-            PathBuf::from("/proc/42/root/usr/local/nvidia/lib64/libcuda.so.580.159.04")
+            cuda.host_path(),
+            "/proc/42/root/usr/local/nvidia/lib64/libcuda.so.580.159.04"
         );
+        assert_eq!(cuda.dev(), "fd:01");
         assert!(libs.iter().any(|l| l.runtime == Runtime::Nccl));
     }
 
@@ -167,6 +221,15 @@ mod tests {
         assert_eq!(Runtime::from_file_name("libcudart.so.13"), None);
         assert_eq!(Runtime::from_file_name("libhccl.so"), Some(Runtime::Hccl));
         assert_eq!(Runtime::from_file_name("libnccl"), None);
+    }
+
+    /// Names the text cannot spell plainly are found as they are: a space, a newline.
+    #[test]
+    fn hostile_names_are_libraries_too() {
+        let maps = "7f00-7f10 r-xp 00000000 fd:01 5 /opt/a b\\012c/libcuda.so.1\n";
+        let libs = parse_maps(1, maps);
+        assert_eq!(libs.len(), 1);
+        assert_eq!(libs[0].path, PathBuf::from("/opt/a b\nc/libcuda.so.1"));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! Python frames for `ethand record`: the stacks of the tree's Python threads, read from
-//! outside the processes (`ethand_userspace_probes::python`, as the snapshot's stack sample
-//! reads them) every `1 / hz` s on a thread of their own, for the whole recording. Reads take
+//! outside the processes (by the reader, as each process's owner: `python_readers.rs`, as the
+//! snapshot's stack sample reads them) every `1 / hz` s on a thread of their own, for the whole recording. Reads take
 //! 0.1 to 1 ms each, so they stay off the loop that drains the ring buffer; the samples reach
 //! it through a bounded channel, and what does not fit is counted, never waited for.
 //!
 //! **Invariant:** nothing here stops or writes to a recorded process; a process that cannot be
 //! read is a note in the trace's metadata, never an error of the recording.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::HashSet,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,10 +17,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_userspace_probes::python::{PythonError, PythonReader};
-
 use crate::pipeline::{
     procinfo::{self, monotonic_ns},
+    python_readers::{PythonReaders, ReadError},
+    reader::ReaderHandle,
     stack_sample::{self, MAX_PROCESSES},
 };
 
@@ -65,13 +65,13 @@ pub struct PythonSampler {
 impl PythonSampler {
     /// Starts reading the Python processes of the tree of `root` (and those it starts later)
     /// `hz` times a second.
-    pub fn start(root: u32, hz: u32) -> std::io::Result<Self> {
+    pub fn start(reader: ReaderHandle, root: u32, hz: u32) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel(CHANNEL);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("python-samples".into())
-            .spawn(move || read_loop(root, hz, &tx, &flag))?;
+            .spawn(move || read_loop(&reader, root, hz, &tx, &flag))?;
         Ok(Self {
             samples: rx,
             stop,
@@ -90,9 +90,9 @@ impl PythonSampler {
     }
 }
 
-fn read_loop(root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -> PyStats {
+fn read_loop(reader: &ReaderHandle, root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -> PyStats {
     let mut stats = PyStats::default();
-    let mut readers: BTreeMap<u32, PythonReader> = BTreeMap::new();
+    let mut readers = PythonReaders::new(reader);
     // Processes already tried: Python or not, each is opened once.
     let mut tried: HashSet<u32> = HashSet::new();
     let period = Duration::from_secs(1) / hz.max(1);
@@ -102,28 +102,34 @@ fn read_loop(root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -
         let now = Instant::now();
         if now >= next_scan {
             next_scan = now + RESCAN;
-            readers.retain(|pid, _| procinfo::exists(*pid));
+            for pid in readers.pids() {
+                if !procinfo::exists(pid) {
+                    readers.close(pid);
+                }
+            }
             for pid in procinfo::descendants(root) {
                 if !tried.insert(pid) {
                     continue;
                 }
-                match PythonReader::open(pid) {
-                    Ok(r) if readers.len() < MAX_PROCESSES => {
-                        stats.processes.push(pid);
-                        readers.insert(pid, r);
+                if readers.pids().len() >= MAX_PROCESSES {
+                    if ethand_reader::python::looks_like_python(pid) {
+                        stats.notes.push(format!(
+                            "process {pid} not read: at most {MAX_PROCESSES} Python processes"
+                        ));
                     }
-                    Ok(_) => stats.notes.push(format!(
-                        "process {pid} not read: at most {MAX_PROCESSES} Python processes"
-                    )),
-                    Err(PythonError::NotPython(_)) => {}
-                    Err(e) => stats.notes.push(e.to_string()),
+                    continue;
+                }
+                match readers.open(pid) {
+                    Ok(true) => stats.processes.push(pid),
+                    Ok(false) => {}
+                    Err(e) => stats.notes.push(e),
                 }
             }
         }
-        for (&pid, r) in &mut readers {
+        for pid in readers.pids() {
             stats.reads += 1;
             let ns = monotonic_ns();
-            match r.stacks() {
+            match readers.stacks(pid) {
                 Ok(stacks) => {
                     for t in stacks {
                         // A thread the interpreter does not map to an OS thread has no track.
@@ -143,7 +149,11 @@ fn read_loop(root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -
                         }
                     }
                 }
-                Err(_) => stats.read_errors += 1,
+                Err(ReadError::Torn(_)) => stats.read_errors += 1,
+                Err(ReadError::Lost(note)) => {
+                    stats.read_errors += 1;
+                    stats.notes.push(note);
+                }
             }
         }
         stack_sample::wait_tick(&mut next, period);

@@ -63,7 +63,7 @@ use ethand_common::{
     GpuOpDesc, RecordEvent, RecordThread, gpu_dtype, gpu_kind, record_cfg, record_drop,
     record_kind, record_off,
 };
-use ethand_userspace_probes::{catalog::CATALOG, elf::SymbolTable, parse_maps};
+use ethand_userspace_probes::{catalog::CATALOG, discover};
 use serde_json::{Value, json};
 
 use crate::{
@@ -73,7 +73,8 @@ use crate::{
         loader::{self, error_chain},
         procinfo::monotonic_ns,
         symbols, syscalls_table,
-        uprobes::{self, CatalogSymbols, LibraryLinks, Progs, UprobeError},
+        reader::ReaderHandle,
+        uprobes::{self, LibraryLinks, Progs, UprobeError},
     },
 };
 
@@ -156,9 +157,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 struct GpuLib {
     path: String,
     symbols: usize,
+    /// Held open: the probes are attached through it (the very file mapped).
+    _file: fs::File,
 }
 
 async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> anyhow::Result<u8> {
+    // Symbols, Python frames and library files of the tree are read by the reader, as each
+    // process's owner.
+    let reader = ReaderHandle::start(cfg);
     let mut c = cfg.clone();
     c.probes.sched = false;
     c.probes.syscalls = false;
@@ -236,7 +242,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         eprintln!("ethand: warning: block IO not recorded: {e}");
         warnings.push(format!("block IO not recorded: {e}"));
     }
-    let gpu_libs = attach_gpu(ebpf, &tree, &mut warnings);
+    let gpu_libs = attach_gpu(ebpf, &tree, &mut warnings, &reader);
     if o.cpu_sample_hz > 0
         && let Err(e) = attach_samples(ebpf, o.cpu_sample_hz)
     {
@@ -254,7 +260,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
 
     let mut python = match o.python_sample_hz {
         0 => None,
-        hz => match PythonSampler::start(o.pid, hz) {
+        hz => match PythonSampler::start(reader.clone(), o.pid, hz) {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("ethand: warning: no Python samples: {e}");
@@ -265,7 +271,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     };
 
     let mut tw = TraceWriter::new(file, tmp, t0);
-    let mut samples = Samples::new();
+    let mut samples = Samples::new(reader.clone());
     let mut python_written = 0u64;
     for p in &tree {
         tw.learn_process(*p).map_err(|e| tw.error(e))?;
@@ -412,7 +418,7 @@ fn attach_samples(ebpf: &mut Ebpf, hz: u32) -> anyhow::Result<()> {
 /// Frames are cached per (process, stack id): ids are stable for the recording (a stack
 /// never replaces another in the map).
 struct Samples {
-    user: symbols::UserSymbolizer,
+    reader: ReaderHandle,
     kernel: Option<symbols::KernelSymbols>,
     /// (pid, user stack id) -> labels, innermost first.
     user_labels: HashMap<(u32, i64), Vec<String>>,
@@ -421,9 +427,9 @@ struct Samples {
 }
 
 impl Samples {
-    fn new() -> Self {
+    fn new(reader: ReaderHandle) -> Self {
         Self {
-            user: symbols::UserSymbolizer::new(false),
+            reader,
             kernel: symbols::Kallsyms::open().load(),
             user_labels: HashMap::new(),
             kernel_labels: HashMap::new(),
@@ -460,12 +466,11 @@ impl Samples {
             }
         }
         for (pid, list) in new {
-            let frames = self
-                .user
-                .frames(pid, list.iter().map(|(_, ips)| ips.as_slice()));
-            for ((id, _), f) in list.into_iter().zip(frames) {
+            let stacks: Vec<Vec<u64>> = list.iter().map(|(_, ips)| ips.clone()).collect();
+            let answer = self.reader.symbolize(pid, None, &stacks, false, false, false);
+            for ((id, _), s) in list.into_iter().zip(answer.stacks) {
                 self.user_labels
-                    .insert((pid, id), f.iter().map(|f| f.label()).collect());
+                    .insert((pid, id), s.frames.iter().map(|f| f.label()).collect());
             }
         }
         for e in &pending {
@@ -563,16 +568,21 @@ fn attach_classic(ebpf: &mut Ebpf, prog: &str, cfg: &Config, probe: &str) -> Res
 
 /// Finds the runtime libraries the tree maps now and attaches the recording uprobes to each
 /// distinct file (dev, inode), for every catalog symbol it exports.
-fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>) -> Vec<GpuLib> {
+fn attach_gpu(
+    ebpf: &mut Ebpf,
+    tree: &BTreeSet<u32>,
+    warnings: &mut Vec<String>,
+    reader: &ReaderHandle,
+) -> Vec<GpuLib> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut libs = Vec::new();
     for pid in tree {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(found) = discover(*pid) else {
             continue;
         };
-        for lib in parse_maps(*pid, &text) {
-            if seen.insert((lib.dev.clone(), lib.inode)) {
+        for lib in found {
+            if seen.insert((lib.dev(), lib.inode)) {
                 libs.push(lib);
             }
         }
@@ -592,14 +602,26 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
     // All processes: the tree grows while recording; the programs filter on RECORD_PIDS.
     let scope = UProbeScope::AllProcesses;
     for lib in libs {
-        let table = match SymbolTable::read(&lib.host_path) {
-            Ok(t) => t,
+        // The very file mapped (never a FIFO at its path), held open to attach through; its
+        // symbols read by the reader.
+        let file = match lib.open() {
+            Ok(f) => f,
             Err(e) => {
                 warnings.push(format!("{}: {e}", lib.path.display()));
                 continue;
             }
         };
-        let resolved = CatalogSymbols::resolve(&table, lib.runtime).resolved;
+        let symbols = match &reader.reader {
+            Ok(r) => r.elf_symbols(&lib, reader.symbolize_timeout).map_err(|e| e.to_string()),
+            Err(why) => Err(why.clone()),
+        };
+        let resolved = match symbols {
+            Ok((_, s, _)) => s.resolved,
+            Err(e) => {
+                warnings.push(format!("{}: {e}", lib.path.display()));
+                continue;
+            }
+        };
         if resolved.is_empty() {
             continue;
         }
@@ -609,14 +631,16 @@ fn attach_gpu(ebpf: &mut Ebpf, tree: &BTreeSet<u32>, warnings: &mut Vec<String>)
                 .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op))))
                 .collect()
         };
+        use std::os::fd::AsRawFd;
+        let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         // Entry and return at every symbol; a return link that fails leaves the entry link
         // attached, until the recording ends.
-        let r =
-            LibraryLinks::default().attach(ebpf, progs, &lib.host_path, points(), points(), scope);
+        let r = LibraryLinks::default().attach(ebpf, progs, &through, points(), points(), scope);
         match r {
             Ok(()) => out.push(GpuLib {
                 path: lib.path.display().to_string(),
                 symbols: resolved.len(),
+                _file: file,
             }),
             Err((_, e)) => {
                 let e = match e {

@@ -37,6 +37,7 @@ use crate::pipeline::{
     loader::error_chain,
     procinfo::{self, monotonic_ns, unix_ms},
     stack_sample::top,
+    reader::ReaderHandle,
     symbols::{self, Kallsyms},
 };
 
@@ -404,7 +405,7 @@ pub fn method(rate_hz: u32, offcpu_min_ns: u64) -> String {
 
 /// Turns the kernel's counts into the snapshot's profile: frames symbolized (user stacks
 /// through each process's own files, kernel stacks through kallsyms).
-pub fn build(raw: Raw, kallsyms: &Kallsyms) -> Option<CpuProfile> {
+pub fn build(raw: Raw, kallsyms: &Kallsyms, reader: &ReaderHandle) -> Option<CpuProfile> {
     if !raw.taken {
         return (!raw.notes.is_empty()).then(|| CpuProfile {
             notes: raw.notes,
@@ -427,10 +428,11 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms) -> Option<CpuProfile> {
     for (pid, mut ids) in user_ids {
         ids.sort_unstable();
         ids.dedup();
-        let frames =
-            symbols::user_frames(pid, ids.iter().map(|id| raw.stacks[id].as_slice()), false);
-        for (id, f) in ids.into_iter().zip(frames) {
-            user.insert((pid, id), f.into_iter().map(by_function).collect());
+        let stacks: Vec<Vec<u64>> = ids.iter().map(|id| raw.stacks[id].clone()).collect();
+        let answer = reader.symbolize(pid, None, &stacks, false, false, false);
+        notes.extend(answer.notes.into_iter().map(|n| format!("process {pid}: {n}")));
+        for (id, s) in ids.into_iter().zip(answer.stacks) {
+            user.insert((pid, id), s.frames.into_iter().map(by_function).collect());
         }
     }
     let ksyms = if kernel_ids.is_empty() {
@@ -689,7 +691,9 @@ mod tests {
             taken: true,
         };
         let k = Kallsyms::open();
-        let p = build(raw, &k).expect("a profile");
+        // Unit tests run no reader: user frames keep their addresses.
+        let r = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let p = build(raw, &k, &r).expect("a profile");
         assert_eq!(p.threads.len(), 1);
         let t = &p.threads[0];
         assert!(t.main_thread);
@@ -711,9 +715,10 @@ mod tests {
             notes: vec!["CPU profile unavailable: off".into()],
             ..Raw::default()
         };
-        let p = build(raw, &Kallsyms::open()).unwrap();
+        let r = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let p = build(raw, &Kallsyms::open(), &r).unwrap();
         assert!(p.threads.is_empty());
         assert_eq!(p.notes.len(), 1);
-        assert!(build(Raw::default(), &Kallsyms::open()).is_none());
+        assert!(build(Raw::default(), &Kallsyms::open(), &r).is_none());
     }
 }

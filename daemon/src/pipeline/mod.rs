@@ -14,6 +14,8 @@ pub mod launch_sample;
 pub mod loader;
 pub mod model;
 pub mod procinfo;
+pub mod python_readers;
+pub mod reader;
 pub mod stack_sample;
 pub mod symbols;
 pub mod syscalls_table;

@@ -1,6 +1,6 @@
 //! The stack sample of a snapshot: the Python frames of a tree's threads, read from outside
-//! the processes (`ethand_userspace_probes::python`) a few dozen times a second for a short
-//! while. Each sample of a thread counts
+//! the processes (by the reader, as each process's owner: `python_readers.rs`) a few dozen
+//! times a second for a short while. Each sample of a thread counts
 //! - toward the runtime call the thread is inside at that moment (`GPU_INFLIGHT`, the timed
 //!   calls: syncs, collectives, allocations at level `calls`; inside that function before and
 //!   after the read), at the Python stack it was called from:
@@ -19,12 +19,15 @@ use std::{
 use ethand_snapshot::stacks::{
     CallSite, CallSites, Frame, MAX_FOLDED, MAX_SITES, SiteBasis, StackSample, ThreadProfile, fold,
 };
-use ethand_userspace_probes::{
-    catalog::CATALOG,
-    python::{PythonError, PythonReader, ThreadStack, source_line},
-};
+use ethand_reader::ThreadStack;
+use ethand_userspace_probes::catalog::CATALOG;
 
-use crate::pipeline::{collector::GpuInflightReader, procinfo::unix_ms};
+use crate::pipeline::{
+    collector::GpuInflightReader,
+    procinfo::unix_ms,
+    python_readers::{PythonReaders, ReadError},
+    reader::ReaderHandle,
+};
 
 /// Most Python processes of one tree sampled (a DataLoader with many workers, a launcher with
 /// eight ranks); the rest are noted.
@@ -33,6 +36,7 @@ pub const MAX_PROCESSES: usize = 32;
 /// Samples the Python processes among `pids` every `1 / rate_hz` s for `duration`. None when
 /// none of them runs Python.
 pub fn sample(
+    reader: &ReaderHandle,
     pids: &[u32],
     duration: Duration,
     rate_hz: u32,
@@ -42,30 +46,36 @@ pub fn sample(
     let t0 = Instant::now();
     let cpu0 = thread_cpu_ns();
     let mut notes = Vec::new();
-    let mut readers: Vec<(u32, PythonReader)> = Vec::new();
+    let mut readers = PythonReaders::new(reader);
     let mut python = 0usize;
     for &pid in pids {
-        match PythonReader::open(pid) {
-            Ok(r) => {
+        if readers.pids().len() >= MAX_PROCESSES {
+            if ethand_reader::python::looks_like_python(pid) {
                 python += 1;
-                if readers.len() < MAX_PROCESSES {
-                    readers.push((pid, r));
-                }
             }
-            Err(PythonError::NotPython(_)) => {}
+            continue;
+        }
+        match readers.open(pid) {
+            Ok(true) => python += 1,
+            Ok(false) => {}
             Err(e) => {
                 python += 1;
-                notes.push(e.to_string());
+                notes.push(e);
             }
         }
     }
     if python == 0 {
         return None;
     }
-    if python > readers.len() + notes.len() {
+    let opened = readers.pids();
+    let versions: Vec<String> = opened
+        .iter()
+        .map(|pid| format!("{pid}: Python {}", readers.version(*pid).unwrap_or("?")))
+        .collect();
+    if python > opened.len() + notes.len() {
         notes.push(format!(
             "{} more Python processes not sampled (at most {MAX_PROCESSES} per snapshot)",
-            python - readers.len() - notes.len()
+            python - opened.len() - notes.len()
         ));
     }
     let mut acc = Acc::default();
@@ -73,14 +83,14 @@ pub fn sample(
     let mut read_errors: HashMap<u32, (u64, String)> = HashMap::new();
     let mut next = t0;
     while !readers.is_empty() && t0.elapsed() < duration {
-        for (pid, r) in &mut readers {
+        for pid in readers.pids() {
             // Inside the same runtime function before and after the read: the stack read in
             // between is where that function is called from. One call spanning the read (a
             // wait of milliseconds) makes it exact; calls shorter than the read (~0.1-0.5 ms)
             // count when the thread is in one at both ends, which in a loop of such calls is
             // the loop's line.
             let before = inflight.map(GpuInflightReader::by_thread);
-            let stacks = r.stacks();
+            let stacks = readers.stacks(pid);
             let after = inflight.map(GpuInflightReader::by_thread);
             acc.reads += 1;
             let in_call: HashMap<u32, u16> = match (before, after) {
@@ -94,15 +104,16 @@ pub fn sample(
             match stacks {
                 Ok(stacks) => {
                     for t in stacks {
-                        acc.add(*pid, t, &in_call);
+                        acc.add(pid, t, &in_call);
                     }
                 }
                 // A torn read (the thread moved on mid-read) loses this sample only.
-                Err(e) => {
-                    let slot = read_errors.entry(*pid).or_default();
+                Err(ReadError::Torn(e)) => {
+                    let slot = read_errors.entry(pid).or_default();
                     slot.0 += 1;
-                    slot.1 = e.to_string();
+                    slot.1 = e;
                 }
+                Err(ReadError::Lost(note)) => notes.push(note),
             }
         }
         acc.rounds += 1;
@@ -118,16 +129,13 @@ pub fn sample(
             ));
         }
     }
-    let versions: Vec<String> = readers
-        .iter()
-        .map(|(pid, r)| format!("{pid}: Python {}", r.version()))
-        .collect();
     let reads = acc.reads;
     Some(acc.finish(
         StackSample {
             method: format!(
-                "Python frames read from outside the process (py-spy's reader; the process is \
-                 not stopped) {rate_hz} times a second; a sample counts toward a runtime call when \
+                "Python frames read from outside the process (py-spy's reader, in ethand's \
+                 sandboxed reader as the process's owner; the process is not stopped) \
+                 {rate_hz} times a second; a sample counts toward a runtime call when \
                  the thread was inside that function before and after the read (the timed calls: \
                  syncs, collectives, allocations at level calls). Sampled: {}",
                 versions.join(", ")
@@ -140,7 +148,7 @@ pub fn sample(
             notes,
             ..StackSample::default()
         },
-        &readers.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        &mut readers,
     ))
 }
 
@@ -203,8 +211,8 @@ impl Acc {
         *th.stacks.entry(t.frames).or_default() += 1;
     }
 
-    fn finish(self, mut out: StackSample, pids: &[u32]) -> StackSample {
-        let mut sources = Sources::new(pids);
+    fn finish(self, mut out: StackSample, readers: &mut PythonReaders<'_>) -> StackSample {
+        let mut sources = Sources::new(&self, readers);
         for ((pid, op), stacks) in self.sites {
             let Some(spec) = CATALOG.get(op as usize) else {
                 continue;
@@ -284,33 +292,51 @@ pub(crate) fn top<K: Ord>(m: HashMap<K, u64>, n: usize) -> (Vec<(K, u64)>, u64) 
     (v, other)
 }
 
-/// Source lines of the sites, read once per (process, file, line).
+/// Source lines of the sites and top lines, asked of the reader in one request per process
+/// (as its owner: a file the owner may not read gives none).
 struct Sources {
-    uid: HashMap<u32, Option<u32>>,
     lines: HashMap<(u32, String, u32), Option<String>>,
 }
 
 impl Sources {
-    fn new(pids: &[u32]) -> Self {
-        Self {
-            uid: pids
-                .iter()
-                .map(|p| (*p, ethand_userspace_probes::source::process_uid(*p)))
-                .collect(),
-            lines: HashMap::new(),
+    fn new(acc: &Acc, readers: &mut PythonReaders<'_>) -> Self {
+        let mut wanted: HashMap<u32, Vec<(String, u32)>> = HashMap::new();
+        let mut want = |pid: u32, frames: &[Frame]| {
+            if let Some(f) = frames.iter().find(|f| f.file.is_some() && f.line.is_some()) {
+                let key = (f.file.clone().unwrap_or_default(), f.line.unwrap_or(0));
+                let v = wanted.entry(pid).or_default();
+                if !v.contains(&key) {
+                    v.push(key);
+                }
+            }
+        };
+        for ((pid, _), stacks) in &acc.sites {
+            for frames in stacks.keys() {
+                want(*pid, frames);
+            }
         }
+        for ((pid, _), th) in &acc.threads {
+            for f in th.lines.keys() {
+                want(*pid, std::slice::from_ref(f));
+            }
+        }
+        let mut lines = HashMap::new();
+        for (pid, list) in wanted {
+            // Only Python sources: a frame's file name is the process's to choose.
+            let list: Vec<(String, u32)> = list.into_iter().filter(|(f, _)| f.ends_with(".py")).collect();
+            let got = readers.source_lines(pid, &list);
+            for ((file, line), text) in list.into_iter().zip(got) {
+                lines.insert((pid, file, line), text);
+            }
+        }
+        Self { lines }
     }
 
     fn of(&mut self, pid: u32, frames: &[Frame]) -> Option<String> {
         let f = frames
             .iter()
             .find(|f| f.file.is_some() && f.line.is_some())?;
-        let (file, line) = (f.file.clone()?, f.line?);
-        let uid = (*self.uid.get(&pid)?)?;
-        self.lines
-            .entry((pid, file.clone(), line))
-            .or_insert_with(|| source_line(pid, uid, &file, line))
-            .clone()
+        self.lines.get(&(pid, f.file.clone()?, f.line?))?.clone()
     }
 }
 
@@ -362,7 +388,8 @@ mod tests {
         );
         // A thread with no Python frame is no sample.
         acc.add(10, stack(11, true, vec![]), &HashMap::new());
-        let out = acc.finish(StackSample::default(), &[10]);
+        let reader = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let out = acc.finish(StackSample::default(), &mut PythonReaders::new(&reader));
         assert_eq!(out.call_sites.len(), 1);
         let c = &out.call_sites[0];
         assert_eq!(

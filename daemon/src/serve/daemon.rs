@@ -21,6 +21,9 @@ use crate::{
     serve::{api, shared::Shared},
 };
 
+/// How long start-up waits for the symbols of the runtime libraries found at start.
+pub const GPU_SETTLE: Duration = Duration::from_secs(10);
+
 /// The probes, maps and model, loaded and ready to collect.
 pub struct Engine {
     pub loaded: Loaded,
@@ -48,7 +51,9 @@ impl Engine {
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg, loaded.oncpu_from_task)
             .context("setting up map readers")?;
-        let gpu = GpuProbes::new(&mut loaded.ebpf, cfg);
+        // Before any capability is dropped: it keeps those its workers need.
+        let reader = crate::pipeline::reader::ReaderHandle::start(cfg);
+        let gpu = GpuProbes::new(&mut loaded.ebpf, cfg, reader.clone());
         let profiler = crate::pipeline::cpu_profile::CpuProfiler::new(
             &mut loaded.ebpf,
             cfg,
@@ -99,7 +104,7 @@ impl Engine {
         // After attaching: a process born since is seen by its counters.
         let seeded = model.seed_live_processes(unix_ms());
         tracing::debug!(processes = seeded, "live processes entered from /proc");
-        let shared = Arc::new(Shared::new(model, cfg));
+        let shared = Arc::new(Shared::new(model, cfg, reader));
         let _ = shared.gpu_inflight.set(collector.gpu_inflight());
         let syscalls_attached = loaded
             .probes
@@ -384,8 +389,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         servers.push(metrics_limiter.clone());
     }
     let _ = engine.shared.servers.set(servers);
-    // The first collection attaches to the runtime libraries already loaded.
+    // The first collection finds the runtime libraries already loaded; they are attached
+    // before "ready" (their symbols are read by the reader, off the loop from now on).
     engine.collect();
+    engine.gpu.settle(&mut engine.loaded.ebpf, GPU_SETTLE);
     let shared = engine.shared.clone();
     tokio::spawn(api::serve(api_listener, shared.clone(), api_limiter));
     if let Some(listener) = metrics {

@@ -79,6 +79,8 @@ pub struct Shared {
     pub cpu_profile: bool,
     /// Kernel symbols for the profiles' kernel frames, opened at start-up.
     pub kallsyms: crate::pipeline::symbols::Kallsyms,
+    /// The sandboxed reader: every symbol, source line and Python frame of a process.
+    pub reader: crate::pipeline::reader::ReaderHandle,
 }
 
 /// Where a tree's threads were over a snapshot's sample window: their Python frames, and
@@ -92,7 +94,7 @@ pub struct CodeSample {
 impl Shared {
     /// The state of a daemon whose model is `model`, as `cfg` sets it up (process
     /// selection, diagnosis rules, device history, launch samples).
-    pub fn new(model: Model, cfg: &Config) -> Self {
+    pub fn new(model: Model, cfg: &Config, reader: crate::pipeline::reader::ReaderHandle) -> Self {
         let d = &cfg.daemon;
         Self {
             model: Mutex::new(model),
@@ -122,6 +124,7 @@ impl Shared {
             profile_requests: Mutex::default(),
             cpu_profile: cfg.diagnosis.cpu_profile_hz > 0,
             kallsyms: crate::pipeline::symbols::Kallsyms::open(),
+            reader,
         }
     }
 
@@ -295,7 +298,7 @@ impl Shared {
         let pids = crate::pipeline::procinfo::descendants(pid);
         let wanted = profile.unwrap_or_else(|| {
             pids.iter()
-                .any(|p| ethand_userspace_probes::python::looks_like_python(*p))
+                .any(|p| ethand_reader::python::looks_like_python(*p))
                 || (launching && !gpu_pids(pid).is_empty())
         });
         let profile = (self.cpu_profile && wanted).then(|| {
@@ -311,6 +314,7 @@ impl Shared {
             rx
         });
         let stacks = crate::pipeline::stack_sample::sample(
+            &self.reader,
             &pids,
             duration,
             self.stack_sample.1,
@@ -322,7 +326,7 @@ impl Shared {
                 rx.recv_timeout(duration + std::time::Duration::from_secs(5))
                     .ok()
             })
-            .and_then(|raw| crate::pipeline::cpu_profile::build(raw, &self.kallsyms));
+            .and_then(|raw| crate::pipeline::cpu_profile::build(raw, &self.kallsyms, &self.reader));
         CodeSample { stacks, profile }
     }
 
@@ -369,6 +373,14 @@ impl Shared {
             .filter_map(|k| model.procs.get(k))
             .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
             .collect();
+        // Call sites are symbolized once the model is released (the reader may take up to
+        // its deadline).
+        let site_inputs: Vec<crate::pipeline::gpu::sites::SiteInputs> = keys
+            .iter()
+            .filter_map(|k| model.procs.get(k))
+            .filter_map(|p| model.site_inputs(p))
+            .collect();
+        let site_cache = model.site_cache.clone();
         let timeline = model.timeline(&keys, window_ms);
         let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
             .iter()
@@ -380,6 +392,16 @@ impl Shared {
             processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
         }
         drop(model);
+        for inputs in &site_inputs {
+            let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &self.reader, inputs);
+            if let Some(g) = processes
+                .iter_mut()
+                .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
+                .and_then(|p| p.gpu.as_mut())
+            {
+                g.call_sites = sites;
+            }
+        }
         let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
         let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
         for p in processes.iter_mut().filter(|p| p.alive) {
@@ -554,8 +576,7 @@ fn gpu_pids(pid: u32) -> Vec<u32> {
         .into_iter()
         .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
         .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/maps"))
-                .is_ok_and(|m| !ethand_userspace_probes::parse_maps(*p, &m).is_empty())
+            ethand_userspace_probes::discover(*p).is_ok_and(|libs| !libs.is_empty())
         })
         .collect()
 }

@@ -74,13 +74,12 @@ pub(super) fn library_file(path: &std::path::Path, runtimes: &[Runtime]) -> Opti
         return None;
     }
     let m = std::fs::metadata(&real).ok()?;
-    let dev = m.dev();
     Some(MappedLibrary {
         runtime,
-        path: real.clone(),
-        host_path: real,
-        // As /proc/PID/maps writes it: major:minor in hex.
-        dev: format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)),
+        path: real,
+        pid: 0,
+        dev_major: libc::major(m.dev()),
+        dev_minor: libc::minor(m.dev()),
         inode: m.ino(),
     })
 }
@@ -147,15 +146,12 @@ impl MapsScanner {
                 continue;
             }
             // A process that exited meanwhile fails to read: it is read again if it comes back.
-            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            let Ok(libs) = discover(pid) else {
                 alive.remove(&pid);
                 continue;
             };
-            if !text.contains(".so") {
-                continue;
-            }
-            for lib in parse_maps(pid, &text) {
-                if runtimes.contains(&lib.runtime) && seen.insert((lib.dev.clone(), lib.inode)) {
+            for lib in libs {
+                if runtimes.contains(&lib.runtime) && seen.insert((lib.dev(), lib.inode)) {
                     out.push(lib);
                 }
             }
@@ -187,100 +183,68 @@ pub(super) fn file_stamp(file: Option<&std::fs::File>) -> Option<(u64, i128)> {
     ))
 }
 
-/// Opens the file `lib` describes: its path when that still is the mapped inode, else (the
-/// path was replaced since the process mapped it) the mapping itself through
-/// /proc/PID/map_files, so that symbols are read from, and probes put on, the file the
-/// process runs.
-pub(super) fn open_mapped(lib: &MappedLibrary) -> Result<std::fs::File, String> {
-    use std::os::unix::fs::MetadataExt;
-    let is_it = |m: &std::fs::Metadata| m.ino() == lib.inode;
-    let by_path = std::fs::File::open(&lib.host_path);
-    if let Ok(f) = &by_path
-        && f.metadata().is_ok_and(|m| is_it(&m))
-    {
-        return by_path.map_err(|e| e.to_string());
-    }
-    let pid = pid_of(&lib.host_path);
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/map_files")) {
-        for e in dir.flatten() {
-            if std::fs::metadata(e.path()).is_ok_and(|m| is_it(&m))
-                && let Ok(f) = std::fs::File::open(e.path())
-            {
-                return Ok(f);
-            }
-        }
-    }
-    Err(match by_path {
-        Err(e) => format!("cannot read {}: {e}", lib.host_path.display()),
-        Ok(_) => format!(
-            "{} was replaced on disk after pid {pid} mapped it (inode {}) and that mapping cannot be opened",
-            lib.host_path.display(),
-            lib.inode
-        ),
-    })
-}
-
-pub(super) fn resolve(lib: &MappedLibrary) -> Lib {
-    resolve_file(lib, open_mapped(lib))
-}
-
-pub(super) fn resolve_file(lib: &MappedLibrary, file: Result<std::fs::File, String>) -> Lib {
-    let mut status = GpuLibraryStatus {
+/// The status of a library file, before its symbols are known.
+pub(super) fn status_of(lib: &MappedLibrary) -> GpuLibraryStatus {
+    GpuLibraryStatus {
         runtime: lib.runtime.as_str().into(),
         path: lib.path.display().to_string(),
-        host_path: lib.host_path.display().to_string(),
-        dev: lib.dev.clone(),
+        host_path: lib.host_path(),
+        dev: lib.dev(),
         inode: lib.inode,
-        found_in_pid: pid_of(&lib.host_path),
+        found_in_pid: lib.pid,
         ..Default::default()
+    }
+}
+
+/// A library that cannot be probed, and why.
+pub(super) fn failed(lib: &MappedLibrary, why: String) -> Lib {
+    let mut status = status_of(lib);
+    status.state = ProbeState::Failed;
+    status.detail = why;
+    Lib {
+        status,
+        file: None,
+        runtime: lib.runtime,
+        resolved: Vec::new(),
+        links: LibraryLinks::default(),
+        stamp: None,
+        mapped: lib.clone(),
+    }
+}
+
+/// A library file whose catalog symbols the reader found (`answer`), with the file the
+/// daemon holds open to attach through (the same device and inode; it must not have changed
+/// between the two opens).
+pub(super) fn resolved(lib: &MappedLibrary, file: std::fs::File, answer: Result<(FileId, CatalogSymbols, usize), String>) -> Lib {
+    let (id, symbols, functions) = match answer {
+        Ok(a) => a,
+        Err(e) => return failed(lib, e),
     };
-    let mut resolved = Vec::new();
-    let read = match &file {
-        Ok(f) => {
-            use std::os::fd::AsRawFd;
-            let fd_path = format!("/proc/self/fd/{}", f.as_raw_fd());
-            SymbolTable::read(std::path::Path::new(&fd_path))
-                .map_err(|e| e.to_string().replace(&fd_path, &status.host_path))
-        }
-        Err(e) => Err(e.clone()),
-    };
-    let file = file.ok();
-    let stamp = file_stamp(file.as_ref());
-    match read {
-        Err(e) => {
-            status.state = ProbeState::Failed;
-            status.detail = e.to_string();
-        }
-        Ok(table) => {
-            let symbols = CatalogSymbols::resolve(&table, lib.runtime);
-            resolved = symbols.resolved;
-            status.symbols_attached = symbols.found;
-            status.symbols_missing = symbols.missing;
-            if resolved.is_empty() {
-                status.state = ProbeState::Failed;
-                status.detail = format!(
-                    "none of the {} {} symbols ethand probes is exported by this file ({} functions)",
-                    symbols.wanted,
-                    lib.runtime.library(),
-                    table.len()
-                );
-            }
-        }
+    let stamp = file_stamp(Some(&file));
+    if stamp != Some((id.size, i128::from(id.mtime_ns))) {
+        return failed(
+            lib,
+            "the file changed while its symbols were read (found again at a later rescan)".into(),
+        );
+    }
+    let mut status = status_of(lib);
+    status.symbols_attached = symbols.found.clone();
+    status.symbols_missing = symbols.missing.clone();
+    if symbols.resolved.is_empty() {
+        status.state = ProbeState::Failed;
+        status.detail = format!(
+            "none of the {} {} symbols ethand probes is exported by this file ({functions} functions)",
+            symbols.wanted,
+            lib.runtime.library(),
+        );
     }
     Lib {
         status,
-        file,
+        file: Some(file),
         runtime: lib.runtime,
-        resolved,
+        resolved: symbols.resolved,
         links: LibraryLinks::default(),
         stamp,
+        mapped: lib.clone(),
     }
-}
-
-pub(super) fn pid_of(host_path: &std::path::Path) -> u32 {
-    host_path
-        .components()
-        .nth(2)
-        .and_then(|c| c.as_os_str().to_str()?.parse().ok())
-        .unwrap_or(0)
 }

@@ -17,11 +17,11 @@ use ethand_common::{
     GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem,
 };
 use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
+use ethand_reader::FileId;
 use ethand_userspace_probes::{
     MappedLibrary, Runtime,
-    catalog::{CATALOG, Category},
-    elf::SymbolTable,
-    parse_maps,
+    catalog::{CATALOG, CatalogSymbols, Category},
+    discover,
 };
 use tracing::{info, warn};
 
@@ -29,13 +29,15 @@ use crate::{
     config::{Config, GpuLevel},
     pipeline::{
         loader::error_chain,
-        uprobes::{self, CatalogSymbols, LibraryLinks, Side, UprobeError},
+        reader::ReaderHandle,
+        uprobes::{self, LibraryLinks, Side, UprobeError},
     },
 };
 
 pub use crate::pipeline::uprobes::Progs;
 
 mod libraries;
+mod resolver;
 pub mod sites;
 mod stats;
 
@@ -54,6 +56,8 @@ struct Lib {
     /// (size, mtime ns) of the file when its symbols were resolved: a file rewritten in place
     /// (same inode, `cp new old`) moves its functions, so the probes must move too.
     stamp: Option<(u64, i128)>,
+    /// The mapping it was found as.
+    mapped: MappedLibrary,
 }
 
 pub struct GpuProbes {
@@ -74,11 +78,17 @@ pub struct GpuProbes {
     driver_libraries: Vec<PathBuf>,
     /// The driver libraries were looked for (again once NVML's directory is known).
     preloaded: u8,
+    /// Symbols of new files, read by the reader off the collection loop.
+    resolver: resolver::Resolver,
+    /// The files waiting for their symbols, held open by the daemon to attach through.
+    opened: HashMap<resolver::Key, (MappedLibrary, std::fs::File)>,
+    /// Files found by the start-up look for driver libraries.
+    preloaded_keys: HashSet<resolver::Key>,
 }
 
 impl GpuProbes {
     /// Loads the uprobe programs and fills the op table. Failures are recorded, not fatal.
-    pub fn new(ebpf: &mut Ebpf, cfg: &Config) -> Self {
+    pub fn new(ebpf: &mut Ebpf, cfg: &Config, reader: ReaderHandle) -> Self {
         let runtimes = Runtime::ALL
             .into_iter()
             .filter(|r| cfg.gpu.runtimes.iter().any(|n| n == r.as_str()))
@@ -95,6 +105,9 @@ impl GpuProbes {
             scans: 0,
             driver_libraries: cfg.gpu.driver_libraries.clone(),
             preloaded: 0,
+            resolver: resolver::Resolver::start(reader),
+            opened: HashMap::new(),
+            preloaded_keys: HashSet::new(),
         };
         info!(uprobe_multi = me.progs.multi(), "GPU/NPU uprobe programs");
         if let Err(e) = Self::prepare(ebpf, me.progs) {
@@ -132,6 +145,8 @@ impl GpuProbes {
     /// exec'd, or mmap called), when the syscall probes can tell; None: look at all. A full
     /// look every FULL_SCAN_EVERY scans catches what the hints could miss.
     pub fn tick(&mut self, ebpf: &mut Ebpf, changed: Option<&mut HashSet<u32>>) {
+        let done = self.resolver.done();
+        self.take_resolved(ebpf, done);
         if self.level == GpuLevel::System || self.load_error.is_some() || self.runtimes.is_empty() {
             return;
         }
@@ -140,30 +155,18 @@ impl GpuProbes {
         }
         self.last_scan = Some(Instant::now());
         self.scans += 1;
-        self.preload(ebpf);
-        for l in self.libs.values_mut() {
-            if l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref()) {
-                warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
-                detach(ebpf, self.progs, l);
-                let mapped = MappedLibrary {
-                    runtime: l.runtime,
-                    path: PathBuf::from(&l.status.path),
-                    host_path: PathBuf::from(&l.status.host_path),
-                    dev: l.status.dev.clone(),
-                    inode: l.status.inode,
-                };
-                let file = l.file.take().ok_or_else(String::new);
-                let mut fresh = resolve_file(&mapped, file);
-                fresh.status.found_in_pid = l.status.found_in_pid;
-                if fresh.status.state != ProbeState::Failed {
-                    attach(ebpf, self.progs, &mut fresh, self.level);
-                }
-                fresh.status.detail = format!(
-                    "rewritten in place on disk: symbols resolved again; {}",
-                    fresh.status.detail
-                );
-                *l = fresh;
-            }
+        self.preload();
+        let rewritten: Vec<resolver::Key> = self
+            .libs
+            .iter()
+            .filter(|(_, l)| l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in rewritten {
+            let Some(mut l) = self.libs.remove(&key) else { continue };
+            warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
+            detach(ebpf, self.progs, &mut l);
+            self.add_library(&l.mapped);
         }
         let only = match changed {
             Some(set) if self.scans % FULL_SCAN_EVERY != 1 && !self.scanner.known.is_empty() => {
@@ -176,28 +179,61 @@ impl GpuProbes {
             None => None,
         };
         for lib in self.scanner.scan(&self.runtimes, only.as_ref()) {
-            self.add_library(ebpf, &lib);
+            self.add_library(&lib);
         }
     }
 
-    /// Resolves and attaches a library file not probed yet; the new entry, or None when the
-    /// file (device, inode) is known already.
-    fn add_library(&mut self, ebpf: &mut Ebpf, lib: &MappedLibrary) -> Option<&mut Lib> {
-        let key = (lib.dev.clone(), lib.inode);
-        if self.libs.contains_key(&key) {
-            return None;
+    /// Waits (start-up only, at most `limit`) until the files found so far have their symbols
+    /// and are attached: the first GPU process after `ready` is counted from its first call.
+    pub fn settle(&mut self, ebpf: &mut Ebpf, limit: Duration) {
+        let done = self.resolver.wait(limit);
+        self.take_resolved(ebpf, done);
+    }
+
+    /// Enters the files whose symbols came back, attached as the level wants.
+    fn take_resolved(&mut self, ebpf: &mut Ebpf, done: Vec<resolver::Done>) {
+        for d in done {
+            let Some((_, file)) = self.opened.remove(&d.key) else { continue };
+            let mut l = resolved(&d.lib, file, d.answer);
+            if l.status.state != ProbeState::Failed {
+                attach(ebpf, self.progs, &mut l, self.level);
+            }
+            if self.preloaded_keys.contains(&d.key) {
+                if l.status.state == ProbeState::Attached {
+                    info!(library = %d.lib.path.display(), "driver library probed at start-up");
+                }
+                l.status.detail = format!("probed at start-up; {}", l.status.detail);
+            }
+            self.libs.insert(d.key, l);
         }
-        let mut l = resolve(lib);
-        if l.status.state != ProbeState::Failed {
-            attach(ebpf, self.progs, &mut l, self.level);
+    }
+
+    /// Asks for the symbols of a library file not known yet (none when the file (device,
+    /// inode) is probed or being resolved already). The daemon opens the file itself (only
+    /// the mapped one, never blocking) to attach through; the reader parses it.
+    fn add_library(&mut self, lib: &MappedLibrary) {
+        let key = (lib.dev(), lib.inode);
+        if self.libs.contains_key(&key) || self.resolver.is_pending(&key) {
+            return;
         }
-        Some(self.libs.entry(key).or_insert(l))
+        match lib.open() {
+            Err(e) => {
+                let l = failed(lib, format!("cannot open it: {e}"));
+                warn!(library = %l.status.host_path, error = %l.status.detail, "runtime library not probed");
+                self.libs.insert(key, l);
+            }
+            Ok(file) => {
+                if self.resolver.submit(key.clone(), lib.clone()) {
+                    self.opened.insert(key, (lib.clone(), file));
+                }
+            }
+        }
     }
 
     /// Probes the system's driver libraries before any process maps them: once at the first
     /// scan, and once more when NVML's library (loaded by the device thread) shows where the
     /// driver lives.
-    fn preload(&mut self, ebpf: &mut Ebpf) {
+    fn preload(&mut self) {
         // NVML is loaded by the device thread, soon after start-up or never (no GPU): looked
         // for at the first PRELOAD_SCANS scans only.
         let nvml_dir = (self.driver_libraries.is_empty() && self.scans <= PRELOAD_SCANS)
@@ -217,12 +253,8 @@ impl GpuProbes {
             let Some(lib) = library_file(&path, &self.runtimes) else {
                 continue;
             };
-            if let Some(l) = self.add_library(ebpf, &lib) {
-                if l.status.state == ProbeState::Attached {
-                    info!(library = %lib.path.display(), "driver library probed at start-up");
-                }
-                l.status.detail = format!("probed at start-up; {}", l.status.detail);
-            }
+            self.preloaded_keys.insert((lib.dev(), lib.inode));
+            self.add_library(&lib);
         }
     }
 
@@ -268,11 +300,10 @@ impl GpuProbes {
     /// Where the kernel launches of `pid` can be counted: per probed library file it maps,
     /// the path to attach through and the file offsets of its launch symbols.
     pub fn launch_points(&self, pid: u32) -> Result<Vec<LaunchPoints>, String> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .map_err(|e| format!("cannot read its mappings: {e}"))?;
+        let libs = discover(pid).map_err(|e| format!("cannot read its mappings: {e}"))?;
         let mut out: Vec<LaunchPoints> = Vec::new();
-        for lib in parse_maps(pid, &text) {
-            let key = (lib.dev.clone(), lib.inode);
+        for lib in libs {
+            let key = (lib.dev(), lib.inode);
             if out.iter().any(|(k, _, _)| *k == key) {
                 continue;
             }
@@ -312,6 +343,11 @@ impl GpuProbes {
                 }
                 s
             })
+            .chain(self.opened.values().map(|(lib, _)| GpuLibraryStatus {
+                state: ProbeState::Waiting,
+                detail: "its symbols are being read".into(),
+                ..status_of(lib)
+            }))
             .collect()
     }
 

@@ -1,9 +1,8 @@
 //! Call sites of GPU/NPU runtime calls: the user stacks the kernel took at each probed call
-//! (`GPU_SITES` per process, symbol and `GPU_STACKS` id) turned into frames. Symbolized
-//! (blazesym) only when a snapshot is built, and then only stacks not seen before: frames are
-//! cached per (process, stack id). Files are opened through `/proc/PID/root`, so a
-//! container's binaries and libraries are the ones read (no CAP_SYS_ADMIN needed, unlike
-//! `/proc/PID/map_files`).
+//! (`GPU_SITES` per process, symbol and `GPU_STACKS` id) turned into frames. Symbolized by
+//! the reader (`pipeline/reader.rs`: the process's own files, as its owner, in a sandboxed
+//! worker) only when a tree snapshot is built, outside the model lock and never for
+//! /metrics, and then only stacks not seen before: frames are cached per (process, stack id).
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, PoisonError},
@@ -11,9 +10,9 @@ use std::{
 
 use ethand_common::{GPU_STACK_UNATTRIBUTED, GpuSiteStats, ProcKey};
 use ethand_snapshot::stacks::{CallSite, CallSites, Frame, MAX_FRAMES, MAX_SITES, SiteBasis};
-use ethand_userspace_probes::{catalog::CATALOG, source};
+use ethand_userspace_probes::catalog::CATALOG;
 
-use crate::pipeline::symbols;
+use crate::pipeline::reader::ReaderHandle;
 
 /// The instruction pointers of one user stack, innermost first (the probed function's entry,
 /// then return addresses).
@@ -42,40 +41,84 @@ impl SiteCache {
     }
 }
 
+/// What the call sites of one process are made from, taken out of the model under its lock
+/// so that symbolizing happens after it is released.
+#[derive(Clone, Debug)]
+pub struct SiteInputs {
+    pub key: ProcKey,
+    /// /proc's start time (clock ticks), so that the reader refuses a reused pid.
+    pub start_ticks: Option<u64>,
+    pub sites: BTreeMap<(u16, u32, u64), GpuSiteStats>,
+    /// The stacks `sites` refers to.
+    pub stacks: HashMap<u32, Stack>,
+}
+
+impl SiteInputs {
+    pub fn new(
+        key: ProcKey,
+        start_ticks: Option<u64>,
+        sites: &BTreeMap<(u16, u32, u64), GpuSiteStats>,
+        all_stacks: &HashMap<u32, Stack>,
+    ) -> Option<Self> {
+        if sites.is_empty() {
+            return None;
+        }
+        let stacks = sites
+            .keys()
+            .filter_map(|(_, id, _)| Some((*id, all_stacks.get(id)?.clone())))
+            .collect();
+        Some(Self {
+            key,
+            start_ticks,
+            sites: sites.clone(),
+            stacks,
+        })
+    }
+}
+
 /// The call sites of one process's probed calls, per symbol (busiest symbol first).
 pub fn call_sites(
     cache: &Mutex<SiteCache>,
-    key: ProcKey,
-    sites: &BTreeMap<(u16, u32, u64), GpuSiteStats>,
-    stacks: &HashMap<u32, Stack>,
+    reader: &ReaderHandle,
+    inputs: &SiteInputs,
 ) -> Vec<CallSites> {
-    if sites.is_empty() {
-        return Vec::new();
-    }
-    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    let (key, sites, stacks) = (inputs.key, &inputs.sites, &inputs.stacks);
     let (pid, start) = (key.tgid, key.proc_start_ns);
-    // Symbolize what the cache lacks, in one go (one symbolizer, one read of the maps).
-    let mut missing: Vec<((u32, u64), Stack)> = sites
-        .keys()
-        .filter_map(|(_, id, caller)| Some(((*id, *caller), stacks.get(id)?.clone())))
-        .filter(|((id, caller), st)| {
-            cache
-                .entries
-                .get(&(pid, start, *id, *caller))
-                .is_none_or(|(had, _)| !Arc::ptr_eq(had, st))
-        })
-        .collect();
+    // What the cache lacks, symbolized in one request without holding the cache's lock.
+    let mut missing: Vec<((u32, u64), Stack)> = {
+        let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+        sites
+            .keys()
+            .filter_map(|(_, id, caller)| Some(((*id, *caller), stacks.get(id)?.clone())))
+            .filter(|((id, caller), st)| {
+                cache
+                    .entries
+                    .get(&(pid, start, *id, *caller))
+                    .is_none_or(|(had, _)| !Arc::ptr_eq(had, st))
+            })
+            .collect()
+    };
     missing.dedup_by(|a, b| a.0 == b.0);
+    // Answers not kept (a request that timed out is asked again by the next snapshot).
+    let mut fresh: HashMap<(u32, u64), Resolved> = HashMap::new();
     if !missing.is_empty() {
         let with_caller: Vec<Vec<u64>> = missing
             .iter()
             .map(|((_, caller), st)| with_caller(st, *caller))
             .collect();
-        let resolved = symbolize(pid, with_caller.iter().map(Vec::as_slice));
-        for (((id, caller), st), r) in missing.into_iter().zip(resolved) {
-            cache.entries.insert((pid, start, id, caller), (st, r));
+        let answer = reader.symbolize(pid, inputs.start_ticks, &with_caller, true, true, true);
+        let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+        for (((id, caller), st), s) in missing.into_iter().zip(answer.stacks) {
+            let transient = ethand_reader::client::is_transient(&s);
+            let r = above_runtime(s);
+            if transient {
+                fresh.insert((id, caller), r);
+            } else {
+                cache.entries.insert((pid, start, id, caller), (st, r));
+            }
         }
     }
+    let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
     let mut by_op: BTreeMap<u16, CallSites> = BTreeMap::new();
     let mut merged: BTreeMap<u16, Vec<CallSite>> = BTreeMap::new();
     for (&(op, id, caller), s) in sites {
@@ -92,10 +135,17 @@ pub fn call_sites(
         });
         cs.total += s.calls;
         let resolved = (id != GPU_STACK_UNATTRIBUTED)
-            .then(|| cache.entries.get(&(pid, start, id, caller)))
-            .flatten()
-            .filter(|(st, _)| stacks.get(&id).is_some_and(|now| Arc::ptr_eq(now, st)));
-        let Some((_, r)) = resolved else {
+            .then(|| {
+                fresh.get(&(id, caller)).or_else(|| {
+                    cache
+                        .entries
+                        .get(&(pid, start, id, caller))
+                        .filter(|(st, _)| stacks.get(&id).is_some_and(|now| Arc::ptr_eq(now, st)))
+                        .map(|(_, r)| r)
+                })
+            })
+            .flatten();
+        let Some(r) = resolved else {
             *cs.unattributed.get_or_insert(0) += s.calls;
             continue;
         };
@@ -140,31 +190,23 @@ fn with_caller(stack: &[u64], caller: u64) -> Vec<u64> {
     v
 }
 
-/// Frames of each stack of process `pid`: the probed library's own frames dropped (the first
-/// is the probed function), at most [`MAX_FRAMES`] kept.
-fn symbolize<'a>(pid: u32, stacks: impl Iterator<Item = &'a [u64]>) -> Vec<Resolved> {
-    let uid = source::process_uid(pid);
-    symbols::user_frames(pid, stacks, true)
-        .into_iter()
-        .map(|frames| {
-            // The first frame is the probed function: drop it and every frame after it in
-            // the same library (the runtime's own calls on the way in).
-            let lib = frames.first().map(|f| f.module.clone());
-            let inner = frames
-                .iter()
-                .skip(1)
-                .take_while(|f| f.module.is_some() && Some(&f.module) == lib.as_ref())
-                .count();
-            let mut frames: Vec<Frame> = frames.into_iter().skip(1 + inner).collect();
-            frames.truncate(MAX_FRAMES);
-            let source = uid.and_then(|uid| {
-                frames
-                    .iter()
-                    .find_map(|f| source::line(pid, uid, f.file.as_deref()?, f.line?))
-            });
-            Resolved { frames, source }
-        })
-        .collect()
+/// A symbolized stack with the probed library's own frames dropped (the first is the probed
+/// function; the runtime's own calls on the way in follow it in the same file), at most
+/// [`MAX_FRAMES`] kept.
+fn above_runtime(s: ethand_reader::SymStack) -> Resolved {
+    let frames = s.frames;
+    let lib = frames.first().map(|f| f.module.clone());
+    let inner = frames
+        .iter()
+        .skip(1)
+        .take_while(|f| f.module.is_some() && Some(&f.module) == lib.as_ref())
+        .count();
+    let mut frames: Vec<Frame> = frames.into_iter().skip(1 + inner).collect();
+    frames.truncate(MAX_FRAMES);
+    Resolved {
+        frames,
+        source: s.source,
+    }
 }
 
 #[cfg(test)]
@@ -180,8 +222,9 @@ mod tests {
         }
     }
 
-    /// Stacks of this very process: its own functions are symbolized; sites rank by count,
-    /// beyond MAX_SITES they are summed in `other`, unattributed calls apart.
+    /// Sites rank by count, beyond MAX_SITES they are summed in `other`, unattributed calls
+    /// apart. Without a reader (unit tests run no supervisor; the end-to-end tests name real
+    /// call sites) each frame keeps its address and says why it has no name.
     #[test]
     fn sites_rank_and_the_rest_is_summed() {
         let op = op_id(Runtime::Cuda, "cuStreamSynchronize").unwrap();
@@ -200,7 +243,9 @@ mod tests {
         }
         sites.insert((op, GPU_STACK_UNATTRIBUTED, 0), st(5));
         let cache = Mutex::new(SiteCache::default());
-        let out = call_sites(&cache, key, &sites, &stacks);
+        let reader = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let inputs = SiteInputs::new(key, None, &sites, &stacks).unwrap();
+        let out = call_sites(&cache, &reader, &inputs);
         assert_eq!(out.len(), 1);
         let cs = &out[0];
         assert_eq!(cs.call, "cuStreamSynchronize");
@@ -210,9 +255,11 @@ mod tests {
         assert!(cs.sites.len() <= MAX_SITES);
         assert!(cs.sites.windows(2).all(|w| w[0].count >= w[1].count));
         let f = &cs.sites[0].frames[0];
-        assert!(f.module.is_some() && f.offset.is_some(), "{f:?}");
-        // Cached: a second build symbolizes nothing and gives the same answer.
-        assert_eq!(call_sites(&cache, key, &sites, &stacks), out);
+        assert!(f.offset.is_some(), "{f:?}");
+        assert_eq!(f.unresolved.as_deref(), Some(ethand_reader::client::NO_READER));
+        // Not cached (asked again once there is a reader), the same answer.
+        assert!(cache.lock().unwrap().entries.is_empty());
+        assert_eq!(call_sites(&cache, &reader, &inputs), out);
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub struct Model {
     /// The user stacks of GPU call sites, by `GPU_STACKS` id (as of the last read).
     pub gpu_stacks: HashMap<u32, crate::pipeline::gpu::sites::Stack>,
     /// Call sites symbolized when a snapshot was built, kept per (process, stack).
-    pub site_cache: std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>,
+    pub site_cache: std::sync::Arc<std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>>,
 }
 
 /// What the kernel recorded of a process at its exit (lifecycle.rs): all that is known of

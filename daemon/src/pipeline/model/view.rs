@@ -215,6 +215,12 @@ impl Model {
         v
     }
 
+    /// What the call sites of `p` are made from (None: no probed call took a stack).
+    pub fn site_inputs(&self, p: &Proc) -> Option<crate::pipeline::gpu::sites::SiteInputs> {
+        let start_ticks = p.meta.as_ref().map(|m| m.start_ticks).filter(|t| *t > 0);
+        crate::pipeline::gpu::sites::SiteInputs::new(p.key, start_ticks, &p.gpu_sites, &self.gpu_stacks)
+    }
+
     pub fn process_snapshot(
         &self,
         p: &Proc,
@@ -262,19 +268,13 @@ impl Model {
             .iter()
             .map(|(&(dev, op), b)| blk_snapshot(dev, op, b, devnames))
             .collect();
-        let mut gpu = crate::pipeline::gpu::process_stats(
+        // Call sites are named later, outside the model lock, for tree snapshots only
+        // (`Model::site_inputs`).
+        let gpu = crate::pipeline::gpu::process_stats(
             &p.gpu_calls,
             p.gpu_state.as_ref(),
             self.launches_counted,
         );
-        if let Some(g) = &mut gpu {
-            g.call_sites = crate::pipeline::gpu::sites::call_sites(
-                &self.site_cache,
-                p.key,
-                &p.gpu_sites,
-                &self.gpu_stacks,
-            );
-        }
         snap::ProcessSnapshot {
             pid: p.key.tgid,
             ppid: meta.ppid,

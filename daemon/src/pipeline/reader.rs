@@ -1,0 +1,100 @@
+//! The daemon's handle on the sandboxed reader (`ethand-reader`): every read of what another
+//! user controls (symbols of mapped files, source lines, Python frames) goes through it. It is
+//! started before the daemon drops its capabilities, as `ethand reader` (this binary's hidden
+//! subcommand), as `daemon.user`, with `[reader]`'s bounds; without it those reads are not
+//! made and the outputs say why.
+use std::{process::Command, sync::Arc, time::Duration};
+
+use ethand_reader::{Reader, SymbolizeOptions, Symbolized, supervisor::Args};
+use tracing::{info, warn};
+
+use crate::{config::Config, privilege::RunAs};
+
+/// The hidden subcommand that runs the supervisor.
+pub const SUBCOMMAND: &str = "reader";
+
+/// How long opening a Python process may take (py-spy parses its binary: ~10 ms).
+pub const PYTHON_OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The reader, or why there is none, and the deadlines of `[reader]`.
+#[derive(Clone)]
+pub struct ReaderHandle {
+    pub reader: Result<Arc<Reader>, String>,
+    pub symbolize_timeout: Duration,
+    pub python_read_timeout: Duration,
+}
+
+impl ReaderHandle {
+    /// Starts the supervisor as `daemon.user` (when set) with `[reader]`'s bounds.
+    pub fn start(cfg: &Config) -> Self {
+        let r = &cfg.reader;
+        let user = match RunAs::lookup(&cfg.daemon.user) {
+            Ok(u) => u.map(|u| (u.uid, u.gid, u.groups)),
+            Err(e) => {
+                return Self::unavailable(cfg, e);
+            }
+        };
+        let args = Args {
+            user,
+            limits: ethand_reader::Limits {
+                memory_max_bytes: r.memory_max_bytes,
+                cpu_max_seconds: r.cpu_max_seconds,
+                max_workers: r.max_workers,
+            },
+        };
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg(SUBCOMMAND);
+        match Reader::spawn(cmd, &args) {
+            Ok(reader) => {
+                info!(pid = reader.pid(), "reader started (symbols, source lines, Python frames of other users' processes)");
+                Self {
+                    reader: Ok(Arc::new(reader)),
+                    ..Self::unavailable(cfg, String::new())
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the reader: no symbols, source lines or Python frames");
+                Self::unavailable(cfg, format!("the reader could not be started: {e}"))
+            }
+        }
+    }
+
+    /// A handle without a reader (tests, or a failed start).
+    pub fn unavailable(cfg: &Config, why: String) -> Self {
+        Self {
+            reader: Err(why),
+            symbolize_timeout: Duration::from_millis(cfg.reader.symbolize_timeout_ms),
+            python_read_timeout: Duration::from_millis(cfg.reader.python_read_timeout_ms),
+        }
+    }
+
+    /// Frames of user stacks of `pid` (see [`Reader::symbolize`]); without a reader, the
+    /// raw addresses, each saying why.
+    pub fn symbolize(
+        &self,
+        pid: u32,
+        start_ticks: Option<u64>,
+        stacks: &[Vec<u64>],
+        code_info: bool,
+        source_lines: bool,
+        source_skip_first_module: bool,
+    ) -> Symbolized {
+        match &self.reader {
+            Ok(r) => r.symbolize(
+                pid,
+                start_ticks,
+                stacks,
+                SymbolizeOptions {
+                    code_info,
+                    source_lines,
+                    source_skip_first_module,
+                    deadline: self.symbolize_timeout,
+                },
+            ),
+            Err(why) => Symbolized {
+                stacks: ethand_reader::client::unresolved(stacks, ethand_reader::client::NO_READER),
+                notes: vec![why.clone()],
+            },
+        }
+    }
+}
