@@ -180,6 +180,21 @@ pub struct DaemonConfig {
     pub api_max_connections: u64,
     /// Run as this user once start-up is over (empty: stay the user ethand was started as).
     pub user: String,
+    /// Who may switch the GPU level over the local API.
+    pub level_switch: LevelSwitch,
+    /// Least time between two level switches.
+    pub level_switch_interval_seconds: u64,
+}
+
+/// Who may switch the GPU level (`ethand level`): every switch changes what every process on
+/// the node pays per runtime call.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LevelSwitch {
+    /// uid 0 only.
+    Root,
+    /// Whoever may use the socket (root and `socket_group`).
+    SocketGroup,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -212,6 +227,10 @@ pub struct PrometheusConfig {
     /// Time a client has to send a request's headers, the longest an idle connection stays
     /// open, and the longest a reply may wait on a client that does not read.
     pub timeout_ms: u64,
+    /// How long a cgroup keeps its series after its last process left.
+    pub cgroup_hold_seconds: u64,
+    /// Most cgroups with series of their own; later ones are summed in "[other cgroups]".
+    pub max_cgroups: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -248,6 +267,10 @@ pub struct MapsConfig {
     pub gpu_stacks: u32,
     pub gpu_sites: u32,
     pub profile_stacks: u32,
+    /// Distinct syscall numbers one process may hold in `syscalls`.
+    pub syscall_numbers_per_process: u32,
+    /// Call sites one process may hold in `gpu_sites` (and stacks in `gpu_stacks`).
+    pub gpu_sites_per_process: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -349,6 +372,12 @@ impl Config {
             1_000_000,
         )?;
         in_range("daemon.api_max_connections", d.api_max_connections, 1, 4096)?;
+        in_range(
+            "daemon.level_switch_interval_seconds",
+            d.level_switch_interval_seconds,
+            0,
+            3600,
+        )?;
         check_log_filter(&d.log).map_err(|m| ("daemon.log".into(), m))?;
         in_range(
             "daemon.bpf_stats_period_ms",
@@ -459,6 +488,8 @@ impl Config {
             p.max_connections,
         )?;
         in_range("prometheus.timeout_ms", p.timeout_ms, 100, 600_000)?;
+        in_range("prometheus.cgroup_hold_seconds", p.cgroup_hold_seconds, 0, 86_400)?;
+        in_range("prometheus.max_cgroups", p.max_cgroups, 1, 1_000_000)?;
         if let Some(c) = p.comms.iter().find(|c| c.is_empty() || c.len() > 15) {
             return Err((
                 "prometheus.comms".into(),
@@ -492,6 +523,18 @@ impl Config {
             u64::from(m.profile_stacks),
             MAP_ENTRIES_MIN,
             1 << 18,
+        )?;
+        in_range(
+            "maps.syscall_numbers_per_process",
+            u64::from(m.syscall_numbers_per_process),
+            8,
+            u64::from(ethand_common::MAX_SYSCALL_NR),
+        )?;
+        in_range(
+            "maps.gpu_sites_per_process",
+            u64::from(m.gpu_sites_per_process),
+            1,
+            u64::from(m.gpu_sites),
         )?;
         let r = &self.reader;
         in_range("reader.memory_max_bytes", r.memory_max_bytes, 16 << 20, 16 << 30)?;

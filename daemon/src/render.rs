@@ -25,6 +25,32 @@ pub fn status(s: &SelfStatus) -> String {
         "tracked processes: {} (overflow {})",
         s.tracked_processes, s.processes_overflow
     );
+    if let Some(age) = s.last_round_age_ms {
+        let _ = writeln!(
+            o,
+            "last collection round: {} ago{}",
+            ethand_exporters::format::duration_ns_u(age.saturating_mul(1_000_000)),
+            if age > 10 * 1000 { " (STALE: the collection loop is behind or stopped)" } else { "" }
+        );
+    }
+    if let Some(r) = &s.reader {
+        match (&r.pid, &r.unavailable) {
+            (Some(pid), _) => {
+                let _ = writeln!(
+                    o,
+                    "reader: pid {pid}; {} workers started, {} refused (busy), {} late, {} ended by a limit or fault",
+                    r.sessions, r.refused, r.timeouts, r.died
+                );
+            }
+            (None, Some(why)) => {
+                let _ = writeln!(o, "reader: not running: {}", crate::render::clean(why));
+            }
+            _ => {}
+        }
+        for b in &r.blamed_files {
+            let _ = writeln!(o, "  not parsed again: {}", crate::render::clean(b));
+        }
+    }
     if !s.socket_access.is_empty() {
         let _ = writeln!(o, "local API socket: {}", s.socket_access);
     }

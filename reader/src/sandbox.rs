@@ -12,8 +12,9 @@
 //! - cannot be inspected by that owner (not dumpable; it holds a capability the owner lacks),
 //!   gains nothing by exec (no_new_privs);
 //! - runs under a seccomp filter that allows reading files and process memory, mapping
-//!   memory and answering on its socket; anything else (exec, sockets, ptrace, fork, ...)
-//!   fails with EPERM;
+//!   memory and answering on its socket (the only descriptor it may write to, with standard
+//!   error); anything else (exec, sockets, ptrace, writing memory, fork, ...) fails with
+//!   EPERM;
 //! - and is killed by the kernel (SIGALRM) when a request outlasts its deadline.
 use std::collections::BTreeMap;
 
@@ -67,7 +68,7 @@ pub struct Entered {
 }
 
 /// Puts the calling (single-threaded, freshly forked) process in the box, as `owner`.
-pub fn enter(owner: &Owner, limits: &Limits) -> Result<Entered, String> {
+pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered, String> {
     use rustix::thread as t;
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
@@ -118,7 +119,7 @@ pub fn enter(owner: &Owner, limits: &Limits) -> Result<Entered, String> {
     // SIGALRM ends the worker when a request outlasts its deadline (its default action).
     // SAFETY: resets one signal's disposition to the default.
     unsafe { libc::signal(libc::SIGALRM, libc::SIG_DFL) };
-    install_seccomp()?;
+    install_seccomp(session_fd)?;
     Ok(Entered {
         as_owner: can_switch,
     })
@@ -145,7 +146,7 @@ pub fn deadline(ms: Option<u64>) {
 const PROCMAP_QUERY: u64 = 0xC068_6611;
 
 /// The system calls a worker may make.
-fn allowed() -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
+fn allowed(session_fd: i32) -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
     use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
     let any = |nr: libc::c_long| (nr, Vec::new());
     let mut v: Vec<(i64, Vec<SeccompRule>)> = [
@@ -174,13 +175,9 @@ fn allowed() -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
         libc::SYS_mprotect,
         libc::SYS_madvise,
         libc::SYS_brk,
-        // Its session.
-        libc::SYS_write,
-        libc::SYS_writev,
-        libc::SYS_sendmsg,
+        // Its session (writes are limited to it and standard error below).
         libc::SYS_recvmsg,
         libc::SYS_recvfrom,
-        libc::SYS_sendto,
         libc::SYS_poll,
         libc::SYS_ppoll,
         // Time, the deadline, ending.
@@ -223,6 +220,21 @@ fn allowed() -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
         .into_iter()
         .map(any),
     );
+    // Writes go to its session and standard error only: a worker holds CAP_SYS_PTRACE, and
+    // a descriptor of another process's memory (/proc/PID/mem) must stay unwritable even if
+    // the worker were made to open one.
+    let fd_is = |fd: u64| {
+        SeccompRule::new(vec![
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd).expect("condition"),
+        ])
+        .expect("rule")
+    };
+    for nr in [libc::SYS_write, libc::SYS_writev] {
+        v.push((nr, vec![fd_is(session_fd as u64), fd_is(2)]));
+    }
+    for nr in [libc::SYS_sendmsg, libc::SYS_sendto] {
+        v.push((nr, vec![fd_is(session_fd as u64)]));
+    }
     // An abort (a panic, a failed allocation) signals the worker itself, and nobody else.
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u64;
@@ -255,11 +267,12 @@ fn allowed() -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
 }
 
 /// Installs the filter: the calls in [`allowed`] pass, every other fails with EPERM.
-pub fn install_seccomp() -> Result<(), String> {
+pub fn install_seccomp(session_fd: i32) -> Result<(), String> {
     let arch: seccompiler::TargetArch = std::env::consts::ARCH
         .try_into()
         .map_err(|e| format!("seccomp: {e}"))?;
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = allowed().into_iter().collect();
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
+        allowed(session_fd).into_iter().collect();
     let filter = seccompiler::SeccompFilter::new(
         rules,
         seccompiler::SeccompAction::Errno(libc::EPERM as u32),

@@ -19,7 +19,8 @@ pub const MAX_DEADLINE_MS: u64 = 60_000;
 /// Serves `session` as `owner`, never returning: the worker exits when the daemon closes the
 /// session, and is killed when a request outlasts its deadline or its limits.
 pub fn run(mut session: UnixStream, owner: Owner, limits: &Limits) -> ! {
-    let entered = match sandbox::enter(&owner, limits) {
+    use std::os::fd::AsRawFd;
+    let entered = match sandbox::enter(&owner, limits, session.as_raw_fd()) {
         Ok(e) => e,
         Err(e) => {
             let _ = proto::send(&mut session, &Reply::Error(format!("the reader could not enter its sandbox: {e}")), None);

@@ -63,6 +63,10 @@ pub const COMMS_MAX: usize = 128;
 /// the space never appears in the names of the executables it was built for).
 pub const COMM_OTHER: &str = "[other names]";
 
+/// The cgroup series of cgroups beyond `prometheus.max_cgroups` (no cgroup v2 path starts
+/// with a bracket).
+pub const CGROUP_OTHER: &str = "[other cgroups]";
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CgroupSnapshot {
     /// cgroup v2 path ("unknown" when the process's cgroup could not be read).
@@ -427,6 +431,34 @@ pub struct SelfStatus {
     /// Connections of the servers (/metrics, the local API): open, caps, refused.
     #[serde(default)]
     pub servers: Vec<ServerConnections>,
+    /// When the latest collection round ended (Unix ms); 0 in older files.
+    #[serde(default)]
+    pub last_round_unix_ms: u64,
+    /// How long before this answer that was (set when the answer is made: a collection that
+    /// stopped shows here). None in older files and in the node snapshot itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_round_age_ms: Option<u64>,
+    /// The sandboxed reader of other users' files and memory: running or why not, and what
+    /// it met (daemon/src/pipeline/reader.rs). None in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader: Option<ReaderStatus>,
+}
+
+/// The reader's state for `ethand status`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct ReaderStatus {
+    /// The supervisor's pid; None when it is not running.
+    pub pid: Option<u32>,
+    /// Why there is no reader.
+    pub unavailable: Option<String>,
+    /// Workers started, refused (at `reader.max_workers`), late, and ended by a limit or fault.
+    pub sessions: u64,
+    pub refused: u64,
+    pub timeouts: u64,
+    pub died: u64,
+    /// Files that made a worker fail, not parsed again: "device:inode (size bytes): how".
+    pub blamed_files: Vec<String>,
 }
 
 /// One server's connections (daemon/src/serve/connlimit.rs). Counters since the daemon started.

@@ -191,8 +191,9 @@ impl Daemon {
         let config = temp_path(name, "toml");
         let log = temp_path(name, "log");
         let port = free_port();
+        // Tests switch GPU levels back to back; the rate limit has a test of its own.
         let base = format!(
-            "[daemon]\ninterval_ms = {INTERVAL_MS}\nsocket = {socket:?}\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"
+            "[daemon]\ninterval_ms = {INTERVAL_MS}\nsocket = {socket:?}\nlevel_switch_interval_seconds = 0\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"
         );
         let toml = merge_tables(&base, extra_toml);
         fs::write(&config, toml).expect("write config");

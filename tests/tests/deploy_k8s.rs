@@ -110,7 +110,7 @@ fn daemonset_capabilities_and_mounts_are_the_documented_ones() {
     let caps = strings(sc, &["capabilities", "add"]);
     assert_eq!(
         caps,
-        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG"]
+        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG", "SETUID", "SETGID"]
     );
 
     // Each capability is explained in the docs, and SYS_ADMIN's absence too.

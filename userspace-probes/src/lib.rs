@@ -110,7 +110,7 @@ impl MappedLibrary {
         } else {
             procmaps::open_root(self.pid)
         }
-        .map_err(|e| procmaps::OpenError::Io(format!("cannot open the root of process {}: {e}", self.pid)))?;
+        .map_err(|e| procmaps::OpenError::Io(format!("cannot open /proc/{}/root: {e}", self.pid)))?;
         procmaps::open_mapped(&root, &self.vma())
     }
 }

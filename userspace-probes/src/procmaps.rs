@@ -468,7 +468,23 @@ pub fn same_file(st: &libc::stat, major: u32, minor: u32, inode: u64) -> bool {
 /// one (same device and inode), reopened for reading with the caller's credentials. A name
 /// ending in " (deleted)" is also tried without that suffix (a live file may be named so,
 /// and a deleted one may have been replaced): the device and inode decide.
+///
+/// The kernel names a mapping as seen from the reader's root: a chroot'd process's files by
+/// their host paths, which its own root does not have. So where the process's root has no
+/// such file, the name is tried from the reader's root too; again only the mapped file
+/// (same device and inode) is accepted.
 pub fn open_mapped(root: &impl AsFd, vma: &Vma) -> Result<File, OpenError> {
+    match open_mapped_in(root, vma) {
+        Ok(f) => Ok(f),
+        Err(first @ (OpenError::Missing | OpenError::Replaced | OpenError::NotRegular(_))) => {
+            let Ok(host) = host_root() else { return Err(first) };
+            open_mapped_in(&host, vma).map_err(|_| first)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn open_mapped_in(root: &impl AsFd, vma: &Vma) -> Result<File, OpenError> {
     if !vma.is_file() {
         return Err(OpenError::NoFile);
     }

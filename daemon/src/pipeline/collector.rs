@@ -52,6 +52,8 @@ pub struct Collector {
     exec_baseline: bool,
     gpu_calls: BpfHashMap<MapData, GpuCallKey, GpuCallStats>,
     gpu_proc: BpfHashMap<MapData, ProcKey, GpuProcState>,
+    /// Distinct syscall numbers per process (its limit in the kernel); freed with it.
+    syscall_keys: BpfHashMap<MapData, ProcKey, u64>,
     gpu_allocs: BpfHashMap<MapData, GpuAllocKey, GpuAlloc>,
     gpu_sites: BpfHashMap<MapData, GpuSiteKey, GpuSiteStats>,
     gpu_stacks: StackTraceMap<MapData>,
@@ -280,6 +282,7 @@ impl Collector {
             exec_baseline,
             gpu_calls: take(ebpf, "GPU_CALLS")?,
             gpu_proc: take(ebpf, "GPU_PROC")?,
+            syscall_keys: take(ebpf, "SYSCALL_KEYS")?,
             gpu_allocs: take(ebpf, "GPU_ALLOCS")?,
             gpu_sites: take(ebpf, "GPU_SITES")?,
             gpu_stacks: take(ebpf, "GPU_STACKS")?,
@@ -406,6 +409,7 @@ impl Collector {
         // Only keys this round's read found: no syscall for entries that do not exist.
         let k = &self.raw;
         delete_keys(&mut self.syscalls, &of(&k.syscalls, &reclaimed), ok);
+        delete_keys(&mut self.syscall_keys, &r.procs, ok);
         delete_keys(&mut self.syscall_hist, &of(&k.syscall_hist, &reclaimed), ok);
         delete_keys(&mut self.blk_stats, &of(&k.blk, &reclaimed), ok);
         delete_keys(&mut self.net_stats, &of(&k.net, &reclaimed), ok);

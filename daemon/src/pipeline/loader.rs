@@ -304,6 +304,14 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         .override_global("KOFF", &koff, true)
         .override_global("TPOFF", &tpoff, true)
         .override_global("GPU_CALL_STACKS", &u32::from(cfg.gpu.call_stacks), true)
+        .override_global("GPU_SITES_PER_PROCESS", &m.gpu_sites_per_process, true)
+        .override_global(
+            "SYSCALL_NUMBERS_PER_PROCESS",
+            &u64::from(m.syscall_numbers_per_process),
+            true,
+        )
+        // One entry per process that made a syscall: as many as the model tracks.
+        .map_max_entries("SYSCALL_KEYS", (cfg.daemon.max_processes as u32).max(1024))
         .map_max_entries("GPU_STACKS", m.gpu_stacks)
         .map_max_entries("GPU_SITES", m.gpu_sites)
         .override_global(

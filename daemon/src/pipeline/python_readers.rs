@@ -111,7 +111,7 @@ impl<'r> PythonReaders<'r> {
                     let _ = self.open(p);
                 }
                 Err(ReadError::Lost(format!(
-                    "process {pid}: the Python reader {e}; not read further"
+                    "process {pid}: {e}; not read further"
                 )))
             }
         }

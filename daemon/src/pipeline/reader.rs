@@ -59,6 +59,32 @@ impl ReaderHandle {
         }
     }
 
+    /// What `ethand status` shows of the reader.
+    pub fn status(&self) -> ethand_snapshot::ReaderStatus {
+        use std::sync::atomic::Ordering::Relaxed;
+        match &self.reader {
+            Ok(r) => ethand_snapshot::ReaderStatus {
+                pid: Some(r.pid()),
+                unavailable: None,
+                sessions: r.stats.sessions.load(Relaxed),
+                refused: r.stats.refused.load(Relaxed),
+                timeouts: r.stats.timeouts.load(Relaxed),
+                died: r.stats.died.load(Relaxed),
+                blamed_files: r
+                    .blamed()
+                    .into_iter()
+                    .map(|(f, how)| {
+                        format!("{}:{} inode {} ({} bytes): {how}", f.dev_major, f.dev_minor, f.inode, f.size)
+                    })
+                    .collect(),
+            },
+            Err(why) => ethand_snapshot::ReaderStatus {
+                unavailable: Some(why.clone()),
+                ..Default::default()
+            },
+        }
+    }
+
     /// A handle without a reader (tests, or a failed start).
     pub fn unavailable(cfg: &Config, why: String) -> Self {
         Self {

@@ -229,8 +229,14 @@ const NAMES: &[(u32, &str)] = table!(
 #[cfg(not(target_arch = "x86_64"))]
 const NAMES: &[(u32, &str)] = &[];
 
-/// Name of syscall `nr`, or "syscall_<nr>" when not in the table.
+/// Name of syscall `nr`, or "syscall_<nr>" when not in the table; the kernel side's shared
+/// keys by what they hold.
 pub fn name(nr: u32) -> String {
+    match nr {
+        ethand_common::SYSCALL_NR_UNIMPLEMENTED => return "[unimplemented]".into(),
+        ethand_common::SYSCALL_NR_OVER_LIMIT => return "[over the per-process limit]".into(),
+        _ => {}
+    }
     NAMES
         .iter()
         .find(|(n, _)| *n == nr)

@@ -172,7 +172,7 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, limiter: Arc<Con
         let (shared, heavy, limiter) = (shared.clone(), heavy.clone(), limiter.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = handle(stream, shared, heavy, &limiter).await {
+            if let Err(e) = handle(stream, shared, heavy, &limiter, uid).await {
                 if e.kind() == std::io::ErrorKind::TimedOut {
                     limiter.timed_out();
                 }
@@ -187,6 +187,7 @@ async fn handle(
     shared: Arc<Shared>,
     heavy: Arc<Semaphore>,
     limiter: &ConnLimiter,
+    uid: Option<u32>,
 ) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
     // One byte over the limit tells a too-long request from one of exactly MAX_REQUEST.
@@ -208,7 +209,7 @@ async fn handle(
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, &level).await),
+                Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, &level, uid).await),
                 Ok(Request::Status) => Arc::new(status_line(&shared)),
                 Ok(req) => match tokio::time::timeout(TIMEOUT, heavy.acquire_owned()).await {
                     Ok(Ok(permit)) => {
@@ -303,7 +304,12 @@ impl std::io::Write for Counted {
 /// The answer to `ethand status`: one `{"ok":...}` line.
 fn status_line(shared: &Shared) -> Vec<u8> {
     let node = shared.node.read().expect("lock").clone();
-    ok_line(&node.ethand)
+    let mut status = node.ethand.clone();
+    // A collection that stopped shows as a round that grows old.
+    status.last_round_age_ms = Some(
+        crate::pipeline::procinfo::unix_ms().saturating_sub(status.last_round_unix_ms),
+    );
+    ok_line(&status)
 }
 
 /// The answer to a node dump or a snapshot: one reply line. Built under the bound on
@@ -374,12 +380,31 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
 }
 
 /// Hands the change to the collection loop (which owns the probes) and waits for its answer.
-async fn set_level(shared: &Arc<Shared>, level: &str) -> Vec<u8> {
+async fn set_level(shared: &Arc<Shared>, level: &str, uid: Option<u32>) -> Vec<u8> {
     let Some(level) = crate::config::GpuLevel::parse(level) else {
         return error_line(&format!(
             "unknown level {level:?}: expected system, calls, process or op"
         ));
     };
+    let (who, every) = shared.level_policy;
+    if who == crate::config::LevelSwitch::Root && uid != Some(0) {
+        return error_line(
+            "permission denied: only root may switch the GPU level (daemon.level_switch = \"root\")",
+        );
+    }
+    {
+        let mut last = shared.last_level_switch.lock().expect("lock");
+        if let Some(t) = *last
+            && t.elapsed() < every
+        {
+            return error_line(&format!(
+                "refused: the GPU level was switched {:.0} s ago; at most one switch every {} s (daemon.level_switch_interval_seconds)",
+                t.elapsed().as_secs_f64(),
+                every.as_secs()
+            ));
+        }
+        *last = Some(std::time::Instant::now());
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     *shared.level_request.lock().expect("lock") = Some((level, tx));
     match tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(10)))

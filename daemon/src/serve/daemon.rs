@@ -21,6 +21,10 @@ use crate::{
     serve::{api, shared::Shared},
 };
 
+/// How long an orderly shutdown may take after SIGTERM before the daemon exits anyway
+/// (systemd's stop timeout is longer).
+pub const STOP_LIMIT: Duration = Duration::from_secs(20);
+
 /// How long start-up waits for the symbols of the runtime libraries found at start.
 pub const GPU_SETTLE: Duration = Duration::from_secs(10);
 
@@ -98,6 +102,8 @@ impl Engine {
         ));
         model.launches_counted = cfg.gpu.level.counts_launches();
         model.max_exited = d.max_exited_processes;
+        model.cgroup_hold_ms = cfg.prometheus.cgroup_hold_seconds.saturating_mul(1000);
+        model.max_cgroups = cfg.prometheus.max_cgroups as usize;
         model.exit_events = loaded.probes.iter().any(|p| {
             p.name == "sched_process_exit" && p.state == ethand_snapshot::ProbeState::Attached
         });
@@ -221,6 +227,9 @@ impl Engine {
                         .get()
                         .map(|v| v.iter().map(|l| l.status()).collect())
                         .unwrap_or_default(),
+                    last_round_unix_ms: unix_ms(),
+                    last_round_age_ms: None,
+                    reader: Some(self.shared.reader.status()),
                 },
             }
         };
@@ -513,6 +522,23 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .count();
     // Before "ready": a SIGTERM right after it (systemctl stop) must still shut down cleanly.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Whatever the loop is doing, SIGTERM ends the daemon within STOP_LIMIT: if the orderly
+    // shutdown below has not finished by then, the process exits (the kernel detaches every
+    // program with its descriptors).
+    let mut term_watch =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let socket = cfg.daemon.socket.clone();
+    tokio::spawn(async move {
+        term_watch.recv().await;
+        let _ = std::thread::Builder::new()
+            .name("ethand-stop".into())
+            .spawn(move || {
+                std::thread::sleep(STOP_LIMIT);
+                warn!(limit_s = STOP_LIMIT.as_secs(), "shutdown did not finish in time: exiting now");
+                let _ = std::fs::remove_file(&socket);
+                std::process::exit(0);
+            });
+    });
     info!(attached, total, socket = %cfg.daemon.socket.display(), "ready");
     // Type=notify: systemd considers ethand started only now that probes are attached, the
     // first snapshot exists and both servers listen. Outside systemd this does nothing.

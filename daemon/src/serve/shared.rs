@@ -28,6 +28,10 @@ const SNAPSHOT_WINDOW_MS: u64 = 10_000;
 /// State shared between the collection loop and the servers.
 pub struct Shared {
     pub model: Mutex<Model>,
+    /// Who may switch levels and how often (`daemon.level_switch*`), and when the last switch
+    /// was made.
+    pub level_policy: (crate::config::LevelSwitch, std::time::Duration),
+    pub last_level_switch: Mutex<Option<std::time::Instant>>,
     /// A level change asked for through the API, applied by the collection loop.
     pub level_request: Mutex<
         Option<(
@@ -99,6 +103,11 @@ impl Shared {
         Self {
             model: Mutex::new(model),
             level_request: Mutex::new(None),
+            level_policy: (
+                d.level_switch,
+                std::time::Duration::from_secs(d.level_switch_interval_seconds),
+            ),
+            last_level_switch: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             built: Mutex::new((u64::MAX, std::sync::Weak::new())),
             exported: Mutex::new(None),

@@ -11,8 +11,17 @@
 /// above 2^31 ns (~2.1 s).
 pub const HIST_BUCKETS: usize = 32;
 
-/// Syscall numbers at or above this are not accounted (x86_64 has ~470).
+/// Syscall numbers are accounted below this (x86_64 has ~470); numbers at or above it are
+/// counted under [`SYSCALL_NR_UNIMPLEMENTED`].
 pub const MAX_SYSCALL_NR: u32 = 1024;
+
+/// The one key of every call the kernel does not implement (a number at or above
+/// [`MAX_SYSCALL_NR`], or any that returned ENOSYS): a process calling hundreds of unknown
+/// numbers takes one map entry, not hundreds.
+pub const SYSCALL_NR_UNIMPLEMENTED: u32 = MAX_SYSCALL_NR - 1;
+/// The key of a process's calls of syscall numbers beyond its share of the map
+/// (`maps.syscall_numbers_per_process` distinct numbers): counted, without the number.
+pub const SYSCALL_NR_OVER_LIMIT: u32 = MAX_SYSCALL_NR - 2;
 
 /// `CpuCtx::sys_nr` / `ThreadStats::sys_nr` value meaning "no syscall in flight".
 pub const NO_SYSCALL: u32 = u32::MAX;
@@ -111,7 +120,16 @@ pub mod counter {
     pub const GPU_STACK_LOST: u32 = 15;
     /// GPU_SITES was full: a call was counted in GPU_CALLS but at no call site.
     pub const GPU_SITES_FULL: u32 = 16;
-    pub const COUNT: u32 = 17;
+    /// SYSCALL_KEYS was full: a new syscall number of a process was counted without its
+    /// per-process limit being checked.
+    pub const SYSCALL_KEYS_FULL: u32 = 17;
+    /// A process called a syscall number beyond its limit of distinct numbers: counted under
+    /// [`super::SYSCALL_NR_OVER_LIMIT`] (informational: nothing is lost but the number).
+    pub const SYSCALLS_OVER_LIMIT: u32 = 18;
+    /// A process had as many call sites as it may have: its call was counted under the
+    /// unattributed site, without taking its stack (informational).
+    pub const GPU_SITES_OVER_LIMIT: u32 = 19;
+    pub const COUNT: u32 = 20;
     pub const NAMES: [&str; COUNT as usize] = [
         "threads_full",
         "syscalls_full",
@@ -130,11 +148,14 @@ pub mod counter {
         "switch_in_unseen",
         "gpu_stack_lost",
         "gpu_sites_full",
+        "syscall_keys_full",
+        "syscalls_over_process_limit",
+        "gpu_sites_over_process_limit",
     ];
     /// Which of the above mean lost data (the rest are informational).
     pub const IS_LOSS: [bool; COUNT as usize] = [
         true, true, true, true, true, true, true, false, false, true, true, true, true, true,
-        false, true, true,
+        false, true, true, false, false, false,
     ];
 }
 
@@ -523,8 +544,14 @@ pub struct GpuOpDesc {
 pub const GPU_MAX_OPS: u32 = 4096;
 
 /// Attach cookie: op id in the low 16 bits; [`GPU_COOKIE_TIME`] set when this level times
-/// every call of the symbol (level `op`).
+/// every call of the symbol (level `op`); the links' generation from bit
+/// [`GPU_COOKIE_GEN_SHIFT`]: a probe counts only while its generation is the active one
+/// (`GPU_GEN`), so that a level switch attaches the new links, makes them active in one map
+/// write, and only then detaches the old ones: no call lost, none counted twice.
 pub const GPU_COOKIE_TIME: u64 = 1 << 16;
+pub const GPU_COOKIE_GEN_SHIFT: u32 = 32;
+/// Generations wrap at this (16 bits of the cookie).
+pub const GPU_GEN_MASK: u64 = 0xffff;
 
 /// Per process, symbol and direction. Updated with atomic adds.
 #[repr(C)]
@@ -645,7 +672,9 @@ pub struct GpuProcState {
     pub nranks: u32,
     /// The library of that communicator, as a [`gpu_dtype`] table id (NCCL or HCCL).
     pub comm_lib: u32,
-    pub _pad0: u32,
+    /// Call sites (`GPU_SITES` entries) the process has made: at `gpu_sites_per_process`
+    /// its further calls take no stack.
+    pub sites: u32,
 }
 
 /// Offsets inside kernel structs, read from BTF by userspace and handed to the programs as

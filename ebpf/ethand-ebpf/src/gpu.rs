@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use ethand_common::{
-    GPU_ARG_NONE, GPU_COOKIE_TIME, GPU_MAX_OPS, GPU_STACK_NONE, GPU_STACK_UNATTRIBUTED, GpuAlloc,
+    GPU_ARG_NONE, GPU_COOKIE_GEN_SHIFT, GPU_COOKIE_TIME, GPU_GEN_MASK, GPU_MAX_OPS, GPU_STACK_NONE, GPU_STACK_UNATTRIBUTED, GpuAlloc,
     GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight, GpuInflightKey, GpuOpDesc, GpuProcState,
     GpuSiteKey, GpuSiteStats, counter, gpu_dir, gpu_dtype, gpu_flags, gpu_kind, gpu_mem,
 };
@@ -41,6 +41,24 @@ pub static GPU_PROC: HashMap<ethand_common::ProcKey, GpuProcState> =
 /// 1: take call stacks (`gpu.call_stacks`); set by the loader.
 #[unsafe(no_mangle)]
 pub static GPU_CALL_STACKS: u32 = 0;
+/// Most call sites one process may make (`maps.gpu_sites_per_process`); set by the loader.
+/// Beyond it its calls take no stack and count under the unattributed site, so that one
+/// process cannot fill GPU_STACKS and GPU_SITES for everyone else.
+#[unsafe(no_mangle)]
+pub static GPU_SITES_PER_PROCESS: u32 = 256;
+/// Entry 0: the active generation of the runtime probes' links (see
+/// `ethand_common::GPU_COOKIE_GEN_SHIFT`); written by userspace at each level switch.
+#[map]
+pub static GPU_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Whether a probe of this cookie's generation counts now.
+#[inline(always)]
+fn active(cookie: u64) -> bool {
+    let generation = (cookie >> GPU_COOKIE_GEN_SHIFT) & GPU_GEN_MASK;
+    GPU_GEN
+        .get(0)
+        .is_some_and(|g| *g & GPU_GEN_MASK == generation)
+}
 /// User stacks at the entry of probed calls, by id (sized from `maps.gpu_stacks`).
 #[map]
 pub static GPU_STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
@@ -64,7 +82,7 @@ static ZERO_PROC: GpuProcState = GpuProcState {
     rank: u32::MAX,
     nranks: 0,
     comm_lib: 0,
-    _pad0: 0,
+    sites: 0,
 };
 
 #[uprobe]
@@ -182,15 +200,30 @@ fn read_user_u64(p: u64) -> u64 {
 /// ([`GPU_STACK_UNATTRIBUTED`] when the stack could not be taken, [`GPU_STACK_NONE`] when
 /// the site could not be counted) and the caller's return address.
 #[inline(always)]
-fn count_site(ctx: &ProbeContext, tgid: u32, proc_start_ns: u64, op: u32) -> (u32, u64) {
+fn count_site(
+    ctx: &ProbeContext,
+    tgid: u32,
+    proc_start_ns: u64,
+    op: u32,
+    state: Option<*mut GpuProcState>,
+) -> (u32, u64) {
+    // A process at its limit of call sites takes no more stacks: one process cannot fill the
+    // stack and site maps for the others.
+    let limit = unsafe { core::ptr::read_volatile(&raw const GPU_SITES_PER_PROCESS) };
+    let over = state.is_some_and(|s| unsafe { (*s).sites } >= limit);
     // At the probed function's first instruction the return address is on top of the stack.
     let sp = unsafe { core::ptr::read_volatile(&raw const (*ctx.regs).rsp) };
-    let caller = read_user_u64(sp);
-    let stack_id = match ctx.get_stackid(&GPU_STACKS, u64::from(BPF_F_USER_STACK)) {
-        Ok(id) => id as u32,
-        Err(_) => {
-            bump(counter::GPU_STACK_LOST);
-            GPU_STACK_UNATTRIBUTED
+    let (stack_id, caller) = if over {
+        bump(counter::GPU_SITES_OVER_LIMIT);
+        (GPU_STACK_UNATTRIBUTED, 0)
+    } else {
+        let caller = read_user_u64(sp);
+        match ctx.get_stackid(&GPU_STACKS, u64::from(BPF_F_USER_STACK)) {
+            Ok(id) => (id as u32, caller),
+            Err(_) => {
+                bump(counter::GPU_STACK_LOST);
+                (GPU_STACK_UNATTRIBUTED, caller)
+            }
         }
     };
     let key = GpuSiteKey {
@@ -201,6 +234,10 @@ fn count_site(ctx: &ProbeContext, tgid: u32, proc_start_ns: u64, op: u32) -> (u3
         _pad0: 0,
         caller,
     };
+    if let Some(site) = GPU_SITES.get_ptr_mut(&key) {
+        unsafe { atomic_add(&raw mut (*site).calls, 1) };
+        return (stack_id, caller);
+    }
     match get_or_insert(
         &GPU_SITES,
         &key,
@@ -209,6 +246,10 @@ fn count_site(ctx: &ProbeContext, tgid: u32, proc_start_ns: u64, op: u32) -> (u3
     ) {
         Some(site) => {
             unsafe { atomic_add(&raw mut (*site).calls, 1) };
+            if let Some(s) = state {
+                // Racy (no CAS): concurrent first calls may pass the limit by a few.
+                unsafe { (*s).sites = (*s).sites.wrapping_add(1) };
+            }
             (stack_id, caller)
         }
         None => (GPU_STACK_NONE, 0),
@@ -222,6 +263,9 @@ fn proc_state(key: &ethand_common::ProcKey) -> Option<*mut GpuProcState> {
 
 fn on_enter(ctx: &ProbeContext) -> Option<()> {
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    if !active(cookie) {
+        return None;
+    }
     let op = (cookie & 0xffff) as u32;
     let d: GpuOpDesc = *GPU_OPS.get(op)?;
     let args = Args::read(ctx);
@@ -351,7 +395,7 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         && d.kind != gpu_kind::COMM_INIT
         && !(d.kind == gpu_kind::COPY && d.dir == gpu_dir::DEVICE_TO_DEVICE);
     let (stack_id, caller) = if stacks && site {
-        count_site(ctx, c.tgid, c.proc_start_ns, op)
+        count_site(ctx, c.tgid, c.proc_start_ns, op, proc_state(&pk))
     } else {
         (GPU_STACK_NONE, 0)
     };
@@ -378,6 +422,11 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
 fn on_return(ctx: &RetProbeContext) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // Old and new links fire together while a level switch overlaps them: the inactive
+    // generation's return leaves the call to the active one (the entry pairs with either).
+    if !active(cookie) {
+        return None;
+    }
     let op = (cookie & 0xffff) as u32;
     let ik = GpuInflightKey {
         tid: bpf_get_current_pid_tgid() as u32,

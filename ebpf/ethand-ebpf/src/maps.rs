@@ -148,6 +148,10 @@ pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(32768,
 pub static WAKEUPS: Array<WakeupSlot> = Array::with_max_entries(WAKEUP_SLOTS, 0);
 #[map]
 pub static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(65536, 0);
+/// Distinct syscall numbers per process in SYSCALLS, for its limit (syscalls.rs); freed
+/// with the process's entries.
+#[map]
+pub static SYSCALL_KEYS: HashMap<ProcKey, u64> = HashMap::with_max_entries(16384, 0);
 /// Entry 0: 1 when syscall batching is on (ethand-ebpf/src/syscalls.rs); set by userspace
 /// after attaching, only when the scheduler and exit probes that flush batches are attached.
 #[map]

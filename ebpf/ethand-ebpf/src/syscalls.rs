@@ -15,14 +15,23 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use ethand_common::{
-    CpuCtx, HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, SyscallHistKey, SyscallKey, SyscallStats,
-    counter, log2_bucket,
+    CpuCtx, HIST_BUCKETS, MAX_SYSCALL_NR, NO_SYSCALL, ProcKey, SYSCALL_NR_OVER_LIMIT,
+    SYSCALL_NR_UNIMPLEMENTED, SyscallHistKey, SyscallKey, SyscallStats, counter, log2_bucket,
 };
 
 use crate::maps::{
-    SYSCALL_BATCHING, SYSCALL_CLASS, SYSCALL_HIST, SYSCALLS, ZERO_HIST, atomic_add, bump,
-    current_ctx, get_or_insert,
+    SYSCALL_BATCHING, SYSCALL_CLASS, SYSCALL_HIST, SYSCALL_KEYS, SYSCALLS, ZERO_HIST,
+    atomic_add, bump, current_ctx, get_or_insert,
 };
+
+/// Distinct syscall numbers one process may have in SYSCALLS
+/// (`maps.syscall_numbers_per_process`); set by the loader. Its calls of further numbers are
+/// counted under [`SYSCALL_NR_OVER_LIMIT`]: one process cannot fill the map for the others.
+#[unsafe(no_mangle)]
+pub static SYSCALL_NUMBERS_PER_PROCESS: u64 = 128;
+
+/// ENOSYS as a syscall's return value.
+const ENOSYS: i64 = -38;
 
 /// Flush a batch after this many calls...
 const BATCH_MAX_CALLS: u32 = 4096;
@@ -62,30 +71,45 @@ pub fn sys_exit_tp(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// The number a syscall is accounted under: numbers the table cannot hold share one key.
+#[inline(always)]
+fn key_nr(id: i64) -> u32 {
+    if id >= MAX_SYSCALL_NR as i64 {
+        SYSCALL_NR_UNIMPLEMENTED
+    } else {
+        id as u32
+    }
+}
+
 #[inline(always)]
 fn on_enter(id: i64) {
-    if id < 0 || id >= MAX_SYSCALL_NR as i64 || id as u32 == koff!(skip_syscall_nr) {
+    if id < 0 || id as u32 == koff!(skip_syscall_nr) {
         return;
     }
     let Some(ctx) = current_ctx() else { return };
-    ctx.sys_nr = id as u32;
+    ctx.sys_nr = key_nr(id);
     ctx.sys_start_ns = unsafe { bpf_ktime_get_ns() };
 }
 
 #[inline(always)]
 fn on_exit(nr: Option<i64>, ret: i64) {
     // nr -1: not a real syscall return (the uretprobe trampoline, whose entry was skipped).
-    if nr.is_some_and(|nr| nr < 0 || nr >= MAX_SYSCALL_NR as i64) {
+    if nr.is_some_and(|nr| nr < 0) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(ctx) = current_ctx() else { return };
-    if ctx.sys_nr == NO_SYSCALL || nr.is_some_and(|nr| ctx.sys_nr != nr as u32) {
+    if ctx.sys_nr == NO_SYSCALL || nr.is_some_and(|nr| ctx.sys_nr != key_nr(nr)) {
         // Entered before ethand attached, or a skipped entry (uretprobe trampoline).
         bump(counter::SYSCALL_EXIT_UNMATCHED);
         return;
     }
-    let nr = ctx.sys_nr as i64;
+    // Whatever number the kernel does not implement is counted under one key.
+    let nr = if ret == ENOSYS {
+        SYSCALL_NR_UNIMPLEMENTED as i64
+    } else {
+        ctx.sys_nr as i64
+    };
     ctx.sys_nr = NO_SYSCALL;
     let dur = now.saturating_sub(ctx.sys_start_ns);
     let error = u32::from((-4095..0).contains(&ret));
@@ -184,17 +208,39 @@ fn add_hist(ctx: &CpuCtx, class: u32, bucket: u32, count: u32) {
 
 #[inline(always)]
 fn add_syscalls(ctx: &CpuCtx, nr: u32, count: u32, time_ns: u64, errors: u32) {
-    let key = SyscallKey {
+    let mut key = SyscallKey {
         tgid: ctx.tgid,
         nr,
         proc_start_ns: ctx.proc_start_ns,
     };
-    if let Some(s) = get_or_insert(
-        &SYSCALLS,
-        &key,
-        &SyscallStats::default(),
-        counter::SYSCALLS_FULL,
-    ) {
+    let s = match SYSCALLS.get_ptr_mut(&key) {
+        Some(s) => Some(s),
+        // A number new to this process: within its share of the map, or under the one key
+        // of its numbers beyond it. Only new numbers pay this lookup.
+        None => {
+            let pk = ProcKey {
+                tgid: ctx.tgid,
+                _pad0: 0,
+                proc_start_ns: ctx.proc_start_ns,
+            };
+            let limit = unsafe { core::ptr::read_volatile(&raw const SYSCALL_NUMBERS_PER_PROCESS) };
+            match get_or_insert(&SYSCALL_KEYS, &pk, &0u64, counter::SYSCALL_KEYS_FULL) {
+                Some(n) if unsafe { *n } >= limit => {
+                    bump(counter::SYSCALLS_OVER_LIMIT);
+                    key.nr = SYSCALL_NR_OVER_LIMIT;
+                }
+                Some(n) => atomic_add(n, 1),
+                None => {}
+            }
+            get_or_insert(
+                &SYSCALLS,
+                &key,
+                &SyscallStats::default(),
+                counter::SYSCALLS_FULL,
+            )
+        }
+    };
+    if let Some(s) = s {
         unsafe {
             atomic_add(&raw mut (*s).count, u64::from(count));
             atomic_add(&raw mut (*s).time_ns, time_ns);

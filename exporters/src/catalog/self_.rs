@@ -144,6 +144,17 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     Metric::new(
         gauge(
+            "ethand_last_round_timestamp_seconds",
+            "When the collection round these figures come from ended (Unix time). Every series \
+             of a scrape is from that round: time() minus this is how stale they are (a \
+             collection that stopped leaves /metrics answering with old figures).",
+        ),
+        Per::Node,
+        Otel::Metric(otel("ethand.last_round.time", "s", OtelKind::Gauge, Num::Float)),
+        |s, o| o.sample(NODE, &[], Sample::Float(s.snap.taken_at_unix_ms as f64 / 1000.0)),
+    ),
+    Metric::new(
+        gauge(
             "ethand_self_resident_memory_bytes",
             "Resident memory of the ethand daemon.",
         ),

@@ -38,6 +38,7 @@ mod series;
 mod service;
 mod stacks;
 mod syscalls;
+mod untrusted;
 
 use ethand_tests::Workload;
 

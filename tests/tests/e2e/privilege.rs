@@ -760,8 +760,32 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
     );
     assert_eq!(daemon_uids, [uid; 4], "the daemon's uids");
     assert!(st.user.starts_with("ethand (uid "), "{}", st.user);
-    let helpers = children(d.pid());
-    assert_eq!(helpers.len(), 1, "one helper process: {helpers:?}");
+    let all = children(d.pid());
+    let helpers = helpers_named(d.pid(), "ethand-stats");
+    assert_eq!(helpers.len(), 1, "one statistics helper: {all:?}");
+    // The reader's supervisor: CAP_SETUID, CAP_SETGID and CAP_SYS_PTRACE alone (its
+    // workers take a process owner's credentials and keep CAP_SYS_PTRACE), as that user.
+    let readers = helpers_named(d.pid(), "ethand-reader");
+    assert_eq!(readers.len(), 1, "one reader: {all:?}");
+    assert_eq!(all.len(), 2, "no other child: {all:?}");
+    let r = readers[0];
+    let reader_caps = (1u64 << cap_bit("CAP_SETUID"))
+        | (1u64 << cap_bit("CAP_SETGID"))
+        | (1u64 << cap_bit("CAP_SYS_PTRACE"));
+    let (eff, prm, bnd, amb) = (
+        proc_hex(r, "CapEff:"),
+        proc_hex(r, "CapPrm:"),
+        proc_hex(r, "CapBnd:"),
+        proc_hex(r, "CapAmb:"),
+    );
+    eprintln!(
+        "observed: reader {r}: Uid {:?} CapEff {eff:x} CapPrm {prm:x} CapBnd {bnd:x} CapAmb {amb:x} NoNewPrivs {:?}",
+        proc_field(r, "Uid:"),
+        proc_field(r, "NoNewPrivs:")
+    );
+    assert_eq!((eff, prm, bnd, amb), (reader_caps, reader_caps, reader_caps, 0));
+    assert_eq!(proc_field(r, "Uid:"), [uid; 4]);
+    assert_eq!(proc_field(r, "NoNewPrivs:"), [1]);
     let h = helpers[0];
     let admin = 1u64 << cap_bit("CAP_SYS_ADMIN");
     let (eff, prm, bnd, amb, inh) = (
@@ -789,7 +813,10 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
         &[],
     );
     eprintln!("observed: bpf_stats off: {:?}", d.status().capabilities);
-    assert!(children(d.pid()).is_empty(), "a helper without statistics");
+    assert!(
+        helpers_named(d.pid(), "ethand-stats").is_empty(),
+        "a statistics helper without statistics"
+    );
     for (tid, eff, prm, bnd, _, _) in &thread_caps(d.pid()) {
         assert_eq!((*eff, *prm, *bnd), (want, want, want), "thread {tid}");
     }
@@ -826,6 +853,17 @@ fn proc_hex(pid: u32, key: &str) -> u64 {
 }
 
 /// The live child processes of `pid`.
+/// The daemon's child processes named `comm` ("ethand-stats": the BPF statistics helper;
+/// "ethand-reader": the reader's supervisor).
+fn helpers_named(pid: u32, comm: &str) -> Vec<u32> {
+    children(pid)
+        .into_iter()
+        .filter(|p| {
+            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
 fn children(pid: u32) -> Vec<u32> {
     fs::read_dir("/proc")
         .expect("/proc")
@@ -970,8 +1008,11 @@ fn daemon_user_switches_every_thread_and_still_measures() {
         assert_eq!(uids, [uid; 4], "thread {tid}");
     }
     assert_eq!(mask_of(&st.capabilities), want);
-    let helpers = children(d.pid());
-    assert_eq!(helpers.len(), 1, "{helpers:?}");
+    let helpers = helpers_named(d.pid(), "ethand-stats");
+    assert_eq!(helpers.len(), 1, "{:?}", children(d.pid()));
+    let readers = helpers_named(d.pid(), "ethand-reader");
+    assert_eq!(readers.len(), 1, "{:?}", children(d.pid()));
+    assert_eq!(proc_field(readers[0], "Uid:"), [uid; 4], "the reader's uids");
     assert_eq!(
         proc_field(helpers[0], "Uid:"),
         [uid; 4],

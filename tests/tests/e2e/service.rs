@@ -77,6 +77,8 @@ pub(crate) fn cap_bit(name: &str) -> u32 {
     match name {
         "CAP_CHOWN" => 0,
         "CAP_DAC_READ_SEARCH" => 2,
+        "CAP_SETGID" => 6,
+        "CAP_SETUID" => 7,
         "CAP_SETPCAP" => 8,
         "CAP_SYS_PTRACE" => 19,
         "CAP_SYS_ADMIN" => 21,
@@ -484,7 +486,7 @@ fn each_capability_of_the_unit_is_needed() {
             Err(Some((state, reason))) => {
                 assert_eq!(state, ProbeState::Failed, "{reason}");
                 assert!(
-                    reason.contains("/root/") && reason.contains("Permission denied"),
+                    reason.contains("/root") && reason.contains("Permission denied"),
                     "reason: {reason}"
                 );
             }
@@ -590,6 +592,68 @@ fn each_capability_of_the_unit_is_needed() {
                 p.notes
             );
         }
+    }
+
+    // CAP_SETUID and CAP_SETGID: the reader's workers take the credentials of the process
+    // they read; then the source line of nobody's Python script (which nobody may read) is
+    // shown. Without them a worker reads as the daemon's user and shows no source line.
+    let script_dir = temp_path("setuid-src", "d");
+    fs::create_dir_all(&script_dir).expect("mkdir");
+    let _rm_script = RemoveDirOnDrop(script_dir.clone());
+    fs::set_permissions(&script_dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let script = script_dir.join("spin_owner.py");
+    fs::write(
+        &script,
+        "import time\ndef spin_line():\n    while True: x = sum(range(1000))  # SPIN_MARK\nprint('ready', flush=True)\nspin_line()\n",
+    )
+    .expect("script");
+    let out = Command::new("chown")
+        .args(["-R", &format!("{NOBODY}:{NOBODY}")])
+        .arg(&script_dir)
+        .output()
+        .expect("chown");
+    assert!(out.status.success());
+    // Only nobody may read it: the daemon's own user may not.
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o600)).expect("chmod");
+    for with in [true, false] {
+        let wrap = if with {
+            systemd_like(&caps)
+        } else {
+            systemd_like(&without(&caps, &["CAP_SETUID", "CAP_SETGID"]))
+        };
+        let d = Daemon::start_with(
+            if with { "setuid" } else { "no-setuid" },
+            "[diagnosis]\nstack_sample_ms = 1000\n",
+            &wrap,
+            &[],
+        );
+        let mut py = Command::new("setpriv")
+            .args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}"), "--clear-groups", "--", "/usr/bin/python3"])
+            .arg(&script)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        {
+            use std::io::BufRead;
+            let mut l = String::new();
+            std::io::BufReader::new(py.stdout.as_mut().expect("stdout"))
+                .read_line(&mut l)
+                .expect("ready");
+        }
+        let t = d.snapshot(py.id());
+        let _ = py.kill();
+        let _ = py.wait();
+        let shown = t
+            .stack_sample
+            .as_ref()
+            .into_iter()
+            .flat_map(|s| &s.threads)
+            .flat_map(|th| &th.top_lines)
+            .any(|l| l.source.as_deref().is_some_and(|s| s.contains("SPIN_MARK")));
+        let reader = d.status().reader.expect("reader status");
+        eprintln!("observed: CAP_SETUID/CAP_SETGID {with}: source line shown {shown}; reader {reader:?}");
+        assert!(reader.pid.is_some(), "{reader:?}");
+        assert_eq!(shown, with, "the owner's source line is read exactly when the reader can take its credentials");
     }
 
     // CAP_BPF (and CAP_SYS_ADMIN): nothing can be loaded; one clear error, exit 1.

@@ -183,6 +183,19 @@ pub(super) fn file_stamp(file: Option<&std::fs::File>) -> Option<(u64, i128)> {
     ))
 }
 
+/// A library file the daemon holds open, described for reading it again: by the path the
+/// daemon sees it at, on the host (the process it was found in may be gone).
+pub(super) fn held(lib: &MappedLibrary, file: &std::fs::File) -> MappedLibrary {
+    use std::os::fd::AsRawFd;
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .unwrap_or_else(|_| lib.path.clone());
+    MappedLibrary {
+        path,
+        pid: 0,
+        ..lib.clone()
+    }
+}
+
 /// The status of a library file, before its symbols are known.
 pub(super) fn status_of(lib: &MappedLibrary) -> GpuLibraryStatus {
     GpuLibraryStatus {

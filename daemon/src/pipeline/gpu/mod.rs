@@ -14,7 +14,8 @@ use aya::{
     programs::uprobe::{UProbeAttachPoint, UProbeScope},
 };
 use ethand_common::{
-    GPU_COOKIE_TIME, GpuCallStats, GpuOpDesc, GpuProcState, gpu_dir, gpu_flags, gpu_mem,
+    GPU_COOKIE_GEN_SHIFT, GPU_COOKIE_TIME, GPU_GEN_MASK, GpuCallStats, GpuOpDesc, GpuProcState,
+    gpu_dir, gpu_flags, gpu_mem,
 };
 use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
 use ethand_reader::FileId;
@@ -84,6 +85,11 @@ pub struct GpuProbes {
     opened: HashMap<resolver::Key, (MappedLibrary, std::fs::File)>,
     /// Files found by the start-up look for driver libraries.
     preloaded_keys: HashSet<resolver::Key>,
+    /// Files rewritten in place, their symbols being read again.
+    rewritten_keys: HashSet<resolver::Key>,
+    /// The active generation of the links (`GPU_GEN`; see `ethand_common::GPU_COOKIE_GEN_SHIFT`).
+    generation: u64,
+    generation_map: Option<Array<MapData, u64>>,
 }
 
 impl GpuProbes {
@@ -108,11 +114,17 @@ impl GpuProbes {
             resolver: resolver::Resolver::start(reader),
             opened: HashMap::new(),
             preloaded_keys: HashSet::new(),
+            rewritten_keys: HashSet::new(),
+            generation: 0,
+            generation_map: None,
         };
         info!(uprobe_multi = me.progs.multi(), "GPU/NPU uprobe programs");
-        if let Err(e) = Self::prepare(ebpf, me.progs) {
-            warn!(error = %e, "GPU/NPU uprobes unavailable");
-            me.load_error = Some(e);
+        match Self::prepare(ebpf, me.progs) {
+            Ok(generation) => me.generation_map = Some(generation),
+            Err(e) => {
+                warn!(error = %e, "GPU/NPU uprobes unavailable");
+                me.load_error = Some(e);
+            }
         }
         me
     }
@@ -121,7 +133,7 @@ impl GpuProbes {
         self.progs
     }
 
-    fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<(), String> {
+    fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<Array<MapData, u64>, String> {
         let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(
             ebpf.take_map("GPU_OPS")
                 .ok_or("the BPF object has no GPU_OPS map")?,
@@ -130,10 +142,16 @@ impl GpuProbes {
         for (i, s) in CATALOG.iter().enumerate() {
             ops.set(i as u32, &s.desc, 0).map_err(|e| error_chain(&e))?;
         }
+        let mut generation: Array<MapData, u64> = Array::try_from(
+            ebpf.take_map("GPU_GEN")
+                .ok_or("the BPF object has no GPU_GEN map")?,
+        )
+        .map_err(|e| error_chain(&e))?;
+        generation.set(0, &0, 0).map_err(|e| error_chain(&e))?;
         for name in [progs.entry, progs.ret] {
             uprobes::load(ebpf, name).map_err(|e| e.to_string())?;
         }
-        Ok(())
+        Ok(generation)
     }
 
     pub fn level(&self) -> GpuLevel {
@@ -166,7 +184,13 @@ impl GpuProbes {
             let Some(mut l) = self.libs.remove(&key) else { continue };
             warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
             detach(ebpf, self.progs, &mut l);
-            self.add_library(&l.mapped);
+            // Read again as the daemon holds it: the process it was found in may be gone.
+            let Some(file) = l.file.take() else { continue };
+            let lib = held(&l.mapped, &file);
+            if self.resolver.submit(key.clone(), lib.clone()) {
+                self.rewritten_keys.insert(key.clone());
+                self.opened.insert(key, (lib, file));
+            }
         }
         let only = match changed {
             Some(set) if self.scans % FULL_SCAN_EVERY != 1 && !self.scanner.known.is_empty() => {
@@ -196,7 +220,13 @@ impl GpuProbes {
             let Some((_, file)) = self.opened.remove(&d.key) else { continue };
             let mut l = resolved(&d.lib, file, d.answer);
             if l.status.state != ProbeState::Failed {
-                attach(ebpf, self.progs, &mut l, self.level);
+                attach(ebpf, self.progs, &mut l, self.level, self.generation);
+            }
+            if self.rewritten_keys.remove(&d.key) {
+                l.status.detail = format!(
+                    "rewritten in place on disk: symbols resolved again; {}",
+                    l.status.detail
+                );
             }
             if self.preloaded_keys.contains(&d.key) {
                 if l.status.state == ProbeState::Attached {
@@ -217,6 +247,8 @@ impl GpuProbes {
             return;
         }
         match lib.open() {
+            // Found in a process that has exited since: the next that maps it is asked.
+            Err(_) if lib.pid != 0 && !std::path::Path::new(&format!("/proc/{}", lib.pid)).exists() => {}
             Err(e) => {
                 let l = failed(lib, format!("cannot open it: {e}"));
                 warn!(library = %l.status.host_path, error = %l.status.detail, "runtime library not probed");
@@ -258,20 +290,46 @@ impl GpuProbes {
         }
     }
 
-    /// Switches the level live: detaches everything and re-attaches as the level wants.
+    /// Switches the level live without losing or doubling a call: the new level's links are
+    /// attached first under a new generation (they do not count yet), the generation is
+    /// made active in one map write, and only then are the old links detached.
     pub fn set_level(&mut self, ebpf: &mut Ebpf, level: GpuLevel) -> Result<String, String> {
         if let Some(e) = &self.load_error {
             return Err(format!("GPU/NPU uprobes unavailable: {e}"));
         }
         let old = self.level;
-        self.level = level;
-        for l in self.libs.values_mut() {
-            detach(ebpf, self.progs, l);
+        let generation = (self.generation + 1) & GPU_GEN_MASK;
+        let mut fresh: Vec<(resolver::Key, Lib)> = Vec::new();
+        for (k, l) in &self.libs {
+            // A shadow of the library with no links: attached at the new level.
+            let mut n = Lib {
+                status: l.status.clone(),
+                file: None,
+                runtime: l.runtime,
+                resolved: l.resolved.clone(),
+                links: LibraryLinks::default(),
+                stamp: l.stamp,
+                mapped: l.mapped.clone(),
+            };
             if level != GpuLevel::System && !l.resolved.is_empty() {
-                attach(ebpf, self.progs, l, level);
+                attach_through(ebpf, self.progs, &mut n, level, generation, attach_path(l));
             } else {
-                l.status.state = ProbeState::Disabled;
-                l.status.detail = "gpu level is system".into();
+                n.status.state = ProbeState::Disabled;
+                n.status.detail = "gpu level is system".into();
+            }
+            fresh.push((k.clone(), n));
+        }
+        // From here on only the new links count.
+        if let Some(m) = &mut self.generation_map {
+            m.set(0, &generation, 0).map_err(|e| format!("cannot switch the probes' generation: {}", error_chain(&e)))?;
+        }
+        self.generation = generation;
+        self.level = level;
+        for (k, n) in fresh {
+            if let Some(l) = self.libs.get_mut(&k) {
+                detach(ebpf, self.progs, l);
+                l.links = n.links;
+                l.status = n.status;
             }
         }
         if level != GpuLevel::System {
@@ -436,16 +494,21 @@ fn needs_return(op: u16, level: GpuLevel) -> bool {
         || CATALOG[op as usize].desc.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0
 }
 
-fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
+fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel, generation: u64) {
+    let path = attach_path(l);
+    attach_through(ebpf, progs, l, level, generation, path);
+}
+
+/// Attaches `l`'s probes as `level` wants, through `path`, with links of generation `generation`.
+fn attach_through(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel, generation: u64, path: PathBuf) {
     if level == GpuLevel::System || l.resolved.is_empty() {
         return;
     }
-    let path = attach_path(l);
     let time_flag = if level == GpuLevel::Op {
         GPU_COOKIE_TIME
     } else {
         0
-    };
+    } | (generation << GPU_COOKIE_GEN_SHIFT);
     let entry_points: Vec<UProbeAttachPoint> = l
         .resolved
         .iter()
@@ -464,7 +527,7 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel) {
         .resolved
         .iter()
         .filter(|(op, _)| probed_at(*op, level) && needs_return(*op, level))
-        .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op))))
+        .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op) | (generation << GPU_COOKIE_GEN_SHIFT))))
         .collect();
     let result = l
         .links

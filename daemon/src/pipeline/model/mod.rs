@@ -101,7 +101,14 @@ pub struct Model {
     clk_tck: u64,
     btime_unix_s: u64,
     /// Totals of reclaimed processes, so that per-cgroup and per-device series only grow.
-    departed_cgroups: HashMap<String, snap::CgroupSnapshot>,
+    departed_cgroups: HashMap<String, CgroupSeries>,
+    /// Totals of processes of cgroups beyond `max_cgroups`, once those cgroups' series
+    /// ended: "[other cgroups]" only grows.
+    other_cgroups_departed: snap::CgroupSnapshot,
+    /// How long a cgroup keeps its series after its last process left (ms).
+    pub cgroup_hold_ms: u64,
+    /// Most cgroups with series of their own; later ones are summed in "[other cgroups]".
+    pub max_cgroups: usize,
     departed_blk: BTreeMap<(u32, u32), RawBlk>,
     /// Per process name: what its processes did, charged round by round (`processes` left
     /// 0); at most COMMS_MAX names plus COMM_OTHER.
@@ -124,6 +131,16 @@ pub struct Model {
     pub gpu_stacks: HashMap<u32, crate::pipeline::gpu::sites::Stack>,
     /// Call sites symbolized when a snapshot was built, kept per (process, stack).
     pub site_cache: std::sync::Arc<std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>>,
+}
+
+/// One cgroup's series: the totals of its processes that left the model, when it last had a
+/// process, and whether it is summed in "[other cgroups]" (seen when `max_cgroups` had
+/// series already; it stays there for its whole life, so that no counter goes down).
+#[derive(Clone, Debug, Default)]
+pub(super) struct CgroupSeries {
+    pub departed: snap::CgroupSnapshot,
+    pub last_live_ms: u64,
+    pub other: bool,
 }
 
 /// What the kernel recorded of a process at its exit (lifecycle.rs): all that is known of
@@ -173,6 +190,9 @@ impl Model {
             clk_tck: procinfo::clock_ticks(),
             btime_unix_s: btime,
             departed_cgroups: HashMap::new(),
+            other_cgroups_departed: snap::CgroupSnapshot::default(),
+            cgroup_hold_ms: 300_000,
+            max_cgroups: 1000,
             departed_blk: BTreeMap::new(),
             comm_totals: HashMap::new(),
             now_unix_ms: 0,
@@ -605,7 +625,43 @@ impl Model {
         // Again with this round's exits counted: between rounds the model holds at most
         // max_exited exited processes, whatever the birth rate.
         self.make_room(&mut reclaim, false);
+        self.hold_cgroups(now_unix_ms);
         reclaim
+    }
+
+    /// Enters every cgroup that has a process now (with a series of its own while fewer than
+    /// `max_cgroups` have one, else in "[other cgroups]") and ends the series of those that
+    /// have had none for `cgroup_hold_ms`: cgroups made and removed by the thousand (jobs,
+    /// pods, a user's delegated subtree) leave /metrics, as the processes that left them.
+    fn hold_cgroups(&mut self, now_ms: u64) {
+        let mut own = self.departed_cgroups.values().filter(|c| !c.other).count();
+        for p in self.procs.values() {
+            let name = cgroup_of(p);
+            match self.departed_cgroups.get_mut(&name) {
+                Some(c) => c.last_live_ms = now_ms,
+                None => {
+                    let other = own >= self.max_cgroups;
+                    own += usize::from(!other);
+                    self.departed_cgroups.insert(
+                        name,
+                        CgroupSeries {
+                            last_live_ms: now_ms,
+                            other,
+                            ..CgroupSeries::default()
+                        },
+                    );
+                }
+            }
+        }
+        let hold = self.cgroup_hold_ms;
+        let other = &mut self.other_cgroups_departed;
+        self.departed_cgroups.retain(|_, c| {
+            let keep = now_ms.saturating_sub(c.last_live_ms) <= hold;
+            if !keep && c.other {
+                add_cgroup(other, &c.departed);
+            }
+            keep
+        });
     }
 
     /// Removes a process from the model (its kernel entries go with it).
@@ -656,9 +712,16 @@ impl Model {
     fn depart(&mut self, p: &mut Proc) {
         let c = charge_comm(&mut self.comm_totals, p, &p.totals());
         c.exited += 1;
-        let cg = self.departed_cgroups.entry(cgroup_of(p)).or_default();
+        let now = self.now_unix_ms;
+        let own = self.departed_cgroups.values().filter(|c| !c.other).count();
+        let max = self.max_cgroups;
+        let cg = self.departed_cgroups.entry(cgroup_of(p)).or_insert_with(|| CgroupSeries {
+            last_live_ms: now,
+            other: own >= max,
+            ..CgroupSeries::default()
+        });
         let snap = cgroup_totals(p);
-        add_cgroup(cg, &snap);
+        add_cgroup(&mut cg.departed, &snap);
         for (k, b) in &p.blk {
             add_blk(self.departed_blk.entry(*k).or_default(), b);
         }

@@ -4,16 +4,42 @@ use super::*;
 
 impl Model {
     /// Per cgroup totals: processes in the model plus departed ones.
+    /// Per cgroup totals: every cgroup with a process, and those whose last one left within
+    /// `cgroup_hold_ms`; beyond `max_cgroups` of them, the rest summed in
+    /// [`snap::CGROUP_OTHER`].
     pub fn cgroups(&self) -> Vec<snap::CgroupSnapshot> {
         let mut m: BTreeMap<String, snap::CgroupSnapshot> = self
             .departed_cgroups
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .filter(|(_, c)| !c.other)
+            .map(|(k, c)| (k.clone(), c.departed.clone()))
             .collect();
+        let mut other = self.other_cgroups_departed.clone();
+        let mut other_seen = other != snap::CgroupSnapshot::default();
+        for c in self.departed_cgroups.values().filter(|c| c.other) {
+            add_cgroup(&mut other, &c.departed);
+            other_seen = true;
+        }
+        let mut own = m.len();
         for p in self.procs.values() {
-            let cg = m.entry(cgroup_of(p)).or_default();
+            let name = cgroup_of(p);
+            // A cgroup new since the last round is placed as the next round will place it.
+            let to_other = match self.departed_cgroups.get(&name) {
+                Some(c) => c.other,
+                None => !m.contains_key(&name) && own >= self.max_cgroups,
+            };
+            let cg = if to_other {
+                other_seen = true;
+                &mut other
+            } else {
+                own += usize::from(!m.contains_key(&name));
+                m.entry(name).or_default()
+            };
             add_cgroup(cg, &cgroup_totals(p));
             cg.processes += 1;
+        }
+        if other_seen {
+            m.insert(snap::CGROUP_OTHER.to_string(), other);
         }
         m.into_iter()
             .map(|(k, mut v)| {
