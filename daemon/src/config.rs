@@ -488,7 +488,12 @@ impl Config {
             p.max_connections,
         )?;
         in_range("prometheus.timeout_ms", p.timeout_ms, 100, 600_000)?;
-        in_range("prometheus.cgroup_hold_seconds", p.cgroup_hold_seconds, 0, 86_400)?;
+        in_range(
+            "prometheus.cgroup_hold_seconds",
+            p.cgroup_hold_seconds,
+            0,
+            86_400,
+        )?;
         in_range("prometheus.max_cgroups", p.max_cgroups, 1, 1_000_000)?;
         if let Some(c) = p.comms.iter().find(|c| c.is_empty() || c.len() > 15) {
             return Err((
@@ -537,11 +542,26 @@ impl Config {
             u64::from(m.gpu_sites),
         )?;
         let r = &self.reader;
-        in_range("reader.memory_max_bytes", r.memory_max_bytes, 16 << 20, 16 << 30)?;
+        in_range(
+            "reader.memory_max_bytes",
+            r.memory_max_bytes,
+            16 << 20,
+            16 << 30,
+        )?;
         in_range("reader.cpu_max_seconds", r.cpu_max_seconds, 1, 86_400)?;
         in_range("reader.max_workers", u64::from(r.max_workers), 1, 64)?;
-        in_range("reader.symbolize_timeout_ms", r.symbolize_timeout_ms, 100, 60_000)?;
-        in_range("reader.python_read_timeout_ms", r.python_read_timeout_ms, 10, 60_000)?;
+        in_range(
+            "reader.symbolize_timeout_ms",
+            r.symbolize_timeout_ms,
+            100,
+            60_000,
+        )?;
+        in_range(
+            "reader.python_read_timeout_ms",
+            r.python_read_timeout_ms,
+            10,
+            60_000,
+        )?;
         self.validate_otlp()?;
         self.attribution.validate()?;
         for (name, tp) in &self.probes.tracepoints {

@@ -30,7 +30,11 @@ pub fn status(s: &SelfStatus) -> String {
             o,
             "last collection round: {} ago{}",
             ethand_exporters::format::duration_ns_u(age.saturating_mul(1_000_000)),
-            if age > 10 * 1000 { " (STALE: the collection loop is behind or stopped)" } else { "" }
+            if age > 10 * 1000 {
+                " (STALE: the collection loop is behind or stopped)"
+            } else {
+                ""
+            }
         );
     }
     if let Some(r) = &s.reader {

@@ -19,7 +19,10 @@ use ethand_snapshot::stacks::Frame;
 use ethand_userspace_probes::{MappedLibrary, catalog::CatalogSymbols};
 
 use crate::{
-    proto::{self, ControlReply, FileId, OpenSession, Owner, Reply, Request, SymStack, ThreadStack, WireError},
+    proto::{
+        self, ControlReply, FileId, OpenSession, Owner, Reply, Request, SymStack, ThreadStack,
+        WireError,
+    },
     supervisor::Args,
 };
 
@@ -84,7 +87,10 @@ impl Reader {
             .spawn()?;
         let pid = child.id();
         Ok(Self {
-            control: Mutex::new(Control { stream: mine, child }),
+            control: Mutex::new(Control {
+                stream: mine,
+                child,
+            }),
             blamed: Arc::default(),
             stats: Arc::default(),
             pid,
@@ -101,13 +107,27 @@ impl Reader {
     pub fn session(&self, pid: u32, start_ticks: Option<u64>) -> Result<Session, ReaderError> {
         let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
         if let Ok(Some(status)) = c.child.try_wait() {
-            return Err(ReaderError::Unavailable(format!("the supervisor exited ({status})")));
+            return Err(ReaderError::Unavailable(format!(
+                "the supervisor exited ({status})"
+            )));
         }
         let deadline = Instant::now() + OPEN_TIMEOUT;
-        let sent = proto::send(&mut c.stream, &OpenSession { pid, start_ticks }, Some(deadline));
-        let got = sent.and_then(|()| proto::recv_with_fd::<ControlReply>(&mut c.stream, Some(deadline)));
+        let sent = proto::send(
+            &mut c.stream,
+            &OpenSession { pid, start_ticks },
+            Some(deadline),
+        );
+        let got =
+            sent.and_then(|()| proto::recv_with_fd::<ControlReply>(&mut c.stream, Some(deadline)));
         match got {
-            Ok((ControlReply::Opened { worker_pid, owner, as_owner }, Some(fd))) => {
+            Ok((
+                ControlReply::Opened {
+                    worker_pid,
+                    owner,
+                    as_owner,
+                },
+                Some(fd),
+            )) => {
                 self.stats.sessions.fetch_add(1, Ordering::Relaxed);
                 Ok(Session {
                     stream: UnixStream::from(fd),
@@ -119,7 +139,9 @@ impl Reader {
                     stats: self.stats.clone(),
                 })
             }
-            Ok((ControlReply::Opened { .. }, None)) => Err(ReaderError::Failed("the supervisor sent no session".into())),
+            Ok((ControlReply::Opened { .. }, None)) => {
+                Err(ReaderError::Failed("the supervisor sent no session".into()))
+            }
             Ok((ControlReply::Refused(why), _)) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 Err(ReaderError::Refused(why))
@@ -145,7 +167,11 @@ impl Reader {
         lib: &MappedLibrary,
         deadline: Duration,
     ) -> Result<(FileId, CatalogSymbols, usize), ReaderError> {
-        let pid = if lib.pid == 0 { std::process::id() } else { lib.pid };
+        let pid = if lib.pid == 0 {
+            std::process::id()
+        } else {
+            lib.pid
+        };
         self.session(pid, None)?.elf_symbols(lib, deadline)
     }
 
@@ -203,10 +229,12 @@ pub const NO_READER: &str = "no reader";
 
 /// Whether a stack's frames were left unresolved by a failed request (not by their files).
 pub fn is_transient(stack: &SymStack) -> bool {
-    stack
-        .frames
-        .iter()
-        .any(|f| matches!(f.unresolved.as_deref(), Some(TIMED_OUT | FAILED | NO_READER)))
+    stack.frames.iter().any(|f| {
+        matches!(
+            f.unresolved.as_deref(),
+            Some(TIMED_OUT | FAILED | NO_READER)
+        )
+    })
 }
 
 impl Drop for Reader {
@@ -276,10 +304,12 @@ impl Session {
         }
         let until = Instant::now() + deadline + MARGIN;
         let mut parsing: Option<(FileId, String)> = None;
-        let r = proto::send(&mut self.stream, req, Some(until)).and_then(|()| loop {
-            match proto::recv::<Reply>(&mut self.stream, Some(until)) {
-                Ok(Reply::Parsing { file, name }) => parsing = Some((file, name)),
-                other => break other,
+        let r = proto::send(&mut self.stream, req, Some(until)).and_then(|()| {
+            loop {
+                match proto::recv::<Reply>(&mut self.stream, Some(until)) {
+                    Ok(Reply::Parsing { file, name }) => parsing = Some((file, name)),
+                    other => break other,
+                }
             }
         });
         match r {
@@ -339,7 +369,9 @@ impl Session {
             deadline_ms: opts.deadline.as_millis() as u64,
         };
         match self.call(&req, opts.deadline)? {
-            Reply::Symbolized { stacks: got, notes } if got.len() == stacks.len() => Ok((got, notes)),
+            Reply::Symbolized { stacks: got, notes } if got.len() == stacks.len() => {
+                Ok((got, notes))
+            }
             other => Err(ReaderError::Failed(format!("unexpected answer {other:?}"))),
         }
     }
@@ -365,7 +397,12 @@ impl Session {
     }
 
     /// Starts reading `pid`'s Python interpreter; its version.
-    pub fn python_open(&mut self, pid: u32, start_ticks: Option<u64>, deadline: Duration) -> Result<String, ReaderError> {
+    pub fn python_open(
+        &mut self,
+        pid: u32,
+        start_ticks: Option<u64>,
+        deadline: Duration,
+    ) -> Result<String, ReaderError> {
         let req = Request::PythonOpen {
             pid,
             start_ticks,
@@ -405,7 +442,11 @@ impl Session {
     }
 
     /// Every Python thread's stack of `pid` (opened before) now.
-    pub fn python_stacks(&mut self, pid: u32, deadline: Duration) -> Result<Vec<ThreadStack>, ReaderError> {
+    pub fn python_stacks(
+        &mut self,
+        pid: u32,
+        deadline: Duration,
+    ) -> Result<Vec<ThreadStack>, ReaderError> {
         let req = Request::PythonStacks {
             pid,
             deadline_ms: deadline.as_millis() as u64,

@@ -13,7 +13,11 @@ use crate::{proto::FileId, symbolize::file_id};
 
 /// (the file read, its catalog symbols, defined functions in it) of the file `vma` maps,
 /// inside the root of `pid` (0: the host's).
-pub fn catalog_symbols(pid: u32, vma: &Vma, runtime: Runtime) -> Result<(FileId, CatalogSymbols, usize), String> {
+pub fn catalog_symbols(
+    pid: u32,
+    vma: &Vma,
+    runtime: Runtime,
+) -> Result<(FileId, CatalogSymbols, usize), String> {
     let root = if pid == 0 {
         procmaps::host_root()
     } else {
@@ -46,5 +50,9 @@ pub fn catalog_symbols(pid: u32, vma: &Vma, runtime: Runtime) -> Result<(FileId,
     // SAFETY: unmaps what was mapped above; `bytes` is not used after.
     unsafe { rustix::mm::munmap(data, len) }.ok();
     let table = table.map_err(|e| format!("not a 64-bit ELF shared object: {e}"))?;
-    Ok((id, CatalogSymbols::resolve(&table, runtime), table.functions_seen()))
+    Ok((
+        id,
+        CatalogSymbols::resolve(&table, runtime),
+        table.functions_seen(),
+    ))
 }

@@ -11,7 +11,9 @@ pub const MAX_GROUPS: usize = 1024;
 
 fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
     let mut s = String::new();
-    std::fs::File::open(path)?.take(max).read_to_string(&mut s)?;
+    std::fs::File::open(path)?
+        .take(max)
+        .read_to_string(&mut s)?;
     Ok(s)
 }
 
@@ -70,7 +72,8 @@ mod tests {
 
     #[test]
     fn status_gives_the_filesystem_ids_and_groups() {
-        let s = "Name:\tx\nUid:\t1000\t1000\t1000\t1001\nGid:\t100\t100\t100\t101\nGroups:\t4 24 27 \n";
+        let s =
+            "Name:\tx\nUid:\t1000\t1000\t1000\t1001\nGid:\t100\t100\t100\t101\nGroups:\t4 24 27 \n";
         assert_eq!(
             parse_status(s),
             Some(Owner {

@@ -123,14 +123,19 @@ pub enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     /// About to parse this file: if the worker dies now, this file is why.
-    Parsing { file: FileId, name: String },
+    Parsing {
+        file: FileId,
+        name: String,
+    },
     Symbolized {
         stacks: Vec<SymStack>,
         /// One line per file that could not be read or parsed, and why.
         notes: Vec<String>,
     },
     Lines(Vec<Option<String>>),
-    PythonOpened { version: String },
+    PythonOpened {
+        version: String,
+    },
     PythonStacks(Vec<ThreadStack>),
     ElfSymbols {
         /// The file that was read.
@@ -220,7 +225,11 @@ fn wait(fd: BorrowedFd<'_>, write: bool, deadline: Option<Instant>) -> Result<()
     }
 }
 
-fn read_exact(s: &mut UnixStream, mut buf: &mut [u8], deadline: Option<Instant>) -> Result<(), WireError> {
+fn read_exact(
+    s: &mut UnixStream,
+    mut buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> Result<(), WireError> {
     while !buf.is_empty() {
         wait(s.as_fd(), false, deadline)?;
         match s.read(buf) {
@@ -237,7 +246,11 @@ fn read_exact(s: &mut UnixStream, mut buf: &mut [u8], deadline: Option<Instant>)
     Ok(())
 }
 
-fn write_all(s: &mut UnixStream, mut buf: &[u8], deadline: Option<Instant>) -> Result<(), WireError> {
+fn write_all(
+    s: &mut UnixStream,
+    mut buf: &[u8],
+    deadline: Option<Instant>,
+) -> Result<(), WireError> {
     while !buf.is_empty() {
         wait(s.as_fd(), true, deadline)?;
         match s.write(buf) {
@@ -253,7 +266,11 @@ fn write_all(s: &mut UnixStream, mut buf: &[u8], deadline: Option<Instant>) -> R
 }
 
 /// Sends one message: its length (u32, little-endian), then its JSON.
-pub fn send<T: Serialize>(s: &mut UnixStream, msg: &T, deadline: Option<Instant>) -> Result<(), WireError> {
+pub fn send<T: Serialize>(
+    s: &mut UnixStream,
+    msg: &T,
+    deadline: Option<Instant>,
+) -> Result<(), WireError> {
     let body = serde_json::to_vec(msg).map_err(|e| WireError::Malformed(e.to_string()))?;
     if body.len() > MAX_MESSAGE {
         return Err(WireError::TooLarge(body.len()));
@@ -265,7 +282,10 @@ pub fn send<T: Serialize>(s: &mut UnixStream, msg: &T, deadline: Option<Instant>
 }
 
 /// Receives one message, refusing one over [`MAX_MESSAGE`] before reading it.
-pub fn recv<T: DeserializeOwned>(s: &mut UnixStream, deadline: Option<Instant>) -> Result<T, WireError> {
+pub fn recv<T: DeserializeOwned>(
+    s: &mut UnixStream,
+    deadline: Option<Instant>,
+) -> Result<T, WireError> {
     let mut len = [0u8; 4];
     read_exact(s, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -278,7 +298,11 @@ pub fn recv<T: DeserializeOwned>(s: &mut UnixStream, deadline: Option<Instant>) 
 }
 
 /// Sends one message with a descriptor attached to its first byte.
-pub fn send_with_fd<T: Serialize>(s: &mut UnixStream, msg: &T, fd: Option<BorrowedFd<'_>>) -> Result<(), WireError> {
+pub fn send_with_fd<T: Serialize>(
+    s: &mut UnixStream,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<(), WireError> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
     let body = serde_json::to_vec(msg).map_err(|e| WireError::Malformed(e.to_string()))?;
     if body.len() > MAX_MESSAGE {
@@ -294,7 +318,12 @@ pub fn send_with_fd<T: Serialize>(s: &mut UnixStream, msg: &T, fd: Option<Borrow
     }
     // The length and the descriptor first, in one call; the body after.
     let n = loop {
-        match sendmsg(&*s, &[IoSlice::new(&len)], &mut control, SendFlags::NOSIGNAL) {
+        match sendmsg(
+            &*s,
+            &[IoSlice::new(&len)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
             Ok(n) => break n,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(std::io::Error::from(e).into()),
@@ -315,7 +344,12 @@ pub fn recv_with_fd<T: DeserializeOwned>(
     let mut control = RecvAncillaryBuffer::new(&mut space);
     wait(s.as_fd(), false, deadline)?;
     let got = loop {
-        match recvmsg(&*s, &mut [IoSliceMut::new(&mut len)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+        match recvmsg(
+            &*s,
+            &mut [IoSliceMut::new(&mut len)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
             Ok(r) => break r.bytes,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(std::io::Error::from(e).into()),
@@ -353,11 +387,24 @@ mod tests {
     #[test]
     fn messages_round_trip_with_and_without_descriptors() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
-        send(&mut a, &OpenSession { pid: 7, start_ticks: Some(9) }, None).unwrap();
+        send(
+            &mut a,
+            &OpenSession {
+                pid: 7,
+                start_ticks: Some(9),
+            },
+            None,
+        )
+        .unwrap();
         let m: OpenSession = recv(&mut b, Some(Instant::now() + Duration::from_secs(1))).unwrap();
         assert_eq!((m.pid, m.start_ticks), (7, Some(9)));
         let (x, _y) = UnixStream::pair().unwrap();
-        send_with_fd(&mut a, &ControlReply::Refused("busy".into()), Some(x.as_fd())).unwrap();
+        send_with_fd(
+            &mut a,
+            &ControlReply::Refused("busy".into()),
+            Some(x.as_fd()),
+        )
+        .unwrap();
         let (r, fd): (ControlReply, _) = recv_with_fd(&mut b, None).unwrap();
         assert!(matches!(r, ControlReply::Refused(s) if s == "busy"));
         assert!(fd.is_some());
@@ -367,7 +414,10 @@ mod tests {
     fn oversized_and_late_messages_are_refused_before_allocation() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         a.write_all(&u32::MAX.to_le_bytes()).unwrap();
-        assert!(matches!(recv::<Reply>(&mut b, None), Err(WireError::TooLarge(_))));
+        assert!(matches!(
+            recv::<Reply>(&mut b, None),
+            Err(WireError::TooLarge(_))
+        ));
         let (_a, mut b) = UnixStream::pair().unwrap();
         let t0 = Instant::now();
         assert!(matches!(
@@ -376,7 +426,10 @@ mod tests {
         ));
         assert!(t0.elapsed() < Duration::from_secs(2));
         drop(_a);
-        assert!(matches!(recv::<Reply>(&mut b, None), Err(WireError::Closed)));
+        assert!(matches!(
+            recv::<Reply>(&mut b, None),
+            Err(WireError::Closed)
+        ));
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub fn looks_like_python(pid: u32) -> bool {
 }
 
 fn is_libpython(name: &[u8]) -> bool {
-    name.windows(b"/libpython".len()).any(|w| w == b"/libpython")
+    name.windows(b"/libpython".len())
+        .any(|w| w == b"/libpython")
 }
 
 /// The open interpreters of a worker, by pid.
@@ -58,8 +59,12 @@ impl Pythons {
             include_idle: true,
             ..py_spy::Config::default()
         };
-        let spy = py_spy::PythonSpy::new(pid as py_spy::Pid, &config)
-            .map_err(|e| cut(format!("cannot read the Python interpreter of process {pid}: {e:#}"), 2 * MAX_NAME))?;
+        let spy = py_spy::PythonSpy::new(pid as py_spy::Pid, &config).map_err(|e| {
+            cut(
+                format!("cannot read the Python interpreter of process {pid}: {e:#}"),
+                2 * MAX_NAME,
+            )
+        })?;
         let version = spy.version.to_string();
         self.spies.insert(pid, spy);
         Ok(version)
@@ -71,9 +76,12 @@ impl Pythons {
             .spies
             .get_mut(&pid)
             .ok_or_else(|| format!("process {pid} was not opened"))?;
-        let traces = spy
-            .get_stack_traces()
-            .map_err(|e| cut(format!("reading the Python stacks of process {pid} failed: {e:#}"), 2 * MAX_NAME))?;
+        let traces = spy.get_stack_traces().map_err(|e| {
+            cut(
+                format!("reading the Python stacks of process {pid} failed: {e:#}"),
+                2 * MAX_NAME,
+            )
+        })?;
         Ok(traces
             .into_iter()
             .take(MAX_THREADS)
@@ -107,7 +115,8 @@ fn check_libraries(pid: u32) -> Result<(), String> {
     if libs.is_empty() {
         return Ok(());
     }
-    let root = procmaps::open_root(pid).map_err(|e| format!("cannot open the root of process {pid}: {e}"))?;
+    let root = procmaps::open_root(pid)
+        .map_err(|e| format!("cannot open the root of process {pid}: {e}"))?;
     for v in libs {
         let name = cut(String::from_utf8_lossy(&v.name).into_owned(), MAX_NAME);
         if v.name.contains(&b'\n') {

@@ -72,7 +72,11 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     use rustix::thread as t;
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
-    rlimit(Resource::Data, limits.memory_max_bytes, limits.memory_max_bytes)?;
+    rlimit(
+        Resource::Data,
+        limits.memory_max_bytes,
+        limits.memory_max_bytes,
+    )?;
     rlimit(
         Resource::Cpu,
         limits.cpu_max_seconds,
@@ -225,7 +229,8 @@ fn allowed(session_fd: i32) -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
     // the worker were made to open one.
     let fd_is = |fd: u64| {
         SeccompRule::new(vec![
-            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd).expect("condition"),
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd)
+                .expect("condition"),
         ])
         .expect("rule")
     };
@@ -252,13 +257,8 @@ fn allowed(session_fd: i32) -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
         libc::SYS_ioctl,
         vec![
             SeccompRule::new(vec![
-                SeccompCondition::new(
-                    1,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::Eq,
-                    PROCMAP_QUERY,
-                )
-                .expect("condition"),
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, PROCMAP_QUERY)
+                    .expect("condition"),
             ])
             .expect("rule"),
         ],

@@ -118,7 +118,10 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let roots = Roots::of(std::process::id()).unwrap();
         let p = dir.join("t.py");
-        assert_eq!(line(&roots, p.to_str().unwrap(), 2).as_deref(), Some("b = 2"));
+        assert_eq!(
+            line(&roots, p.to_str().unwrap(), 2).as_deref(),
+            Some("b = 2")
+        );
         // A FIFO is refused at once, never opened.
         let t0 = std::time::Instant::now();
         assert_eq!(line(&roots, dir.join("fifo.py").to_str().unwrap(), 1), None);

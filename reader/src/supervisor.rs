@@ -51,8 +51,13 @@ impl Args {
         let mut a = Self::default();
         let (mut uid, mut gid, mut groups) = (None, None, Vec::new());
         for arg in args {
-            let (k, v) = arg.split_once('=').ok_or_else(|| format!("bad argument {arg:?}"))?;
-            let num = || v.parse::<u64>().map_err(|_| format!("bad number in {arg:?}"));
+            let (k, v) = arg
+                .split_once('=')
+                .ok_or_else(|| format!("bad argument {arg:?}"))?;
+            let num = || {
+                v.parse::<u64>()
+                    .map_err(|_| format!("bad number in {arg:?}"))
+            };
             match k {
                 "--memory-max" => a.limits.memory_max_bytes = num()?,
                 "--cpu-max" => a.limits.cpu_max_seconds = num()?,
@@ -98,7 +103,10 @@ fn reduce(user: Option<&(u32, u32, Vec<u32>)>) -> Result<(), String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != *uid {
             t::set_keep_capabilities(true).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-            let g: Vec<rustix::fs::Gid> = groups.iter().map(|g| rustix::fs::Gid::from_raw(*g)).collect();
+            let g: Vec<rustix::fs::Gid> = groups
+                .iter()
+                .map(|g| rustix::fs::Gid::from_raw(*g))
+                .collect();
             t::set_thread_groups(&g).map_err(|e| format!("setgroups: {e}"))?;
             let gid = rustix::fs::Gid::from_raw(*gid);
             t::set_thread_res_gid(gid, gid, gid).map_err(|e| format!("setresgid: {e}"))?;
@@ -126,8 +134,20 @@ fn reduce(user: Option<&(u32, u32, Vec<u32>)>) -> Result<(), String> {
 pub fn main(args: Args) -> u8 {
     // SAFETY: prctl with integer arguments and a NUL-terminated name; getppid.
     unsafe {
-        libc::prctl(libc::PR_SET_NAME, c"ethand-reader".as_ptr() as libc::c_ulong, 0, 0, 0);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"ethand-reader".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
         if libc::getppid() == 1 {
             return 1;
         }
@@ -151,14 +171,15 @@ pub fn main(args: Args) -> u8 {
         if n <= 0 {
             continue;
         }
-        let req: OpenSession = match proto::recv(&mut control, Some(Instant::now() + Duration::from_secs(5))) {
-            Ok(r) => r,
-            Err(WireError::Malformed(e)) => {
-                eprintln!("ethand reader: bad request: {e}");
-                return 2;
-            }
-            Err(_) => return 0,
-        };
+        let req: OpenSession =
+            match proto::recv(&mut control, Some(Instant::now() + Duration::from_secs(5))) {
+                Ok(r) => r,
+                Err(WireError::Malformed(e)) => {
+                    eprintln!("ethand reader: bad request: {e}");
+                    return 2;
+                }
+                Err(_) => return 0,
+            };
         reap(&mut workers);
         let (reply, fd) = open(&req, &args.limits, &mut workers, &control);
         let sent = proto::send_with_fd(&mut control, &reply, fd.as_ref().map(|f| f.as_fd()));
@@ -179,16 +200,29 @@ fn reap(workers: &mut Vec<i32>) {
     });
 }
 
-fn open(req: &OpenSession, limits: &Limits, workers: &mut Vec<i32>, control: &UnixStream) -> (ControlReply, Option<OwnedFd>) {
+fn open(
+    req: &OpenSession,
+    limits: &Limits,
+    workers: &mut Vec<i32>,
+    control: &UnixStream,
+) -> (ControlReply, Option<OwnedFd>) {
     if workers.len() >= limits.max_workers as usize {
         return (
-            ControlReply::Refused(format!("busy: {} readers already running (reader.max_workers)", workers.len())),
+            ControlReply::Refused(format!(
+                "busy: {} readers already running (reader.max_workers)",
+                workers.len()
+            )),
             None,
         );
     }
     let owner = match owner::owner_of(req.pid) {
         Ok(o) => o,
-        Err(e) => return (ControlReply::Refused(format!("process {}: {e}", req.pid)), None),
+        Err(e) => {
+            return (
+                ControlReply::Refused(format!("process {}: {e}", req.pid)),
+                None,
+            );
+        }
     };
     if let Err(e) = owner::check_start(req.pid, req.start_ticks) {
         return (ControlReply::Refused(e), None);
@@ -197,8 +231,10 @@ fn open(req: &OpenSession, limits: &Limits, workers: &mut Vec<i32>, control: &Un
         Ok(p) => p,
         Err(e) => return (ControlReply::Refused(format!("socketpair: {e}")), None),
     };
-    let as_owner = rustix::thread::capabilities(None)
-        .is_ok_and(|c| c.effective.contains(CapabilitySet::SETUID | CapabilitySet::SETGID));
+    let as_owner = rustix::thread::capabilities(None).is_ok_and(|c| {
+        c.effective
+            .contains(CapabilitySet::SETUID | CapabilitySet::SETGID)
+    });
     // SAFETY: the supervisor is single-threaded; the child only closes descriptors, enters
     // its sandbox and serves its socket.
     let pid = unsafe { libc::fork() };

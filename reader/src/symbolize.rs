@@ -43,7 +43,10 @@ pub fn file_id(f: &File) -> Option<FileId> {
         dev_minor: libc::minor(m.dev()),
         inode: m.ino(),
         size: m.size(),
-        mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+        mtime_ns: m
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(m.mtime_nsec()),
     })
 }
 
@@ -57,10 +60,15 @@ fn module_name(v: &Vma) -> String {
 
 /// Symbolizes `job`; `parsing` is told each file before it is parsed. Returns the stacks
 /// and one note per file that could not be used.
-pub fn run(job: Job<'_>, mut parsing: impl FnMut(FileId, &str)) -> Result<(Vec<SymStack>, Vec<String>), String> {
+pub fn run(
+    job: Job<'_>,
+    mut parsing: impl FnMut(FileId, &str),
+) -> Result<(Vec<SymStack>, Vec<String>), String> {
     let pid = job.pid;
-    let mut maps = ProcMaps::open(pid).map_err(|e| format!("cannot read the mappings of process {pid}: {e}"))?;
-    let roots = Roots::of(pid).map_err(|e| format!("cannot open the root of process {pid}: {e}"))?;
+    let mut maps = ProcMaps::open(pid)
+        .map_err(|e| format!("cannot read the mappings of process {pid}: {e}"))?;
+    let roots =
+        Roots::of(pid).map_err(|e| format!("cannot open the root of process {pid}: {e}"))?;
     // A return address is the instruction after the call: look up the call itself.
     let lookups: Vec<Vec<u64>> = job
         .stacks
@@ -100,7 +108,9 @@ pub fn run(job: Job<'_>, mut parsing: impl FnMut(FileId, &str)) -> Result<(Vec<S
     let mut by_file: BTreeMap<(u32, u32, u64), Wanted> = BTreeMap::new();
     let mut unusable: HashMap<(u32, u32, u64), String> = HashMap::new();
     for (&a, i) in &where_ {
-        let Some(v) = i.map(|i| &vmas[i]) else { continue };
+        let Some(v) = i.map(|i| &vmas[i]) else {
+            continue;
+        };
         if !v.is_file() {
             continue;
         }
@@ -136,7 +146,9 @@ pub fn run(job: Job<'_>, mut parsing: impl FnMut(FileId, &str)) -> Result<(Vec<S
     for (key, (f, name, mut offsets)) in by_file {
         let Some(id) = file_id(&f) else { continue };
         if job.skip.contains(&id) {
-            notes.push(format!("{name}: not parsed: it made the reader fail before"));
+            notes.push(format!(
+                "{name}: not parsed: it made the reader fail before"
+            ));
             unusable.insert(key, "not parsed: it made the reader fail before".into());
             continue;
         }
@@ -158,11 +170,17 @@ pub fn run(job: Job<'_>, mut parsing: impl FnMut(FileId, &str)) -> Result<(Vec<S
                                     Some(d) => d.join(&*ci.file),
                                     None => PathBuf::from(&*ci.file),
                                 };
-                                (Some(cut(p.to_string_lossy().into_owned(), MAX_NAME)), ci.line)
+                                (
+                                    Some(cut(p.to_string_lossy().into_owned(), MAX_NAME)),
+                                    ci.line,
+                                )
                             }
                             None => (None, None),
                         };
-                        syms.insert((key, *off), (Some(cut(sym.name.into_owned(), MAX_NAME)), file, line));
+                        syms.insert(
+                            (key, *off),
+                            (Some(cut(sym.name.into_owned(), MAX_NAME)), file, line),
+                        );
                     }
                 }
             }
@@ -238,7 +256,11 @@ fn open_for(roots: &Roots, v: &Vma, as_owner: bool) -> Result<File, String> {
     let f = procmaps::open_mapped(&roots.root, v).map_err(|e| e.to_string())?;
     if !as_owner {
         use std::os::unix::fs::PermissionsExt;
-        let mode = f.metadata().map_err(|e| e.to_string())?.permissions().mode();
+        let mode = f
+            .metadata()
+            .map_err(|e| e.to_string())?
+            .permissions()
+            .mode();
         if mode & 0o004 == 0 {
             return Err("not read: the reader could not take the process owner's credentials and the file is not world-readable".into());
         }

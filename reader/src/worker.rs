@@ -23,7 +23,11 @@ pub fn run(mut session: UnixStream, owner: Owner, limits: &Limits) -> ! {
     let entered = match sandbox::enter(&owner, limits, session.as_raw_fd()) {
         Ok(e) => e,
         Err(e) => {
-            let _ = proto::send(&mut session, &Reply::Error(format!("the reader could not enter its sandbox: {e}")), None);
+            let _ = proto::send(
+                &mut session,
+                &Reply::Error(format!("the reader could not enter its sandbox: {e}")),
+                None,
+            );
             exit(1);
         }
     };
@@ -51,12 +55,20 @@ fn check(pid: u32, start: Option<u64>, owner: &Owner) -> Result<(), String> {
     owner::check_start(pid, start)?;
     match owner::owner_of(pid) {
         Ok(o) if o == *owner => Ok(()),
-        Ok(_) => Err(format!("process {pid} belongs to another user than this reader's")),
+        Ok(_) => Err(format!(
+            "process {pid} belongs to another user than this reader's"
+        )),
         Err(e) => Err(format!("process {pid}: {e}")),
     }
 }
 
-fn serve(req: Request, owner: &Owner, as_owner: bool, pythons: &mut Pythons, session: &mut UnixStream) -> Reply {
+fn serve(
+    req: Request,
+    owner: &Owner,
+    as_owner: bool,
+    pythons: &mut Pythons,
+    session: &mut UnixStream,
+) -> Reply {
     let arm = |ms: u64| sandbox::deadline(Some(ms.clamp(1, MAX_DEADLINE_MS)));
     match req {
         Request::Symbolize {

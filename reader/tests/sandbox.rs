@@ -12,7 +12,11 @@ use std::{
 use ethand_reader::{Reader, SymbolizeOptions, supervisor::Args};
 
 fn reader() -> Reader {
-    Reader::spawn(Command::new(env!("CARGO_BIN_EXE_ethand-reader")), &Args::default()).expect("spawn the supervisor")
+    Reader::spawn(
+        Command::new(env!("CARGO_BIN_EXE_ethand-reader")),
+        &Args::default(),
+    )
+    .expect("spawn the supervisor")
 }
 
 fn me() -> (u32, Option<u64>) {
@@ -84,8 +88,16 @@ fn own_functions_are_named_and_the_worker_is_boxed() {
     let out = r.symbolize(pid, start, &[vec![addr + 1, 0x10]], opts(false));
     assert_eq!(out.stacks.len(), 1, "{:?}", out.notes);
     let f = &out.stacks[0].frames[0];
-    assert_eq!(f.function.as_deref(), Some("ethand_reader_test_marker"), "{f:?} {:?}", out.notes);
-    assert!(f.module.as_deref().is_some_and(|m| m.contains("sandbox")), "{f:?}");
+    assert_eq!(
+        f.function.as_deref(),
+        Some("ethand_reader_test_marker"),
+        "{f:?} {:?}",
+        out.notes
+    );
+    assert!(
+        f.module.as_deref().is_some_and(|m| m.contains("sandbox")),
+        "{f:?}"
+    );
     // An address in no mapping keeps its value.
     assert_eq!(out.stacks[0].frames[1].module, None);
 
@@ -115,7 +127,11 @@ fn own_functions_are_named_and_the_worker_is_boxed() {
     assert_eq!(eff & !(1 << 19), 0, "only CAP_SYS_PTRACE may stay: {eff:x}");
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    assert!(field("Uid:").split_whitespace().all(|u| u == uid.to_string()));
+    assert!(
+        field("Uid:")
+            .split_whitespace()
+            .all(|u| u == uid.to_string())
+    );
     let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", s.worker_pid)).unwrap();
     assert_eq!(adj.trim(), "1000");
 }
@@ -179,7 +195,11 @@ fn a_decompression_bomb_kills_a_worker_not_the_caller() {
     let mut data = std::fs::read(&z).unwrap();
     let (off, _) = section(&data, ".debug_info").expect(".debug_info");
     // Elf64_Chdr: ch_type (u32), ch_reserved (u32), ch_size (u64), ch_addralign (u64).
-    assert_eq!(u32::from_le_bytes(data[off..off + 4].try_into().unwrap()), 1, "zlib");
+    assert_eq!(
+        u32::from_le_bytes(data[off..off + 4].try_into().unwrap()),
+        1,
+        "zlib"
+    );
     data[off + 8..off + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     if let Some((o, _)) = section(&data, ".debug_str") {
         data[o + 8..o + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
@@ -193,7 +213,13 @@ fn a_decompression_bomb_kills_a_worker_not_the_caller() {
     let out = r.symbolize(pid, start, &[vec![base + 0x1100]], opts(true));
     assert!(t0.elapsed() < Duration::from_secs(20));
     let f = &out.stacks[0].frames[0];
-    assert!(f.module.as_deref().is_some_and(|m| m.ends_with("bomb.z.so")) || f.unresolved.is_some(), "{f:?}");
+    assert!(
+        f.module
+            .as_deref()
+            .is_some_and(|m| m.ends_with("bomb.z.so"))
+            || f.unresolved.is_some(),
+        "{f:?}"
+    );
     let blamed = r.blamed();
     let died = out.notes.iter().any(|n| n.contains("ended while parsing"));
     // Either blazesym refuses the size itself, or the worker died on it and it is blamed.
@@ -204,14 +230,26 @@ fn a_decompression_bomb_kills_a_worker_not_the_caller() {
     );
     if died {
         // The retry skipped it and says so.
-        assert!(f.unresolved.as_deref().is_some_and(|u| u.contains("made the reader fail")), "{f:?}");
+        assert!(
+            f.unresolved
+                .as_deref()
+                .is_some_and(|u| u.contains("made the reader fail")),
+            "{f:?}"
+        );
         let again = r.symbolize(pid, start, &[vec![base + 0x1100]], opts(true));
-        assert!(!again.notes.iter().any(|n| n.contains("ended while")), "{:?}", again.notes);
+        assert!(
+            !again.notes.iter().any(|n| n.contains("ended while")),
+            "{:?}",
+            again.notes
+        );
     }
     // Still serving.
     let addr = ethand_reader_test_marker as *const () as usize as u64;
     let ok = r.symbolize(pid, start, &[vec![addr]], opts(false));
-    assert_eq!(ok.stacks[0].frames[0].function.as_deref(), Some("ethand_reader_test_marker"));
+    assert_eq!(
+        ok.stacks[0].frames[0].function.as_deref(),
+        Some("ethand_reader_test_marker")
+    );
 }
 
 /// A mapped file whose path now names a FIFO: refused at once, never opened.
@@ -233,8 +271,17 @@ fn a_fifo_at_a_mapped_path_is_never_opened() {
     let out = r.symbolize(pid, start, &[vec![base + 0x1000]], opts(true));
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     let f = &out.stacks[0].frames[0];
-    assert!(f.module.as_deref().is_some_and(|m| m.contains("lib a\nb.so")), "{f:?}");
-    assert!(f.unresolved.as_deref().is_some_and(|u| u.contains("FIFO")), "{f:?} {:?}", out.notes);
+    assert!(
+        f.module
+            .as_deref()
+            .is_some_and(|m| m.contains("lib a\nb.so")),
+        "{f:?}"
+    );
+    assert!(
+        f.unresolved.as_deref().is_some_and(|u| u.contains("FIFO")),
+        "{f:?} {:?}",
+        out.notes
+    );
 }
 
 /// A request for a process that has gone, or a pid reused since, is refused.

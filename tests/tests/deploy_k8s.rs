@@ -110,7 +110,15 @@ fn daemonset_capabilities_and_mounts_are_the_documented_ones() {
     let caps = strings(sc, &["capabilities", "add"]);
     assert_eq!(
         caps,
-        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG", "SETUID", "SETGID"]
+        [
+            "BPF",
+            "PERFMON",
+            "SYS_PTRACE",
+            "DAC_READ_SEARCH",
+            "SYSLOG",
+            "SETUID",
+            "SETGID"
+        ]
     );
 
     // Each capability is explained in the docs, and SYS_ADMIN's absence too.

@@ -10,7 +10,9 @@ pub mod elf;
 pub mod procmaps;
 
 /// The runtime libraries ethand knows how to probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Runtime {
     Cuda,
     Nccl,
@@ -110,7 +112,9 @@ impl MappedLibrary {
         } else {
             procmaps::open_root(self.pid)
         }
-        .map_err(|e| procmaps::OpenError::Io(format!("cannot open /proc/{}/root: {e}", self.pid)))?;
+        .map_err(|e| {
+            procmaps::OpenError::Io(format!("cannot open /proc/{}/root: {e}", self.pid))
+        })?;
         procmaps::open_mapped(&root, &self.vma())
     }
 }
@@ -139,7 +143,8 @@ fn runtime_of(name: &[u8]) -> Option<Runtime> {
 /// The runtime libraries process `pid` has mapped now, one per file (device, inode), as the
 /// kernel names them (a path with spaces or newlines is found like any other).
 pub fn discover(pid: u32) -> Result<Vec<MappedLibrary>, DiscoveryError> {
-    let mut maps = procmaps::ProcMaps::open(pid).map_err(|source| DiscoveryError::Maps { pid, source })?;
+    let mut maps =
+        procmaps::ProcMaps::open(pid).map_err(|source| DiscoveryError::Maps { pid, source })?;
     let vmas = maps
         .candidates(may_be_runtime)
         .map_err(|source| DiscoveryError::Maps { pid, source })?;

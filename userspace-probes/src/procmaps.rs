@@ -430,7 +430,10 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 /// A regular file at `path` inside `root`, opened for reading; None-like errors for anything
 /// else (a FIFO, a device, a directory), without opening it.
-pub fn open_regular_in_root(root: &impl AsFd, path: &[u8]) -> Result<(File, libc::stat), OpenError> {
+pub fn open_regular_in_root(
+    root: &impl AsFd,
+    path: &[u8],
+) -> Result<(File, libc::stat), OpenError> {
     let handle = path_in_root(root, path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => OpenError::Missing,
         Some(libc::EACCES) | Some(libc::EPERM) => OpenError::Denied(e.to_string()),
@@ -477,7 +480,9 @@ pub fn open_mapped(root: &impl AsFd, vma: &Vma) -> Result<File, OpenError> {
     match open_mapped_in(root, vma) {
         Ok(f) => Ok(f),
         Err(first @ (OpenError::Missing | OpenError::Replaced | OpenError::NotRegular(_))) => {
-            let Ok(host) = host_root() else { return Err(first) };
+            let Ok(host) = host_root() else {
+                return Err(first);
+            };
             open_mapped_in(&host, vma).map_err(|_| first)
         }
         Err(e) => Err(e),
@@ -556,7 +561,10 @@ mod tests {
     fn text_lines_parse_with_spaces_and_escaped_newlines_in_names() {
         let v = parse_line(b"7f00-7f10 r-xp 00001000 fd:01 1234   /opt/a b\\012c/libcuda.so.1")
             .unwrap();
-        assert_eq!((v.start, v.end, v.offset, v.inode), (0x7f00, 0x7f10, 0x1000, 1234));
+        assert_eq!(
+            (v.start, v.end, v.offset, v.inode),
+            (0x7f00, 0x7f10, 0x1000, 1234)
+        );
         assert_eq!((v.dev_major, v.dev_minor), (0xfd, 1));
         assert_eq!(v.name, b"/opt/a b\nc/libcuda.so.1");
         assert!(v.executable && v.is_file());
@@ -622,10 +630,11 @@ mod tests {
         assert_eq!(v.name, real.as_os_str().as_bytes());
         assert_eq!(v.inode, std::fs::metadata(&real).unwrap().ino());
         assert_eq!(v.file_offset(addr as u64 + 100), 100);
-        let found = maps
-            .files(|n| n.ends_with(b"libcuda.so.1"))
-            .unwrap();
-        assert!(found.iter().any(|x| x.name == real.as_os_str().as_bytes()), "{found:?}");
+        let found = maps.files(|n| n.ends_with(b"libcuda.so.1")).unwrap();
+        assert!(
+            found.iter().any(|x| x.name == real.as_os_str().as_bytes()),
+            "{found:?}"
+        );
         let root = host_root().unwrap();
         let mut opened = open_mapped(&root, &v).expect("opens the mapped file");
         let mut b = [0u8; 4];
@@ -634,7 +643,10 @@ mod tests {
         // The same mapping described with the FIFO's name: refused without blocking.
         let mut at_fifo = v.clone();
         at_fifo.name = fifo.as_os_str().as_bytes().to_vec();
-        assert_eq!(open_mapped(&root, &at_fifo).unwrap_err(), OpenError::NotRegular("FIFO"));
+        assert_eq!(
+            open_mapped(&root, &at_fifo).unwrap_err(),
+            OpenError::NotRegular("FIFO")
+        );
         // Replaced on disk: another file at the path is not the mapped one.
         std::fs::remove_file(&real).unwrap();
         std::fs::write(&real, b"other").unwrap();
@@ -675,7 +687,10 @@ mod tests {
             open_regular_in_root(&root, b"/../outside").unwrap_err(),
             OpenError::Missing
         );
-        assert_eq!(open_regular_in_root(&root, b"/link").unwrap_err(), OpenError::Missing);
+        assert_eq!(
+            open_regular_in_root(&root, b"/link").unwrap_err(),
+            OpenError::Missing
+        );
         std::fs::write(dir.join("r/in"), b"ok").unwrap();
         assert!(open_regular_in_root(&root, b"in").is_ok());
         assert_eq!(

@@ -90,7 +90,13 @@ impl PythonSampler {
     }
 }
 
-fn read_loop(reader: &ReaderHandle, root: u32, hz: u32, tx: &SyncSender<PySample>, stop: &AtomicBool) -> PyStats {
+fn read_loop(
+    reader: &ReaderHandle,
+    root: u32,
+    hz: u32,
+    tx: &SyncSender<PySample>,
+    stop: &AtomicBool,
+) -> PyStats {
     let mut stats = PyStats::default();
     let mut readers = PythonReaders::new(reader);
     // Processes already tried: Python or not, each is opened once.

@@ -72,8 +72,8 @@ use crate::{
     pipeline::{
         loader::{self, error_chain},
         procinfo::monotonic_ns,
-        symbols, syscalls_table,
         reader::ReaderHandle,
+        symbols, syscalls_table,
         uprobes::{self, LibraryLinks, Progs, UprobeError},
     },
 };
@@ -467,7 +467,9 @@ impl Samples {
         }
         for (pid, list) in new {
             let stacks: Vec<Vec<u64>> = list.iter().map(|(_, ips)| ips.clone()).collect();
-            let answer = self.reader.symbolize(pid, None, &stacks, false, false, false);
+            let answer = self
+                .reader
+                .symbolize(pid, None, &stacks, false, false, false);
             for ((id, _), s) in list.into_iter().zip(answer.stacks) {
                 self.user_labels
                     .insert((pid, id), s.frames.iter().map(|f| f.label()).collect());
@@ -612,7 +614,9 @@ fn attach_gpu(
             }
         };
         let symbols = match &reader.reader {
-            Ok(r) => r.elf_symbols(&lib, reader.symbolize_timeout).map_err(|e| e.to_string()),
+            Ok(r) => r
+                .elf_symbols(&lib, reader.symbolize_timeout)
+                .map_err(|e| e.to_string()),
             Err(why) => Err(why.clone()),
         };
         let resolved = match symbols {

@@ -36,8 +36,8 @@ use tracing::{debug, warn};
 use crate::pipeline::{
     loader::error_chain,
     procinfo::{self, monotonic_ns, unix_ms},
-    stack_sample::top,
     reader::ReaderHandle,
+    stack_sample::top,
     symbols::{self, Kallsyms},
 };
 
@@ -430,7 +430,12 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms, reader: &ReaderHandle) -> Option<Cpu
         ids.dedup();
         let stacks: Vec<Vec<u64>> = ids.iter().map(|id| raw.stacks[id].clone()).collect();
         let answer = reader.symbolize(pid, None, &stacks, false, false, false);
-        notes.extend(answer.notes.into_iter().map(|n| format!("process {pid}: {n}")));
+        notes.extend(
+            answer
+                .notes
+                .into_iter()
+                .map(|n| format!("process {pid}: {n}")),
+        );
         for (id, s) in ids.into_iter().zip(answer.stacks) {
             user.insert((pid, id), s.frames.into_iter().map(by_function).collect());
         }

@@ -48,17 +48,31 @@ impl<'r> PythonReaders<'r> {
         if !ethand_reader::python::looks_like_python(pid) {
             return Ok(false);
         }
-        let reader = self.reader.reader.as_ref().map_err(|why| format!("process {pid}: not read: {why}"))?;
-        let owner = ethand_reader::owner::owner_of(pid).map_err(|e| format!("process {pid}: {e}"))?;
+        let reader = self
+            .reader
+            .reader
+            .as_ref()
+            .map_err(|why| format!("process {pid}: not read: {why}"))?;
+        let owner =
+            ethand_reader::owner::owner_of(pid).map_err(|e| format!("process {pid}: {e}"))?;
         let start = ethand_reader::owner::start_ticks(pid);
         if !self.sessions.get(&owner).is_some_and(Session::alive) {
-            let s = reader.session(pid, start).map_err(|e| format!("process {pid}: {e}"))?;
+            let s = reader
+                .session(pid, start)
+                .map_err(|e| format!("process {pid}: {e}"))?;
             self.sessions.insert(owner.clone(), s);
         }
         let session = self.sessions.get_mut(&owner).expect("inserted above");
         match session.python_open(pid, start, PYTHON_OPEN_TIMEOUT) {
             Ok(version) => {
-                self.open.insert(pid, Opened { owner, start, version });
+                self.open.insert(
+                    pid,
+                    Opened {
+                        owner,
+                        start,
+                        version,
+                    },
+                );
                 Ok(true)
             }
             Err(ReaderError::Failed(e)) => Err(e),
@@ -121,9 +135,13 @@ impl<'r> PythonReaders<'r> {
     /// they cannot or may not be read).
     pub fn source_lines(&mut self, pid: u32, lines: &[(String, u32)]) -> Vec<Option<String>> {
         let none = || vec![None; lines.len()];
-        let Some(o) = self.open.get(&pid) else { return none() };
+        let Some(o) = self.open.get(&pid) else {
+            return none();
+        };
         let start = o.start;
-        let Some(session) = self.sessions.get_mut(&o.owner) else { return none() };
+        let Some(session) = self.sessions.get_mut(&o.owner) else {
+            return none();
+        };
         session
             .source_lines(pid, start, lines, self.reader.symbolize_timeout)
             .unwrap_or_else(|_| none())

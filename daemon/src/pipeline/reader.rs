@@ -46,7 +46,10 @@ impl ReaderHandle {
         cmd.arg(SUBCOMMAND);
         match Reader::spawn(cmd, &args) {
             Ok(reader) => {
-                info!(pid = reader.pid(), "reader started (symbols, source lines, Python frames of other users' processes)");
+                info!(
+                    pid = reader.pid(),
+                    "reader started (symbols, source lines, Python frames of other users' processes)"
+                );
                 Self {
                     reader: Ok(Arc::new(reader)),
                     ..Self::unavailable(cfg, String::new())
@@ -74,7 +77,10 @@ impl ReaderHandle {
                     .blamed()
                     .into_iter()
                     .map(|(f, how)| {
-                        format!("{}:{} inode {} ({} bytes): {how}", f.dev_major, f.dev_minor, f.inode, f.size)
+                        format!(
+                            "{}:{} inode {} ({} bytes): {how}",
+                            f.dev_major, f.dev_minor, f.inode, f.size
+                        )
                     })
                     .collect(),
             },

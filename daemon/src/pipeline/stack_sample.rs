@@ -16,10 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ethand_reader::ThreadStack;
 use ethand_snapshot::stacks::{
     CallSite, CallSites, Frame, MAX_FOLDED, MAX_SITES, SiteBasis, StackSample, ThreadProfile, fold,
 };
-use ethand_reader::ThreadStack;
 use ethand_userspace_probes::catalog::CATALOG;
 
 use crate::pipeline::{
@@ -323,7 +323,10 @@ impl Sources {
         let mut lines = HashMap::new();
         for (pid, list) in wanted {
             // Only Python sources: a frame's file name is the process's to choose.
-            let list: Vec<(String, u32)> = list.into_iter().filter(|(f, _)| f.ends_with(".py")).collect();
+            let list: Vec<(String, u32)> = list
+                .into_iter()
+                .filter(|(f, _)| f.ends_with(".py"))
+                .collect();
             let got = readers.source_lines(pid, &list);
             for ((file, line), text) in list.into_iter().zip(got) {
                 lines.insert((pid, file, line), text);

@@ -14,7 +14,6 @@ use aya::{
     },
 };
 
-
 use crate::pipeline::loader::error_chain;
 
 pub const ENTRY_PROG: &str = "gpu_enter";

@@ -306,9 +306,8 @@ fn status_line(shared: &Shared) -> Vec<u8> {
     let node = shared.node.read().expect("lock").clone();
     let mut status = node.ethand.clone();
     // A collection that stopped shows as a round that grows old.
-    status.last_round_age_ms = Some(
-        crate::pipeline::procinfo::unix_ms().saturating_sub(status.last_round_unix_ms),
-    );
+    status.last_round_age_ms =
+        Some(crate::pipeline::procinfo::unix_ms().saturating_sub(status.last_round_unix_ms));
     ok_line(&status)
 }
 

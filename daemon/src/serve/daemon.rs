@@ -525,8 +525,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // Whatever the loop is doing, SIGTERM ends the daemon within STOP_LIMIT: if the orderly
     // shutdown below has not finished by then, the process exits (the kernel detaches every
     // program with its descriptors).
-    let mut term_watch =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term_watch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let socket = cfg.daemon.socket.clone();
     tokio::spawn(async move {
         term_watch.recv().await;
@@ -534,7 +533,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .name("ethand-stop".into())
             .spawn(move || {
                 std::thread::sleep(STOP_LIMIT);
-                warn!(limit_s = STOP_LIMIT.as_secs(), "shutdown did not finish in time: exiting now");
+                warn!(
+                    limit_s = STOP_LIMIT.as_secs(),
+                    "shutdown did not finish in time: exiting now"
+                );
                 let _ = std::fs::remove_file(&socket);
                 std::process::exit(0);
             });

@@ -584,8 +584,6 @@ fn gpu_pids(pid: u32) -> Vec<u32> {
     crate::pipeline::procinfo::descendants(pid)
         .into_iter()
         .take(4 * crate::pipeline::launch_sample::MAX_PIDS)
-        .filter(|p| {
-            ethand_userspace_probes::discover(*p).is_ok_and(|libs| !libs.is_empty())
-        })
+        .filter(|p| ethand_userspace_probes::discover(*p).is_ok_and(|libs| !libs.is_empty()))
         .collect()
 }

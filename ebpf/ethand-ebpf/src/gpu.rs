@@ -17,9 +17,10 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use ethand_common::{
-    GPU_ARG_NONE, GPU_COOKIE_GEN_SHIFT, GPU_COOKIE_TIME, GPU_GEN_MASK, GPU_MAX_OPS, GPU_STACK_NONE, GPU_STACK_UNATTRIBUTED, GpuAlloc,
-    GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight, GpuInflightKey, GpuOpDesc, GpuProcState,
-    GpuSiteKey, GpuSiteStats, counter, gpu_dir, gpu_dtype, gpu_flags, gpu_kind, gpu_mem,
+    GPU_ARG_NONE, GPU_COOKIE_GEN_SHIFT, GPU_COOKIE_TIME, GPU_GEN_MASK, GPU_MAX_OPS, GPU_STACK_NONE,
+    GPU_STACK_UNATTRIBUTED, GpuAlloc, GpuAllocKey, GpuCallKey, GpuCallStats, GpuInflight,
+    GpuInflightKey, GpuOpDesc, GpuProcState, GpuSiteKey, GpuSiteStats, counter, gpu_dir, gpu_dtype,
+    gpu_flags, gpu_kind, gpu_mem,
 };
 
 use crate::maps::{atomic_add, bump, current_ctx, get_or_insert, proc_key};

@@ -20,8 +20,8 @@ use ethand_common::{
 };
 
 use crate::maps::{
-    SYSCALL_BATCHING, SYSCALL_CLASS, SYSCALL_HIST, SYSCALL_KEYS, SYSCALLS, ZERO_HIST,
-    atomic_add, bump, current_ctx, get_or_insert,
+    SYSCALL_BATCHING, SYSCALL_CLASS, SYSCALL_HIST, SYSCALL_KEYS, SYSCALLS, ZERO_HIST, atomic_add,
+    bump, current_ctx, get_or_insert,
 };
 
 /// Distinct syscall numbers one process may have in SYSCALLS

@@ -783,7 +783,10 @@ fn capabilities_dropped_after_start_up_and_still_measuring() {
         proc_field(r, "Uid:"),
         proc_field(r, "NoNewPrivs:")
     );
-    assert_eq!((eff, prm, bnd, amb), (reader_caps, reader_caps, reader_caps, 0));
+    assert_eq!(
+        (eff, prm, bnd, amb),
+        (reader_caps, reader_caps, reader_caps, 0)
+    );
     assert_eq!(proc_field(r, "Uid:"), [uid; 4]);
     assert_eq!(proc_field(r, "NoNewPrivs:"), [1]);
     let h = helpers[0];
@@ -858,9 +861,7 @@ fn proc_hex(pid: u32, key: &str) -> u64 {
 fn helpers_named(pid: u32, comm: &str) -> Vec<u32> {
     children(pid)
         .into_iter()
-        .filter(|p| {
-            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
-        })
+        .filter(|p| fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm))
         .collect()
 }
 
@@ -1012,7 +1013,11 @@ fn daemon_user_switches_every_thread_and_still_measures() {
     assert_eq!(helpers.len(), 1, "{:?}", children(d.pid()));
     let readers = helpers_named(d.pid(), "ethand-reader");
     assert_eq!(readers.len(), 1, "{:?}", children(d.pid()));
-    assert_eq!(proc_field(readers[0], "Uid:"), [uid; 4], "the reader's uids");
+    assert_eq!(
+        proc_field(readers[0], "Uid:"),
+        [uid; 4],
+        "the reader's uids"
+    );
     assert_eq!(
         proc_field(helpers[0], "Uid:"),
         [uid; 4],

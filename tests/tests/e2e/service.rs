@@ -628,7 +628,13 @@ fn each_capability_of_the_unit_is_needed() {
             &[],
         );
         let mut py = Command::new("setpriv")
-            .args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}"), "--clear-groups", "--", "/usr/bin/python3"])
+            .args([
+                &format!("--reuid={NOBODY}"),
+                &format!("--regid={NOBODY}"),
+                "--clear-groups",
+                "--",
+                "/usr/bin/python3",
+            ])
             .arg(&script)
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -651,9 +657,14 @@ fn each_capability_of_the_unit_is_needed() {
             .flat_map(|th| &th.top_lines)
             .any(|l| l.source.as_deref().is_some_and(|s| s.contains("SPIN_MARK")));
         let reader = d.status().reader.expect("reader status");
-        eprintln!("observed: CAP_SETUID/CAP_SETGID {with}: source line shown {shown}; reader {reader:?}");
+        eprintln!(
+            "observed: CAP_SETUID/CAP_SETGID {with}: source line shown {shown}; reader {reader:?}"
+        );
         assert!(reader.pid.is_some(), "{reader:?}");
-        assert_eq!(shown, with, "the owner's source line is read exactly when the reader can take its credentials");
+        assert_eq!(
+            shown, with,
+            "the owner's source line is read exactly when the reader can take its credentials"
+        );
     }
 
     // CAP_BPF (and CAP_SYS_ADMIN): nothing can be loaded; one clear error, exit 1.

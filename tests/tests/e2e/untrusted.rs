@@ -36,7 +36,8 @@ struct Dir(PathBuf);
 
 impl Dir {
     fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("ethand-untrusted-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("ethand-untrusted-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).expect("mkdir");
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -224,14 +225,24 @@ fn bomb_library(dir: &Path, out: &Path, real: bool) {
              for _ in range(1024): f.write(c.compress(z))\nf.write(c.flush())\n",
             payload.display().to_string()
         );
-        let o = Command::new("python3").args(["-c", &py]).output().expect("python3");
+        let o = Command::new("python3")
+            .args(["-c", &py])
+            .output()
+            .expect("python3");
         assert!(o.status.success(), "python3: {}", text(&o.stderr));
         let o = Command::new("objcopy")
-            .arg(format!("--update-section=.debug_info={}", payload.display()))
+            .arg(format!(
+                "--update-section=.debug_info={}",
+                payload.display()
+            ))
             .arg(out)
             .output()
             .expect("objcopy");
-        assert!(o.status.success(), "objcopy --update-section: {}", text(&o.stderr));
+        assert!(
+            o.status.success(),
+            "objcopy --update-section: {}",
+            text(&o.stderr)
+        );
     } else {
         let mut data = fs::read(out).expect("read");
         let (_, off) = section(&data, ".debug_info").expect(".debug_info");
@@ -243,7 +254,10 @@ fn bomb_library(dir: &Path, out: &Path, real: bool) {
 /// `ethand snapshot --pid PID` in `format` (json, text, html, csv) as text, within `limit`.
 fn snapshot_text(d: &Daemon, pid: u32, extra: &[&str], limit: Duration) -> String {
     let sock = d.socket.to_str().expect("utf-8");
-    let html = std::env::temp_dir().join(format!("ethand-untrusted-{}-{pid}.html", std::process::id()));
+    let html = std::env::temp_dir().join(format!(
+        "ethand-untrusted-{}-{pid}.html",
+        std::process::id()
+    ));
     let mut args = vec!["snapshot", "--pid"];
     let p = pid.to_string();
     args.push(&p);
@@ -275,7 +289,8 @@ fn still_serving(d: &Daemon, what: &str) {
     let t0 = Instant::now();
     let body = d.metrics();
     let scrape = t0.elapsed();
-    let stamp = metric(&body, "ethand_last_round_timestamp_seconds").expect("the round's timestamp");
+    let stamp =
+        metric(&body, "ethand_last_round_timestamp_seconds").expect("the round's timestamp");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -291,10 +306,25 @@ fn still_serving(d: &Daemon, what: &str) {
         now - stamp,
         st.last_round_age_ms
     );
-    assert!(scrape < Duration::from_secs(2), "{what}: /metrics took {scrape:?}");
-    assert!(now - stamp < 5.0, "{what}: /metrics serves a round {:.1} s old", now - stamp);
-    assert!(st.last_round_age_ms.is_some_and(|a| a < 5000), "{what}: {:?}", st.last_round_age_ms);
-    assert!(known.status.success(), "{what}: a new process is not known: {}", text(&known.stderr));
+    assert!(
+        scrape < Duration::from_secs(2),
+        "{what}: /metrics took {scrape:?}"
+    );
+    assert!(
+        now - stamp < 5.0,
+        "{what}: /metrics serves a round {:.1} s old",
+        now - stamp
+    );
+    assert!(
+        st.last_round_age_ms.is_some_and(|a| a < 5000),
+        "{what}: {:?}",
+        st.last_round_age_ms
+    );
+    assert!(
+        known.status.success(),
+        "{what}: a new process is not known: {}",
+        text(&known.stderr)
+    );
 }
 
 /// Rows "a helper library on a GPU call stack whose compressed .debug_str header claims
@@ -317,7 +347,11 @@ fn decompression_bombs_on_a_call_stack_cost_a_worker_not_the_daemon() {
     let rss0 = peak_rss_bytes(d.pid());
     for (name, lib) in [("1 TiB claimed", &claim), ("1 GiB of zlib", &real)] {
         let mut c = Caller::start({
-            let mut cmd = as_user(NOBODY, &caller, &[lib.to_str().unwrap(), "helper_sync", "37"]);
+            let mut cmd = as_user(
+                NOBODY,
+                &caller,
+                &[lib.to_str().unwrap(), "helper_sync", "37"],
+            );
             cmd.env("LD_LIBRARY_PATH", s.cuda.parent().unwrap());
             cmd
         });
@@ -331,19 +365,36 @@ fn decompression_bombs_on_a_call_stack_cost_a_worker_not_the_daemon() {
         let t = snapshot_text(&d, c.pid(), &["--json"], Duration::from_secs(30));
         let t: TreeSnapshot = serde_json::from_str(&t).expect("JSON");
         let g = t.processes[0].gpu.as_ref().expect("gpu");
-        let sites = g.call_sites.iter().find(|s| s.call == "cuStreamSynchronize").expect("sync sites");
+        let sites = g
+            .call_sites
+            .iter()
+            .find(|s| s.call == "cuStreamSynchronize")
+            .expect("sync sites");
         let frames: Vec<&Frame> = sites.sites.iter().flat_map(|s| &s.frames).collect();
-        println!("observed ({name}): {} sync calls; frames {frames:?}", sites.total);
+        println!(
+            "observed ({name}): {} sync calls; frames {frames:?}",
+            sites.total
+        );
         assert_eq!(sites.total, 37);
         // The caller's own frames are named; the bomb's frame says why it is not.
-        assert!(frames.iter().any(|f| f.module.as_deref().is_some_and(|m| m.ends_with(".so")) && f.unresolved.is_some()), "{frames:?}");
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.module.as_deref().is_some_and(|m| m.ends_with(".so"))
+                    && f.unresolved.is_some()),
+            "{frames:?}"
+        );
         let _ = snapshot_text(&d, c.pid(), &["--cpu-profile"], Duration::from_secs(30));
         still_serving(&d, name);
     }
     let st = d.status();
     let r = st.reader.expect("reader status");
     let rss1 = peak_rss_bytes(d.pid());
-    println!("observed: daemon VmHWM {} -> {} MB; reader {r:?}", rss0 >> 20, rss1 >> 20);
+    println!(
+        "observed: daemon VmHWM {} -> {} MB; reader {r:?}",
+        rss0 >> 20,
+        rss1 >> 20
+    );
     assert!(r.pid.is_some() && r.died >= 1, "{r:?}");
     assert!(!r.blamed_files.is_empty(), "{r:?}");
     assert!(rss1 < DAEMON_MEMORY_MAX, "daemon VmHWM {} MB", rss1 >> 20);
@@ -376,9 +427,16 @@ fn a_python_binary_with_a_huge_bss_costs_a_worker_not_the_daemon() {
     thread::sleep(SETTLE);
     let t = snapshot_text(&d, child.0.id(), &["--json"], Duration::from_secs(30));
     let t: TreeSnapshot = serde_json::from_str(&t).expect("JSON");
-    let notes = t.stack_sample.as_ref().map(|s| s.notes.clone()).unwrap_or_default();
+    let notes = t
+        .stack_sample
+        .as_ref()
+        .map(|s| s.notes.clone())
+        .unwrap_or_default();
     println!("observed: stack sample notes {notes:?}");
-    assert!(!notes.is_empty(), "the snapshot says why the process was not sampled");
+    assert!(
+        !notes.is_empty(),
+        "the snapshot says why the process was not sampled"
+    );
     still_serving(&d, "huge .bss");
     drop(child);
     assert!(peak_rss_bytes(d.pid()) < DAEMON_MEMORY_MAX);
@@ -412,15 +470,21 @@ time.sleep(3600)
     let d = Daemon::start("untrusted-deep", TOML);
     let rss0 = peak_rss_bytes(d.pid());
     let mut child = ethand_tests::KillOnDrop(
-        as_user(NOBODY, Path::new("/usr/bin/python3"), &[script.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3"),
+        as_user(
+            NOBODY,
+            Path::new("/usr/bin/python3"),
+            &[script.to_str().unwrap()],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3"),
     );
     {
         use std::io::BufRead;
         let mut l = String::new();
-        std::io::BufReader::new(child.0.stdout.as_mut().unwrap()).read_line(&mut l).expect("ready");
+        std::io::BufReader::new(child.0.stdout.as_mut().unwrap())
+            .read_line(&mut l)
+            .expect("ready");
         assert_eq!(l.trim(), "ready");
     }
     thread::sleep(SETTLE);
@@ -437,7 +501,11 @@ time.sleep(3600)
         s.map(|s| s.reads),
         s.map(|s| &s.notes)
     );
-    assert!(rss1.saturating_sub(rss0) < 32 << 20, "the daemon grew by {} MB", (rss1 - rss0) >> 20);
+    assert!(
+        rss1.saturating_sub(rss0) < 32 << 20,
+        "the daemon grew by {} MB",
+        (rss1 - rss0) >> 20
+    );
     still_serving(&d, "deep Python stacks");
 }
 
@@ -455,7 +523,11 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
     let mkfifo = |p: &Path| {
         let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
         // SAFETY: mkfifo with a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo {p:?}");
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o666) },
+            0,
+            "mkfifo {p:?}"
+        );
     };
     // libcuda under a directory with a newline, a FIFO where the escaped spelling points,
     // and one under a directory with a space.
@@ -478,24 +550,49 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
     cc(&dir.0, "caller", CALLER, &caller, &["-ldl"]);
     let helper = dir.path("libhelper.so");
     let libdir = s.cuda.parent().unwrap();
-    cc(&dir.0, "helper", HELPER, &helper, &["-shared", "-fPIC", &format!("-L{}", libdir.display()), "-l:libcuda.so.1"]);
+    cc(
+        &dir.0,
+        "helper",
+        HELPER,
+        &helper,
+        &[
+            "-shared",
+            "-fPIC",
+            &format!("-L{}", libdir.display()),
+            "-l:libcuda.so.1",
+        ],
+    );
     give(&dir.0, NOBODY);
     let d = Daemon::start("untrusted-fifo", TOML);
     let mut drivers = Vec::new();
     for (what, path) in [("newline", &newline), ("space", &space)] {
         let mut cmd = as_user(NOBODY, &s.driver, &[]);
-        cmd.arg("--cuda").arg(path).args(["--", "wait_stdin", "sync", "stream", "500", "wait_stdin"]);
+        cmd.arg("--cuda").arg(path).args([
+            "--",
+            "wait_stdin",
+            "sync",
+            "stream",
+            "500",
+            "wait_stdin",
+        ]);
         let mut drv = standins::Driver::spawn(&mut cmd);
         drv.wait_for("waiting");
         // Probed: the library is attached under its raw path.
         let t0 = Instant::now();
         loop {
             let st = d.status();
-            let lib = st.gpu_libraries.iter().find(|l| Path::new(&l.path) == path.as_path());
+            let lib = st
+                .gpu_libraries
+                .iter()
+                .find(|l| Path::new(&l.path) == path.as_path());
             if lib.is_some_and(|l| l.state == ProbeState::Attached) {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(15), "{what}: not attached: {:#?}", st.gpu_libraries);
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "{what}: not attached: {:#?}",
+                st.gpu_libraries
+            );
             thread::sleep(Duration::from_millis(100));
         }
         drv.resume();
@@ -503,24 +600,44 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
         thread::sleep(SETTLE);
         let t = d.snapshot(drv.pid);
         let g = t.processes[0].gpu.as_ref().expect("gpu");
-        let syncs: u64 = g.symbols.iter().filter(|s| s.symbol == "cuStreamSynchronize").map(|s| s.calls).sum();
+        let syncs: u64 = g
+            .symbols
+            .iter()
+            .filter(|s| s.symbol == "cuStreamSynchronize")
+            .map(|s| s.calls)
+            .sum();
         println!("observed ({what}): {syncs} of 500 syncs counted");
         assert_eq!(syncs, 500, "{what}");
         still_serving(&d, what);
         drivers.push(drv);
     }
     // The "libpython": a snapshot answers (its worker refuses the path), and so does the next.
-    let mut py = Caller::start(as_user(NOBODY, &caller, &[libpy.to_str().unwrap(), "cuInit", "1"]));
+    let mut py = Caller::start(as_user(
+        NOBODY,
+        &caller,
+        &[libpy.to_str().unwrap(), "cuInit", "1"],
+    ));
     thread::sleep(SETTLE);
     let t = snapshot_text(&d, py.pid(), &["--json"], Duration::from_secs(20));
     let t: TreeSnapshot = serde_json::from_str(&t).expect("JSON");
-    println!("observed (libpython): notes {:?}", t.stack_sample.as_ref().map(|s| &s.notes));
-    assert!(t.stack_sample.as_ref().is_some_and(|s| s.notes.iter().any(|n| n.contains("newline"))));
+    println!(
+        "observed (libpython): notes {:?}",
+        t.stack_sample.as_ref().map(|s| &s.notes)
+    );
+    assert!(
+        t.stack_sample
+            .as_ref()
+            .is_some_and(|s| s.notes.iter().any(|n| n.contains("newline")))
+    );
     py.go();
     still_serving(&d, "libpython with a newline");
     // The deleted helper: scrapes and snapshots answer; its frame says why it has no name.
     let mut c = Caller::start({
-        let mut cmd = as_user(NOBODY, &caller, &[helper.to_str().unwrap(), "helper_sync", "11"]);
+        let mut cmd = as_user(
+            NOBODY,
+            &caller,
+            &[helper.to_str().unwrap(), "helper_sync", "11"],
+        );
         cmd.env("LD_LIBRARY_PATH", libdir);
         cmd
     });
@@ -533,9 +650,19 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
     still_serving(&d, "deleted helper");
     let t = d.snapshot(c.pid());
     let g = t.processes[0].gpu.as_ref().expect("gpu");
-    let frames: Vec<&Frame> = g.call_sites.iter().flat_map(|s| &s.sites).flat_map(|s| &s.frames).collect();
+    let frames: Vec<&Frame> = g
+        .call_sites
+        .iter()
+        .flat_map(|s| &s.sites)
+        .flat_map(|s| &s.frames)
+        .collect();
     println!("observed (deleted helper): {frames:?}");
-    assert!(frames.iter().any(|f| f.module.as_deref().is_some_and(|m| m.contains("libhelper.so")) && f.unresolved.is_some()));
+    assert!(frames.iter().any(|f| {
+        f.module
+            .as_deref()
+            .is_some_and(|m| m.contains("libhelper.so"))
+            && f.unresolved.is_some()
+    }));
     still_serving(&d, "deleted helper, after its snapshot");
     drop(drivers);
 }
@@ -560,7 +687,13 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
     let secret_c = home.join("secret.c");
     fs::write(&secret_c, format!("char *db_password = \"{marker}\";\n")).unwrap();
     let secret_so = home.join("libsecret.so");
-    cc(&dir.0, "secretlib", "int victim_secret_function(long n) { return n * 3; }\n", &secret_so, &["-shared", "-fPIC"]);
+    cc(
+        &dir.0,
+        "secretlib",
+        "int victim_secret_function(long n) { return n * 3; }\n",
+        &secret_so,
+        &["-shared", "-fPIC"],
+    );
     for f in [&secret_py, &secret_c] {
         fs::set_permissions(f, fs::Permissions::from_mode(0o644)).unwrap();
     }
@@ -575,10 +708,32 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
         "int cuStreamSynchronize(void *s);\n#line 1 \"{}\"\n__attribute__((noinline)) int helper_sync(long n) {{ for (long i = 0; i < n; i++) cuStreamSynchronize(0); return 0; }}\n",
         secret_c.display()
     );
-    cc(&dir.0, "lined", &src, &lined, &["-shared", "-fPIC", &format!("-L{}", libdir.display()), "-l:libcuda.so.1"]);
+    cc(
+        &dir.0,
+        "lined",
+        &src,
+        &lined,
+        &[
+            "-shared",
+            "-fPIC",
+            &format!("-L{}", libdir.display()),
+            "-l:libcuda.so.1",
+        ],
+    );
     // A library to be replaced by a symlink to the victim's binary.
     let swapped = work.join("libswapped.so");
-    cc(&dir.0, "swapped", HELPER, &swapped, &["-shared", "-fPIC", &format!("-L{}", libdir.display()), "-l:libcuda.so.1"]);
+    cc(
+        &dir.0,
+        "swapped",
+        HELPER,
+        &swapped,
+        &[
+            "-shared",
+            "-fPIC",
+            &format!("-L{}", libdir.display()),
+            "-l:libcuda.so.1",
+        ],
+    );
     let script = work.join("spin.py");
     fs::write(
         &script,
@@ -594,23 +749,37 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
     fs::set_permissions(&secret_so, fs::Permissions::from_mode(0o700)).unwrap();
     let d = Daemon::start("untrusted-owner", TOML);
     let mut py = ethand_tests::KillOnDrop(
-        as_user(NOBODY, Path::new("/usr/bin/python3"), &[script.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3"),
+        as_user(
+            NOBODY,
+            Path::new("/usr/bin/python3"),
+            &[script.to_str().unwrap()],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3"),
     );
     {
         use std::io::BufRead;
         let mut l = String::new();
-        std::io::BufReader::new(py.0.stdout.as_mut().unwrap()).read_line(&mut l).expect("ready");
+        std::io::BufReader::new(py.0.stdout.as_mut().unwrap())
+            .read_line(&mut l)
+            .expect("ready");
     }
     let mut lc = Caller::start({
-        let mut cmd = as_user(NOBODY, &caller, &[lined.to_str().unwrap(), "helper_sync", "20"]);
+        let mut cmd = as_user(
+            NOBODY,
+            &caller,
+            &[lined.to_str().unwrap(), "helper_sync", "20"],
+        );
         cmd.env("LD_LIBRARY_PATH", libdir);
         cmd
     });
     let mut sc = Caller::start({
-        let mut cmd = as_user(NOBODY, &caller, &[swapped.to_str().unwrap(), "helper_sync", "20"]);
+        let mut cmd = as_user(
+            NOBODY,
+            &caller,
+            &[swapped.to_str().unwrap(), "helper_sync", "20"],
+        );
         cmd.env("LD_LIBRARY_PATH", libdir);
         cmd
     });
@@ -632,29 +801,60 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
     for (pid, lib) in [(lc.pid(), "liblined.so"), (sc.pid(), "libswapped.so")] {
         let t = d.snapshot(pid);
         let g = t.processes[0].gpu.as_ref().expect("gpu");
-        let sites = g.call_sites.iter().find(|s| s.call == "cuStreamSynchronize").expect("sites");
+        let sites = g
+            .call_sites
+            .iter()
+            .find(|s| s.call == "cuStreamSynchronize")
+            .expect("sites");
         let frames: Vec<&Frame> = sites.sites.iter().flat_map(|s| &s.frames).collect();
         println!("observed ({lib}): {} calls; frames {frames:?}", sites.total);
         assert_eq!(sites.total, 20);
         assert!(
-            sites.sites.iter().all(|s| s.source.as_deref().is_none_or(|x| !x.contains(&marker))),
+            sites
+                .sites
+                .iter()
+                .all(|s| s.source.as_deref().is_none_or(|x| !x.contains(&marker))),
             "{:?}",
             sites.sites
         );
         if lib == "liblined.so" {
             // Its innermost line is the victim's file: not read, so no source at all.
-            assert!(sites.sites.iter().all(|s| s.source.is_none()), "{:?}", sites.sites);
-            assert!(frames.iter().any(|f| f.file.as_deref().is_some_and(|f| f.ends_with("secret.c"))), "{frames:?}");
+            assert!(
+                sites.sites.iter().all(|s| s.source.is_none()),
+                "{:?}",
+                sites.sites
+            );
+            assert!(
+                frames
+                    .iter()
+                    .any(|f| f.file.as_deref().is_some_and(|f| f.ends_with("secret.c"))),
+                "{frames:?}"
+            );
         } else {
-            assert!(frames.iter().any(|f| f.module.as_deref().is_some_and(|m| m.contains(lib)) && f.function.is_none()), "{frames:?}");
+            assert!(
+                frames
+                    .iter()
+                    .any(|f| f.module.as_deref().is_some_and(|m| m.contains(lib))
+                        && f.function.is_none()),
+                "{frames:?}"
+            );
         }
     }
     // The Python line is sampled (its file and line are named), but its text is not read.
-    assert!(everything.contains("secret.py"), "the sampled frame is there");
+    assert!(
+        everything.contains("secret.py"),
+        "the sampled frame is there"
+    );
     for forbidden in [marker.as_str(), "victim_secret_function", "db_password"] {
-        assert!(!everything.contains(forbidden), "{forbidden:?} reached an output");
+        assert!(
+            !everything.contains(forbidden),
+            "{forbidden:?} reached an output"
+        );
     }
-    println!("observed: {} bytes of outputs, none with the victim's bytes", everything.len());
+    println!(
+        "observed: {} bytes of outputs, none with the victim's bytes",
+        everything.len()
+    );
 }
 
 /// Row "3,000 short-lived cgroups": before, ~13 series each stayed in /metrics forever. Now
@@ -665,7 +865,10 @@ fn departed_cgroups_leave_metrics_and_series_are_capped() {
     let _serial = serial();
     let Some(unified) = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
         .into_iter()
-        .find(|p| Path::new(&format!("{p}/cgroup.procs")).exists() && Path::new(&format!("{p}/cgroup.controllers")).exists())
+        .find(|p| {
+            Path::new(&format!("{p}/cgroup.procs")).exists()
+                && Path::new(&format!("{p}/cgroup.controllers")).exists()
+        })
     else {
         eprintln!("skipped: no cgroup v2 hierarchy");
         return;
@@ -682,20 +885,33 @@ fn departed_cgroups_leave_metrics_and_series_are_capped() {
         fs::create_dir(&cg).expect("mkdir cgroup");
         let o = Command::new("sh")
             .arg("-c")
-            .arg(format!("echo $$ > {}/cgroup.procs && exec /bin/true", cg.display()))
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec /bin/true",
+                cg.display()
+            ))
             .output()
             .expect("sh");
         assert!(o.status.success(), "{}", text(&o.stderr));
     }
     let count = |body: &str| -> (usize, bool) {
         let mut names = std::collections::BTreeSet::new();
-        for l in body.lines().filter(|l| l.starts_with("ethand_cgroup_cpu_seconds_total{")) {
-            if let Some(c) = l.split("cgroup=\"").nth(1).and_then(|r| r.split('"').next()) {
+        for l in body
+            .lines()
+            .filter(|l| l.starts_with("ethand_cgroup_cpu_seconds_total{"))
+        {
+            if let Some(c) = l
+                .split("cgroup=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+            {
                 names.insert(c.to_string());
             }
         }
         let other = names.contains("[other cgroups]");
-        (names.iter().filter(|c| c.contains("ethand-churn")).count(), other)
+        (
+            names.iter().filter(|c| c.contains("ethand-churn")).count(),
+            other,
+        )
     };
     thread::sleep(SETTLE);
     let (during, other) = count(&d.metrics());
@@ -705,9 +921,14 @@ fn departed_cgroups_leave_metrics_and_series_are_capped() {
     let _ = fs::remove_dir(&base);
     thread::sleep(Duration::from_secs(5));
     let (after, _) = count(&d.metrics());
-    println!("observed: {n} cgroups: {during} with series of their own (cap 60, other bucket {other}), {after} after the hold");
+    println!(
+        "observed: {n} cgroups: {during} with series of their own (cap 60, other bucket {other}), {after} after the hold"
+    );
     assert!(during <= 60, "{during} cgroup series");
-    assert!(other, "the cgroups beyond the cap are summed in [other cgroups]");
+    assert!(
+        other,
+        "the cgroups beyond the cap are summed in [other cgroups]"
+    );
     assert_eq!(after, 0, "departed cgroups kept their series");
 }
 
@@ -761,7 +982,10 @@ int main(void) {
         &[],
     );
     give(&dir.0, NOBODY);
-    let d = Daemon::start("untrusted-sysnr", "[maps]\nsyscall_numbers_per_process = 48\n");
+    let d = Daemon::start(
+        "untrusted-sysnr",
+        "[maps]\nsyscall_numbers_per_process = 48\n",
+    );
     struct Procs(Vec<std::process::Child>);
     impl Drop for Procs {
         fn drop(&mut self) {
@@ -775,10 +999,16 @@ int main(void) {
         let mut c = cmd.stdout(Stdio::piped()).spawn().expect("spawn");
         use std::io::BufRead;
         let mut l = String::new();
-        std::io::BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut l).expect("done");
+        std::io::BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut l)
+            .expect("done");
         c
     };
-    let attackers = Procs((0..120).map(|_| spawn(as_user(NOBODY, &flood, &[]))).collect());
+    let attackers = Procs(
+        (0..120)
+            .map(|_| spawn(as_user(NOBODY, &flood, &[])))
+            .collect(),
+    );
     // Another user's processes started afterwards (their uid set in the fork: few syscalls of
     // their own before the program's).
     let victims = Procs(
@@ -796,20 +1026,47 @@ int main(void) {
     for v in &victims.0 {
         let t = d.snapshot(v.id());
         let p = &t.processes[0];
-        let n = p.syscalls.by_nr.iter().find(|r| r.nr == nr_getpid).map_or(0, |r| r.count);
-        println!("observed: victim {} getpid {n} of 15000 ({} numbers)", v.id(), p.syscalls.by_nr.len());
+        let n = p
+            .syscalls
+            .by_nr
+            .iter()
+            .find(|r| r.nr == nr_getpid)
+            .map_or(0, |r| r.count);
+        println!(
+            "observed: victim {} getpid {n} of 15000 ({} numbers)",
+            v.id(),
+            p.syscalls.by_nr.len()
+        );
         assert_eq!(n, 15_000, "victim {}", v.id());
     }
     let t = d.snapshot(attackers.0[0].id());
-    let rows: Vec<(String, u64)> = t.processes[0].syscalls.by_nr.iter().map(|r| (r.name.clone(), r.count)).collect();
+    let rows: Vec<(String, u64)> = t.processes[0]
+        .syscalls
+        .by_nr
+        .iter()
+        .map(|r| (r.name.clone(), r.count))
+        .collect();
     println!("observed: an attacker's {} rows {rows:?}", rows.len());
-    let unimpl = rows.iter().find(|(n, _)| n == "[unimplemented]").map_or(0, |r| r.1);
-    let over = rows.iter().find(|(n, _)| n == "[over the per-process limit]").map_or(0, |r| r.1);
+    let unimpl = rows
+        .iter()
+        .find(|(n, _)| n == "[unimplemented]")
+        .map_or(0, |r| r.1);
+    let over = rows
+        .iter()
+        .find(|(n, _)| n == "[over the per-process limit]")
+        .map_or(0, |r| r.1);
     assert_eq!(unimpl, 554, "each unknown number counted, under one key");
-    assert!(over > 0, "numbers beyond the limit are counted under one key");
+    assert!(
+        over > 0,
+        "numbers beyond the limit are counted under one key"
+    );
     assert!(rows.len() <= 48 + 2, "{} rows", rows.len());
     let st = d.status();
-    let full = st.dropped.iter().find(|c| c.reason == "syscalls_full").map_or(0, |c| c.count);
+    let full = st
+        .dropped
+        .iter()
+        .find(|c| c.reason == "syscalls_full")
+        .map_or(0, |c| c.count);
     println!("observed: syscalls_full {full}");
     assert_eq!(full, 0, "the syscall map filled");
 }
@@ -826,10 +1083,18 @@ fn level_switches_lose_no_call_and_are_roots_to_make() {
         "untrusted-level",
         "[gpu]\nlevel = \"calls\"\nrescan_interval_ms = 300\n[daemon]\nlevel_switch_interval_seconds = 0\n",
     );
-    let mut drv = s.spawn_driver(&[Lib::Cuda], &["wait_stdin", "sync stream 50000", "wait_stdin"]);
+    let mut drv = s.spawn_driver(
+        &[Lib::Cuda],
+        &["wait_stdin", "sync stream 50000", "wait_stdin"],
+    );
     drv.wait_for("waiting");
     let t0 = Instant::now();
-    while !d.status().gpu_libraries.iter().any(|l| l.state == ProbeState::Attached) {
+    while !d
+        .status()
+        .gpu_libraries
+        .iter()
+        .any(|l| l.state == ProbeState::Attached)
+    {
         assert!(t0.elapsed() < Duration::from_secs(15), "not attached");
         thread::sleep(Duration::from_millis(100));
     }
@@ -845,7 +1110,12 @@ fn level_switches_lose_no_call_and_are_roots_to_make() {
     thread::sleep(SETTLE);
     let t = d.snapshot(drv.pid);
     let g = t.processes[0].gpu.as_ref().expect("gpu");
-    let syncs: u64 = g.symbols.iter().filter(|s| s.symbol == "cuStreamSynchronize").map(|s| s.calls).sum();
+    let syncs: u64 = g
+        .symbols
+        .iter()
+        .filter(|s| s.symbol == "cuStreamSynchronize")
+        .map(|s| s.calls)
+        .sum();
     let truth = drv.finish().total("cuStreamSynchronize").calls;
     println!("observed: {switches} switches during the loop: {syncs} syncs counted, truth {truth}");
     assert_eq!(syncs, truth);
@@ -856,15 +1126,26 @@ fn level_switches_lose_no_call_and_are_roots_to_make() {
     );
     fs::set_permissions(&d2.socket, fs::Permissions::from_mode(0o666)).expect("chmod the socket");
     let o = run_with_timeout(
-        &mut as_user(NOBODY, &ethand_tests::ethand_bin(), &["level", "process", "--socket", d2.socket.to_str().unwrap()]),
+        &mut as_user(
+            NOBODY,
+            &ethand_tests::ethand_bin(),
+            &["level", "process", "--socket", d2.socket.to_str().unwrap()],
+        ),
         Duration::from_secs(20),
     );
     println!("observed: nobody's switch: {}", text(&o.stderr).trim());
-    assert!(!o.status.success() && text(&o.stderr).contains("only root"), "{}", text(&o.stderr));
+    assert!(
+        !o.status.success() && text(&o.stderr).contains("only root"),
+        "{}",
+        text(&o.stderr)
+    );
     let first = d2.cli(&["level", "process"]);
     assert!(first.status.success(), "{}", text(&first.stderr));
     let second = d2.cli(&["level", "calls"]);
-    println!("observed: a second switch at once: {}", text(&second.stderr).trim());
+    println!(
+        "observed: a second switch at once: {}",
+        text(&second.stderr).trim()
+    );
     assert!(
         !second.status.success() && text(&second.stderr).contains("at most one switch"),
         "{}",

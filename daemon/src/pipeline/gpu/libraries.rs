@@ -228,7 +228,11 @@ pub(super) fn failed(lib: &MappedLibrary, why: String) -> Lib {
 /// A library file whose catalog symbols the reader found (`answer`), with the file the
 /// daemon holds open to attach through (the same device and inode; it must not have changed
 /// between the two opens).
-pub(super) fn resolved(lib: &MappedLibrary, file: std::fs::File, answer: Result<(FileId, CatalogSymbols, usize), String>) -> Lib {
+pub(super) fn resolved(
+    lib: &MappedLibrary,
+    file: std::fs::File,
+    answer: Result<(FileId, CatalogSymbols, usize), String>,
+) -> Lib {
     let (id, symbols, functions) = match answer {
         Ok(a) => a,
         Err(e) => return failed(lib, e),

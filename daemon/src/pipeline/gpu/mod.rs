@@ -17,8 +17,8 @@ use ethand_common::{
     GPU_COOKIE_GEN_SHIFT, GPU_COOKIE_TIME, GPU_GEN_MASK, GpuCallStats, GpuOpDesc, GpuProcState,
     gpu_dir, gpu_flags, gpu_mem,
 };
-use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
 use ethand_reader::FileId;
+use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
 use ethand_userspace_probes::{
     MappedLibrary, Runtime,
     catalog::{CATALOG, CatalogSymbols, Category},
@@ -177,11 +177,15 @@ impl GpuProbes {
         let rewritten: Vec<resolver::Key> = self
             .libs
             .iter()
-            .filter(|(_, l)| l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref()))
+            .filter(|(_, l)| {
+                l.file.is_some() && l.stamp.is_some() && l.stamp != file_stamp(l.file.as_ref())
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for key in rewritten {
-            let Some(mut l) = self.libs.remove(&key) else { continue };
+            let Some(mut l) = self.libs.remove(&key) else {
+                continue;
+            };
             warn!(library = %l.status.path, inode = l.status.inode, "runtime library rewritten in place on disk: resolving its symbols again");
             detach(ebpf, self.progs, &mut l);
             // Read again as the daemon holds it: the process it was found in may be gone.
@@ -217,7 +221,9 @@ impl GpuProbes {
     /// Enters the files whose symbols came back, attached as the level wants.
     fn take_resolved(&mut self, ebpf: &mut Ebpf, done: Vec<resolver::Done>) {
         for d in done {
-            let Some((_, file)) = self.opened.remove(&d.key) else { continue };
+            let Some((_, file)) = self.opened.remove(&d.key) else {
+                continue;
+            };
             let mut l = resolved(&d.lib, file, d.answer);
             if l.status.state != ProbeState::Failed {
                 attach(ebpf, self.progs, &mut l, self.level, self.generation);
@@ -248,7 +254,9 @@ impl GpuProbes {
         }
         match lib.open() {
             // Found in a process that has exited since: the next that maps it is asked.
-            Err(_) if lib.pid != 0 && !std::path::Path::new(&format!("/proc/{}", lib.pid)).exists() => {}
+            Err(_)
+                if lib.pid != 0
+                    && !std::path::Path::new(&format!("/proc/{}", lib.pid)).exists() => {}
             Err(e) => {
                 let l = failed(lib, format!("cannot open it: {e}"));
                 warn!(library = %l.status.host_path, error = %l.status.detail, "runtime library not probed");
@@ -321,7 +329,9 @@ impl GpuProbes {
         }
         // From here on only the new links count.
         if let Some(m) = &mut self.generation_map {
-            m.set(0, &generation, 0).map_err(|e| format!("cannot switch the probes' generation: {}", error_chain(&e)))?;
+            m.set(0, &generation, 0).map_err(|e| {
+                format!("cannot switch the probes' generation: {}", error_chain(&e))
+            })?;
         }
         self.generation = generation;
         self.level = level;
@@ -500,7 +510,14 @@ fn attach(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel, generatio
 }
 
 /// Attaches `l`'s probes as `level` wants, through `path`, with links of generation `generation`.
-fn attach_through(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel, generation: u64, path: PathBuf) {
+fn attach_through(
+    ebpf: &mut Ebpf,
+    progs: Progs,
+    l: &mut Lib,
+    level: GpuLevel,
+    generation: u64,
+    path: PathBuf,
+) {
     if level == GpuLevel::System || l.resolved.is_empty() {
         return;
     }
@@ -527,7 +544,12 @@ fn attach_through(ebpf: &mut Ebpf, progs: Progs, l: &mut Lib, level: GpuLevel, g
         .resolved
         .iter()
         .filter(|(op, _)| probed_at(*op, level) && needs_return(*op, level))
-        .map(|(op, off)| uprobes::at_offset(*off, Some(u64::from(*op) | (generation << GPU_COOKIE_GEN_SHIFT))))
+        .map(|(op, off)| {
+            uprobes::at_offset(
+                *off,
+                Some(u64::from(*op) | (generation << GPU_COOKIE_GEN_SHIFT)),
+            )
+        })
         .collect();
     let result = l
         .links

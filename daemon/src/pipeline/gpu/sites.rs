@@ -256,7 +256,10 @@ mod tests {
         assert!(cs.sites.windows(2).all(|w| w[0].count >= w[1].count));
         let f = &cs.sites[0].frames[0];
         assert!(f.offset.is_some(), "{f:?}");
-        assert_eq!(f.unresolved.as_deref(), Some(ethand_reader::client::NO_READER));
+        assert_eq!(
+            f.unresolved.as_deref(),
+            Some(ethand_reader::client::NO_READER)
+        );
         // Not cached (asked again once there is a reader), the same answer.
         assert!(cache.lock().unwrap().entries.is_empty());
         assert_eq!(call_sites(&cache, &reader, &inputs), out);

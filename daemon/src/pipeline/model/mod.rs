@@ -715,11 +715,14 @@ impl Model {
         let now = self.now_unix_ms;
         let own = self.departed_cgroups.values().filter(|c| !c.other).count();
         let max = self.max_cgroups;
-        let cg = self.departed_cgroups.entry(cgroup_of(p)).or_insert_with(|| CgroupSeries {
-            last_live_ms: now,
-            other: own >= max,
-            ..CgroupSeries::default()
-        });
+        let cg = self
+            .departed_cgroups
+            .entry(cgroup_of(p))
+            .or_insert_with(|| CgroupSeries {
+                last_live_ms: now,
+                other: own >= max,
+                ..CgroupSeries::default()
+            });
         let snap = cgroup_totals(p);
         add_cgroup(&mut cg.departed, &snap);
         for (k, b) in &p.blk {

@@ -244,7 +244,12 @@ impl Model {
     /// What the call sites of `p` are made from (None: no probed call took a stack).
     pub fn site_inputs(&self, p: &Proc) -> Option<crate::pipeline::gpu::sites::SiteInputs> {
         let start_ticks = p.meta.as_ref().map(|m| m.start_ticks).filter(|t| *t > 0);
-        crate::pipeline::gpu::sites::SiteInputs::new(p.key, start_ticks, &p.gpu_sites, &self.gpu_stacks)
+        crate::pipeline::gpu::sites::SiteInputs::new(
+            p.key,
+            start_ticks,
+            &p.gpu_sites,
+            &self.gpu_stacks,
+        )
     }
 
     pub fn process_snapshot(
