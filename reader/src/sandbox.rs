@@ -72,6 +72,14 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     use rustix::thread as t;
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
+    // Raising one's own OOM score needs no privilege, but /proc/self of a process that is not
+    // dumpable (as the supervisor is not) belongs to root: dumpable for that one write, which
+    // comes before RLIMIT_FSIZE (at 0 any write to a file, /proc's included, raises SIGXFSZ).
+    // Best effort: /proc may be absent.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable);
+    let _ = std::fs::write("/proc/self/oom_score_adj", b"1000");
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
     rlimit(
         Resource::Data,
         limits.memory_max_bytes,
@@ -85,8 +93,6 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     rlimit(Resource::Nofile, OPEN_FILES, OPEN_FILES)?;
     rlimit(Resource::Fsize, 0, 0)?;
     rlimit(Resource::Core, 0, 0)?;
-    // Raising one's own OOM score needs no privilege. Best effort: /proc may be absent.
-    let _ = std::fs::write("/proc/self/oom_score_adj", b"1000");
     let caps = t::capabilities(None).map_err(|e| format!("capget: {e}"))?;
     let can_switch = caps
         .effective

@@ -461,6 +461,17 @@ fn fstat(f: &File) -> Result<libc::stat, OpenError> {
     }
 }
 
+/// Whether `f` is on overlayfs. Before Linux 6.8 a mapping of an overlay file names the
+/// underlying file's device (its inode is the same), so there the inode alone decides.
+fn is_overlay(f: &File) -> bool {
+    const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+    // SAFETY: fstatfs fills one zeroed statfs for a descriptor we own.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        libc::fstatfs(f.as_raw_fd(), &mut s) == 0 && s.f_type as i64 == OVERLAYFS_SUPER_MAGIC
+    }
+}
+
 /// Whether `st` is the file a mapping of (major, minor, inode) maps.
 pub fn same_file(st: &libc::stat, major: u32, minor: u32, inode: u64) -> bool {
     st.st_ino == inode && libc::major(st.st_dev) == major && libc::minor(st.st_dev) == minor
@@ -511,7 +522,9 @@ fn open_mapped_in(root: &impl AsFd, vma: &Vma) -> Result<File, OpenError> {
             }
         };
         let st = fstat(&handle)?;
-        if !same_file(&st, vma.dev_major, vma.dev_minor, vma.inode) {
+        if !same_file(&st, vma.dev_major, vma.dev_minor, vma.inode)
+            && !(st.st_ino == vma.inode && is_overlay(&handle))
+        {
             last = if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                 OpenError::NotRegular(kind(st.st_mode))
             } else {

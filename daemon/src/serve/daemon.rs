@@ -21,9 +21,9 @@ use crate::{
     serve::{api, shared::Shared},
 };
 
-/// How long an orderly shutdown may take after SIGTERM before the daemon exits anyway
-/// (systemd's stop timeout is longer).
-pub const STOP_LIMIT: Duration = Duration::from_secs(20);
+/// How long an orderly shutdown may take after SIGTERM before the daemon exits anyway: within
+/// the unit's TimeoutStopSec (10 s).
+pub const STOP_LIMIT: Duration = Duration::from_secs(8);
 
 /// How long start-up waits for the symbols of the runtime libraries found at start.
 pub const GPU_SETTLE: Duration = Duration::from_secs(10);

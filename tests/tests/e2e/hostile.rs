@@ -3,7 +3,7 @@
 //! of megabytes, floods of API requests, symlinks planted where ethand writes. Each test
 //! bounds its attack in count and time, aims at loopback only, and asserts what must hold
 //! under it: /metrics answers a real Prometheus within its scrape timeout, the daemon's
-//! memory stays under the unit's MemoryMax, nothing is written through a symlink. The figures
+//! memory stays under its share of the unit's MemoryMax, nothing is written through a symlink. The figures
 //! each test observed are printed (`observed:`), also when an assertion fails.
 use std::{
     fs,
@@ -31,7 +31,8 @@ const HOSTILE: &str = env!("CARGO_BIN_EXE_ethand-hostile");
 const NOBODY: u32 = 65534;
 /// A second local user (any uid works with setpriv; no account needed).
 const OTHER_UID: u32 = 60123;
-/// The unit's MemoryMax (systemd/ethand.service).
+/// The daemon's own share of the unit's MemoryMax (systemd/ethand.service: 512M, the rest for
+/// the reader's workers).
 const MEMORY_MAX: u64 = 256 << 20;
 
 /// `ethand-hostile ARGS` as `uid`, allowed 8,192 descriptors.

@@ -1045,8 +1045,9 @@ fn daemon_user_switches_every_thread_and_still_measures() {
 
 /// The table "What the kept capabilities permit" of docs/security.md, row by row, against
 /// what a process with exactly those privileges manages (`ethand-hostile cap-probe`): the
-/// daemon (user ethand, kept set), the same set as uid 0 (why a dedicated user), and the
-/// statistics helper (CAP_SYS_ADMIN alone).
+/// daemon (user ethand, kept set), the same set as uid 0 (why a dedicated user), the
+/// statistics helper (CAP_SYS_ADMIN alone) and the reader's supervisor (CAP_SETUID,
+/// CAP_SETGID, CAP_SYS_PTRACE).
 #[test]
 fn what_the_kept_capabilities_permit_is_what_security_md_says() {
     let _serial = serial();
@@ -1102,11 +1103,22 @@ fn what_the_kept_capabilities_permit_is_what_security_md_says() {
             "helper",
             probe(&as_ethand, &caps(&["CAP_SYS_ADMIN".into()])),
         ),
+        (
+            "reader",
+            probe(
+                &as_ethand,
+                &caps(&[
+                    "CAP_SETUID".into(),
+                    "CAP_SETGID".into(),
+                    "CAP_SYS_PTRACE".into(),
+                ]),
+            ),
+        ),
     ];
     for (who, seen) in &columns {
         eprintln!("observed: {who}: {seen:?}");
     }
-    // The documented table: | what (`key`) | daemon | uid 0 | helper |
+    // The documented table: | what (`key`) | daemon | uid 0 | helper | reader |
     let doc = fs::read_to_string(SECURITY_MD).expect("read docs/security.md");
     let table: Vec<(String, Vec<String>)> = doc
         .split("### What the kept capabilities permit")
@@ -1117,7 +1129,7 @@ fn what_the_kept_capabilities_permit_is_what_security_md_says() {
         .map(|l| {
             let cells: Vec<String> = l.split('|').map(|c| c.trim().to_string()).collect();
             let key = cells[1].split('`').nth(1).expect("`key`").to_string();
-            (key, cells[2..5].to_vec())
+            (key, cells[2..6].to_vec())
         })
         .collect();
     assert_eq!(table.len(), 9, "rows of the table: {table:?}");

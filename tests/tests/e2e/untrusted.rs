@@ -665,6 +665,14 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
     }));
     still_serving(&d, "deleted helper, after its snapshot");
     drop(drivers);
+    // And SIGTERM still ends it at once.
+    let mut d = d;
+    let stopped = d.terminate(Duration::from_secs(10));
+    println!("observed: SIGTERM: {stopped:?}");
+    assert!(
+        stopped.is_some_and(|(t, st)| st.success() && t < Duration::from_secs(8)),
+        "{stopped:?}"
+    );
 }
 
 /// Rows "Python code compiled with co_filename = another user's 0644 file behind a 0700

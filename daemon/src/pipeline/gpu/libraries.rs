@@ -238,7 +238,15 @@ pub(super) fn resolved(
         Err(e) => return failed(lib, e),
     };
     let stamp = file_stamp(Some(&file));
-    if stamp != Some((id.size, i128::from(id.mtime_ns))) {
+    let same_inode = {
+        use std::os::unix::fs::MetadataExt;
+        file.metadata().is_ok_and(|m| {
+            m.ino() == id.inode
+                && libc::major(m.dev()) == id.dev_major
+                && libc::minor(m.dev()) == id.dev_minor
+        })
+    };
+    if !same_inode || stamp != Some((id.size, i128::from(id.mtime_ns))) {
         return failed(
             lib,
             "the file changed while its symbols were read (found again at a later rescan)".into(),
