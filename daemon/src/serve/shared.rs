@@ -401,16 +401,6 @@ impl Shared {
             processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
         }
         drop(model);
-        for inputs in &site_inputs {
-            let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &self.reader, inputs);
-            if let Some(g) = processes
-                .iter_mut()
-                .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
-                .and_then(|p| p.gpu.as_mut())
-            {
-                g.call_sites = sites;
-            }
-        }
         let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
         let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
         for p in processes.iter_mut().filter(|p| p.alive) {
@@ -420,6 +410,17 @@ impl Shared {
                 .cloned()
                 .unwrap_or((Default::default(), measured_ms));
             crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
+        }
+        // After what the threads are doing now was read: symbolizing may take a while.
+        for inputs in &site_inputs {
+            let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &self.reader, inputs);
+            if let Some(g) = processes
+                .iter_mut()
+                .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
+                .and_then(|p| p.gpu.as_mut())
+            {
+                g.call_sites = sites;
+            }
         }
         let now = unix_ms();
         let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
