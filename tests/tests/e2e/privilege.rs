@@ -1124,6 +1124,10 @@ fn what_the_kept_capabilities_permit_is_what_security_md_says() {
         .split("### What the kept capabilities permit")
         .nth(1)
         .expect("docs/security.md has the table")
+        // That section only: up to the next heading.
+        .split("\n#")
+        .next()
+        .expect("the section")
         .lines()
         .filter(|l| l.starts_with("| ") && (l.contains("| allowed") || l.contains("| refused")))
         .map(|l| {
