@@ -664,6 +664,12 @@ fn fifos_at_mapped_paths_never_block_and_odd_paths_are_probed() {
             && f.unresolved.is_some()
     }));
     still_serving(&d, "deleted helper, after its snapshot");
+    // A daemon started now (a restart) reaches ready with all of it mapped.
+    let t0 = Instant::now();
+    let again = Daemon::start("untrusted-fifo-restart", TOML);
+    println!("observed: a second daemon ready in {:?}", t0.elapsed());
+    still_serving(&again, "restarted daemon");
+    drop(again);
     drop(drivers);
     // And SIGTERM still ends it at once.
     let mut d = d;
@@ -853,6 +859,18 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
         everything.contains("secret.py"),
         "the sampled frame is there"
     );
+    // And a recorded trace (CPU and Python samples of the attacker's processes).
+    let trace = dir.path("trace.json");
+    for pid in [py.0.id(), lc.pid()] {
+        let o = run_with_timeout(
+            Command::new(ethand_tests::ethand_bin())
+                .args(["record", "--pid", &pid.to_string(), "--duration", "2s", "-o"])
+                .arg(&trace),
+            Duration::from_secs(30),
+        );
+        assert!(o.status.success(), "record: {}", text(&o.stderr));
+        everything.push_str(&fs::read_to_string(&trace).expect("trace"));
+    }
     for forbidden in [marker.as_str(), "victim_secret_function", "db_password"] {
         assert!(
             !everything.contains(forbidden),
