@@ -12,6 +12,7 @@
 //!
 //! docs/security.md ("What ethand reads of other users") states the whole boundary.
 pub mod client;
+mod creds;
 mod elf;
 pub mod owner;
 pub mod proto;

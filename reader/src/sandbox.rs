@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use rustix::{
     process::{Resource, Rlimit},
-    thread::{CapabilitySet, CapabilitySets},
+    thread::CapabilitySet,
 };
 
 use crate::proto::Owner;
@@ -97,35 +97,8 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     let can_switch = caps
         .effective
         .contains(CapabilitySet::SETUID | CapabilitySet::SETGID);
-    if can_switch {
-        // Keep the permitted set across the uid change (from or to 0 it would be cleared).
-        t::set_keep_capabilities(true).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-        let groups: Vec<rustix::fs::Gid> = owner
-            .groups
-            .iter()
-            .map(|g| rustix::fs::Gid::from_raw(*g))
-            .collect();
-        t::set_thread_groups(&groups).map_err(|e| format!("setgroups: {e}"))?;
-        let gid = rustix::fs::Gid::from_raw(owner.gid);
-        t::set_thread_res_gid(gid, gid, gid).map_err(|e| format!("setresgid: {e}"))?;
-        let uid = rustix::fs::Uid::from_raw(owner.uid);
-        t::set_thread_res_uid(uid, uid, uid).map_err(|e| format!("setresuid: {e}"))?;
-        t::set_keep_capabilities(false).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-    }
     let keep = caps.permitted & CapabilitySet::SYS_PTRACE;
-    t::set_capabilities(
-        None,
-        CapabilitySets {
-            effective: keep,
-            permitted: keep,
-            inheritable: CapabilitySet::empty(),
-        },
-    )
-    .map_err(|e| format!("capset: {e}"))?;
-    let _ = t::clear_ambient_capability_set();
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
-    t::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    crate::creds::assume(can_switch.then_some(owner), keep)?;
     // SIGALRM ends the worker when a request outlasts its deadline (its default action).
     // SAFETY: resets one signal's disposition to the default.
     unsafe { libc::signal(libc::SIGALRM, libc::SIG_DFL) };

@@ -13,11 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rustix::thread::{CapabilitySet, CapabilitySets};
+use rustix::thread::CapabilitySet;
 
 use crate::{
     owner,
-    proto::{self, ControlReply, OpenSession, WireError},
+    proto::{self, ControlReply, OpenSession, Owner, WireError},
     sandbox::Limits,
     worker,
 };
@@ -99,35 +99,16 @@ fn reduce(user: Option<&(u32, u32, Vec<u32>)>) -> Result<(), String> {
             }
         }
     }
-    if let Some((uid, gid, groups)) = user {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != *uid {
-            t::set_keep_capabilities(true).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-            let g: Vec<rustix::fs::Gid> = groups
-                .iter()
-                .map(|g| rustix::fs::Gid::from_raw(*g))
-                .collect();
-            t::set_thread_groups(&g).map_err(|e| format!("setgroups: {e}"))?;
-            let gid = rustix::fs::Gid::from_raw(*gid);
-            t::set_thread_res_gid(gid, gid, gid).map_err(|e| format!("setresgid: {e}"))?;
-            let uid = rustix::fs::Uid::from_raw(*uid);
-            t::set_thread_res_uid(uid, uid, uid).map_err(|e| format!("setresuid: {e}"))?;
-            t::set_keep_capabilities(false).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-        }
-    }
-    t::set_capabilities(
-        None,
-        CapabilitySets {
-            effective: keep,
-            permitted: keep,
-            inheritable: CapabilitySet::empty(),
-        },
-    )
-    .map_err(|e| format!("capset: {e}"))?;
-    let _ = t::clear_ambient_capability_set();
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
-    t::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let user = user
+        .filter(|(uid, _, _)| *uid != euid)
+        .map(|(uid, gid, groups)| Owner {
+            uid: *uid,
+            gid: *gid,
+            groups: groups.clone(),
+        });
+    crate::creds::assume(user.as_ref(), keep)
 }
 
 /// The supervisor's main: serves session requests on standard input until it closes.
