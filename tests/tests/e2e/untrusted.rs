@@ -864,7 +864,14 @@ fn files_the_owner_may_not_read_never_reach_an_output() {
     for pid in [py.0.id(), lc.pid()] {
         let o = run_with_timeout(
             Command::new(ethand_tests::ethand_bin())
-                .args(["record", "--pid", &pid.to_string(), "--duration", "2s", "-o"])
+                .args([
+                    "record",
+                    "--pid",
+                    &pid.to_string(),
+                    "--duration",
+                    "2s",
+                    "-o",
+                ])
                 .arg(&trace),
             Duration::from_secs(30),
         );
