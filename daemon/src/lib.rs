@@ -44,9 +44,12 @@ pub fn write_stdout(out: impl AsRef<[u8]>) -> anyhow::Result<()> {
     }
 }
 
-/// The exit code for an error: 2 when a [`UsageError`] is among its causes, else 1.
+/// The exit code for an error: 2 when a [`UsageError`] or a broken diagnosis rule is among
+/// its causes, else 1.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.chain().any(|c| c.is::<UsageError>()) {
+    if e.chain()
+        .any(|c| c.is::<UsageError>() || c.is::<diagnose::RuleError>())
+    {
         EXIT_USAGE
     } else {
         EXIT_FAILURE

@@ -353,6 +353,25 @@ impl Expr {
         })
     }
 
+    /// The signal names it reads, in order (with repeats).
+    pub fn signals(&self) -> impl Iterator<Item = &str> {
+        let mut out = Vec::new();
+        let mut stack = vec![self];
+        while let Some(e) = stack.pop() {
+            match e {
+                Expr::Num(_) => {}
+                Expr::Signal(n) => out.push(n.as_str()),
+                Expr::Not(x) | Expr::Neg(x) => stack.push(x),
+                Expr::Bin(l, _, r) => {
+                    stack.push(r);
+                    stack.push(l);
+                }
+                Expr::Call(_, args) => stack.extend(args.iter().rev()),
+            }
+        }
+        out.into_iter()
+    }
+
     /// As a condition: a missing signal is false.
     pub fn truth(&self, s: &BTreeMap<String, f64>) -> bool {
         self.eval(s).is_some_and(|v| v != 0.0)

@@ -693,18 +693,159 @@ impact = "cpu.main_thread_busy_ratio"
 "#,
     )
     .unwrap();
-    std::fs::write(
-        dir.join("20-broken.toml"),
-        "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n",
-    )
-    .unwrap();
-    let rules = load_rules(&dir);
+    let rules = load_rules(&dir).unwrap();
     assert!(!rules.iter().any(|r| r.id == "cpu_contention"));
     let mut t = healthy();
     t.processes[0].window.as_mut().unwrap().runq_wait_ns = 4 * S;
     let f: Vec<String> = diagnose(&t, &rules).into_iter().map(|f| f.id).collect();
     assert_eq!(f, vec!["busy_main_thread"]);
+    // A broken file next to it stops the load: its operator's rules are not dropped quietly.
+    std::fs::write(
+        dir.join("20-broken.toml"),
+        "[[rule]]\nid = \"x\"\ntitle = \"t\"\nwhen = \"a >\"\n",
+    )
+    .unwrap();
+    let e = load_rules(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("20-broken.toml") && e.contains("\"x\"") && e.contains("when"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+    // No rules directory at all: the built-in rules.
+    assert_eq!(
+        load_rules(&dir).unwrap().len(),
+        parse_rules(BUILTIN_RULES, "b")
+            .unwrap()
+            .iter()
+            .filter(|r| r.1.is_some())
+            .count()
+    );
+}
+
+/// A rule naming a signal the catalog does not have is refused in every field that names
+/// signals, with the file, the rule, the field and the nearest name; it would be silently
+/// false (or never evaluated) otherwise.
+#[test]
+fn rules_naming_unknown_signals_are_refused() {
+    let base = |field: &str, value: &str| {
+        let mut r = String::from("[[rule]]\nid = \"typo\"\ntitle = \"t\"\n");
+        if field != "when" {
+            r.push_str("when = \"gpu.sm_busy_ratio < 0.5\"\n");
+        }
+        r.push_str(&format!("{field} = {value}\n"));
+        r
+    };
+    for (field, value) in [
+        ("when", "\"gpu.sm_busy < 0.5\""),
+        ("when", "\"!(max(cpu.cores_used, gpu.sm_busy) > 1)\""),
+        ("speedup", "\"1 / gpu.sm_busy\""),
+        ("impact", "\"1 - gpu.sm_busy\""),
+        ("evidence", "[\"cpu.cores_used\", \"gpu.sm_busy\"]"),
+        ("needs", "[\"gpu.sm_busy\"]"),
+    ] {
+        let e = parse_rules(&base(field, value), "/etc/ethand/rules.d/site.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/ethand/rules.d/site.toml: rule \"typo\": ")
+                && e.contains(&format!("{field}: unknown signal \"gpu.sm_busy\""))
+                && e.contains("did you mean gpu.sm_busy_ratio?"),
+            "{field}: {e}"
+        );
+    }
+    // Nothing near: no suggestion.
+    let e = parse_rules(&base("when", "\"zzz > 1\""), "f")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unknown signal \"zzz\"") && !e.contains("did you mean"),
+        "{e}"
+    );
+    // The same rule with the right name loads.
+    assert!(parse_rules(&base("when", "\"gpu.sm_busy_ratio < 0.5\""), "f").is_ok());
+}
+
+/// The catalog: one entry per name; names carry their unit (`_ratio`/`_share`, `_per_second`,
+/// `_bytes`, `seconds`, `_celsius`, `_watts`, else a count), as the metric conventions ask;
+/// every signal a built-in rule reads is in it; docs/diagnosis.md's table is generated from it.
+#[test]
+fn signal_catalog_is_whole_and_documented() {
+    let names: Vec<&str> = signals::all().map(|s| s.name).collect();
+    let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+    assert_eq!(unique.len(), names.len(), "a signal declared twice");
+    for s in signals::all() {
+        let n = s.name;
+        let by_name = if ["_ratio", "_share", "_spread", "_min", "_max"]
+            .iter()
+            .any(|x| n.ends_with(x))
+        {
+            "ratio"
+        } else if n.ends_with("_per_second") {
+            "per_second"
+        } else if n.ends_with("_bytes") {
+            "bytes"
+        } else if n.contains("seconds") {
+            "seconds"
+        } else if n.ends_with("_celsius") {
+            "celsius"
+        } else if n.ends_with("_watts") {
+            "watts"
+        } else {
+            "count"
+        };
+        assert_eq!(s.unit.as_str(), by_name, "{n}: its name says another unit");
+        assert!(!s.doc.is_empty() && !s.doc.contains('|'), "{n}: doc");
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/diagnosis.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = (
+        "<!-- signals: generated from daemon/src/diagnose/signals/ -->\n",
+        "<!-- end of signals -->",
+    );
+    let (i, j) = (
+        doc.find(begin)
+            .expect("docs/diagnosis.md has the signals markers")
+            + begin.len(),
+        doc.find(end).expect("docs/diagnosis.md has the end marker"),
+    );
+    let want = signals::render_doc_table();
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, format!("{}{want}{}", &doc[..i], &doc[j..])).unwrap();
+    } else {
+        assert!(
+            doc[i..j] == want,
+            "docs/diagnosis.md's signal table is stale: run UPDATE_DOCS=1 cargo test -p ethand --lib signal_catalog"
+        );
+    }
+}
+
+/// Every signal the catalog computes on a rich tree is one it declares, and a tree without a
+/// window, GPU or devices has none of the signals that need them (absent, never 0).
+#[test]
+fn unmeasured_signals_are_absent() {
+    let mut t = healthy();
+    t.processes[0].window = None;
+    t.measured_ms = 0;
+    let s = signals(&t);
+    for n in [
+        "window_seconds",
+        "cpu.cores_used",
+        "cpu.runq_wait_ratio",
+        "io.block_bytes_per_second",
+        "gpu.sync_calls",
+        "gpu.launches_per_second",
+        "gpu.sm_busy_ratio",
+        "gpu.throttled",
+        "ranks.count",
+        "mem.swap_bytes",
+    ] {
+        assert!(
+            !s.contains_key(n),
+            "{n} present without what it measures: {s:?}"
+        );
+    }
+    assert!(s.keys().all(|k| signals::find(k).is_some()));
+    assert_eq!(s["tree.uses_accelerator"], 0.0);
 }
 
 #[test]

@@ -52,6 +52,8 @@ pub struct Engine {
 
 impl Engine {
     pub fn start(cfg: &Config) -> anyhow::Result<Self> {
+        // Before anything is loaded: a broken rules file stops the start (exit 2).
+        let rules = crate::diagnose::load_rules(&cfg.diagnosis.rules_dir)?;
         let mut loaded = loader::load(cfg)?;
         let collector = Collector::new(&mut loaded.ebpf, cfg, loaded.oncpu_from_task)
             .context("setting up map readers")?;
@@ -110,7 +112,7 @@ impl Engine {
         // After attaching: a process born since is seen by its counters.
         let seeded = model.seed_live_processes(unix_ms());
         tracing::debug!(processes = seeded, "live processes entered from /proc");
-        let shared = Arc::new(Shared::new(model, cfg, reader));
+        let shared = Arc::new(Shared::new(model, cfg, rules, reader));
         let _ = shared.gpu_inflight.set(collector.gpu_inflight());
         let syscalls_attached = loaded
             .probes

@@ -98,7 +98,12 @@ pub struct CodeSample {
 impl Shared {
     /// The state of a daemon whose model is `model`, as `cfg` sets it up (process
     /// selection, diagnosis rules, device history, launch samples).
-    pub fn new(model: Model, cfg: &Config, reader: crate::pipeline::reader::ReaderHandle) -> Self {
+    pub fn new(
+        model: Model,
+        cfg: &Config,
+        rules: Vec<crate::diagnose::Rule>,
+        reader: crate::pipeline::reader::ReaderHandle,
+    ) -> Self {
         let d = &cfg.daemon;
         Self {
             model: Mutex::new(model),
@@ -113,7 +118,7 @@ impl Shared {
             exported: Mutex::new(None),
             selection: Mutex::new((selection_policy(&cfg.prometheus), Selection::new())),
             devnames: model::block_device_names(),
-            rules: crate::diagnose::load_rules(&cfg.diagnosis.rules_dir),
+            rules,
             otlp: std::sync::OnceLock::new(),
             rendered: Mutex::new(None),
             node_line: Mutex::new((u64::MAX, std::sync::Weak::new())),

@@ -726,3 +726,81 @@ fn daemon_log_into_a_pipe_has_no_colours() {
         "SIGTERM after ready: {st}; log:\n{all}"
     );
 }
+
+/// A rules file naming a signal the catalog does not have stops `ethand run` (before any BPF
+/// work, no socket) and `ethand diagnose` with exit 2 and one line naming the file, the rule,
+/// the field and the nearest signal; the same rule spelled right loads and fires on a real
+/// snapshot (the H200 `sync_storm` fixture: SM busy 6 %).
+#[test]
+fn rules_naming_unknown_signals_stop_run_and_diagnose() {
+    let _serial = serial();
+    let dir = temp_path("rules-typo", "d");
+    fs::create_dir_all(&dir).expect("rules dir");
+    let rule = |when: &str| {
+        format!(
+            "[[rule]]\nid = \"site_idle_gpu\"\ntitle = \"GPU idle\"\nwhen = {when:?}\nevidence = [\"gpu.sm_busy_ratio\"]\n"
+        )
+    };
+    let site = dir.join("site.toml");
+    fs::write(&site, rule("gpu.sm_busy < 0.5")).expect("write rule");
+    let cfg = config_file(
+        "rules-typo",
+        &format!("[diagnosis]\nrules_dir = {:?}\n", dir.display().to_string()),
+    );
+    let sock = temp_path("rules-typo", "sock");
+    let want = format!(
+        "ethand: error: {}: rule \"site_idle_gpu\": when: unknown signal \"gpu.sm_busy\" (did you mean gpu.sm_busy_ratio?",
+        site.display()
+    );
+    let t0 = Instant::now();
+    let run = run_with_timeout(
+        Command::new(ethand_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", free_port())),
+        Duration::from_secs(10),
+    );
+    let took = t0.elapsed();
+    let err = text(&run.stderr);
+    eprintln!("observed: run: {} in {took:?}: {err:?}", run.status);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(err.starts_with(&want) && err.lines().count() == 1, "{err}");
+    assert!(
+        !sock.exists(),
+        "a socket was bound before the rules were checked"
+    );
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/gpu-scenarios/sync_storm/daemon-worker.json");
+    let diagnose = |json: bool| {
+        let mut c = Command::new(ethand_bin());
+        c.arg("diagnose").arg(&fixture).arg("--config").arg(&cfg);
+        if json {
+            c.arg("--json");
+        }
+        run_with_timeout(&mut c, Duration::from_secs(10))
+    };
+    let out = diagnose(false);
+    let err = text(&out.stderr);
+    eprintln!("observed: diagnose: {}: {err:?}", out.status);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with(&want), "{err}");
+    fs::write(&site, rule("gpu.sm_busy_ratio < 0.5")).expect("write rule");
+    let out = diagnose(true);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let ids: Vec<&str> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["id"].as_str())
+        .collect();
+    eprintln!("observed: diagnose with the rule spelled right: {ids:?}");
+    assert!(
+        ids.contains(&"site_idle_gpu") && ids.contains(&"excessive_sync"),
+        "{ids:?}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+    let _ = fs::remove_file(&cfg);
+}

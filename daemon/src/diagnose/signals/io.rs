@@ -1,0 +1,162 @@
+//! Block I/O, I/O wait, the network and memory pressure.
+use ethand_snapshot::ProcessSnapshot;
+
+use super::{HowToGet, Signal, Unit};
+
+/// Syscalls whose time is I/O wait.
+const RW_SYSCALLS: &[&str] = &[
+    "read",
+    "pread64",
+    "readv",
+    "preadv",
+    "preadv2",
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "pwritev2",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "io_getevents",
+    "io_pgetevents",
+    "io_uring_enter",
+];
+
+pub(super) const SIGNALS: &[Signal] = &[
+    Signal {
+        name: "io.wait_ratio",
+        unit: Unit::Ratio,
+        doc: "per process, time in read/write-class syscalls against its longest-lived thread's time; the worst process",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            c.worst_share_of_life(&|p| {
+                p.syscalls
+                    .by_nr
+                    .iter()
+                    .filter(|r| RW_SYSCALLS.contains(&r.name.as_str()))
+                    .map(|r| r.time_ns)
+                    .sum()
+            })
+            .map(|v| v.min(1.0))
+        },
+    },
+    Signal {
+        name: "io.block_read_bytes_per_second",
+        unit: Unit::PerSecond,
+        doc: "block reads submitted by the tree",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second(c.sum(|x| x.block_read_bytes)),
+    },
+    Signal {
+        name: "io.block_write_bytes_per_second",
+        unit: Unit::PerSecond,
+        doc: "block writes submitted by the tree",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second(c.sum(|x| x.block_write_bytes)),
+    },
+    Signal {
+        name: "io.block_bytes_per_second",
+        unit: Unit::PerSecond,
+        doc: "block reads and writes submitted by the tree",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second(c.sum(|x| x.block_read_bytes) + c.sum(|x| x.block_write_bytes)),
+    },
+    Signal {
+        name: "io.block_service_seconds_per_op",
+        unit: Unit::Seconds,
+        doc: "mean device time per request",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let (ops, svc): (u64, u64) =
+                c.t.processes
+                    .iter()
+                    .flat_map(|p| p.block.iter())
+                    .fold((0, 0), |(o, s), b| (o + b.ops, s + b.service_ns));
+            (ops > 0).then(|| svc as f64 / 1e9 / ops as f64)
+        },
+    },
+    Signal {
+        name: "io.disk_busy_ratio",
+        unit: Unit::Ratio,
+        doc: "per process, the device time of its block requests against its longest-lived thread's time (at most 1); the worst process. Tells a process waiting on the disk from one reading the page cache that sees a few evicted pages read again",
+        how_to_get: HowToGet::Measured,
+        // Time in read() alone cannot tell the disk from the page cache, and a few requests
+        // of a process that reads from the cache move a MiB/s without the disk being its
+        // bottleneck.
+        compute: |c| {
+            c.worst_share_of_life(&|p: &ProcessSnapshot| p.block.iter().map(|b| b.service_ns).sum())
+                .map(|v| v.min(1.0))
+        },
+    },
+    Signal {
+        name: "net.tx_bytes_per_second",
+        unit: Unit::PerSecond,
+        doc: "TCP and UDP bytes sent",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second(c.sum(|x| x.net_tx_bytes)),
+    },
+    Signal {
+        name: "net.rx_bytes_per_second",
+        unit: Unit::PerSecond,
+        doc: "TCP and UDP bytes received",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second(c.sum(|x| x.net_rx_bytes)),
+    },
+    Signal {
+        name: "net.tcp_retransmits",
+        unit: Unit::Count,
+        doc: "retransmitted TCP segments",
+        how_to_get: HowToGet::Measured,
+        compute: |c| Some(c.t.total.net.tcp_retransmits as f64),
+    },
+    Signal {
+        name: "net.tcp_tx_bytes",
+        unit: Unit::Bytes,
+        doc: "TCP bytes sent",
+        how_to_get: HowToGet::Measured,
+        compute: |c| Some(c.t.total.net.tcp_tx_bytes as f64),
+    },
+    Signal {
+        name: "net.retransmits_per_mib",
+        unit: Unit::Count,
+        doc: "retransmits per MiB sent",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let n = &c.t.total.net;
+            Some(n.tcp_retransmits as f64 / (n.tcp_tx_bytes as f64 / 1048576.0).max(1.0 / 1024.0))
+        },
+    },
+    Signal {
+        name: "mem.swap_bytes",
+        unit: Unit::Bytes,
+        doc: "swapped-out memory of the tree's live processes, from /proc when the snapshot was taken (kept in it, so `ethand diagnose` reads the same later)",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let live = c.t.processes.iter().filter(|p| p.alive);
+            let known: Vec<u64> = live.filter_map(|p| p.swap_bytes).collect();
+            (!known.is_empty()).then(|| known.iter().sum::<u64>() as f64)
+        },
+    },
+    Signal {
+        name: "mem.major_faults_per_second",
+        unit: Unit::PerSecond,
+        doc: "major faults per second of life of the tree's live processes, read as `mem.swap_bytes`",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let t = c.t;
+            let now_s = t.taken_at_unix_ms as f64 / 1000.0;
+            let live: Vec<&ProcessSnapshot> = t.processes.iter().filter(|p| p.alive).collect();
+            live.iter().any(|p| p.major_faults.is_some()).then(|| {
+                live.iter()
+                    .filter(|p| p.start_time_unix_s > 0)
+                    .filter_map(|p| {
+                        let age = now_s - p.start_time_unix_s as f64;
+                        let faults = p.major_faults?;
+                        (age > 0.0).then(|| faults as f64 / age)
+                    })
+                    .sum()
+            })
+        },
+    },
+];
