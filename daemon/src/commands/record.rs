@@ -70,7 +70,8 @@ use crate::{
     commands::python_samples::{PySample, PythonSampler},
     config::Config,
     pipeline::{
-        loader::{self, error_chain},
+        bpf_error::error_chain,
+        loader,
         procinfo::monotonic_ns,
         reader::ReaderHandle,
         symbols, syscalls_table,

@@ -34,7 +34,7 @@ use ethand_snapshot::stacks::{
 use tracing::{debug, warn};
 
 use crate::pipeline::{
-    loader::error_chain,
+    bpf_error::error_chain,
     procinfo::{self, monotonic_ns, unix_ms},
     reader::ReaderHandle,
     stack_sample::top,

@@ -24,8 +24,8 @@ use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
 use tracing::{debug, warn};
 
 use crate::pipeline::{
+    bpf_error::error_chain,
     gpu::GpuProbes,
-    loader::error_chain,
     uprobes::{self, UprobeError},
 };
 

@@ -11,7 +11,13 @@ use ethand_common::{KernelOffsets, TracepointOffsets};
 use ethand_snapshot::{ProbeState, ProbeStatus};
 use tracing::{info, warn};
 
-use crate::{config::Config, pipeline::kernel};
+use crate::{
+    config::Config,
+    pipeline::{
+        bpf_error::{BpfFailure, Refusal, error_chain},
+        kernel,
+    },
+};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ethand"));
 
@@ -346,12 +352,17 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),
         _ => None,
     };
-    let net_btf_refused = (koff.net_btf == 0)
-        .then_some("kernel BTF lacks a u16 sock.sk_protocol, which the BTF socket programs read");
+    let net_btf_refused = (koff.net_btf == 0).then(|| BpfFailure {
+        refusal: Refusal::Unsupported,
+        message: "kernel BTF lacks a u16 sock.sk_protocol, which the BTF socket programs read"
+            .into(),
+    });
     for spec in PROBES {
         let refused = match spec.name {
-            _ if spec.family == "block" => block_btf_refused.as_deref(),
-            "sock_send_length" | "sock_recv_length" | "inet_sock_set_state" => net_btf_refused,
+            _ if spec.family == "block" => block_btf_refused.as_ref(),
+            "sock_send_length" | "sock_recv_length" | "inet_sock_set_state" => {
+                net_btf_refused.as_ref()
+            }
             _ => None,
         };
         if spec.name == "sched_wakeup" && koff.runq_from_task == 1 && cfg.probes.sched {
@@ -406,7 +417,7 @@ fn load_profile(
         .ok_or("the BPF object has no CPU profile program")?
         .try_into()
         .map_err(|e: ProgramError| error_chain(&e))?;
-    p.load().map_err(|e| with_cap_hint(error_chain(&e)))?;
+    p.load().map_err(|e| BpfFailure::of(&e).message)?;
     let Some(btf) = btf else {
         return Ok(Some(
             "no kernel BTF (the off-CPU program is a BTF tracepoint)".into(),
@@ -419,7 +430,7 @@ fn load_profile(
         btf,
     )
     .err()
-    .map(|e| with_cap_hint(error_chain(&e))))
+    .map(|e| BpfFailure::of(&e).message))
 }
 
 /// Turns syscall batching on when configured and every probe that flushes a batch is
@@ -457,11 +468,7 @@ fn set_syscall_batching(loaded: &mut Loaded, cfg: &Config) {
 }
 
 fn permission_hint(e: &aya::EbpfError) -> &'static str {
-    let s = format!("{e:?}");
-    if s.contains("EPERM")
-        || s.contains("Operation not permitted")
-        || s.contains("PermissionDenied")
-    {
+    if Refusal::of(e) == Refusal::Denied {
         " (missing capability CAP_BPF: run as root or grant CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH)"
     } else {
         ""
@@ -471,17 +478,21 @@ fn permission_hint(e: &aya::EbpfError) -> &'static str {
 /// The block programs share their requests in flight, keyed by address (BTF) or by start
 /// sector (classic), so the three are of one kind: BTF when every one loads. Why not, or
 /// None.
-fn block_btf_refused(ebpf: &mut Ebpf, koff: &KernelOffsets, btf: &Btf) -> Option<String> {
+fn block_btf_refused(ebpf: &mut Ebpf, koff: &KernelOffsets, btf: &Btf) -> Option<BpfFailure> {
     if koff.blk_btf == 0 {
-        return Some("kernel BTF lacks a struct request member the BTF block programs read".into());
+        return Some(BpfFailure {
+            refusal: Refusal::Unsupported,
+            message: "kernel BTF lacks a struct request member the BTF block programs read".into(),
+        });
     }
     for spec in PROBES.iter().filter(|s| s.family == "block") {
         let (prog, tp) = spec.btf?;
         if let Err(e) = load_btf(ebpf, prog, tp, btf) {
-            return Some(format!(
-                "tp_btf/{tp}: {} (all three block probes use one kind)",
-                with_cap_hint(error_chain(&e))
-            ));
+            let f = BpfFailure::of(&e);
+            return Some(BpfFailure {
+                refusal: f.refusal,
+                message: format!("tp_btf/{tp}: {f} (all three block probes use one kind)"),
+            });
         }
     }
     None
@@ -493,7 +504,7 @@ fn attach_probe(
     cfg: &Config,
     spec: &ProbeSpec,
     btf: Option<&Btf>,
-    btf_refused: Option<&str>,
+    btf_refused: Option<&BpfFailure>,
 ) -> ProbeStatus {
     let mut status = ProbeStatus {
         name: spec.name.into(),
@@ -505,8 +516,12 @@ fn attach_probe(
         return status;
     }
     let mut reasons = Vec::new();
+    // The kernel denied the BTF program (a missing capability): a failure, not a kernel
+    // without the hook.
+    let mut denied = false;
     if let Some(why) = btf_refused {
-        reasons.push(why.to_string());
+        denied = why.refusal == Refusal::Denied;
+        reasons.push(why.message.clone());
     } else if let (Some((prog, tp)), true, Some(btf)) = (
         spec.btf,
         cfg.probes.prefer_btf || spec.classic.is_none(),
@@ -519,7 +534,11 @@ fn attach_probe(
                 l.program_probe.insert(prog.into(), spec.name.into());
                 return status;
             }
-            Err(e) => reasons.push(format!("tp_btf/{tp}: {}", with_cap_hint(error_chain(&e)))),
+            Err(e) => {
+                let f = BpfFailure::of(&e);
+                denied = f.refusal == Refusal::Denied;
+                reasons.push(format!("tp_btf/{tp}: {f}"));
+            }
         }
     } else if spec.btf.is_some() && spec.classic.is_some() && !cfg.probes.prefer_btf {
         reasons.push("probes.prefer_btf = false".into());
@@ -527,8 +546,7 @@ fn attach_probe(
         reasons.push("no kernel BTF".into());
     }
     let Some(prog) = spec.classic else {
-        // Refused for lack of a capability is a failure, not a kernel without the hook.
-        status.state = if reasons.iter().any(|r| r.contains(EPERM_TEXT)) {
+        status.state = if denied {
             ProbeState::Failed
         } else {
             ProbeState::Unsupported
@@ -566,30 +584,16 @@ fn attach_probe(
         }
         Err(e) => {
             status.state = ProbeState::Failed;
-            reasons.push(format!(
-                "tracepoint/{tp}: {}",
-                with_cap_hint(error_chain(&e))
-            ));
+            reasons.push(format!("tracepoint/{tp}: {}", BpfFailure::of(&e)));
             status.detail = reasons.join("; ");
         }
     }
     status
 }
 
-const EPERM_TEXT: &str = "Operation not permitted";
-
 /// The detail of `sched_wakeup` where it is not attached because it is not needed.
 pub const RUNQ_FROM_KERNEL: &str = "not needed: run-queue waits are the kernel's own \
      (sched_info.run_delay, read at each sched_switch)";
-
-/// Names the capability when the kernel said EPERM: loading and attaching tracing programs
-/// needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN).
-fn with_cap_hint(mut s: String) -> String {
-    if s.contains(EPERM_TEXT) {
-        s.push_str(" (missing capability: tracing programs need CAP_BPF and CAP_PERFMON)");
-    }
-    s
-}
 
 fn load_btf(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &Btf) -> Result<(), ProgramError> {
     let p: &mut BtfTracePoint = ebpf
@@ -627,32 +631,4 @@ fn attach_classic(
     }
     p.attach(group, event)?;
     Ok(())
-}
-
-/// An error with its sources, one line (aya keeps the verifier log in the source chain).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let t = src.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = src.source();
-    }
-    // Verifier logs are long: keep the first line and the last few.
-    if s.len() > 600 {
-        let head: String = s.chars().take(300).collect();
-        let tail: String = s
-            .chars()
-            .rev()
-            .take(280)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        s = format!("{head} ... {tail}");
-    }
-    s
 }

@@ -3,6 +3,7 @@
 //! snapshots are built from. Data flows one way: probes -> maps -> collector -> model.
 pub mod attribution;
 pub mod bpf_batch;
+pub mod bpf_error;
 pub mod collector;
 pub mod cpu_profile;
 pub mod devices;

@@ -14,7 +14,7 @@ use aya::{
     },
 };
 
-use crate::pipeline::loader::error_chain;
+use crate::pipeline::bpf_error::error_chain;
 
 pub const ENTRY_PROG: &str = "gpu_enter";
 pub const RETURN_PROG: &str = "gpu_return";

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use crate::{
     config::{Config, GpuLevel},
     pipeline::{
-        loader::error_chain,
+        bpf_error::error_chain,
         reader::ReaderHandle,
         uprobes::{self, LibraryLinks, Side, UprobeError},
     },
