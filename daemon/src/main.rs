@@ -10,16 +10,14 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ethand::{
-    EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_USAGE,
-    commands::{compare, record, survey},
+    EXIT_FAILURE, EXIT_USAGE,
+    commands::{compare, record, snapshot, survey},
     config,
     config::Config,
-    pipeline::procinfo,
     privilege::stats_helper,
     render,
-    serve::{api, daemon},
+    serve::{api, daemon, tree::Samples},
 };
-use ethand_snapshot::TreeSnapshot;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -402,17 +400,17 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             no_stack_sample,
             cpu_profile,
         } => {
-            snapshot(
+            snapshot::run(
                 cfg,
                 pid,
-                SnapshotFormat { json, csv, html },
+                snapshot::SnapshotFormat { json, csv, html },
                 window,
                 duration,
                 standalone,
                 Samples {
                     launches: !no_launch_sample,
                     stacks: !no_stack_sample,
-                    profile: cpu_profile,
+                    profile: cpu_profile.then_some(true),
                 },
                 timeout,
             )
@@ -477,166 +475,4 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             Ok(0)
         }
     }
-}
-
-struct SnapshotFormat {
-    json: bool,
-    csv: bool,
-    html: Option<PathBuf>,
-}
-
-/// What a snapshot samples on demand.
-#[derive(Clone, Copy)]
-struct Samples {
-    launches: bool,
-    stacks: bool,
-    /// `--cpu-profile`: profile even where the snapshot would not wait for samples.
-    profile: bool,
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn snapshot(
-    cfg: Config,
-    pid: u32,
-    format: SnapshotFormat,
-    window: u64,
-    duration: u64,
-    force_standalone: bool,
-    samples: Samples,
-    timeout: Duration,
-) -> anyhow::Result<u8> {
-    let SnapshotFormat { json, csv, html } = format;
-    // The daemon may sample launches and stacks (at once) for diagnosis.launch_sample_ms and
-    // stack_sample_ms: wait for that too.
-    let d = &cfg.diagnosis;
-    let timeout = timeout + Duration::from_millis(d.launch_sample_ms.max(d.stack_sample_ms)) * 2;
-    let answer = if force_standalone {
-        Err(api::CallError::NoDaemon {
-            path: cfg.daemon.socket.display().to_string(),
-            source: std::io::Error::other("--standalone"),
-        })
-    } else {
-        api::call(
-            &cfg.daemon.socket,
-            &api::Request::Snapshot {
-                pid,
-                window_s: window,
-                launch_sample: Some(samples.launches),
-                stack_sample: Some(samples.stacks),
-                cpu_profile: samples.profile.then_some(true),
-            },
-            timeout,
-        )
-        .await
-    };
-    let tree: TreeSnapshot = match answer {
-        Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
-        Ok(api::Response::NotFound(m)) => {
-            eprintln!("ethand: {}", render::clean(&m));
-            return Ok(EXIT_NOT_FOUND);
-        }
-        Ok(api::Response::Error(m)) => anyhow::bail!(m),
-        // A daemon that is there but refused, timed out or answered nonsense: say so. Only
-        // with no daemon at all does ethand measure on its own.
-        Err(api::CallError::NoDaemon { .. }) => {
-            // No daemon: measure ourselves.
-            if !procinfo::exists(pid) {
-                eprintln!("ethand: no process with pid {pid}");
-                return Ok(EXIT_NOT_FOUND);
-            }
-            if force_standalone {
-                eprintln!("ethand: attaching probes for {duration}s (standalone measurement)");
-            } else {
-                eprintln!(
-                    "ethand: no daemon at {}; attaching probes for {duration}s (standalone measurement)",
-                    cfg.daemon.socket.display()
-                );
-            }
-            match standalone(&cfg, pid, Duration::from_secs(duration), samples).await? {
-                Some(t) => t,
-                None => {
-                    eprintln!("ethand: process {pid} was not seen during the measurement");
-                    return Ok(EXIT_NOT_FOUND);
-                }
-            }
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if let Some(path) = &html {
-        ethand::commands::outfile::write(
-            path,
-            ethand_exporters::html::render_html(&tree).as_bytes(),
-        )
-        .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
-        eprintln!("ethand: HTML report written to {}", path.display());
-    }
-    if json {
-        ethand::write_stdout(serde_json::to_string_pretty(&tree)? + "\n")?;
-    } else if csv {
-        ethand::write_stdout(ethand_exporters::report::to_csv(&tree))?;
-    } else {
-        ethand::write_stdout(render::snapshot(&tree))?;
-    }
-    Ok(0)
-}
-
-async fn standalone(
-    cfg: &Config,
-    pid: u32,
-    duration: Duration,
-    samples: Samples,
-) -> anyhow::Result<Option<TreeSnapshot>> {
-    // A thread id stands for its process (its launch sample too).
-    let pid = procinfo::tgid_of(pid).unwrap_or(pid);
-    let mut engine = daemon::Engine::start(cfg)?;
-    let step = Duration::from_millis(cfg.daemon.interval_ms.min(250));
-    let t0 = std::time::Instant::now();
-    engine.collect();
-    engine
-        .gpu
-        .settle(&mut engine.loaded.ebpf, daemon::GPU_SETTLE);
-    // The first round found the runtime libraries: count the tree's launches over the rest
-    // of the measurement (at a level that does not count them anyway).
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    if samples.launches && engine.gpu.level() == ethand::config::GpuLevel::Calls {
-        engine.shared.sample_requests.lock().expect("lock").push(
-            ethand::pipeline::launch_sample::Request {
-                pids: ethand::procinfo::descendants(pid),
-                duration,
-                reply: tx,
-            },
-        );
-    }
-    // The tree's Python frames over the end of the measurement, on their own thread.
-    let stacks = samples.stacks.then(|| {
-        let shared = engine.shared.clone();
-        let d = Duration::from_millis(cfg.diagnosis.stack_sample_ms).min(duration);
-        let wait = duration.saturating_sub(d);
-        std::thread::spawn(move || {
-            std::thread::sleep(wait);
-            // The measurement lasts its duration anyway: always profile.
-            shared.sample_stacks(pid, d, Some(true), false)
-        })
-    });
-    let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);
-    while t0.elapsed() < duration {
-        tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
-        engine.collect();
-        progress.show(t0.elapsed());
-    }
-    drop(progress);
-    engine.sample_tick(true);
-    let sample = rx.try_recv().ok();
-    let stacks = stacks.and_then(|h| h.join().ok()).unwrap_or_default();
-    let probes = engine
-        .loaded
-        .probes
-        .iter()
-        .cloned()
-        .chain(engine.gpu.probe_status())
-        .collect();
-    let ms = t0.elapsed().as_millis() as u64;
-    Ok(engine
-        .shared
-        .tree(pid, ms + 1000, "standalone", ms, probes, sample, stacks))
 }

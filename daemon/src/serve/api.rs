@@ -323,49 +323,13 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
             stack_sample,
             cpu_profile,
         } => {
-            let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
-            let (probes, level) = {
-                let node = shared.node.read().expect("lock");
-                (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
+            let ask = crate::serve::tree::Samples {
+                launches: launch_sample.unwrap_or(true),
+                stacks: stack_sample.unwrap_or(true),
+                profile: cpu_profile,
             };
-            // Only for a tree the model knows (else the answer is "not found"). A running
-            // process the model does not know yet started after the last round: it is
-            // known after the next one, so wait up to two rounds for it.
-            let knows = || !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
-            let mut known = knows();
-            if !known && std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let until = std::time::Instant::now() + 2 * shared.round_interval;
-                while !known && std::time::Instant::now() < until {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                    known = knows();
-                }
-            }
-            // Both samples at once: the snapshot waits for the longer only.
-            let launching = launch_sample.unwrap_or(true) && level == "calls" && known;
-            let (sample, stacks) = std::thread::scope(|s| {
-                let stacks = (stack_sample.unwrap_or(true) && known).then(|| {
-                    s.spawn(|| {
-                        shared.sample_stacks(pid, shared.stack_sample.0, cpu_profile, launching)
-                    })
-                });
-                let sample = launching
-                    .then(|| shared.sample_launches(pid, shared.launch_sample))
-                    .flatten();
-                (
-                    sample,
-                    stacks.and_then(|h| h.join().ok()).unwrap_or_default(),
-                )
-            });
             Arc::new(
-                match shared.tree(
-                    pid,
-                    window_s.clamp(1, u64::MAX / 1000) * 1000,
-                    "daemon",
-                    0,
-                    probes,
-                    sample,
-                    stacks,
-                ) {
+                match crate::serve::tree::daemon_snapshot(shared, pid, window_s, ask) {
                     Some(t) => ok_line(&t),
                     None => response_line(&Response::NotFound(format!(
                         "no process with pid {pid} is known to ethand (not running, or exited longer ago than daemon.exit_grace_seconds)"

@@ -7,4 +7,5 @@ pub mod daemon;
 pub mod http;
 pub mod peer;
 pub mod shared;
+pub mod tree;
 pub mod web_config;

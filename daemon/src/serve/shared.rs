@@ -10,16 +10,13 @@ use std::{
 
 use ethand_exporters::prometheus::{PrometheusOptions, render};
 use ethand_snapshot::{
-    self as snap, NodeSnapshot, TreeSnapshot, TreeTotals,
+    self as snap, NodeSnapshot,
     selection::{Selection, SelectionPolicy},
 };
 
 use crate::{
     config::{Config, GpuLevel},
-    pipeline::{
-        model::{self, Model},
-        procinfo::unix_ms,
-    },
+    pipeline::model::{self, Model},
 };
 
 /// The "recent" window of every process in the node snapshot (/metrics top N, OTLP).
@@ -62,7 +59,7 @@ pub struct Shared {
     /// The servers' connection limiters (/metrics, the local API), for `ethand status`.
     pub servers: std::sync::OnceLock<Vec<Arc<crate::serve::connlimit::ConnLimiter>>>,
     /// When node-wide losses happened, for the snapshots they may have cut.
-    drops: Mutex<crate::pipeline::drop_history::DropHistory>,
+    pub(super) drops: Mutex<crate::pipeline::drop_history::DropHistory>,
     /// Per collection round, each GPU's readings (utilization, GPM ratios): the window means
     /// of the diagnosis, rather than the one reading of the moment.
     pub device_history: Mutex<crate::pipeline::devices::DeviceHistory>,
@@ -343,233 +340,6 @@ impl Shared {
             .and_then(|raw| crate::pipeline::cpu_profile::build(raw, &self.kallsyms, &self.reader));
         CodeSample { stacks, profile }
     }
-
-    pub fn tree(
-        &self,
-        pid: u32,
-        window_ms: u64,
-        source: &str,
-        measured_ms: u64,
-        probes: Vec<snap::ProbeStatus>,
-        launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
-        code: CodeSample,
-    ) -> Option<TreeSnapshot> {
-        // A thread id stands for its process.
-        let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
-        let model = self.model.lock().expect("lock");
-        let mut keys = model.tree_keys(pid);
-        // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
-        // standalone measurement) is not in the model: its tree is its live descendants that
-        // are, under a root built from /proc with the zero activity it had.
-        let mut unseen_root = None;
-        if keys.is_empty() {
-            let live = crate::pipeline::procinfo::descendants(pid);
-            if live.len() > 1 {
-                let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
-                for c in &live[1..] {
-                    for k in model.tree_keys(*c) {
-                        if !seen.contains(&k) {
-                            seen.push(k);
-                        }
-                    }
-                }
-                if !seen.is_empty() {
-                    keys = seen;
-                    unseen_root = crate::pipeline::procinfo::read(pid);
-                }
-            }
-        }
-        if keys.is_empty() {
-            return None;
-        }
-        let mut processes: Vec<snap::ProcessSnapshot> = keys
-            .iter()
-            .filter_map(|k| model.procs.get(k))
-            .map(|p| model.process_snapshot(p, window_ms, &self.devnames))
-            .collect();
-        // Call sites are symbolized once the model is released (the reader may take up to
-        // its deadline).
-        let site_inputs: Vec<crate::pipeline::gpu::sites::SiteInputs> = keys
-            .iter()
-            .filter_map(|k| model.procs.get(k))
-            .filter_map(|p| model.site_inputs(p))
-            .collect();
-        let site_cache = model.site_cache.clone();
-        let timeline = model.timeline(&keys, window_ms);
-        let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
-            .iter()
-            .filter_map(|k| model.procs.get(k))
-            .filter(|p| p.alive)
-            .map(|p| (p.key.tgid, (model.entered_syscalls(p), model.known_ms(p))))
-            .collect();
-        if let Some(meta) = unseen_root {
-            processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
-        }
-        drop(model);
-        let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
-        let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
-        for p in processes.iter_mut().filter(|p| p.alive) {
-            (p.swap_bytes, p.major_faults) = crate::pipeline::procinfo::memory(p.pid);
-            let (e, known_ms) = entered
-                .get(&p.pid)
-                .cloned()
-                .unwrap_or((Default::default(), measured_ms));
-            crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
-        }
-        // After what the threads are doing now was read: symbolizing may take a while.
-        for inputs in &site_inputs {
-            let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &self.reader, inputs);
-            if let Some(g) = processes
-                .iter_mut()
-                .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
-                .and_then(|p| p.gpu.as_mut())
-            {
-                g.call_sites = sites;
-            }
-        }
-        let now = unix_ms();
-        let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
-        let dropped_events = self
-            .drops
-            .lock()
-            .expect("lock")
-            .since(now.saturating_sub(observed_ms));
-        let node = self.node.read().expect("lock").clone();
-        crate::pipeline::devices::join(
-            &mut processes,
-            &node.devices,
-            &self.device_history.lock().expect("lock").xids,
-        );
-        let mut tree = TreeSnapshot {
-            schema_version: snap::SCHEMA_VERSION,
-            source: source.into(),
-            root_pid: pid,
-            taken_at_unix_ms: now,
-            measured_ms,
-            total: totals(&processes, &self.device_history.lock().expect("lock"), now),
-            processes,
-            probes,
-            findings: Vec::new(),
-            gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
-            timeline,
-            devices: node.devices.clone(),
-            dropped_events,
-            launch_sample,
-            stack_sample: code.stacks,
-            cpu_profile: code.profile,
-            not_evaluated: Vec::new(),
-            node_cpus: std::thread::available_parallelism()
-                .ok()
-                .map(|n| n.get() as u32),
-        };
-        crate::diagnose::apply(&mut tree, &self.rules);
-        Some(tree)
-    }
-}
-
-fn totals(
-    ps: &[snap::ProcessSnapshot],
-    history: &crate::pipeline::devices::DeviceHistory,
-    now_ms: u64,
-) -> TreeTotals {
-    let mut t = TreeTotals {
-        sched: snap::SchedStats {
-            runq_wait_hist: vec![0; snap::HIST_BUCKETS],
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    for p in ps {
-        t.processes += 1;
-        t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
-        t.sched.add(&p.sched);
-        t.syscalls += p.syscalls.count;
-        t.syscall_errors += p.syscalls.errors;
-        t.syscall_time_ns += p.syscalls.time_ns;
-        for b in &p.block {
-            match b.op.as_str() {
-                "read" => {
-                    t.block_read_bytes += b.bytes;
-                    t.block_read_ops += b.ops;
-                }
-                "write" => {
-                    t.block_write_bytes += b.bytes;
-                    t.block_write_ops += b.ops;
-                }
-                _ => {}
-            }
-        }
-        t.net.add(&p.net);
-        if let Some(g) = &p.gpu {
-            t.gpu.get_or_insert_with(Default::default).add(g);
-        }
-    }
-    t.gpu_derived = gpu_derived(ps, history, now_ms);
-    t
-}
-
-/// Diagnosis signals from the processes' windows and the device collector's utilization.
-fn gpu_derived(
-    ps: &[snap::ProcessSnapshot],
-    history: &crate::pipeline::devices::DeviceHistory,
-    now_ms: u64,
-) -> Option<ethand_snapshot::gpu::GpuDerived> {
-    if ps.iter().all(|p| p.gpu.is_none()) {
-        return None;
-    }
-    let window_ms = ps
-        .iter()
-        .filter_map(|p| p.window.as_ref())
-        .map(|w| w.duration_ms)
-        .max()?;
-    if window_ms == 0 {
-        return None;
-    }
-    let secs = window_ms as f64 / 1000.0;
-    let sum = |f: fn(&snap::WindowStats) -> u64| -> u64 {
-        ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
-    };
-    let wall_ns = window_ms as f64 * 1e6;
-    // Device readings: window means over the devices the tree's processes use (all GPUs
-    // when the driver names none for them: a container's pids are not the host's).
-    let used: Vec<String> = ps
-        .iter()
-        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
-        .collect();
-    let means = history.means(&used, now_ms.saturating_sub(window_ms));
-    let launches: Option<u64> = ps
-        .iter()
-        .filter_map(|p| p.window.as_ref())
-        .map(|w| w.gpu_launches)
-        .reduce(ethand_snapshot::gpu::add_counted)
-        .flatten();
-    Some(ethand_snapshot::gpu::GpuDerived {
-        window_ms,
-        launches_per_second: launches.map(|n| n as f64 / secs),
-        syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
-        sm_activity_ratio: means.sm_activity_ratio,
-        sm_occupancy_ratio: means.sm_occupancy_ratio,
-        tensor_activity_ratio: means.tensor_activity_ratio,
-        dram_bandwidth_ratio: means.dram_bandwidth_ratio,
-        sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
-        collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
-        copy_bytes_per_second: vec![
-            (
-                "host_to_device".into(),
-                sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs,
-            ),
-            (
-                "device_to_host".into(),
-                sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs,
-            ),
-            (
-                "other".into(),
-                sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
-            ),
-        ],
-        device_utilization_ratio: means.utilization_ratio,
-        device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
-    })
 }
 
 /// The process selection `[prometheus]` asks for.

@@ -1,0 +1,397 @@
+//! Building a process tree's snapshot: one path for the daemon's API and the standalone
+//! measurement (`ethand snapshot --standalone`, or no daemon). The model gives the tree's
+//! processes (`model/view.rs`); this adds what the moment holds (threads' syscalls in
+//! flight, memory), symbolizes call sites once the model lock is released, joins the
+//! devices, totals the tree and runs the diagnosis.
+use std::collections::HashMap;
+
+use ethand_snapshot::{self as snap, TreeSnapshot, TreeTotals};
+
+use super::shared::{CodeSample, Shared};
+use crate::pipeline::procinfo::unix_ms;
+
+/// What a tree snapshot is built from, besides the shared state.
+pub struct TreeRequest {
+    /// The tree's root (a thread id stands for its process).
+    pub pid: u32,
+    /// The window of the processes' rates.
+    pub window_ms: u64,
+    /// "daemon" or "standalone".
+    pub source: &'static str,
+    /// How long a standalone measurement ran (0 for the daemon).
+    pub measured_ms: u64,
+    /// The probes' status when the snapshot was taken.
+    pub probes: Vec<snap::ProbeStatus>,
+    pub launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
+    pub code: CodeSample,
+}
+
+/// What a snapshot samples on demand, besides the model's counts.
+#[derive(Clone, Copy, Debug)]
+pub struct Samples {
+    /// A launch sample of the tree's GPU processes at a level that does not count launches.
+    pub launches: bool,
+    /// The tree's Python frames (and, with `profile`, its native CPU profile).
+    pub stacks: bool,
+    /// The native CPU profile: Some(true) always, Some(false) never, None when the snapshot
+    /// waits for samples anyway (see [`Shared::sample_stacks`]).
+    pub profile: Option<bool>,
+}
+
+/// The daemon's answer to a snapshot request: `pid`'s tree over the last `window_s` seconds,
+/// with its samples taken now (both at once: the snapshot waits for the longer only); None
+/// when the model knows no process of the tree.
+pub fn daemon_snapshot(
+    shared: &Shared,
+    pid: u32,
+    window_s: u64,
+    samples: Samples,
+) -> Option<TreeSnapshot> {
+    let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+    let (probes, level) = {
+        let node = shared.node.read().expect("lock");
+        (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
+    };
+    // Only for a tree the model knows (else the answer is "not found"). A running process the
+    // model does not know yet started after the last round: it is known after the next one,
+    // so wait up to two rounds for it.
+    let knows = || !shared.model.lock().expect("lock").tree_keys(pid).is_empty();
+    let mut known = knows();
+    if !known && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        let until = std::time::Instant::now() + 2 * shared.round_interval;
+        while !known && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            known = knows();
+        }
+    }
+    let launching = samples.launches && level == "calls" && known;
+    let (launch_sample, code) = std::thread::scope(|s| {
+        let stacks = (samples.stacks && known).then(|| {
+            s.spawn(|| shared.sample_stacks(pid, shared.stack_sample.0, samples.profile, launching))
+        });
+        let sample = launching
+            .then(|| shared.sample_launches(pid, shared.launch_sample))
+            .flatten();
+        (
+            sample,
+            stacks.and_then(|h| h.join().ok()).unwrap_or_default(),
+        )
+    });
+    build_tree(
+        shared,
+        TreeRequest {
+            pid,
+            window_ms: window_s.clamp(1, u64::MAX / 1000) * 1000,
+            source: "daemon",
+            measured_ms: 0,
+            probes,
+            launch_sample,
+            code,
+        },
+    )
+}
+
+/// A measurement of `pid`'s tree by this process alone (no daemon, or `--standalone`): the
+/// probes attached for `duration`, samples over its end; None when no process of the tree
+/// was seen.
+pub async fn standalone_snapshot(
+    cfg: &crate::config::Config,
+    pid: u32,
+    duration: std::time::Duration,
+    samples: Samples,
+    mut progress: impl FnMut(std::time::Duration),
+) -> anyhow::Result<Option<TreeSnapshot>> {
+    use crate::serve::daemon;
+    // A thread id stands for its process (its launch sample too).
+    let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+    let mut engine = daemon::Engine::start(cfg)?;
+    let step = std::time::Duration::from_millis(cfg.daemon.interval_ms.min(250));
+    let t0 = std::time::Instant::now();
+    engine.collect();
+    engine
+        .gpu
+        .settle(&mut engine.loaded.ebpf, daemon::GPU_SETTLE);
+    // The first round found the runtime libraries: count the tree's launches over the rest
+    // of the measurement (at a level that does not count them anyway).
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    if samples.launches && engine.gpu.level() == crate::config::GpuLevel::Calls {
+        engine.shared.sample_requests.lock().expect("lock").push(
+            crate::pipeline::launch_sample::Request {
+                pids: crate::pipeline::procinfo::descendants(pid),
+                duration,
+                reply: tx,
+            },
+        );
+    }
+    // The tree's Python frames over the end of the measurement, on their own thread.
+    let stacks = samples.stacks.then(|| {
+        let shared = engine.shared.clone();
+        let d = std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms).min(duration);
+        let wait = duration.saturating_sub(d);
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            // The measurement lasts its duration anyway: always profile.
+            shared.sample_stacks(pid, d, Some(true), false)
+        })
+    });
+    while t0.elapsed() < duration {
+        tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
+        engine.collect();
+        progress(t0.elapsed());
+    }
+    engine.sample_tick(true);
+    let launch_sample = rx.try_recv().ok();
+    let code = stacks.and_then(|h| h.join().ok()).unwrap_or_default();
+    let probes = engine
+        .loaded
+        .probes
+        .iter()
+        .cloned()
+        .chain(engine.gpu.probe_status())
+        .collect();
+    let ms = t0.elapsed().as_millis() as u64;
+    Ok(build_tree(
+        &engine.shared,
+        TreeRequest {
+            pid,
+            window_ms: ms + 1000,
+            source: "standalone",
+            measured_ms: ms,
+            probes,
+            launch_sample,
+            code,
+        },
+    ))
+}
+
+/// The snapshot of `req.pid`'s tree, diagnosed; None when the model knows no process of it.
+pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
+    let TreeRequest {
+        pid,
+        window_ms,
+        source,
+        measured_ms,
+        probes,
+        launch_sample,
+        code,
+    } = req;
+    // A thread id stands for its process.
+    let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+    let model = shared.model.lock().expect("lock");
+    let mut keys = model.tree_keys(pid);
+    // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
+    // standalone measurement) is not in the model: its tree is its live descendants that
+    // are, under a root built from /proc with the zero activity it had.
+    let mut unseen_root = None;
+    if keys.is_empty() {
+        let live = crate::pipeline::procinfo::descendants(pid);
+        if live.len() > 1 {
+            let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
+            for c in &live[1..] {
+                for k in model.tree_keys(*c) {
+                    if !seen.contains(&k) {
+                        seen.push(k);
+                    }
+                }
+            }
+            if !seen.is_empty() {
+                keys = seen;
+                unseen_root = crate::pipeline::procinfo::read(pid);
+            }
+        }
+    }
+    if keys.is_empty() {
+        return None;
+    }
+    let mut processes: Vec<snap::ProcessSnapshot> = keys
+        .iter()
+        .filter_map(|k| model.procs.get(k))
+        .map(|p| model.process_snapshot(p, window_ms, &shared.devnames))
+        .collect();
+    // Call sites are symbolized once the model is released (the reader may take up to
+    // its deadline).
+    let site_inputs: Vec<crate::pipeline::gpu::sites::SiteInputs> = keys
+        .iter()
+        .filter_map(|k| model.procs.get(k))
+        .filter_map(|p| model.site_inputs(p))
+        .collect();
+    let site_cache = model.site_cache.clone();
+    let timeline = model.timeline(&keys, window_ms);
+    let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
+        .iter()
+        .filter_map(|k| model.procs.get(k))
+        .filter(|p| p.alive)
+        .map(|p| (p.key.tgid, (model.entered_syscalls(p), model.known_ms(p))))
+        .collect();
+    if let Some(meta) = unseen_root {
+        processes.insert(0, model.unseen_process_snapshot(pid, meta, measured_ms));
+    }
+    drop(model);
+    let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
+    let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
+    for p in processes.iter_mut().filter(|p| p.alive) {
+        (p.swap_bytes, p.major_faults) = crate::pipeline::procinfo::memory(p.pid);
+        let (e, known_ms) = entered
+            .get(&p.pid)
+            .cloned()
+            .unwrap_or((Default::default(), measured_ms));
+        crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
+    }
+    // After what the threads are doing now was read: symbolizing may take a while.
+    for inputs in &site_inputs {
+        let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &shared.reader, inputs);
+        if let Some(g) = processes
+            .iter_mut()
+            .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
+            .and_then(|p| p.gpu.as_mut())
+        {
+            g.call_sites = sites;
+        }
+    }
+    let now = unix_ms();
+    let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
+    let dropped_events = shared
+        .drops
+        .lock()
+        .expect("lock")
+        .since(now.saturating_sub(observed_ms));
+    let node = shared.node.read().expect("lock").clone();
+    crate::pipeline::devices::join(
+        &mut processes,
+        &node.devices,
+        &shared.device_history.lock().expect("lock").xids,
+    );
+    let mut tree = TreeSnapshot {
+        schema_version: snap::SCHEMA_VERSION,
+        source: source.into(),
+        root_pid: pid,
+        taken_at_unix_ms: now,
+        measured_ms,
+        total: totals(
+            &processes,
+            &shared.device_history.lock().expect("lock"),
+            now,
+        ),
+        processes,
+        probes,
+        findings: Vec::new(),
+        gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
+        timeline,
+        devices: node.devices.clone(),
+        dropped_events,
+        launch_sample,
+        stack_sample: code.stacks,
+        cpu_profile: code.profile,
+        not_evaluated: Vec::new(),
+        node_cpus: std::thread::available_parallelism()
+            .ok()
+            .map(|n| n.get() as u32),
+    };
+    crate::diagnose::apply(&mut tree, &shared.rules);
+    Some(tree)
+}
+
+fn totals(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::pipeline::devices::DeviceHistory,
+    now_ms: u64,
+) -> TreeTotals {
+    let mut t = TreeTotals {
+        sched: snap::SchedStats {
+            runq_wait_hist: vec![0; snap::HIST_BUCKETS],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for p in ps {
+        t.processes += 1;
+        t.threads += p.threads.iter().filter(|th| th.alive).count() as u64;
+        t.sched.add(&p.sched);
+        t.syscalls += p.syscalls.count;
+        t.syscall_errors += p.syscalls.errors;
+        t.syscall_time_ns += p.syscalls.time_ns;
+        for b in &p.block {
+            match b.op.as_str() {
+                "read" => {
+                    t.block_read_bytes += b.bytes;
+                    t.block_read_ops += b.ops;
+                }
+                "write" => {
+                    t.block_write_bytes += b.bytes;
+                    t.block_write_ops += b.ops;
+                }
+                _ => {}
+            }
+        }
+        t.net.add(&p.net);
+        if let Some(g) = &p.gpu {
+            t.gpu.get_or_insert_with(Default::default).add(g);
+        }
+    }
+    t.gpu_derived = gpu_derived(ps, history, now_ms);
+    t
+}
+
+/// Diagnosis signals from the processes' windows and the device collector's utilization.
+fn gpu_derived(
+    ps: &[snap::ProcessSnapshot],
+    history: &crate::pipeline::devices::DeviceHistory,
+    now_ms: u64,
+) -> Option<ethand_snapshot::gpu::GpuDerived> {
+    if ps.iter().all(|p| p.gpu.is_none()) {
+        return None;
+    }
+    let window_ms = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.duration_ms)
+        .max()?;
+    if window_ms == 0 {
+        return None;
+    }
+    let secs = window_ms as f64 / 1000.0;
+    let sum = |f: fn(&snap::WindowStats) -> u64| -> u64 {
+        ps.iter().filter_map(|p| p.window.as_ref()).map(f).sum()
+    };
+    let wall_ns = window_ms as f64 * 1e6;
+    // Device readings: window means over the devices the tree's processes use (all GPUs
+    // when the driver names none for them: a container's pids are not the host's).
+    let used: Vec<String> = ps
+        .iter()
+        .flat_map(|p| p.devices.iter().map(|d| d.device.clone()))
+        .collect();
+    let means = history.means(&used, now_ms.saturating_sub(window_ms));
+    let launches: Option<u64> = ps
+        .iter()
+        .filter_map(|p| p.window.as_ref())
+        .map(|w| w.gpu_launches)
+        .reduce(ethand_snapshot::gpu::add_counted)
+        .flatten();
+    Some(ethand_snapshot::gpu::GpuDerived {
+        window_ms,
+        launches_per_second: launches.map(|n| n as f64 / secs),
+        syncs_per_second: sum(|w| w.gpu_sync_calls) as f64 / secs,
+        sm_activity_ratio: means.sm_activity_ratio,
+        sm_occupancy_ratio: means.sm_occupancy_ratio,
+        tensor_activity_ratio: means.tensor_activity_ratio,
+        dram_bandwidth_ratio: means.dram_bandwidth_ratio,
+        sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
+        collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
+        copy_bytes_per_second: vec![
+            (
+                "host_to_device".into(),
+                sum(|w| w.gpu_copy_h2d_bytes) as f64 / secs,
+            ),
+            (
+                "device_to_host".into(),
+                sum(|w| w.gpu_copy_d2h_bytes) as f64 / secs,
+            ),
+            (
+                "other".into(),
+                sum(|w| w.gpu_copy_other_bytes) as f64 / secs,
+            ),
+        ],
+        device_utilization_ratio: means.utilization_ratio,
+        device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
+    })
+}
