@@ -799,7 +799,7 @@ mod tests {
         assert!(c.validate().is_ok());
         c.rank_keys.push("SLURM_PROCID".into());
         let e = c.validate().unwrap_err();
-        assert_eq!(e.0, "attribution.rank_keys");
+        assert_eq!(e.key, "attribution.rank_keys");
     }
 }
 
