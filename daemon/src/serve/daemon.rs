@@ -366,38 +366,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let (api_listener, access) = api::bind(&cfg.daemon.socket, &cfg.daemon.socket_group)
         .with_context(|| format!("cannot create socket {}", cfg.daemon.socket.display()))?;
     engine.socket_access = access;
-    // Connections must never take the descriptors measuring needs: the caps fit the limit.
-    let wanted_metrics = if metrics.is_some() {
-        cfg.prometheus.max_connections
-    } else {
-        0
-    };
-    let fds = crate::serve::connlimit::fds_open();
-    let (max_metrics, max_api) = crate::serve::connlimit::fit_to_fd_limit(
-        wanted_metrics,
-        cfg.daemon.api_max_connections,
-        fd_limit,
-        fds,
-    );
-    if (max_metrics, max_api) != (wanted_metrics, cfg.daemon.api_max_connections) {
-        warn!(
-            fd_limit,
-            fds_open = fds,
-            metrics = max_metrics,
-            api = max_api,
-            "connection caps lowered to fit the open-file limit (raise LimitNOFILE / ulimit -n)"
-        );
-    }
-    let api_limiter =
-        crate::serve::connlimit::ConnLimiter::new("api", max_api as usize, max_api as usize);
-    let metrics_limiter = crate::serve::connlimit::ConnLimiter::new(
-        "metrics",
-        max_metrics as usize,
-        cfg.prometheus.max_connections_per_peer as usize,
-    );
-    let mut servers = vec![api_limiter.clone()];
+    let caps = ConnectionCaps::fit(&cfg, metrics.is_some(), fd_limit);
+    let mut servers = vec![caps.api.clone()];
     if metrics.is_some() {
-        servers.push(metrics_limiter.clone());
+        servers.push(caps.metrics.clone());
     }
     let _ = engine.shared.servers.set(servers);
     // The first collection finds the runtime libraries already loaded; they are attached
@@ -405,44 +377,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     engine.collect();
     engine.gpu.settle(&mut engine.loaded.ebpf, GPU_SETTLE);
     let shared = engine.shared.clone();
-    tokio::spawn(api::serve(api_listener, shared.clone(), api_limiter));
+    tokio::spawn(api::serve(api_listener, shared.clone(), caps.api.clone()));
     if let Some(listener) = metrics {
-        // The processes of the export snapshot are the held selection already.
-        let opts = PrometheusOptions {
-            selection: ExportSelection::Preselected,
-            dcgm_aliases: cfg.devices.dcgm_aliases,
-            device_workload_labels: cfg.devices.workload_labels,
-        };
-        let shared = shared.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let body = shared.metrics_body(&opts);
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        body,
-                    )
-                }
-            }),
-        );
-        info!(
-            addr = %listener.local_addr()?,
-            scheme = %web.describe(),
-            max_connections = max_metrics,
-            max_connections_per_peer = cfg.prometheus.max_connections_per_peer.min(max_metrics),
-            "serving /metrics"
-        );
-        tokio::spawn(crate::serve::http::serve(
-            listener,
-            app,
-            web,
-            metrics_limiter,
-            Duration::from_millis(cfg.prometheus.timeout_ms),
-        ));
+        serve_metrics(listener, &cfg, &shared, web, &caps)?;
     }
     // OTLP export: started once the first snapshot exists, so its first batch has data.
     let otlp = if cfg.otlp.enabled {
@@ -453,27 +390,169 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    // The sampled BPF statistics need CAP_SYS_ADMIN at each window: a helper that holds it
-    // alone switches them, so that the daemon can drop it with the rest.
-    if engine.collector.stats.mode == crate::config::BpfStatsMode::Sampled {
-        match crate::privilege::stats_helper::StatsHelper::spawn(run_as.as_ref()) {
-            Ok(h) => {
-                info!(
-                    pid = h.pid(),
-                    "BPF statistics helper started (holds CAP_SYS_ADMIN alone)"
-                );
-                engine.collector.stats.use_helper(h);
-            }
-            Err(e) => engine
-                .collector
-                .stats
-                .turn_off(&format!("cannot start the BPF statistics helper: {e}")),
+    start_stats_helper(&mut engine, run_as.as_ref());
+    drop_privileges(&cfg, run_as.as_ref(), &mut engine)?;
+    let attached = engine
+        .loaded
+        .probes
+        .iter()
+        .filter(|p| p.state == snap::ProbeState::Attached)
+        .count();
+    // Out of the probes wanted: not those turned off or not needed on this kernel.
+    let total = engine
+        .loaded
+        .probes
+        .iter()
+        .filter(|p| p.state != snap::ProbeState::Disabled)
+        .count();
+    // Before "ready": a SIGTERM right after it (systemctl stop) must still shut down cleanly.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    exit_after_stop_limit(cfg.daemon.socket.clone())?;
+    info!(attached, total, socket = %cfg.daemon.socket.display(), "ready");
+    // Type=notify: systemd considers ethand started only now that probes are attached, the
+    // first snapshot exists and both servers listen. Outside systemd this does nothing.
+    let status = format!("{attached}/{total} probes attached");
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    collect_until_stopped(&mut engine, &cfg, term).await;
+    info!("shutting down");
+    notify(&[sd_notify::NotifyState::Stopping]);
+    if let Some(exporter) = otlp {
+        stop_otlp(exporter, &cfg).await;
+    }
+    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    // Dropping the engine detaches every program and frees the maps.
+    engine.unload_programs();
+    drop(engine);
+    Ok(())
+}
+
+/// The servers' connection limiters, their caps fitted to the open-file limit: connections
+/// must never take the descriptors measuring needs.
+struct ConnectionCaps {
+    api: Arc<crate::serve::connlimit::ConnLimiter>,
+    metrics: Arc<crate::serve::connlimit::ConnLimiter>,
+    max_metrics: u64,
+}
+
+impl ConnectionCaps {
+    fn fit(cfg: &Config, metrics_enabled: bool, fd_limit: u64) -> Self {
+        let wanted_metrics = if metrics_enabled {
+            cfg.prometheus.max_connections
+        } else {
+            0
+        };
+        let fds = crate::serve::connlimit::fds_open();
+        let (max_metrics, max_api) = crate::serve::connlimit::fit_to_fd_limit(
+            wanted_metrics,
+            cfg.daemon.api_max_connections,
+            fd_limit,
+            fds,
+        );
+        if (max_metrics, max_api) != (wanted_metrics, cfg.daemon.api_max_connections) {
+            warn!(
+                fd_limit,
+                fds_open = fds,
+                metrics = max_metrics,
+                api = max_api,
+                "connection caps lowered to fit the open-file limit (raise LimitNOFILE / ulimit -n)"
+            );
+        }
+        Self {
+            api: crate::serve::connlimit::ConnLimiter::new(
+                "api",
+                max_api as usize,
+                max_api as usize,
+            ),
+            metrics: crate::serve::connlimit::ConnLimiter::new(
+                "metrics",
+                max_metrics as usize,
+                cfg.prometheus.max_connections_per_peer as usize,
+            ),
+            max_metrics,
         }
     }
-    // Start-up is over: keep only the capabilities the running daemon needs, in every thread,
-    // as daemon.user if one is set.
-    let keep = crate::privilege::runtime_caps(&cfg);
-    match tokio::task::block_in_place(|| crate::privilege::drop_to(keep, run_as.as_ref())) {
+}
+
+/// Serves /metrics on `listener`: each scrape gets the round's rendered body.
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    cfg: &Config,
+    shared: &Arc<Shared>,
+    web: crate::serve::web_config::WebConfig,
+    caps: &ConnectionCaps,
+) -> anyhow::Result<()> {
+    // The processes of the export snapshot are the held selection already.
+    let opts = PrometheusOptions {
+        selection: ExportSelection::Preselected,
+        dcgm_aliases: cfg.devices.dcgm_aliases,
+        device_workload_labels: cfg.devices.workload_labels,
+    };
+    let shared = shared.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let body = shared.metrics_body(&opts);
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    );
+    info!(
+        addr = %listener.local_addr()?,
+        scheme = %web.describe(),
+        max_connections = caps.max_metrics,
+        max_connections_per_peer = cfg.prometheus.max_connections_per_peer.min(caps.max_metrics),
+        "serving /metrics"
+    );
+    tokio::spawn(crate::serve::http::serve(
+        listener,
+        app,
+        web,
+        caps.metrics.clone(),
+        Duration::from_millis(cfg.prometheus.timeout_ms),
+    ));
+    Ok(())
+}
+
+/// The sampled BPF statistics need CAP_SYS_ADMIN at each window: a helper that holds it
+/// alone switches them, so that the daemon can drop it with the rest.
+fn start_stats_helper(engine: &mut Engine, run_as: Option<&crate::privilege::RunAs>) {
+    if engine.collector.stats.mode != crate::config::BpfStatsMode::Sampled {
+        return;
+    }
+    match crate::privilege::stats_helper::StatsHelper::spawn(run_as) {
+        Ok(h) => {
+            info!(
+                pid = h.pid(),
+                "BPF statistics helper started (holds CAP_SYS_ADMIN alone)"
+            );
+            engine.collector.stats.use_helper(h);
+        }
+        Err(e) => engine
+            .collector
+            .stats
+            .turn_off(&format!("cannot start the BPF statistics helper: {e}")),
+    }
+}
+
+/// Start-up is over: keeps only the capabilities the running daemon needs, in every thread,
+/// as daemon.user if one is set, and tells `ethand status` what it runs with.
+fn drop_privileges(
+    cfg: &Config,
+    run_as: Option<&crate::privilege::RunAs>,
+    engine: &mut Engine,
+) -> anyhow::Result<()> {
+    let keep = crate::privilege::runtime_caps(cfg);
+    match tokio::task::block_in_place(|| crate::privilege::drop_to(keep, run_as)) {
         Ok(d) => {
             info!(
                 kept = %crate::privilege::list(d.kept),
@@ -502,33 +581,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             "running as uid 0: it still owns every root-owned file; set daemon.user (docs/security.md)"
         );
     }
-    {
-        let mut node = shared.node.write().expect("lock");
-        let mut head = (**node).clone();
-        head.ethand.capabilities = engine.capabilities.clone();
-        head.ethand.user = engine.user.clone();
-        *node = Arc::new(head);
-    }
-    let attached = engine
-        .loaded
-        .probes
-        .iter()
-        .filter(|p| p.state == snap::ProbeState::Attached)
-        .count();
-    // Out of the probes wanted: not those turned off or not needed on this kernel.
-    let total = engine
-        .loaded
-        .probes
-        .iter()
-        .filter(|p| p.state != snap::ProbeState::Disabled)
-        .count();
-    // Before "ready": a SIGTERM right after it (systemctl stop) must still shut down cleanly.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // Whatever the loop is doing, SIGTERM ends the daemon within STOP_LIMIT: if the orderly
-    // shutdown below has not finished by then, the process exits (the kernel detaches every
-    // program with its descriptors).
+    let mut node = engine.shared.node.write().expect("lock");
+    let mut head = (**node).clone();
+    head.ethand.capabilities = engine.capabilities.clone();
+    head.ethand.user = engine.user.clone();
+    *node = Arc::new(head);
+    Ok(())
+}
+
+/// Whatever the loop is doing, SIGTERM ends the daemon within STOP_LIMIT: if the orderly
+/// shutdown has not finished by then, the process exits (the kernel detaches every program
+/// with its descriptors).
+fn exit_after_stop_limit(socket: std::path::PathBuf) -> anyhow::Result<()> {
     let mut term_watch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let socket = cfg.daemon.socket.clone();
     tokio::spawn(async move {
         term_watch.recv().await;
         let _ = std::thread::Builder::new()
@@ -543,19 +608,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 std::process::exit(0);
             });
     });
-    info!(attached, total, socket = %cfg.daemon.socket.display(), "ready");
-    // Type=notify: systemd considers ethand started only now that probes are attached, the
-    // first snapshot exists and both servers listen. Outside systemd this does nothing.
-    let status = format!("{attached}/{total} probes attached");
-    notify(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&status),
-    ]);
-    // WatchdogSec: pinged from the collection loop itself, so a stuck collection (not just a
-    // dead process) gets the daemon restarted.
+    Ok(())
+}
+
+/// The collection loop: a round every `daemon.interval_ms`, the lifecycle ring buffer
+/// drained when the kernel wakes it, the systemd watchdog pinged from the loop itself (a
+/// stuck collection, not just a dead process, gets the daemon restarted), until SIGTERM or
+/// Ctrl-C.
+async fn collect_until_stopped(
+    engine: &mut Engine,
+    cfg: &Config,
+    mut term: tokio::signal::unix::Signal,
+) {
     let watchdog = sd_notify::watchdog_enabled().map(|t| t / 2);
     let mut last_ping = std::time::Instant::now();
-
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.daemon.interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Readable when the kernel side wakes it (lifecycle.rs); without it the rounds still drain.
@@ -602,29 +668,23 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    info!("shutting down");
-    notify(&[sd_notify::NotifyState::Stopping]);
-    if let Some(exporter) = otlp {
-        // One last export (one attempt, at most otlp.timeout_ms), bounded here too.
-        let limit = Duration::from_millis(cfg.otlp.timeout_ms) + Duration::from_secs(1);
-        match tokio::time::timeout(
-            limit,
-            tokio::task::spawn_blocking(move || exporter.shutdown()),
-        )
-        .await
-        {
-            Ok(Ok(Ok(()))) => info!("OTLP export flushed and stopped"),
-            Ok(Ok(Err(e))) => warn!(error = %e, "OTLP final export failed"),
-            Ok(Err(e)) => warn!(error = %e, "OTLP shutdown task failed"),
-            Err(_) => warn!(
-                limit_ms = limit.as_millis() as u64,
-                "OTLP shutdown timed out"
-            ),
-        }
+}
+
+/// One last export (one attempt, at most otlp.timeout_ms), bounded here too.
+async fn stop_otlp(exporter: ethand_exporters::otlp::OtlpExporter, cfg: &Config) {
+    let limit = Duration::from_millis(cfg.otlp.timeout_ms) + Duration::from_secs(1);
+    match tokio::time::timeout(
+        limit,
+        tokio::task::spawn_blocking(move || exporter.shutdown()),
+    )
+    .await
+    {
+        Ok(Ok(Ok(()))) => info!("OTLP export flushed and stopped"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "OTLP final export failed"),
+        Ok(Err(e)) => warn!(error = %e, "OTLP shutdown task failed"),
+        Err(_) => warn!(
+            limit_ms = limit.as_millis() as u64,
+            "OTLP shutdown timed out"
+        ),
     }
-    let _ = std::fs::remove_file(&cfg.daemon.socket);
-    // Dropping the engine detaches every program and frees the maps.
-    engine.unload_programs();
-    drop(engine);
-    Ok(())
 }
