@@ -412,8 +412,28 @@ impl Model {
         self.unix_minus_mono_ms = now_unix_ms as i64 - (procinfo::clocks_ns().0 / 1_000_000) as i64;
         let mut reclaim = Reclaim::default();
         self.make_room(&mut reclaim, true);
-        let mut untracked_exited = HashSet::new();
         // Thread entries new this round: their names are read once the processes' are.
+        let new_threads = self.ingest_threads(raw, &mut reclaim);
+        self.ingest_syscalls(raw, &mut reclaim);
+        self.ingest_counters(raw);
+        self.refresh_meta(&new_threads);
+        self.check_liveness();
+        // Untracked processes that exited: nothing of theirs is kept, free their entries.
+        self.untracked.retain(|k, exited| {
+            if *exited {
+                reclaim.procs.push(*k);
+            }
+            !*exited
+        });
+        self.advance_history(now_unix_ms, &mut reclaim);
+        self.hold_cgroups(now_unix_ms);
+        reclaim
+    }
+
+    /// Threads' scheduler counters; returns the threads new this round. A thread seen exited
+    /// twice is folded into its process's dead total and freed.
+    fn ingest_threads(&mut self, raw: &RawRead, reclaim: &mut Reclaim) -> Vec<(ProcKey, u32)> {
+        let mut untracked_exited = HashSet::new();
         let mut new_threads: Vec<(ProcKey, u32)> = Vec::new();
         // Entries come sorted by process (Collector::read): one model lookup per process.
         for group in raw
@@ -451,6 +471,13 @@ impl Model {
                 }
             }
         }
+        self.untracked_exited_threads = untracked_exited;
+        new_threads
+    }
+
+    /// Syscall counts per process and number; an mmap count that moved marks the process's
+    /// mappings as changed.
+    fn ingest_syscalls(&mut self, raw: &RawRead, reclaim: &mut Reclaim) {
         for group in raw
             .syscalls
             .chunk_by(|(a, _), (b, _)| (a.tgid, a.proc_start_ns) == (b.tgid, b.proc_start_ns))
@@ -485,6 +512,10 @@ impl Model {
                 self.maps_changed.insert(key);
             }
         }
+    }
+
+    /// Latency histograms, block, network and GPU counters, and the GPU stacks.
+    fn ingest_counters(&mut self, raw: &RawRead) {
         for group in raw
             .syscall_hist
             .chunk_by(|(a, _), (b, _)| (a.tgid, a.proc_start_ns) == (b.tgid, b.proc_start_ns))
@@ -537,9 +568,10 @@ impl Model {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .retain(|pid, start| procs.contains_key(&proc_key(pid, start)));
         }
-        self.untracked_exited_threads = untracked_exited;
-        self.refresh_meta(&new_threads);
-        // Processes that are gone: exited long enough ago, or vanished without an exit event.
+    }
+
+    /// Processes that are gone: exited long enough ago, or vanished without an exit event.
+    fn check_liveness(&mut self) {
         // With exit events a vanished process is rare (lost events are counted), so the
         // check, a /proc read per process, runs less often.
         let every = if self.exit_events { 60 } else { 10 };
@@ -568,13 +600,11 @@ impl Model {
                 self.untracked.insert(k, true);
             }
         }
-        // Untracked processes that exited: nothing of theirs is kept, free their entries.
-        self.untracked.retain(|k, exited| {
-            if *exited {
-                reclaim.procs.push(*k);
-            }
-            !*exited
-        });
+    }
+
+    /// Appends this round to every process's history, and expires, releases and thins.
+    fn advance_history(&mut self, now_unix_ms: u64, reclaim: &mut Reclaim) {
+        let round = self.round;
         let grace = self.grace_rounds;
         self.rounds.push(now_unix_ms, ());
         self.rounds.thin(now_unix_ms, self.history_ms);
@@ -620,13 +650,11 @@ impl Model {
         }
         self.released = released;
         for k in expired {
-            self.retire(k, &mut reclaim);
+            self.retire(k, reclaim);
         }
         // Again with this round's exits counted: between rounds the model holds at most
         // max_exited exited processes, whatever the birth rate.
-        self.make_room(&mut reclaim, false);
-        self.hold_cgroups(now_unix_ms);
-        reclaim
+        self.make_room(reclaim, false);
     }
 
     /// Enters every cgroup that has a process now (with a series of its own while fewer than
