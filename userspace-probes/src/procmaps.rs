@@ -603,6 +603,10 @@ mod tests {
         assert_eq!(parse_line(&line).unwrap().name, b"/b");
     }
 
+    /// Not a runtime's name: the other tests of this process (`reads_own_maps`) run at the
+    /// same time and find no GPU runtime mapped.
+    const MAPPED_NAME: &str = "libethand-procmaps-test.so.1";
+
     /// This process maps a file whose name has a space and a newline; a FIFO sits where the
     /// escaped text would point. The query gives the raw name, the file opens, and a FIFO
     /// never blocks the opener.
@@ -615,10 +619,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("a b\nc")).unwrap();
         std::fs::create_dir_all(dir.join("a b\\012c")).unwrap();
-        let real = dir.join("a b\nc/libcuda.so.1");
+        let real = dir.join(format!("a b\nc/{MAPPED_NAME}"));
         std::fs::write(&real, vec![7u8; 8192]).unwrap();
         // Where a reader that does not undo the escape would look: a FIFO.
-        let fifo = dir.join("a b\\012c/libcuda.so.1");
+        let fifo = dir.join(format!("a b\\012c/{MAPPED_NAME}"));
         let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: mkfifo with a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
@@ -643,7 +647,7 @@ mod tests {
         assert_eq!(v.name, real.as_os_str().as_bytes());
         assert_eq!(v.inode, std::fs::metadata(&real).unwrap().ino());
         assert_eq!(v.file_offset(addr as u64 + 100), 100);
-        let found = maps.files(|n| n.ends_with(b"libcuda.so.1")).unwrap();
+        let found = maps.files(|n| n.ends_with(MAPPED_NAME.as_bytes())).unwrap();
         assert!(
             found.iter().any(|x| x.name == real.as_os_str().as_bytes()),
             "{found:?}"
