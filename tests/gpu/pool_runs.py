@@ -119,8 +119,9 @@ def estimates(allx, median=True):
     return out
 
 
-def report(per, limit=1.0):
-    """The printed report, as lines: per-run table, pooled spread, the three estimates."""
+def report(per, limit=1.0, est=None):
+    """The printed report, as lines: per-run table, pooled spread, the three estimates (est:
+    estimates() of the same rounds, when the caller has them already)."""
     allx = [x for xs in per.values() for x in xs]
     lines = ["| run | rounds | median change | mean change | sd |",
              "|---|---|---|---|---|"]  # changes in steps/s: negative = slower with ethand
@@ -133,7 +134,7 @@ def report(per, limit=1.0):
     lines.append("| estimate | slower with ethand | 95 % interval, % slower | verdict (<= "
                  f"{limit:g} % slower) |")
     lines.append("|---|---|---|---|")
-    for name, slow, lo, hi in estimates(allx):
+    for name, slow, lo, hi in est or estimates(allx):
         lines.append(row(name, slow, lo, hi, limit))
     mean = statistics.mean(allx)
     se = statistics.stdev(allx) / n ** 0.5

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """Unit tests for the training benchmark's statistics (train_bench.py's analysis and verdicts,
-pool_runs.py's pooling), on synthetic runs whose answer is known by construction. No torch,
+pool_runs.py's pooling), on synthetic runs whose answer is known by construction, and a check
+that the docs pages show the pooled figure the stored runs give (results_summary.py). No torch,
 no GPU: run by tests/tests/gpu_bench_stats.rs in CI, or `python3 tests/gpu/test_bench_stats.py`.
 """
 import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pool_runs  # noqa: E402
+import results_summary  # noqa: E402
 import train_bench as tb  # noqa: E402
 
 
@@ -151,6 +154,48 @@ class Pooling(unittest.TestCase):
     def test_log_ratios_undo_the_skew_of_percent_changes(self):
         # steps/s halved and doubled: -50 % and +100 % average +25 %; their logs average 0.
         self.assertAlmostEqual(pool_runs.log_pct(-50.0) + pool_runs.log_pct(100.0), 0.0, places=12)
+
+
+class DocsAgreeWithTheRecords(unittest.TestCase):
+    """Every page that quotes the pooled training figure shows what the stored runs give."""
+
+    blocks = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.blocks = results_summary.pooled()
+        cls.blocks["gpu-training-runs"] = results_summary.runs_table(results_summary.records())
+
+    def test_every_generated_block_of_the_docs_is_up_to_date(self):
+        quoting = []
+        for name in sorted(os.listdir(results_summary.DOCS)):
+            if not name.endswith(".md"):
+                continue
+            with open(os.path.join(results_summary.DOCS, name)) as f:
+                text = f.read()
+            new, found = results_summary.update(text, self.blocks)
+            self.assertEqual(new, text, f"docs/{name} is stale: run python3 tests/gpu/results_summary.py")
+            if "gpu-training-current" in found:
+                quoting.append(name)
+        # The measurement's own page, and the pages that quote its figure, all from one block.
+        self.assertLessEqual({"perf-gpu-training.md", "performance.md", "performance-analysis.md"}, set(quoting))
+
+    def test_a_page_with_another_figure_fails_the_check(self):
+        begin, end = results_summary.markers("gpu-training-current")
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("perf-gpu-training.md", "performance.md"):
+                with open(os.path.join(results_summary.DOCS, name)) as f:
+                    text = f.read()
+                if name == "performance.md":  # a figure of the first 13 runs, as it once was
+                    i, j = text.index(begin) + len(begin), text.index(end)
+                    text = text[:i] + "Runs 10-22 pooled (597 paired rounds): **-0.07 %**." + text[j:]
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_summary.py")
+            out = subprocess.run([sys.executable, script, "--check", "--docs", d], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn("performance.md", out.stderr)
+            self.assertNotIn("perf-gpu-training.md", out.stderr)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ fn bench_statistics_give_the_known_answers() {
     );
     // unittest reports on stderr; make sure the tests really ran.
     assert!(
-        stderr.contains("Ran 11 tests"),
+        stderr.contains("Ran 13 tests"),
         "unexpected unittest output:\n{stderr}"
     );
 }

@@ -10,6 +10,7 @@
 //! reads ethand's per-program run times in one extra, untimed run.
 
 pub mod floor;
+mod gpu_results;
 pub mod map_read;
 mod modes;
 mod record;
@@ -70,8 +71,9 @@ pub struct BenchArgs {
     /// sections after it.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Suite::ALL)]
     suites: Vec<Suite>,
-    /// Markdown made on the GPU machine by `scripts/gpu-bench.sh` (training steps/s per
-    /// level); included as its own section of the report.
+    /// The training benchmark's results: docs/perf-gpu-training.md (the section links to it
+    /// and carries its generated pooled figure) or a `gpu-bench.md` of `scripts/gpu-bench.sh`
+    /// (included whole).
     #[arg(long, value_name = "PATH")]
     gpu_results: Option<PathBuf>,
     /// Suites `scale` and `serving`: also profile the daemon with `perf record` (during the
@@ -285,27 +287,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             None => eprintln!("[bench] stacks suite skipped: ethand not run (--modes)"),
         }
     }
+    let out_was_default = args.out.is_none();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("docs").join("performance.md"));
     if let Some(path) = &args.gpu_results {
         let raw = fs::read_to_string(path)
             .with_context(|| format!("reading --gpu-results {}", path.display()))?;
-        // Nest the file under this section: drop its title, demote its headings.
-        let markdown: String = raw
-            .lines()
-            .filter(|l| !l.starts_with("# "))
-            .map(|l| {
-                if l.starts_with("##") {
-                    format!("#{l}\n")
-                } else {
-                    format!("{l}\n")
-                }
-            })
-            .collect();
-        sections.push(report::Section {
-            title: "Real training on the GPU machine (scripts/gpu-bench.sh)".to_string(),
-            text: format!("(from {})", path.display()),
-            markdown,
-            record: None,
-        });
+        sections.push(gpu_results::section(&raw, path, &out));
     }
 
     let machine = Machine::detect(&root, tools.ethand.as_deref(), tools.bpftrace.as_deref());
@@ -328,11 +318,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         info: &info,
     };
     print!("\n{}", report.text());
-    let out_was_default = args.out.is_none();
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| root.join("docs").join("performance.md"));
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
