@@ -2,11 +2,12 @@
 //! the fuzz targets (`fuzz/`) reach the parsers (config, tracefs formats, /proc, rules,
 //! local API requests) through it.
 //!
-//! Folders by job, each importing only what is listed before it: `config` (every setting);
-//! `privilege/` (capabilities after start-up, the statistics helper); `pipeline/` (probes,
-//! map reads, devices, the process model); `render.rs` (snapshots for the terminal);
-//! `commands/` (record, survey, compare); `diagnose/` (rules over a tree snapshot);
-//! `serve/` (the daemon loop, the local API and /metrics).
+//! Folders by job, each importing only what is listed before it (ARCHITECTURE.md;
+//! `xtask/tests/architecture.rs` checks it): `config/` (every setting); `privilege/`
+//! (capabilities after start-up, the statistics helper); `pipeline/` (probes, map reads,
+//! devices, the process model); `render.rs` (snapshots for the terminal); `diagnose/` (rules
+//! over a tree snapshot); `serve/` (the daemon loop, the tree builder, the local API and
+//! /metrics); `commands/` (snapshot, diagnose, record, survey, compare).
 pub mod commands;
 pub mod config;
 pub mod diagnose;

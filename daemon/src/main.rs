@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ethand::{
     EXIT_FAILURE, EXIT_USAGE,
-    commands::{compare, record, snapshot, survey},
+    commands::{self, compare, record, snapshot, survey},
     config,
     config::Config,
     privilege::stats_helper,
@@ -416,7 +416,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
             )
             .await
         }
-        Command::Diagnose { file, json } => ethand::diagnose::run_file(&cfg, &file, json),
+        Command::Diagnose { file, json } => commands::diagnose::run(&cfg, &file, json),
         Command::Compare {
             before,
             after,

@@ -10,10 +10,7 @@ use crate::{
     config::Config,
     pipeline::procinfo,
     render,
-    serve::{
-        api,
-        tree::{self, Samples},
-    },
+    serve::{api, daemon, tree::Samples},
 };
 
 pub struct SnapshotFormat {
@@ -82,8 +79,9 @@ pub async fn run(
             }
             let measure = Duration::from_secs(duration);
             let mut progress = render::Progress::new(format!("measuring pid {pid}"), measure);
-            let tree = tree::standalone_snapshot(&cfg, pid, measure, samples, |e| progress.show(e))
-                .await?;
+            let tree =
+                daemon::standalone_snapshot(&cfg, pid, measure, samples, |e| progress.show(e))
+                    .await?;
             drop(progress);
             match tree {
                 Some(t) => t,

@@ -5,14 +5,14 @@
 //! get it, computation; docs/diagnosis.md's table is generated from it); `rules.rs`: rule
 //! files, checked against the catalog; `expr.rs`: the expression language of the rules'
 //! fields; `detail.rs`: where a finding was found; `tree.rs`: facts the signals and the
-//! details share; this file: evaluation and `ethand diagnose FILE`.
+//! details share; this file: evaluation.
 mod detail;
 pub mod expr;
 mod rules;
 pub mod signals;
 mod tree;
 
-use std::{collections::BTreeMap, path::Path};
+use std::collections::BTreeMap;
 
 use ethand_snapshot::{
     TreeSnapshot,
@@ -123,32 +123,6 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
             .then(a.id.cmp(&b.id))
     });
     (out, not_evaluated)
-}
-
-/// `ethand diagnose FILE`: the rules (built-in plus the rules directory) over a saved
-/// snapshot. Prints the findings and the rules that could not run; exit 0, or 2 when the file
-/// cannot be read or is not a snapshot (as `ethand compare`), or a rules file is broken.
-pub fn run_file(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow::Result<u8> {
-    let mut tree = match crate::commands::compare::load(file) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("ethand: error: {e}");
-            return Ok(crate::EXIT_USAGE);
-        }
-    };
-    let rules = load_rules(&cfg.diagnosis.rules_dir)?;
-    apply(&mut tree, &rules);
-    if json {
-        let v = serde_json::json!({
-            "root_pid": tree.root_pid,
-            "findings": tree.findings,
-            "not_evaluated": tree.not_evaluated,
-        });
-        crate::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
-    } else {
-        crate::write_stdout(crate::render::diagnosis(&tree))?;
-    }
-    Ok(0)
 }
 
 #[cfg(test)]

@@ -688,3 +688,73 @@ async fn stop_otlp(exporter: ethand_exporters::otlp::OtlpExporter, cfg: &Config)
         ),
     }
 }
+
+/// A measurement of `pid`'s tree by this process alone (no daemon, or `--standalone`): the
+/// probes attached for `duration`, samples over its end; None when no process of the tree
+/// was seen.
+pub async fn standalone_snapshot(
+    cfg: &crate::config::Config,
+    pid: u32,
+    duration: std::time::Duration,
+    samples: crate::serve::tree::Samples,
+    mut progress: impl FnMut(std::time::Duration),
+) -> anyhow::Result<Option<ethand_snapshot::TreeSnapshot>> {
+    // A thread id stands for its process (its launch sample too).
+    let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+    let mut engine = Engine::start(cfg)?;
+    let step = std::time::Duration::from_millis(cfg.daemon.interval_ms.min(250));
+    let t0 = std::time::Instant::now();
+    engine.collect();
+    engine.gpu.settle(&mut engine.loaded.ebpf, GPU_SETTLE);
+    // The first round found the runtime libraries: count the tree's launches over the rest
+    // of the measurement (at a level that does not count them anyway).
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    if samples.launches && engine.gpu.level() == crate::config::GpuLevel::Calls {
+        engine.shared.sample_requests.lock().expect("lock").push(
+            crate::pipeline::launch_sample::Request {
+                pids: crate::pipeline::procinfo::descendants(pid),
+                duration,
+                reply: tx,
+            },
+        );
+    }
+    // The tree's Python frames over the end of the measurement, on their own thread.
+    let stacks = samples.stacks.then(|| {
+        let shared = engine.shared.clone();
+        let d = std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms).min(duration);
+        let wait = duration.saturating_sub(d);
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            // The measurement lasts its duration anyway: always profile.
+            shared.sample_stacks(pid, d, Some(true), false)
+        })
+    });
+    while t0.elapsed() < duration {
+        tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
+        engine.collect();
+        progress(t0.elapsed());
+    }
+    engine.sample_tick(true);
+    let launch_sample = rx.try_recv().ok();
+    let code = stacks.and_then(|h| h.join().ok()).unwrap_or_default();
+    let probes = engine
+        .loaded
+        .probes
+        .iter()
+        .cloned()
+        .chain(engine.gpu.probe_status())
+        .collect();
+    let ms = t0.elapsed().as_millis() as u64;
+    Ok(crate::serve::tree::build_tree(
+        &engine.shared,
+        crate::serve::tree::TreeRequest {
+            pid,
+            window_ms: ms + 1000,
+            source: "standalone",
+            measured_ms: ms,
+            probes,
+            launch_sample,
+            code,
+        },
+    ))
+}

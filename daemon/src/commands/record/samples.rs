@@ -12,10 +12,6 @@ use crate::{
 
 use super::trace::TraceWriter;
 
-/// CPU samples held between two symbolization rounds (half a second): 99 samples a second
-/// of 1,000 busy threads fit.
-pub(super) const MAX_PENDING_SAMPLES: usize = 100_000;
-
 /// Symbolizes the pending CPU samples and writes them as instants on their threads' tracks.
 /// Frames are cached per (process, stack id): ids are stable for the recording (a stack
 /// never replaces another in the map).

@@ -13,7 +13,7 @@ use ethand_common::{
 use ethand_userspace_probes::catalog::CATALOG;
 use serde_json::{Value, json};
 
-use super::{SCHED_TID_BASE, samples::MAX_PENDING_SAMPLES};
+use super::SCHED_TID_BASE;
 use crate::pipeline::syscalls_table;
 
 /// Process and thread names, read from /proc when first seen (a thread that exits before
@@ -92,6 +92,10 @@ pub(super) fn push_ts(l: &mut Vec<u8>, ns: u64, t0: u64) {
         push_us(l, ns - t0);
     }
 }
+
+/// CPU samples held between two symbolization rounds (half a second): 99 samples a second
+/// of 1,000 busy threads fit.
+pub(super) const MAX_PENDING_SAMPLES: usize = 100_000;
 
 /// Size of the output buffer: few large writes.
 pub(super) const WRITE_BUF: usize = 4 << 20;
