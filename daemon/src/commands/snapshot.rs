@@ -33,8 +33,13 @@ pub async fn run(
     let SnapshotFormat { json, csv, html } = format;
     // The daemon may sample launches and stacks (at once) for diagnosis.launch_sample_ms and
     // stack_sample_ms: wait for that too.
-    let d = &cfg.diagnosis;
-    let timeout = timeout + Duration::from_millis(d.launch_sample_ms.max(d.stack_sample_ms)) * 2;
+    let plan = crate::config::Plan::resolve(&cfg);
+    let timeout = timeout
+        + plan
+            .launch_sample
+            .unwrap_or_default()
+            .max(plan.stack_window())
+            * 2;
     let answer = if force_standalone {
         Err(api::CallError::NoDaemon {
             path: cfg.daemon.socket.display().to_string(),

@@ -3,15 +3,18 @@
 //! that name the key and its line.
 //!
 //! `sections.rs`: the tables and their typed values; `validate.rs`: the ranges and rules of
-//! every value; `locate.rs`: where a key sits in the user's text (for the error's line).
+//! every value; `locate.rs`: where a key sits in the user's text (for the error's line);
+//! `plan.rs`: the decisions taken from it once (what snapshots sample).
 use std::{net::SocketAddr, path::Path};
 
 use serde::{Deserialize, Serialize};
 
 mod locate;
+mod plan;
 mod sections;
 mod validate;
 
+pub use plan::{CpuProfile, Plan, StackSample};
 pub use sections::*;
 pub use validate::{
     BadValue, MAP_ENTRIES_MAX, MAP_ENTRIES_MIN, SOCKET_PATH_MAX, check_log_filter,

@@ -114,9 +114,10 @@ impl CpuProfiler {
         cfg: &crate::config::Config,
         programs: &Result<Option<String>, String>,
     ) -> Self {
+        let plan = crate::config::Plan::resolve(cfg).cpu_profile;
         let mut me = Self {
-            rate_hz: cfg.diagnosis.cpu_profile_hz,
-            offcpu_min_ns: cfg.diagnosis.offcpu_min_us.saturating_mul(1000),
+            rate_hz: plan.map_or(0, |p| p.rate_hz),
+            offcpu_min_ns: plan.map_or(0, |p| p.offcpu_min_ns),
             maps: None,
             error: None,
             offcpu_error: None,

@@ -322,7 +322,9 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         .map_max_entries("GPU_SITES", m.gpu_sites)
         .override_global(
             "PROFILE_OFFCPU_MIN_NS",
-            &cfg.diagnosis.offcpu_min_us.saturating_mul(1000),
+            &crate::config::Plan::resolve(cfg)
+                .cpu_profile
+                .map_or(0, |p| p.offcpu_min_ns),
             true,
         )
         .map_max_entries("PROFILE_STACKS", m.profile_stacks)
@@ -408,9 +410,8 @@ fn load_profile(
     cfg: &Config,
     btf: Option<&Btf>,
 ) -> Result<Option<String>, String> {
-    let d = &cfg.diagnosis;
-    if d.cpu_profile_hz == 0 || d.stack_sample_ms == 0 {
-        return Err("off (diagnosis.cpu_profile_hz or diagnosis.stack_sample_ms is 0)".to_string());
+    if let Err(off) = crate::config::Plan::resolve(cfg).cpu_profile {
+        return Err(off.to_string());
     }
     let p: &mut aya::programs::PerfEvent = ebpf
         .program_mut(crate::pipeline::cpu_profile::PROG_CPU)

@@ -105,8 +105,8 @@ pub fn names(mask: u64) -> Vec<String> {
 /// "always" turns them on once, at start-up.
 pub fn runtime_caps(cfg: &Config) -> u64 {
     let mut keep = (1u64 << CAP_SYS_PTRACE) | (1u64 << CAP_DAC_READ_SEARCH);
-    let d = &cfg.diagnosis;
-    if !cfg.gpu.runtimes.is_empty() || (d.cpu_profile_hz > 0 && d.stack_sample_ms > 0) {
+    let plan = crate::config::Plan::resolve(cfg);
+    if plan.probes_runtimes || plan.cpu_profile.is_ok() {
         keep |= 1u64 << CAP_PERFMON;
     }
     keep

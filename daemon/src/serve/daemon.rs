@@ -721,7 +721,7 @@ pub async fn standalone_snapshot(
     // The tree's Python frames over the end of the measurement, on their own thread.
     let stacks = samples.stacks.then(|| {
         let shared = engine.shared.clone();
-        let d = std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms).min(duration);
+        let d = engine.shared.plan.stack_window().min(duration);
         let wait = duration.saturating_sub(d);
         std::thread::spawn(move || {
             std::thread::sleep(wait);

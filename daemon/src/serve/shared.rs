@@ -65,19 +65,15 @@ pub struct Shared {
     pub device_history: Mutex<crate::pipeline::devices::DeviceHistory>,
     /// Launch samples asked for by snapshots, started by the collection loop.
     pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
-    /// `diagnosis.launch_sample_ms`.
-    pub launch_sample: std::time::Duration,
+    /// What snapshots sample on demand (launches, stacks, the CPU profile).
+    pub plan: crate::config::Plan,
     /// The collection round (`daemon.interval_ms`): a process started a moment ago is known
     /// from the next round on.
     pub round_interval: std::time::Duration,
-    /// `diagnosis.stack_sample_ms` and `diagnosis.stack_sample_hz`.
-    pub stack_sample: (std::time::Duration, u32),
     /// Which threads are inside a timed runtime call, for stack samples (set at start-up).
     pub gpu_inflight: std::sync::OnceLock<Arc<crate::pipeline::collector::GpuInflightReader>>,
     /// CPU profiles asked for by snapshots, started by the collection loop.
     pub profile_requests: Mutex<Vec<crate::pipeline::cpu_profile::Request>>,
-    /// `diagnosis.cpu_profile_hz > 0`.
-    pub cpu_profile: bool,
     /// Kernel symbols for the profiles' kernel frames, opened at start-up.
     pub kallsyms: crate::pipeline::symbols::Kallsyms,
     /// The sandboxed reader: every symbol, source line and Python frame of a process.
@@ -125,15 +121,10 @@ impl Shared {
             device_history: Mutex::new(crate::pipeline::devices::DeviceHistory::new(
                 (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
             )),
-            launch_sample: std::time::Duration::from_millis(cfg.diagnosis.launch_sample_ms),
+            plan: crate::config::Plan::resolve(cfg),
             round_interval: std::time::Duration::from_millis(d.interval_ms),
-            stack_sample: (
-                std::time::Duration::from_millis(cfg.diagnosis.stack_sample_ms),
-                cfg.diagnosis.stack_sample_hz,
-            ),
             gpu_inflight: std::sync::OnceLock::new(),
             profile_requests: Mutex::default(),
-            cpu_profile: cfg.diagnosis.cpu_profile_hz > 0,
             kallsyms: crate::pipeline::symbols::Kallsyms::open(),
             reader,
         }
@@ -312,7 +303,7 @@ impl Shared {
                 .any(|p| ethand_reader::python::looks_like_python(*p))
                 || (launching && !gpu_pids(pid).is_empty())
         });
-        let profile = (self.cpu_profile && wanted).then(|| {
+        let profile = (self.plan.cpu_profile.is_ok() && wanted).then(|| {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             self.profile_requests.lock().expect("lock").push(
                 crate::pipeline::cpu_profile::Request {
@@ -328,7 +319,7 @@ impl Shared {
             &self.reader,
             &pids,
             duration,
-            self.stack_sample.1,
+            self.plan.stack_sample.map_or(1, |s| s.hz),
             self.gpu_inflight.get().map(|r| &**r),
         );
         // Started and ended at collection rounds: up to two intervals more than asked.

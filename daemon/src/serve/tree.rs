@@ -67,10 +67,12 @@ pub fn daemon_snapshot(
     let launching = samples.launches && level == "calls" && known;
     let (launch_sample, code) = std::thread::scope(|s| {
         let stacks = (samples.stacks && known).then(|| {
-            s.spawn(|| shared.sample_stacks(pid, shared.stack_sample.0, samples.profile, launching))
+            s.spawn(|| {
+                shared.sample_stacks(pid, shared.plan.stack_window(), samples.profile, launching)
+            })
         });
         let sample = launching
-            .then(|| shared.sample_launches(pid, shared.launch_sample))
+            .then(|| shared.sample_launches(pid, shared.plan.launch_sample.unwrap_or_default()))
             .flatten();
         (
             sample,
