@@ -644,6 +644,31 @@ impl Results {
     fn section(&self) -> Section {
         let (t, a) = (&self.target, &self.all);
         let mut md = String::new();
+        self.write_setup(&mut md);
+        for (title, p) in [
+            (format!("~{SERIES_WANTED} series"), t),
+            ("every load process".to_string(), a),
+        ] {
+            write_phase(&mut md, &title, p);
+        }
+        let _ = writeln!(md, "### Targets\n");
+        let targets = self.targets();
+        for l in &targets {
+            let _ = writeln!(md, "- {l}");
+        }
+        let text = self.text(&targets);
+        Section {
+            title: "Serving: /metrics, OTLP and `ethand snapshot` under 1,000 processes"
+                .to_string(),
+            markdown: md,
+            text,
+            record: None,
+        }
+    }
+
+    /// The section's first paragraphs: the load, the two configurations, what is timed.
+    fn write_setup(&self, md: &mut String) {
+        let (t, a) = (&self.target, &self.all);
         let _ = writeln!(
             md,
             "Reading the data out of a busy node. Load: {}.\n\n\
@@ -677,104 +702,11 @@ impl Results {
             self.counts.warmup.as_secs(),
             self.pid,
         );
-        for (title, p) in [
-            (format!("~{SERIES_WANTED} series"), t),
-            ("every load process".to_string(), a),
-        ] {
-            let _ = writeln!(
-                md,
-                "### {title}: {} series ({} of them per process, `ethand_process_*`; {} \
-                 processes selected)\n",
-                p.series, p.process_series, p.selected
-            );
-            let _ = writeln!(md, "```toml\n{}\n```\n", short_config(&p.config));
-            let _ = writeln!(
-                md,
-                "| what | n | median / p95 / max (ms) | size |\n|---|---|---|---|"
-            );
-            let _ = writeln!(
-                md,
-                "| GET /metrics | {} | {} | {:.0} bytes (median) |",
-                p.scrape_ms.n,
-                ms(&p.scrape_ms),
-                p.scrape_bytes.median
-            );
-            match &p.otlp_exporter_ms {
-                Some(s) => {
-                    let _ = writeln!(
-                        md,
-                        "| OTLP export request, by the exporter | {} | {} | - |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        md,
-                        "| OTLP export request, by the exporter | - | not reported by this \
-                         ethand binary (`otlp.last_export_duration_us` of `ethand status \
-                         --json`) | - |"
-                    );
-                }
-            }
-            let _ = writeln!(
-                md,
-                "| OTLP export, by the receiver | {} | {} | {:.0} bytes (median; max {:.0}) |",
-                p.otlp_receive_ms.n,
-                ms(&p.otlp_receive_ms),
-                p.otlp_bytes.median,
-                p.otlp_bytes.max
-            );
-            if let Some((plain, json)) = &p.snapshot {
-                for (name, (s, bytes)) in [
-                    ("`ethand snapshot --pid PID`", plain),
-                    ("`ethand snapshot --pid PID --json`", json),
-                ] {
-                    let _ = writeln!(
-                        md,
-                        "| {name} | {} | {} | {bytes} bytes of output |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-            }
-            if let Some((version, status)) = &p.cli_baseline {
-                for (name, (s, bytes)) in [
-                    (
-                        "`ethand --version` (for comparison: the CLI's start alone)",
-                        version,
-                    ),
-                    ("`ethand status` (for comparison: a small request)", status),
-                ] {
-                    let _ = writeln!(
-                        md,
-                        "| {name} | {} | {} | {bytes} bytes of output |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-            }
-            let _ = writeln!(md, "\nFailed OTLP requests: {}.\n", p.otlp_failed);
-            match &p.perf_top {
-                None => {}
-                Some(Ok(top)) => {
-                    let _ = writeln!(
-                        md,
-                        "Top of the daemon's profile over the GETs of /metrics (`--perf`: \
-                         `perf record -F 1999 --call-graph dwarf -p PID`, `perf report \
-                         --no-children --sort dso,sym`):\n\n```\n{top}\n```\n"
-                    );
-                }
-                Some(Err(e)) => {
-                    let _ = writeln!(md, "perf profile failed: {e}\n");
-                }
-            }
-        }
-        let _ = writeln!(md, "### Targets\n");
-        let targets = self.targets();
-        for l in &targets {
-            let _ = writeln!(md, "- {l}");
-        }
+    }
+
+    /// The terminal summary: each configuration's figures, then the targets.
+    fn text(&self, targets: &[String]) -> String {
+        let (t, a) = (&self.target, &self.all);
         let mut text = String::new();
         for (name, p) in [("~10k series", t), ("all selected", a)] {
             let _ = writeln!(
@@ -809,15 +741,102 @@ impl Results {
                 );
             }
         }
-        for l in &targets {
+        for l in targets {
             let _ = writeln!(text, "  {l}");
         }
-        Section {
-            title: "Serving: /metrics, OTLP and `ethand snapshot` under 1,000 processes"
-                .to_string(),
-            markdown: md,
-            text,
-            record: None,
+        text
+    }
+}
+
+/// One configuration's part: its series, its config, the table of timings, failed exports and
+/// the daemon's profile.
+fn write_phase(md: &mut String, title: &str, p: &Phase) {
+    let _ = writeln!(
+        md,
+        "### {title}: {} series ({} of them per process, `ethand_process_*`; {} \
+         processes selected)\n",
+        p.series, p.process_series, p.selected
+    );
+    let _ = writeln!(md, "```toml\n{}\n```\n", short_config(&p.config));
+    let _ = writeln!(
+        md,
+        "| what | n | median / p95 / max (ms) | size |\n|---|---|---|---|"
+    );
+    let _ = writeln!(
+        md,
+        "| GET /metrics | {} | {} | {:.0} bytes (median) |",
+        p.scrape_ms.n,
+        ms(&p.scrape_ms),
+        p.scrape_bytes.median
+    );
+    match &p.otlp_exporter_ms {
+        Some(s) => {
+            let _ = writeln!(
+                md,
+                "| OTLP export request, by the exporter | {} | {} | - |",
+                s.n,
+                ms(s)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "| OTLP export request, by the exporter | - | not reported by this \
+                 ethand binary (`otlp.last_export_duration_us` of `ethand status \
+                 --json`) | - |"
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| OTLP export, by the receiver | {} | {} | {:.0} bytes (median; max {:.0}) |",
+        p.otlp_receive_ms.n,
+        ms(&p.otlp_receive_ms),
+        p.otlp_bytes.median,
+        p.otlp_bytes.max
+    );
+    if let Some((plain, json)) = &p.snapshot {
+        for (name, (s, bytes)) in [
+            ("`ethand snapshot --pid PID`", plain),
+            ("`ethand snapshot --pid PID --json`", json),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {bytes} bytes of output |",
+                s.n,
+                ms(s)
+            );
+        }
+    }
+    if let Some((version, status)) = &p.cli_baseline {
+        for (name, (s, bytes)) in [
+            (
+                "`ethand --version` (for comparison: the CLI's start alone)",
+                version,
+            ),
+            ("`ethand status` (for comparison: a small request)", status),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {bytes} bytes of output |",
+                s.n,
+                ms(s)
+            );
+        }
+    }
+    let _ = writeln!(md, "\nFailed OTLP requests: {}.\n", p.otlp_failed);
+    match &p.perf_top {
+        None => {}
+        Some(Ok(top)) => {
+            let _ = writeln!(
+                md,
+                "Top of the daemon's profile over the GETs of /metrics (`--perf`: \
+                 `perf record -F 1999 --call-graph dwarf -p PID`, `perf report \
+                 --no-children --sort dso,sym`):\n\n```\n{top}\n```\n"
+            );
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(md, "perf profile failed: {e}\n");
         }
     }
 }
