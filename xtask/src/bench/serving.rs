@@ -338,6 +338,9 @@ fn time_cli(d: &Daemon, args: &[&str], socket: bool, runs: usize) -> Result<(Spr
     Ok((Spread::of(&ms), bytes))
 }
 
+/// Two CLI commands' wall times (ms) and output bytes.
+type CliTimes = ((Spread, usize), (Spread, usize));
+
 /// One daemon configuration measured.
 struct Phase {
     config: String,
@@ -353,10 +356,10 @@ struct Phase {
     otlp_bytes: Spread,
     otlp_failed: u64,
     /// (plain, --json): times and output bytes.
-    snapshot: Option<((Spread, usize), (Spread, usize))>,
+    snapshot: Option<CliTimes>,
     /// For comparison with the snapshot: `ethand --version` (the CLI's start alone) and
     /// `ethand status` (a small request to the daemon).
-    cli_baseline: Option<((Spread, usize), (Spread, usize))>,
+    cli_baseline: Option<CliTimes>,
     /// `--perf`: the top of the daemon's profile over the scrapes, or why not.
     perf_top: Option<std::result::Result<String, String>>,
 }
@@ -373,6 +376,25 @@ fn selected_pids(text: &str) -> usize {
     pids.len()
 }
 
+/// What the GETs of /metrics of one phase gave: wall times (ms), body sizes, the last body,
+/// and (`--perf`) the top of the daemon's profile over them, or why not.
+struct Scrapes {
+    ms: Vec<f64>,
+    bytes: Vec<f64>,
+    last: String,
+    perf_top: Option<std::result::Result<String, String>>,
+}
+
+/// The OTLP exports of one phase: the index of the first one in the receiver's list, the
+/// exporter's own figure of each (ms), whether the binary reports that figure, and the
+/// failed exports it counted.
+struct Exports {
+    first: usize,
+    durations: Vec<f64>,
+    exposed: bool,
+    failed: u64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn measure_phase(
     ctx: &SuiteCtx,
@@ -384,6 +406,48 @@ fn measure_phase(
     warmup: Duration,
     perf: Option<&Path>,
 ) -> Result<Phase> {
+    let mut d = start_daemon(ctx, receiver, name, prometheus_extra, warmup)?;
+    load.ensure_running()?;
+
+    let scraped = scrape_metrics(ctx, &d, name, scrapes, perf)?;
+    let (series, process_series) = count_series(&scraped.last);
+    let selected = selected_pids(&scraped.last);
+
+    let (snapshot, cli_baseline) = time_snapshots(&d, load, name, snapshots)?;
+
+    let exported = wait_for_exports(&mut d, receiver, name, exports)?;
+    let got = receiver.received();
+    let got = &got[exported.first..];
+    Ok(Phase {
+        config: d.config.clone(),
+        selected,
+        series,
+        process_series,
+        scrape_ms: Spread::of(&scraped.ms),
+        scrape_bytes: Spread::of(&scraped.bytes),
+        otlp_exporter_ms: exported.exposed.then(|| Spread::of(&exported.durations)),
+        otlp_receive_ms: Spread::of(
+            &got.iter()
+                .map(|r| r.receive.as_secs_f64() * 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        otlp_bytes: Spread::of(&got.iter().map(|r| r.bytes as f64).collect::<Vec<_>>()),
+        otlp_failed: exported.failed,
+        snapshot,
+        cli_baseline,
+        perf_top: scraped.perf_top,
+    })
+}
+
+/// The daemon of one phase (its defaults, `prometheus_extra`, OTLP to `receiver`), running
+/// after its warm-up.
+fn start_daemon(
+    ctx: &SuiteCtx,
+    receiver: &Receiver,
+    name: &str,
+    prometheus_extra: &str,
+    warmup: Duration,
+) -> Result<Daemon> {
     let bin = ctx.ethand.context("ethand not run")?;
     let mut d = Daemon::start(
         bin,
@@ -400,8 +464,18 @@ fn measure_phase(
     )?;
     sleep(warmup);
     d.ensure_running("during the warm-up")?;
-    load.ensure_running()?;
+    Ok(d)
+}
 
+/// `scrapes` GETs of /metrics, each in a new collection round; with `perf`, the daemon
+/// profiled over them (the full report kept there).
+fn scrape_metrics(
+    ctx: &SuiteCtx,
+    d: &Daemon,
+    name: &str,
+    scrapes: usize,
+    perf: Option<&Path>,
+) -> Result<Scrapes> {
     eprintln!("[bench] serving ({name}): {scrapes} GETs of /metrics");
     let perf_run = perf.map(|_| start_perf(d.pid(), ctx.tmp, name));
     let mut scrape_ms = Vec::new();
@@ -430,21 +504,44 @@ fn measure_phase(
         ),
         _ => None,
     };
-    let (series, process_series) = count_series(&last);
-    let selected = selected_pids(&last);
+    Ok(Scrapes {
+        ms: scrape_ms,
+        bytes: scrape_bytes,
+        last,
+        perf_top,
+    })
+}
 
+/// `ethand snapshot --pid` of a load process, plain and `--json`, and for comparison
+/// `ethand --version` and `ethand status`, `snapshots` runs each (none when 0).
+fn time_snapshots(
+    d: &Daemon,
+    load: &Load,
+    name: &str,
+    snapshots: usize,
+) -> Result<(Option<CliTimes>, Option<CliTimes>)> {
     let (snapshot, cli_baseline) = if snapshots > 0 {
         let pid = load.pid(0).to_string();
         eprintln!("[bench] serving ({name}): ethand snapshot --pid {pid}, {snapshots} runs each");
-        let plain = time_cli(&d, &["snapshot", "--pid", &pid], true, snapshots)?;
-        let json = time_cli(&d, &["snapshot", "--pid", &pid, "--json"], true, snapshots)?;
-        let version = time_cli(&d, &["--version"], false, snapshots)?;
-        let status = time_cli(&d, &["status"], true, snapshots)?;
+        let plain = time_cli(d, &["snapshot", "--pid", &pid], true, snapshots)?;
+        let json = time_cli(d, &["snapshot", "--pid", &pid, "--json"], true, snapshots)?;
+        let version = time_cli(d, &["--version"], false, snapshots)?;
+        let status = time_cli(d, &["status"], true, snapshots)?;
         (Some((plain, json)), Some((version, status)))
     } else {
         (None, None)
     };
+    Ok((snapshot, cli_baseline))
+}
 
+/// Waits for `exports` more OTLP exports at the receiver, reading the exporter's own figure
+/// of each from `ethand status --json`.
+fn wait_for_exports(
+    d: &mut Daemon,
+    receiver: &Receiver,
+    name: &str,
+    exports: usize,
+) -> Result<Exports> {
     // OTLP: the receiver's view, and the exporter's own measurement after each export.
     eprintln!("[bench] serving ({name}): waiting for {exports} more OTLP exports");
     let first = receiver.received().len();
@@ -484,26 +581,11 @@ fn measure_phase(
         );
         sleep(Duration::from_millis(200));
     }
-    let got = receiver.received();
-    let got = &got[first..];
-    Ok(Phase {
-        config: d.config.clone(),
-        selected,
-        series,
-        process_series,
-        scrape_ms: Spread::of(&scrape_ms),
-        scrape_bytes: Spread::of(&scrape_bytes),
-        otlp_exporter_ms: exposed.then(|| Spread::of(&durations)),
-        otlp_receive_ms: Spread::of(
-            &got.iter()
-                .map(|r| r.receive.as_secs_f64() * 1e3)
-                .collect::<Vec<_>>(),
-        ),
-        otlp_bytes: Spread::of(&got.iter().map(|r| r.bytes as f64).collect::<Vec<_>>()),
-        otlp_failed,
-        snapshot,
-        cli_baseline,
-        perf_top,
+    Ok(Exports {
+        first,
+        durations,
+        exposed,
+        failed: otlp_failed,
     })
 }
 
@@ -596,7 +678,7 @@ fn short_config(config: &str) -> String {
 }
 
 impl Results {
-    fn snapshot(&self) -> ((Spread, usize), (Spread, usize)) {
+    fn snapshot(&self) -> CliTimes {
         self.target.snapshot.unwrap_or_default()
     }
 
