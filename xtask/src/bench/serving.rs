@@ -456,9 +456,13 @@ fn start_daemon(
         "",
         prometheus_extra,
         &format!(
-            "[otlp]\nenabled = true\nprotocol = \"http/protobuf\"\n\
-             endpoint = \"http://127.0.0.1:{}/v1/metrics\"\ninterval_ms = {OTLP_INTERVAL_MS}\n\
-             timeout_ms = {OTLP_INTERVAL_MS}\n",
+            r#"[otlp]
+enabled = true
+protocol = "http/protobuf"
+endpoint = "http://127.0.0.1:{}/v1/metrics"
+interval_ms = {OTLP_INTERVAL_MS}
+timeout_ms = {OTLP_INTERVAL_MS}
+"#,
             receiver.port
         ),
     )?;
