@@ -365,6 +365,7 @@ fn published_info() -> RunInfo {
 
 /// The page is what the code rendered before `write_markdown` was split (its output then is
 /// the fixture): docs/performance.md must not change with the code's shape.
+/// A change meant to show in the page updates the fixture in the same commit.
 #[test]
 fn markdown_renders_as_before() {
     let results = full_results(3);

@@ -117,6 +117,7 @@ fn results(all: Phase, target: Phase, quick: bool) -> Results {
 
 /// The section's text is what the code rendered before `section` was split (its output then
 /// is the fixture): the tables of docs/performance.md must not change with the code's shape.
+/// A change meant to show in the page updates the fixture in the same commit.
 #[test]
 fn section_renders_as_before() {
     let full = results(all_phase(), target_phase(), false);

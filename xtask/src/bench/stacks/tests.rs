@@ -190,6 +190,7 @@ fn sparse() -> Section {
 
 /// The section's text is what the code rendered before `section` was split (its output then
 /// is the fixture): the tables of docs/performance.md must not change with the code's shape.
+/// A change meant to show in the page updates the fixture in the same commit.
 #[test]
 fn section_renders_as_before() {
     assert_eq!(
