@@ -31,7 +31,7 @@ use std::{env, fs, process, thread};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use modes::{Mode, Tools};
+use modes::{Mode, ProgramCost, Tools};
 use report::{Machine, Report, Results, RunInfo};
 use workloads::{Iters, Workload};
 
@@ -135,46 +135,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.io_dir.display()
     );
 
-    let mut modes: Vec<Mode> = Vec::new();
-    for m in &args.modes {
-        if !modes.contains(m) {
-            modes.push(*m);
-        }
-    }
-    ensure!(
-        modes.contains(&Mode::None),
-        "--modes must include `none`: it is the baseline every added cost is measured against"
-    );
-    let mut not_run: BTreeMap<Mode, String> = Mode::ALL
-        .into_iter()
-        .filter(|m| !modes.contains(m))
-        .map(|m| (m, "not requested (--modes)".to_string()))
-        .collect();
-
-    let tracing = modes.iter().any(|&m| m != Mode::None);
-    ensure!(
-        !tracing || unsafe { libc::geteuid() } == 0,
-        "the ethand and bpftrace modes load BPF programs: run as root, or use --modes none"
-    );
-    let ethand = if modes.iter().any(|m| m.runs_ethand()) {
-        Some(resolve_ethand(args.ethand, &root)?)
-    } else {
-        None
-    };
-    let bpftrace = if modes.iter().any(|m| m.runs_bpftrace()) {
-        let found = find_executable(&args.bpftrace);
-        if found.is_none() {
-            let why = format!("{} not found", args.bpftrace.display());
-            for m in modes.iter().filter(|m| m.runs_bpftrace()) {
-                eprintln!("[bench] {} mode skipped: {why}", m.name());
-                not_run.insert(*m, why.clone());
-            }
-            modes.retain(|m| !m.runs_bpftrace());
-        }
-        found
-    } else {
-        None
-    };
+    let (mut modes, mut not_run) = requested_modes(&args.modes)?;
+    let (ethand, bpftrace) =
+        find_tracers(&mut modes, &mut not_run, args.ethand, &args.bpftrace, &root)?;
     let iters = if args.quick {
         Iters::QUICK
     } else {
@@ -194,99 +157,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let load_before = report::load_average();
 
-    let mut results = Results::default();
-    let mut ready_output = BTreeMap::new();
     let events = args.suites.contains(&Suite::Events);
-    for round in (0..args.rounds as usize).filter(|_| events) {
-        for k in 0..modes.len() {
-            let mode = modes[(round + k) % modes.len()];
-            eprintln!(
-                "[bench] round {}/{}, {}",
-                round + 1,
-                args.rounds,
-                mode.name()
-            );
-            let mut tracer = modes::attach(mode, &tools, tmp.path())?;
-            if let Some(t) = &tracer {
-                ready_output
-                    .entry(mode)
-                    .or_insert_with(|| t.ready_output.clone());
-            }
-            for &w in mode.workloads() {
-                let m = modes::measure(
-                    w,
-                    iters.of(w),
-                    &args.io_dir,
-                    tracer.as_mut(),
-                    tools.cuda.as_deref(),
-                )?;
-                eprintln!(
-                    "[bench]   {:<9} {:>10} ns per {}",
-                    w.name(),
-                    format!("{:.1}", m.ns_per_event()),
-                    w.unit()
-                );
-                results.push(w, mode, m);
-            }
-            if let Some(t) = tracer {
-                t.finish()?;
-            }
-            thread::sleep(SETTLE);
-        }
-    }
+    let (results, ready_output) = run_event_rounds(
+        &modes,
+        &tools,
+        tmp.path(),
+        &iters,
+        &args.io_dir,
+        args.rounds,
+        events,
+    )?;
 
-    let program_costs = match &tools.ethand {
-        Some(_) if !events => Err("the events suite was not run (--suites)".to_string()),
-        Some(bin) => {
-            eprintln!(
-                "[bench] BPF program run times: ethand with bpf_stats = \"always\", under getpid \
-                 and ping-pong (untimed)"
-            );
-            modes::ethand_program_costs(bin, tmp.path(), "", |_| {
-                for w in [Workload::Getpid, Workload::Pingpong] {
-                    workloads::measure(w, iters.of(w), &args.io_dir)?;
-                }
-                Ok(())
-            })
-            .map_err(|e| {
-                eprintln!("[bench] BPF program run times not measured: {e:#}");
-                format!("failed: {e:#}")
-            })
-        }
-        None => Err("ethand not run".to_string()),
-    };
+    let program_costs = measure_program_costs(&tools, events, tmp.path(), &iters, &args.io_dir);
 
     let ctx = SuiteCtx {
         ethand: tools.ethand.as_deref(),
         tmp: tmp.path(),
         quick: args.quick,
     };
-    let mut sections: Vec<report::Section> = Vec::new();
-    // Each suite module pushes its section here, in Suite order.
-    if args.suites.contains(&Suite::Scale) {
-        sections.push(scale::run(&ctx, args.perf).unwrap_or_else(|e| scale::failed("scale", e)));
-    }
-    if args.suites.contains(&Suite::Serving) {
-        sections
-            .push(serving::run(&ctx, args.perf).unwrap_or_else(|e| scale::failed("serving", e)));
-    }
-    if args.suites.contains(&Suite::Record) {
-        match ctx.ethand {
-            Some(_) => sections.push(record::run(&ctx)?),
-            None => eprintln!("[bench] record suite skipped: ethand not run (--modes)"),
-        }
-    }
-    if args.suites.contains(&Suite::Series) {
-        sections.push(series::run(&ctx).unwrap_or_else(|e| scale::failed("series", e)));
-    }
-    if args.suites.contains(&Suite::Stacks) {
-        match ctx.ethand {
-            Some(_) => {
-                sections.push(stacks::run(&ctx).unwrap_or_else(|e| scale::failed("stacks", e)))
-            }
-            None => eprintln!("[bench] stacks suite skipped: ethand not run (--modes)"),
-        }
-    }
+    let mut sections = run_suites(&args.suites, &ctx, args.perf)?;
     let out_was_default = args.out.is_none();
     let out = args
         .out
@@ -318,32 +207,213 @@ pub fn run(args: BenchArgs) -> Result<()> {
         info: &info,
     };
     print!("\n{}", report.text());
+    write_page(&out, &report)?;
+    // A published run (default page, full length) keeps its record, raw samples included,
+    // under bench/results/events/: the page holds the current tables, the records the history.
+    let published = out_was_default && !args.quick;
+    let record = record_path(args.json.clone(), published, &info.machine.date, &root);
+    if let Some(path) = &record {
+        write_record(path, &report)?;
+    }
+    Ok(())
+}
+
+/// `--modes` without repeats, which must include `none`; and the modes left out, with why.
+fn requested_modes(requested: &[Mode]) -> Result<(Vec<Mode>, BTreeMap<Mode, String>)> {
+    let mut modes: Vec<Mode> = Vec::new();
+    for m in requested {
+        if !modes.contains(m) {
+            modes.push(*m);
+        }
+    }
+    ensure!(
+        modes.contains(&Mode::None),
+        "--modes must include `none`: it is the baseline every added cost is measured against"
+    );
+    let not_run: BTreeMap<Mode, String> = Mode::ALL
+        .into_iter()
+        .filter(|m| !modes.contains(m))
+        .map(|m| (m, "not requested (--modes)".to_string()))
+        .collect();
+    Ok((modes, not_run))
+}
+
+/// The ethand and bpftrace binaries the modes need (root required for any tracing mode). A
+/// missing bpftrace drops its modes, into `not_run`.
+fn find_tracers(
+    modes: &mut Vec<Mode>,
+    not_run: &mut BTreeMap<Mode, String>,
+    ethand: Option<PathBuf>,
+    bpftrace: &Path,
+    root: &Path,
+) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
+    let tracing = modes.iter().any(|&m| m != Mode::None);
+    ensure!(
+        !tracing || unsafe { libc::geteuid() } == 0,
+        "the ethand and bpftrace modes load BPF programs: run as root, or use --modes none"
+    );
+    let ethand = if modes.iter().any(|m| m.runs_ethand()) {
+        Some(resolve_ethand(ethand, root)?)
+    } else {
+        None
+    };
+    let bpftrace = if modes.iter().any(|m| m.runs_bpftrace()) {
+        let found = find_executable(bpftrace);
+        if found.is_none() {
+            let why = format!("{} not found", bpftrace.display());
+            for m in modes.iter().filter(|m| m.runs_bpftrace()) {
+                eprintln!("[bench] {} mode skipped: {why}", m.name());
+                not_run.insert(*m, why.clone());
+            }
+            modes.retain(|m| !m.runs_bpftrace());
+        }
+        found
+    } else {
+        None
+    };
+    Ok((ethand, bpftrace))
+}
+
+/// The per-event table's runs: rounds x modes (order rotated) x the mode's workloads, none
+/// unless `events`. Returns the measurements and what each tracer said when first ready.
+fn run_event_rounds(
+    modes: &[Mode],
+    tools: &Tools,
+    tmp: &Path,
+    iters: &Iters,
+    io_dir: &Path,
+    rounds: u32,
+    events: bool,
+) -> Result<(Results, BTreeMap<Mode, String>)> {
+    let mut results = Results::default();
+    let mut ready_output = BTreeMap::new();
+    for round in (0..rounds as usize).filter(|_| events) {
+        for k in 0..modes.len() {
+            let mode = modes[(round + k) % modes.len()];
+            eprintln!("[bench] round {}/{}, {}", round + 1, rounds, mode.name());
+            let mut tracer = modes::attach(mode, tools, tmp)?;
+            if let Some(t) = &tracer {
+                ready_output
+                    .entry(mode)
+                    .or_insert_with(|| t.ready_output.clone());
+            }
+            for &w in mode.workloads() {
+                let m = modes::measure(
+                    w,
+                    iters.of(w),
+                    io_dir,
+                    tracer.as_mut(),
+                    tools.cuda.as_deref(),
+                )?;
+                eprintln!(
+                    "[bench]   {:<9} {:>10} ns per {}",
+                    w.name(),
+                    format!("{:.1}", m.ns_per_event()),
+                    w.unit()
+                );
+                results.push(w, mode, m);
+            }
+            if let Some(t) = tracer {
+                t.finish()?;
+            }
+            thread::sleep(SETTLE);
+        }
+    }
+    Ok((results, ready_output))
+}
+
+/// ethand's per-program run times in one untimed run under getpid and ping-pong, or why
+/// there are none.
+fn measure_program_costs(
+    tools: &Tools,
+    events: bool,
+    tmp: &Path,
+    iters: &Iters,
+    io_dir: &Path,
+) -> Result<Vec<ProgramCost>, String> {
+    match &tools.ethand {
+        Some(_) if !events => Err("the events suite was not run (--suites)".to_string()),
+        Some(bin) => {
+            eprintln!(
+                "[bench] BPF program run times: ethand with bpf_stats = \"always\", under getpid \
+                 and ping-pong (untimed)"
+            );
+            modes::ethand_program_costs(bin, tmp, "", |_| {
+                for w in [Workload::Getpid, Workload::Pingpong] {
+                    workloads::measure(w, iters.of(w), io_dir)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| {
+                eprintln!("[bench] BPF program run times not measured: {e:#}");
+                format!("failed: {e:#}")
+            })
+        }
+        None => Err("ethand not run".to_string()),
+    }
+}
+
+/// The sections of the suites beyond the per-event table, in Suite order. A suite that fails
+/// gets a section that says so (record's failure ends the run).
+fn run_suites(suites: &[Suite], ctx: &SuiteCtx, perf: bool) -> Result<Vec<report::Section>> {
+    let mut sections: Vec<report::Section> = Vec::new();
+    // Each suite module pushes its section here, in Suite order.
+    if suites.contains(&Suite::Scale) {
+        sections.push(scale::run(ctx, perf).unwrap_or_else(|e| scale::failed("scale", e)));
+    }
+    if suites.contains(&Suite::Serving) {
+        sections.push(serving::run(ctx, perf).unwrap_or_else(|e| scale::failed("serving", e)));
+    }
+    if suites.contains(&Suite::Record) {
+        match ctx.ethand {
+            Some(_) => sections.push(record::run(ctx)?),
+            None => eprintln!("[bench] record suite skipped: ethand not run (--modes)"),
+        }
+    }
+    if suites.contains(&Suite::Series) {
+        sections.push(series::run(ctx).unwrap_or_else(|e| scale::failed("series", e)));
+    }
+    if suites.contains(&Suite::Stacks) {
+        match ctx.ethand {
+            Some(_) => {
+                sections.push(stacks::run(ctx).unwrap_or_else(|e| scale::failed("stacks", e)))
+            }
+            None => eprintln!("[bench] stacks suite skipped: ethand not run (--modes)"),
+        }
+    }
+    Ok(sections)
+}
+
+/// The Markdown page at `out`.
+fn write_page(out: &Path, report: &Report) -> Result<()> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    fs::write(&out, report.markdown()).with_context(|| format!("writing {}", out.display()))?;
+    fs::write(out, report.markdown()).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("[bench] wrote {}", out.display());
-    // A published run (default page, full length) keeps its record, raw samples included,
-    // under bench/results/events/: the page holds the current tables, the records the history.
-    let record = args.json.clone().or_else(|| {
-        (out_was_default && !args.quick).then(|| {
-            let stamp = info
-                .machine
-                .date
-                .replace(" UTC", "Z")
-                .replace([' ', ':'], "-");
+    Ok(())
+}
+
+/// Where the run's record goes: `--json`, else for a published run
+/// bench/results/events/DATE.json (`date` as [`Machine`] has it), else nowhere.
+fn record_path(json: Option<PathBuf>, published: bool, date: &str, root: &Path) -> Option<PathBuf> {
+    json.or_else(|| {
+        published.then(|| {
+            let stamp = date.replace(" UTC", "Z").replace([' ', ':'], "-");
             root.join("bench/results/events")
                 .join(format!("{stamp}.json"))
         })
-    });
-    if let Some(path) = &record {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let body = serde_json::to_string_pretty(&report.json())?;
-        fs::write(path, body + "\n").with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("[bench] wrote {}", path.display());
+    })
+}
+
+/// The run's JSON record at `path`.
+fn write_record(path: &Path, report: &Report) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let body = serde_json::to_string_pretty(&report.json())?;
+    fs::write(path, body + "\n").with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("[bench] wrote {}", path.display());
     Ok(())
 }
 
@@ -438,5 +508,28 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_runs_keep_their_record_by_date() {
+        let root = Path::new("/repo");
+        // The name of bench/results/events/2026-12-01-18-11Z.json, from Machine's date.
+        assert_eq!(
+            record_path(None, true, "2026-12-01 18:11 UTC", root),
+            Some(PathBuf::from(
+                "/repo/bench/results/events/2026-12-01-18-11Z.json"
+            ))
+        );
+        assert_eq!(record_path(None, false, "2026-12-01 18:11 UTC", root), None);
+        let given = PathBuf::from("/tmp/run.json");
+        assert_eq!(
+            record_path(Some(given.clone()), false, "d", root),
+            Some(given)
+        );
     }
 }

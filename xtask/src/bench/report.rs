@@ -569,6 +569,22 @@ impl Report<'_> {
     }
 
     fn write_markdown(&self, s: &mut String) -> fmt::Result {
+        self.write_header(s)?;
+        self.write_results(s)?;
+        self.write_floor(s)?;
+        self.write_program_times(s)?;
+        // The other suites' sections, in the order they ran.
+        for sec in &self.info.sections {
+            writeln!(s, "\n## {}\n", sec.title)?;
+            writeln!(s, "{}", sec.markdown.trim_end())?;
+        }
+        self.write_method_and_checks(s)?;
+        self.write_bpftrace_reference(s)
+    }
+
+    /// The title, what the page is, and how the run was made: command, machine, sizes, the
+    /// modes that did not run.
+    fn write_header(&self, s: &mut String) -> fmt::Result {
         let info = self.info;
         let m = &info.machine;
         writeln!(
@@ -626,7 +642,11 @@ impl Report<'_> {
         for (mode, why) in &info.not_run {
             writeln!(s, "- Mode `{}` not run: {why}", mode.name())?;
         }
+        Ok(())
+    }
 
+    /// The per-event table, the TCP throughput and the targets.
+    fn write_results(&self, s: &mut String) -> fmt::Result {
         writeln!(s, "\n## Results\n")?;
         writeln!(
             s,
@@ -651,7 +671,11 @@ impl Report<'_> {
         for t in self.target_lines() {
             writeln!(s, "- {t}")?;
         }
+        Ok(())
+    }
 
+    /// The kernel's floor next to ethand's added cost.
+    fn write_floor(&self, s: &mut String) -> fmt::Result {
         writeln!(s, "\n## {FLOOR_TITLE}\n")?;
         writeln!(s, "{}\n", FLOOR_NOTE.trim())?;
         writeln!(s, "| {} |", FLOOR_COLUMNS.join(" | "))?;
@@ -659,7 +683,11 @@ impl Report<'_> {
         for row in self.floor_rows() {
             writeln!(s, "| {} |", row.join(" | "))?;
         }
+        Ok(())
+    }
 
+    /// ethand's programs' run times, or why there are none.
+    fn write_program_times(&self, s: &mut String) -> fmt::Result {
         writeln!(s, "\n## {PROGRAMS_TITLE}\n")?;
         writeln!(s, "{}\n", PROGRAMS_NOTE.trim())?;
         match self.program_rows() {
@@ -672,12 +700,11 @@ impl Report<'_> {
             }
             Err(why) => writeln!(s, "Not measured: {why}")?,
         }
+        Ok(())
+    }
 
-        for sec in &info.sections {
-            writeln!(s, "\n## {}\n", sec.title)?;
-            writeln!(s, "{}", sec.markdown.trim_end())?;
-        }
-
+    /// How the per-event table was measured, and the checks of its events.
+    fn write_method_and_checks(&self, s: &mut String) -> fmt::Result {
         writeln!(s, "\n## Method (per-event table)\n")?;
         writeln!(s, "{}", METHOD.trim())?;
 
@@ -700,7 +727,7 @@ impl Report<'_> {
              exits; expected 1): {}",
             self.launch_count_check()
         )?;
-        for (mode, out) in &info.ready_output {
+        for (mode, out) in &self.info.ready_output {
             writeln!(
                 s,
                 "\nWhat `{}` reported when it was ready:\n\n```\n{}\n```",
@@ -713,8 +740,11 @@ impl Report<'_> {
             s,
             "\nThe raw samples (ns per event, in run order) are in this run's record under \
              `bench/results/events/` (`cargo xtask bench --json`).\n"
-        )?;
+        )
+    }
 
+    /// The bpftrace script of the bpftrace modes, and which part the scheduler-only one runs.
+    fn write_bpftrace_reference(&self, s: &mut String) -> fmt::Result {
         writeln!(
             s,
             "\n## The bpftrace reference (`xtask/src/bench/accounting.bt`)\n"

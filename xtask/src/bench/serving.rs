@@ -338,6 +338,9 @@ fn time_cli(d: &Daemon, args: &[&str], socket: bool, runs: usize) -> Result<(Spr
     Ok((Spread::of(&ms), bytes))
 }
 
+/// Two CLI commands' wall times (ms) and output bytes.
+type CliTimes = ((Spread, usize), (Spread, usize));
+
 /// One daemon configuration measured.
 struct Phase {
     config: String,
@@ -353,10 +356,10 @@ struct Phase {
     otlp_bytes: Spread,
     otlp_failed: u64,
     /// (plain, --json): times and output bytes.
-    snapshot: Option<((Spread, usize), (Spread, usize))>,
+    snapshot: Option<CliTimes>,
     /// For comparison with the snapshot: `ethand --version` (the CLI's start alone) and
     /// `ethand status` (a small request to the daemon).
-    cli_baseline: Option<((Spread, usize), (Spread, usize))>,
+    cli_baseline: Option<CliTimes>,
     /// `--perf`: the top of the daemon's profile over the scrapes, or why not.
     perf_top: Option<std::result::Result<String, String>>,
 }
@@ -373,6 +376,25 @@ fn selected_pids(text: &str) -> usize {
     pids.len()
 }
 
+/// What the GETs of /metrics of one phase gave: wall times (ms), body sizes, the last body,
+/// and (`--perf`) the top of the daemon's profile over them, or why not.
+struct Scrapes {
+    ms: Vec<f64>,
+    bytes: Vec<f64>,
+    last: String,
+    perf_top: Option<std::result::Result<String, String>>,
+}
+
+/// The OTLP exports of one phase: the index of the first one in the receiver's list, the
+/// exporter's own figure of each (ms), whether the binary reports that figure, and the
+/// failed exports it counted.
+struct Exports {
+    first: usize,
+    durations: Vec<f64>,
+    exposed: bool,
+    failed: u64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn measure_phase(
     ctx: &SuiteCtx,
@@ -384,6 +406,48 @@ fn measure_phase(
     warmup: Duration,
     perf: Option<&Path>,
 ) -> Result<Phase> {
+    let mut d = start_daemon(ctx, receiver, name, prometheus_extra, warmup)?;
+    load.ensure_running()?;
+
+    let scraped = scrape_metrics(ctx, &d, name, scrapes, perf)?;
+    let (series, process_series) = count_series(&scraped.last);
+    let selected = selected_pids(&scraped.last);
+
+    let (snapshot, cli_baseline) = time_snapshots(&d, load, name, snapshots)?;
+
+    let exported = wait_for_exports(&mut d, receiver, name, exports)?;
+    let got = receiver.received();
+    let got = &got[exported.first..];
+    Ok(Phase {
+        config: d.config.clone(),
+        selected,
+        series,
+        process_series,
+        scrape_ms: Spread::of(&scraped.ms),
+        scrape_bytes: Spread::of(&scraped.bytes),
+        otlp_exporter_ms: exported.exposed.then(|| Spread::of(&exported.durations)),
+        otlp_receive_ms: Spread::of(
+            &got.iter()
+                .map(|r| r.receive.as_secs_f64() * 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        otlp_bytes: Spread::of(&got.iter().map(|r| r.bytes as f64).collect::<Vec<_>>()),
+        otlp_failed: exported.failed,
+        snapshot,
+        cli_baseline,
+        perf_top: scraped.perf_top,
+    })
+}
+
+/// The daemon of one phase (its defaults, `prometheus_extra`, OTLP to `receiver`), running
+/// after its warm-up.
+fn start_daemon(
+    ctx: &SuiteCtx,
+    receiver: &Receiver,
+    name: &str,
+    prometheus_extra: &str,
+    warmup: Duration,
+) -> Result<Daemon> {
     let bin = ctx.ethand.context("ethand not run")?;
     let mut d = Daemon::start(
         bin,
@@ -392,16 +456,30 @@ fn measure_phase(
         "",
         prometheus_extra,
         &format!(
-            "[otlp]\nenabled = true\nprotocol = \"http/protobuf\"\n\
-             endpoint = \"http://127.0.0.1:{}/v1/metrics\"\ninterval_ms = {OTLP_INTERVAL_MS}\n\
-             timeout_ms = {OTLP_INTERVAL_MS}\n",
+            r#"[otlp]
+enabled = true
+protocol = "http/protobuf"
+endpoint = "http://127.0.0.1:{}/v1/metrics"
+interval_ms = {OTLP_INTERVAL_MS}
+timeout_ms = {OTLP_INTERVAL_MS}
+"#,
             receiver.port
         ),
     )?;
     sleep(warmup);
     d.ensure_running("during the warm-up")?;
-    load.ensure_running()?;
+    Ok(d)
+}
 
+/// `scrapes` GETs of /metrics, each in a new collection round; with `perf`, the daemon
+/// profiled over them (the full report kept there).
+fn scrape_metrics(
+    ctx: &SuiteCtx,
+    d: &Daemon,
+    name: &str,
+    scrapes: usize,
+    perf: Option<&Path>,
+) -> Result<Scrapes> {
     eprintln!("[bench] serving ({name}): {scrapes} GETs of /metrics");
     let perf_run = perf.map(|_| start_perf(d.pid(), ctx.tmp, name));
     let mut scrape_ms = Vec::new();
@@ -430,21 +508,44 @@ fn measure_phase(
         ),
         _ => None,
     };
-    let (series, process_series) = count_series(&last);
-    let selected = selected_pids(&last);
+    Ok(Scrapes {
+        ms: scrape_ms,
+        bytes: scrape_bytes,
+        last,
+        perf_top,
+    })
+}
 
+/// `ethand snapshot --pid` of a load process, plain and `--json`, and for comparison
+/// `ethand --version` and `ethand status`, `snapshots` runs each (none when 0).
+fn time_snapshots(
+    d: &Daemon,
+    load: &Load,
+    name: &str,
+    snapshots: usize,
+) -> Result<(Option<CliTimes>, Option<CliTimes>)> {
     let (snapshot, cli_baseline) = if snapshots > 0 {
         let pid = load.pid(0).to_string();
         eprintln!("[bench] serving ({name}): ethand snapshot --pid {pid}, {snapshots} runs each");
-        let plain = time_cli(&d, &["snapshot", "--pid", &pid], true, snapshots)?;
-        let json = time_cli(&d, &["snapshot", "--pid", &pid, "--json"], true, snapshots)?;
-        let version = time_cli(&d, &["--version"], false, snapshots)?;
-        let status = time_cli(&d, &["status"], true, snapshots)?;
+        let plain = time_cli(d, &["snapshot", "--pid", &pid], true, snapshots)?;
+        let json = time_cli(d, &["snapshot", "--pid", &pid, "--json"], true, snapshots)?;
+        let version = time_cli(d, &["--version"], false, snapshots)?;
+        let status = time_cli(d, &["status"], true, snapshots)?;
         (Some((plain, json)), Some((version, status)))
     } else {
         (None, None)
     };
+    Ok((snapshot, cli_baseline))
+}
 
+/// Waits for `exports` more OTLP exports at the receiver, reading the exporter's own figure
+/// of each from `ethand status --json`.
+fn wait_for_exports(
+    d: &mut Daemon,
+    receiver: &Receiver,
+    name: &str,
+    exports: usize,
+) -> Result<Exports> {
     // OTLP: the receiver's view, and the exporter's own measurement after each export.
     eprintln!("[bench] serving ({name}): waiting for {exports} more OTLP exports");
     let first = receiver.received().len();
@@ -484,26 +585,11 @@ fn measure_phase(
         );
         sleep(Duration::from_millis(200));
     }
-    let got = receiver.received();
-    let got = &got[first..];
-    Ok(Phase {
-        config: d.config.clone(),
-        selected,
-        series,
-        process_series,
-        scrape_ms: Spread::of(&scrape_ms),
-        scrape_bytes: Spread::of(&scrape_bytes),
-        otlp_exporter_ms: exposed.then(|| Spread::of(&durations)),
-        otlp_receive_ms: Spread::of(
-            &got.iter()
-                .map(|r| r.receive.as_secs_f64() * 1e3)
-                .collect::<Vec<_>>(),
-        ),
-        otlp_bytes: Spread::of(&got.iter().map(|r| r.bytes as f64).collect::<Vec<_>>()),
-        otlp_failed,
-        snapshot,
-        cli_baseline,
-        perf_top,
+    Ok(Exports {
+        first,
+        durations,
+        exposed,
+        failed: otlp_failed,
     })
 }
 
@@ -596,7 +682,7 @@ fn short_config(config: &str) -> String {
 }
 
 impl Results {
-    fn snapshot(&self) -> ((Spread, usize), (Spread, usize)) {
+    fn snapshot(&self) -> CliTimes {
         self.target.snapshot.unwrap_or_default()
     }
 
@@ -644,6 +730,31 @@ impl Results {
     fn section(&self) -> Section {
         let (t, a) = (&self.target, &self.all);
         let mut md = String::new();
+        self.write_setup(&mut md);
+        for (title, p) in [
+            (format!("~{SERIES_WANTED} series"), t),
+            ("every load process".to_string(), a),
+        ] {
+            write_phase(&mut md, &title, p);
+        }
+        let _ = writeln!(md, "### Targets\n");
+        let targets = self.targets();
+        for l in &targets {
+            let _ = writeln!(md, "- {l}");
+        }
+        let text = self.text(&targets);
+        Section {
+            title: "Serving: /metrics, OTLP and `ethand snapshot` under 1,000 processes"
+                .to_string(),
+            markdown: md,
+            text,
+            record: None,
+        }
+    }
+
+    /// The section's first paragraphs: the load, the two configurations, what is timed.
+    fn write_setup(&self, md: &mut String) {
+        let (t, a) = (&self.target, &self.all);
         let _ = writeln!(
             md,
             "Reading the data out of a busy node. Load: {}.\n\n\
@@ -677,104 +788,11 @@ impl Results {
             self.counts.warmup.as_secs(),
             self.pid,
         );
-        for (title, p) in [
-            (format!("~{SERIES_WANTED} series"), t),
-            ("every load process".to_string(), a),
-        ] {
-            let _ = writeln!(
-                md,
-                "### {title}: {} series ({} of them per process, `ethand_process_*`; {} \
-                 processes selected)\n",
-                p.series, p.process_series, p.selected
-            );
-            let _ = writeln!(md, "```toml\n{}\n```\n", short_config(&p.config));
-            let _ = writeln!(
-                md,
-                "| what | n | median / p95 / max (ms) | size |\n|---|---|---|---|"
-            );
-            let _ = writeln!(
-                md,
-                "| GET /metrics | {} | {} | {:.0} bytes (median) |",
-                p.scrape_ms.n,
-                ms(&p.scrape_ms),
-                p.scrape_bytes.median
-            );
-            match &p.otlp_exporter_ms {
-                Some(s) => {
-                    let _ = writeln!(
-                        md,
-                        "| OTLP export request, by the exporter | {} | {} | - |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        md,
-                        "| OTLP export request, by the exporter | - | not reported by this \
-                         ethand binary (`otlp.last_export_duration_us` of `ethand status \
-                         --json`) | - |"
-                    );
-                }
-            }
-            let _ = writeln!(
-                md,
-                "| OTLP export, by the receiver | {} | {} | {:.0} bytes (median; max {:.0}) |",
-                p.otlp_receive_ms.n,
-                ms(&p.otlp_receive_ms),
-                p.otlp_bytes.median,
-                p.otlp_bytes.max
-            );
-            if let Some((plain, json)) = &p.snapshot {
-                for (name, (s, bytes)) in [
-                    ("`ethand snapshot --pid PID`", plain),
-                    ("`ethand snapshot --pid PID --json`", json),
-                ] {
-                    let _ = writeln!(
-                        md,
-                        "| {name} | {} | {} | {bytes} bytes of output |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-            }
-            if let Some((version, status)) = &p.cli_baseline {
-                for (name, (s, bytes)) in [
-                    (
-                        "`ethand --version` (for comparison: the CLI's start alone)",
-                        version,
-                    ),
-                    ("`ethand status` (for comparison: a small request)", status),
-                ] {
-                    let _ = writeln!(
-                        md,
-                        "| {name} | {} | {} | {bytes} bytes of output |",
-                        s.n,
-                        ms(s)
-                    );
-                }
-            }
-            let _ = writeln!(md, "\nFailed OTLP requests: {}.\n", p.otlp_failed);
-            match &p.perf_top {
-                None => {}
-                Some(Ok(top)) => {
-                    let _ = writeln!(
-                        md,
-                        "Top of the daemon's profile over the GETs of /metrics (`--perf`: \
-                         `perf record -F 1999 --call-graph dwarf -p PID`, `perf report \
-                         --no-children --sort dso,sym`):\n\n```\n{top}\n```\n"
-                    );
-                }
-                Some(Err(e)) => {
-                    let _ = writeln!(md, "perf profile failed: {e}\n");
-                }
-            }
-        }
-        let _ = writeln!(md, "### Targets\n");
-        let targets = self.targets();
-        for l in &targets {
-            let _ = writeln!(md, "- {l}");
-        }
+    }
+
+    /// The terminal summary: each configuration's figures, then the targets.
+    fn text(&self, targets: &[String]) -> String {
+        let (t, a) = (&self.target, &self.all);
         let mut text = String::new();
         for (name, p) in [("~10k series", t), ("all selected", a)] {
             let _ = writeln!(
@@ -809,61 +827,105 @@ impl Results {
                 );
             }
         }
-        for l in &targets {
+        for l in targets {
             let _ = writeln!(text, "  {l}");
         }
-        Section {
-            title: "Serving: /metrics, OTLP and `ethand snapshot` under 1,000 processes"
-                .to_string(),
-            markdown: md,
-            text,
-            record: None,
+        text
+    }
+}
+
+/// One configuration's part: its series, its config, the table of timings, failed exports and
+/// the daemon's profile.
+fn write_phase(md: &mut String, title: &str, p: &Phase) {
+    let _ = writeln!(
+        md,
+        "### {title}: {} series ({} of them per process, `ethand_process_*`; {} \
+         processes selected)\n",
+        p.series, p.process_series, p.selected
+    );
+    let _ = writeln!(md, "```toml\n{}\n```\n", short_config(&p.config));
+    let _ = writeln!(
+        md,
+        "| what | n | median / p95 / max (ms) | size |\n|---|---|---|---|"
+    );
+    let _ = writeln!(
+        md,
+        "| GET /metrics | {} | {} | {:.0} bytes (median) |",
+        p.scrape_ms.n,
+        ms(&p.scrape_ms),
+        p.scrape_bytes.median
+    );
+    match &p.otlp_exporter_ms {
+        Some(s) => {
+            let _ = writeln!(
+                md,
+                "| OTLP export request, by the exporter | {} | {} | - |",
+                s.n,
+                ms(s)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "| OTLP export request, by the exporter | - | not reported by this \
+                 ethand binary (`otlp.last_export_duration_us` of `ethand status \
+                 --json`) | - |"
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| OTLP export, by the receiver | {} | {} | {:.0} bytes (median; max {:.0}) |",
+        p.otlp_receive_ms.n,
+        ms(&p.otlp_receive_ms),
+        p.otlp_bytes.median,
+        p.otlp_bytes.max
+    );
+    if let Some((plain, json)) = &p.snapshot {
+        for (name, (s, bytes)) in [
+            ("`ethand snapshot --pid PID`", plain),
+            ("`ethand snapshot --pid PID --json`", json),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {bytes} bytes of output |",
+                s.n,
+                ms(s)
+            );
+        }
+    }
+    if let Some((version, status)) = &p.cli_baseline {
+        for (name, (s, bytes)) in [
+            (
+                "`ethand --version` (for comparison: the CLI's start alone)",
+                version,
+            ),
+            ("`ethand status` (for comparison: a small request)", status),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {bytes} bytes of output |",
+                s.n,
+                ms(s)
+            );
+        }
+    }
+    let _ = writeln!(md, "\nFailed OTLP requests: {}.\n", p.otlp_failed);
+    match &p.perf_top {
+        None => {}
+        Some(Ok(top)) => {
+            let _ = writeln!(
+                md,
+                "Top of the daemon's profile over the GETs of /metrics (`--perf`: \
+                 `perf record -F 1999 --call-graph dwarf -p PID`, `perf report \
+                 --no-children --sort dso,sym`):\n\n```\n{top}\n```\n"
+            );
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(md, "perf profile failed: {e}\n");
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spread() {
-        let s = Spread::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
-        assert_eq!((s.n, s.median, s.p95, s.max), (5, 3.0, 5.0, 5.0));
-        assert_eq!(Spread::of(&[1.0, 2.0]).median, 1.5);
-        assert_eq!(Spread::of(&[]).n, 0);
-    }
-
-    #[test]
-    fn messages_with_length_chunks_and_eof() {
-        let mut buf = Vec::new();
-        let raw = b"POST /v1/metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\n\
-                    Transfer-Encoding: chunked\r\n\r\n2\r\nxy\r\n1;ext\r\nz\r\n0\r\n\r\n";
-        let mut r = &raw[..];
-        let m = read_message(&mut r, &mut buf, false).unwrap().unwrap();
-        assert!(m.head.starts_with("POST"));
-        assert_eq!(m.body, b"abc");
-        let m = read_message(&mut r, &mut buf, false).unwrap().unwrap();
-        assert_eq!(m.body, b"xyz");
-        assert!(read_message(&mut r, &mut buf, false).unwrap().is_none());
-        let mut r = &b"HTTP/1.1 200 OK\r\n\r\nline\n"[..];
-        let m = read_message(&mut r, &mut Vec::new(), true)
-            .unwrap()
-            .unwrap();
-        assert_eq!(m.body, b"line\n");
-    }
-
-    #[test]
-    fn series_counts() {
-        let text = "# HELP a x\n# TYPE a counter\na_total 1\nethand_process_cpu{pid=\"1\"} 2\n\n";
-        assert_eq!(count_series(text), (2, 1));
-        let text = "ethand_process_cpu_seconds_total{pid=\"7\",comm=\"a\"} 1\n\
-                    ethand_process_cpu_seconds_total{pid=\"8\"} 1\n\
-                    ethand_process_cpu_seconds_total{pid=\"7\",comm=\"b\"} 1\n";
-        assert_eq!(selected_pids(text), 2);
-        assert_eq!(
-            short_config("a\npids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]\nb"),
-            "a\npids = [1, 2, 3, ...]  # 14 pids of load processes\nb"
-        );
-    }
-}
+mod tests;

@@ -592,16 +592,6 @@ fn section(
 ) -> Section {
     let mut md = String::new();
     let mut text = String::new();
-    let ns = |mode: StackMode, depth: u32| -> Vec<f64> {
-        copies
-            .iter()
-            .filter(|(m, d, _)| *m == mode && *d == depth)
-            .map(|(_, _, r)| r.ns_per_call)
-            .collect()
-    };
-    // Paired per round: the runs of one round are at the same index of each mode's list.
-    let paired =
-        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x - y).collect() };
     let _ = writeln!(
         md,
         "Suite `stacks` (`xtask/src/bench/stacks.rs`): {} rounds, each stack mode and snapshot \
@@ -609,6 +599,46 @@ fn section(
          pointers, pinned to one CPU; the stand-in libcuda is `tests/standins/cuda.c`.\n",
         sizes.rounds
     );
+    let record_copies = write_copies_table(&mut md, &mut text, sizes, copies, costs);
+    let record_chunks = write_profile_table(&mut md, &mut text, sizes, chunks, profile_costs);
+    let record = json!({
+        "rounds": sizes.rounds,
+        "copies_per_run": sizes.copies,
+        "chunk_seconds": sizes.chunk_s,
+        "copies": record_copies,
+        "profile": record_chunks,
+    });
+    Section {
+        title: "Call-site stacks and the CPU profile (suite `stacks`)".to_string(),
+        markdown: md,
+        text,
+        record: Some(record),
+    }
+}
+
+/// ns per call of the copy runs under `mode` at `depth`, in round order.
+fn ns_per_call(copies: &[(StackMode, u32, CopyRun)], mode: StackMode, depth: u32) -> Vec<f64> {
+    copies
+        .iter()
+        .filter(|(m, d, _)| *m == mode && *d == depth)
+        .map(|(_, _, r)| r.ns_per_call)
+        .collect()
+}
+
+/// `a - b` per round: the runs of one round are at the same index of each mode's list.
+fn paired(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(x, y)| x - y).collect()
+}
+
+/// The call-site stacks' table (a row per depth) and the entry program's run times under it;
+/// returns the record of each depth.
+fn write_copies_table(
+    md: &mut String,
+    text: &mut String,
+    sizes: &Sizes,
+    copies: &[(StackMode, u32, CopyRun)],
+    costs: &[(StackMode, Result<Vec<ProgramCost>, String>)],
+) -> Vec<Json> {
     let _ = writeln!(md, "### Call-site stacks: cost per probed call\n");
     let _ = writeln!(
         md,
@@ -628,67 +658,7 @@ fn section(
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     let mut record_copies = Vec::new();
     for depth in DEPTHS {
-        let (none, off, on) = (
-            ns(StackMode::None, depth),
-            ns(StackMode::Off, depth),
-            ns(StackMode::On, depth),
-        );
-        let probes = paired(&off, &none);
-        let stack = paired(&on, &off);
-        let med = |v: &[f64]| median(v.to_vec()).map_or("-".into(), |m| format!("{m:.0}"));
-        let ratio = match (median(stack.clone()), median(probes.clone())) {
-            (Some(s), Some(p)) if p > 0.0 => format!("{:.2}", s / p),
-            _ => "-".into(),
-        };
-        let sites: Vec<&CopyRun> = copies
-            .iter()
-            .filter(|(m, d, _)| *m == StackMode::On && *d == depth)
-            .map(|(_, _, r)| r)
-            .collect();
-        // The warm-up loop and the timed loop call from two sites.
-        let counted = sites
-            .iter()
-            .map(|r| match r.site {
-                Some(s) => format!(
-                    "{} / {} at {} sites (busiest {})",
-                    s.total,
-                    r.calls,
-                    s.sites,
-                    s.top.map_or("-".into(), |t| t.to_string())
-                ),
-                None => format!("none / {}", r.calls),
-            })
-            .collect::<Vec<_>>();
-        let counted = per_round(&counted, "; ");
-        let frames = sites
-            .iter()
-            .map(|r| r.site.map_or("-".into(), |s| s.frames.to_string()))
-            .collect::<Vec<_>>();
-        let frames = per_round(&frames, ", ");
-        let _ = writeln!(
-            md,
-            "| {depth} | {} | {} | {} | {} | {} | {ratio} | {counted} | {frames} |",
-            med(&none),
-            med(&off),
-            med(&on),
-            fmt_pm(&probes, 1.0, " ns"),
-            fmt_pm(&stack, 1.0, " ns"),
-        );
-        let _ = writeln!(
-            text,
-            "stacks: depth {depth}: none {} ns, probes {}, stack {} per call",
-            med(&none),
-            fmt_pm(&probes, 1.0, " ns"),
-            fmt_pm(&stack, 1.0, " ns")
-        );
-        record_copies.push(json!({
-            "frames_nested": depth,
-            "ns_per_call": {"none": none, "call_stacks_off": off, "call_stacks_on": on},
-            "calls": sites.iter().map(|r| r.calls).collect::<Vec<_>>(),
-            "site_calls_total": sites.iter().map(|r| r.site.map(|s| s.total)).collect::<Vec<_>>(),
-            "busiest_site_calls": sites.iter().map(|r| r.site.and_then(|s| s.top)).collect::<Vec<_>>(),
-            "busiest_site_frames": sites.iter().map(|r| r.site.map(|s| s.frames)).collect::<Vec<_>>(),
-        }));
+        record_copies.push(write_copies_row(md, text, copies, depth));
     }
     let _ = writeln!(
         md,
@@ -699,7 +669,88 @@ fn section(
         program_ns(&costs[0].1, "gpu_enter"),
         program_ns(&costs[1].1, "gpu_enter"),
     );
+    record_copies
+}
 
+/// One depth's row of the call-site stacks' table and its terminal line; returns its record.
+fn write_copies_row(
+    md: &mut String,
+    text: &mut String,
+    copies: &[(StackMode, u32, CopyRun)],
+    depth: u32,
+) -> Json {
+    let (none, off, on) = (
+        ns_per_call(copies, StackMode::None, depth),
+        ns_per_call(copies, StackMode::Off, depth),
+        ns_per_call(copies, StackMode::On, depth),
+    );
+    let probes = paired(&off, &none);
+    let stack = paired(&on, &off);
+    let med = |v: &[f64]| median(v.to_vec()).map_or("-".into(), |m| format!("{m:.0}"));
+    let ratio = match (median(stack.clone()), median(probes.clone())) {
+        (Some(s), Some(p)) if p > 0.0 => format!("{:.2}", s / p),
+        _ => "-".into(),
+    };
+    let sites: Vec<&CopyRun> = copies
+        .iter()
+        .filter(|(m, d, _)| *m == StackMode::On && *d == depth)
+        .map(|(_, _, r)| r)
+        .collect();
+    // The warm-up loop and the timed loop call from two sites.
+    let counted = sites
+        .iter()
+        .map(|r| match r.site {
+            Some(s) => format!(
+                "{} / {} at {} sites (busiest {})",
+                s.total,
+                r.calls,
+                s.sites,
+                s.top.map_or("-".into(), |t| t.to_string())
+            ),
+            None => format!("none / {}", r.calls),
+        })
+        .collect::<Vec<_>>();
+    let counted = per_round(&counted, "; ");
+    let frames = sites
+        .iter()
+        .map(|r| r.site.map_or("-".into(), |s| s.frames.to_string()))
+        .collect::<Vec<_>>();
+    let frames = per_round(&frames, ", ");
+    let _ = writeln!(
+        md,
+        "| {depth} | {} | {} | {} | {} | {} | {ratio} | {counted} | {frames} |",
+        med(&none),
+        med(&off),
+        med(&on),
+        fmt_pm(&probes, 1.0, " ns"),
+        fmt_pm(&stack, 1.0, " ns"),
+    );
+    let _ = writeln!(
+        text,
+        "stacks: depth {depth}: none {} ns, probes {}, stack {} per call",
+        med(&none),
+        fmt_pm(&probes, 1.0, " ns"),
+        fmt_pm(&stack, 1.0, " ns")
+    );
+    json!({
+        "frames_nested": depth,
+        "ns_per_call": {"none": none, "call_stacks_off": off, "call_stacks_on": on},
+        "calls": sites.iter().map(|r| r.calls).collect::<Vec<_>>(),
+        "site_calls_total": sites.iter().map(|r| r.site.map(|s| s.total)).collect::<Vec<_>>(),
+        "busiest_site_calls": sites.iter().map(|r| r.site.and_then(|s| s.top)).collect::<Vec<_>>(),
+        "busiest_site_frames": sites.iter().map(|r| r.site.map(|s| s.frames)).collect::<Vec<_>>(),
+    })
+}
+
+/// The CPU profile's table (a row per loop) and the profile's programs' run times; returns
+/// the record of each loop.
+fn write_profile_table(
+    md: &mut String,
+    text: &mut String,
+    sizes: &Sizes,
+    chunks: &[(Loop, Snap, ChunkRun)],
+    profile_costs: &Result<Vec<ProgramCost>, String>,
+) -> Vec<Json> {
     let _ = writeln!(
         md,
         "### The snapshot's CPU profile: the loop's slowdown in its window\n"
@@ -727,59 +778,7 @@ fn section(
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     let mut record_chunks = Vec::new();
     for lp in Loop::ALL {
-        let of = |s: Snap| -> Vec<&ChunkRun> {
-            chunks
-                .iter()
-                .filter(|(l, sn, _)| *l == lp && *sn == s)
-                .map(|(_, _, r)| r)
-                .collect()
-        };
-        let slow = |s: Snap| -> Vec<f64> { of(s).iter().map(|r| r.slowdown).collect() };
-        let own = paired(&slow(Snap::Profile), &slow(Snap::Plain));
-        let prof = of(Snap::Profile);
-        let window = median(prof.iter().map(|r| r.window_ms).collect())
-            .map_or("-".into(), |w| format!("{:.0} ms", w));
-        let samples = prof
-            .iter()
-            .map(|r| match (r.samples, r.expected_samples) {
-                (Some(s), Some(e)) => format!("{s} ({e:.0})"),
-                (None, Some(e)) => format!("none ({e:.0})"),
-                _ => "-".into(),
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let top = prof
-            .iter()
-            .filter_map(|r| r.top_function.as_ref())
-            .map(|(f, share)| format!("`{f}` {:.0} %", share * 100.0))
-            .next_back()
-            .unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {window} | {samples} | {top} |",
-            lp.name(),
-            fmt_pm(&slow(Snap::None), 100.0, " %"),
-            fmt_pm(&slow(Snap::Plain), 100.0, " %"),
-            fmt_pm(&slow(Snap::Profile), 100.0, " %"),
-            fmt_pm(&own, 100.0, " %"),
-        );
-        let _ = writeln!(
-            text,
-            "stacks: {}: profile's own cost {}",
-            lp.key(),
-            fmt_pm(&own, 100.0, " %")
-        );
-        record_chunks.push(json!({
-            "loop": lp.key(),
-            "slowdown": {
-                "no_snapshot": slow(Snap::None),
-                "snapshot_without_profile": slow(Snap::Plain),
-                "snapshot_with_profile": slow(Snap::Profile),
-            },
-            "window_ms": prof.iter().map(|r| r.window_ms).collect::<Vec<_>>(),
-            "samples": prof.iter().map(|r| r.samples).collect::<Vec<_>>(),
-            "expected_samples": prof.iter().map(|r| r.expected_samples).collect::<Vec<_>>(),
-        }));
+        record_chunks.push(write_profile_row(md, text, chunks, lp));
     }
     let _ = writeln!(
         md,
@@ -797,74 +796,70 @@ fn section(
         program_ns(profile_costs, "profile_cpu"),
         program_ns(profile_costs, "profile_switch"),
     );
-    let record = json!({
-        "rounds": sizes.rounds,
-        "copies_per_run": sizes.copies,
-        "chunk_seconds": sizes.chunk_s,
-        "copies": record_copies,
-        "profile": record_chunks,
-    });
-    Section {
-        title: "Call-site stacks and the CPU profile (suite `stacks`)".to_string(),
-        markdown: md,
+    record_chunks
+}
+
+/// One loop's row of the CPU profile's table and its terminal line; returns its record.
+fn write_profile_row(
+    md: &mut String,
+    text: &mut String,
+    chunks: &[(Loop, Snap, ChunkRun)],
+    lp: Loop,
+) -> Json {
+    let of = |s: Snap| -> Vec<&ChunkRun> {
+        chunks
+            .iter()
+            .filter(|(l, sn, _)| *l == lp && *sn == s)
+            .map(|(_, _, r)| r)
+            .collect()
+    };
+    let slow = |s: Snap| -> Vec<f64> { of(s).iter().map(|r| r.slowdown).collect() };
+    let own = paired(&slow(Snap::Profile), &slow(Snap::Plain));
+    let prof = of(Snap::Profile);
+    let window = median(prof.iter().map(|r| r.window_ms).collect())
+        .map_or("-".into(), |w| format!("{:.0} ms", w));
+    let samples = prof
+        .iter()
+        .map(|r| match (r.samples, r.expected_samples) {
+            (Some(s), Some(e)) => format!("{s} ({e:.0})"),
+            (None, Some(e)) => format!("none ({e:.0})"),
+            _ => "-".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let top = prof
+        .iter()
+        .filter_map(|r| r.top_function.as_ref())
+        .map(|(f, share)| format!("`{f}` {:.0} %", share * 100.0))
+        .next_back()
+        .unwrap_or_else(|| "-".into());
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} | {} | {window} | {samples} | {top} |",
+        lp.name(),
+        fmt_pm(&slow(Snap::None), 100.0, " %"),
+        fmt_pm(&slow(Snap::Plain), 100.0, " %"),
+        fmt_pm(&slow(Snap::Profile), 100.0, " %"),
+        fmt_pm(&own, 100.0, " %"),
+    );
+    let _ = writeln!(
         text,
-        record: Some(record),
-    }
+        "stacks: {}: profile's own cost {}",
+        lp.key(),
+        fmt_pm(&own, 100.0, " %")
+    );
+    json!({
+        "loop": lp.key(),
+        "slowdown": {
+            "no_snapshot": slow(Snap::None),
+            "snapshot_without_profile": slow(Snap::Plain),
+            "snapshot_with_profile": slow(Snap::Profile),
+        },
+        "window_ms": prof.iter().map(|r| r.window_ms).collect::<Vec<_>>(),
+        "samples": prof.iter().map(|r| r.samples).collect::<Vec<_>>(),
+        "expected_samples": prof.iter().map(|r| r.expected_samples).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Chunks of `len` ns ending every `len` ns from `from` ms to `to` ms.
-    fn steady(from: f64, to: f64, len: f64) -> Vec<(f64, f64)> {
-        let step = len / 1e6;
-        let n = ((to - from) / step) as usize;
-        (1..=n).map(|i| (from + i as f64 * step, len)).collect()
-    }
-
-    #[test]
-    fn slowdown_is_the_window_against_the_spans_around_it() {
-        // 1 ms chunks, then 1.25 ms ones during a 3 s window at 10 s: 25 % slower.
-        let mut chunks = steady(0.0, 10_000.0, 1e6);
-        chunks.extend(steady(10_000.0, 13_000.0, 1.25e6));
-        chunks.extend(steady(13_000.0, 20_000.0, 1e6));
-        // (The window starts after the last 1 ms chunk ends, at 10 s exactly.)
-        let s = slowdown(&chunks, 10_000.5, 2_999.5).unwrap();
-        assert!((s - 0.25).abs() < 1e-9, "{s}");
-        // Before slower than after: the window is against their mean (1.5 ms and 1 ms).
-        let mut chunks = steady(0.0, 10_000.0, 1.5e6);
-        chunks.extend(steady(10_000.0, 20_000.0, 1e6));
-        let s = slowdown(&chunks, 10_100.0, 3_000.0).unwrap();
-        assert!((s - (1.0 / 1.25 - 1.0)).abs() < 1e-9, "{s}");
-    }
-
-    #[test]
-    fn slowdown_needs_chunks_on_both_sides() {
-        let chunks = steady(9_000.0, 20_000.0, 1e6);
-        // Nothing in the 2 s before (6.9 to 8.9 s), then nothing in the 2 s after (20.7 s on).
-        assert_eq!(slowdown(&chunks, 9_100.0, 2_000.0), None);
-        assert_eq!(slowdown(&chunks, 18_500.0, 2_000.0), None);
-        assert!(slowdown(&chunks, 12_000.0, 2_000.0).is_some());
-    }
-
-    #[test]
-    fn per_round_cells_collapse_when_equal() {
-        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            per_round(&v(&["7", "7", "7"]), ", "),
-            "7 (each of 3 rounds)"
-        );
-        assert_eq!(per_round(&v(&["7", "8"]), ", "), "7, 8");
-        assert_eq!(per_round(&v(&["7"]), ", "), "7");
-        assert_eq!(per_round(&[], ", "), "-");
-    }
-
-    #[test]
-    fn median_mad_and_cells() {
-        assert_eq!(median_mad(&[1.0, 2.0, 10.0]), Some((2.0, 1.0)));
-        assert_eq!(fmt_pm(&[], 1.0, " ns"), "not measured");
-        assert_eq!(fmt_pm(&[0.01, 0.02], 100.0, " %"), "+1.50 %");
-        assert_eq!(fmt_pm(&[0.01, 0.02, 0.04], 100.0, " %"), "+2.00 % ±1.00");
-    }
-}
+mod tests;

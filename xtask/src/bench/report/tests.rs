@@ -285,3 +285,111 @@ fn modes_that_did_not_run_say_so() {
         assert!(line.contains("not measured ("), "{line}");
     }
 }
+
+/// Every workload under every mode that runs it, `rounds` rounds, with the counts the Checks
+/// read (switches, block requests, bytes, calls counted).
+fn full_results(rounds: u64) -> Results {
+    let mut r = Results::default();
+    for round in 0..rounds {
+        for (k, mode) in Mode::ALL.into_iter().enumerate() {
+            for &w in mode.workloads() {
+                let base = match w {
+                    Workload::Getpid => 95.0,
+                    Workload::Pingpong => 5200.0,
+                    Workload::Odirect => 41_000.0,
+                    Workload::Tcp => 9800.0,
+                    // The uprobe (the paced load is no part of the table).
+                    _ => 1900.0,
+                };
+                let ns = base * (1.0 + 0.08 * k as f64) + 7.0 * round as f64;
+                let events = 1000;
+                let calls = events + events / 10;
+                r.push(
+                    w,
+                    mode,
+                    Measurement {
+                        elapsed_ns: (ns * events as f64) as u64,
+                        events,
+                        switches: (w == Workload::Pingpong).then_some(2 * events + round),
+                        block_requests: (w == Workload::Odirect).then_some(events + 3 * round),
+                        bytes: (w == Workload::Tcp).then_some(events * 65_536),
+                        calls: (w == Workload::Uprobe).then_some(calls),
+                        counted: (w == Workload::Uprobe && mode == Mode::Ethand)
+                            .then_some(calls - round),
+                    },
+                );
+            }
+        }
+    }
+    r
+}
+
+fn published_info() -> RunInfo {
+    let cost = |name: &str, run_count, run_time_ns| ProgramCost {
+        name: name.into(),
+        run_count,
+        run_time_ns,
+    };
+    let mut info = info(
+        &[],
+        Ok(vec![
+            cost("sys_enter_btf", 4_000_000, 150_000_000),
+            cost("sys_exit_btf", 4_000_000, 210_000_000),
+            cost("sched_switch_btf", 600_000, 63_000_000),
+        ]),
+    );
+    info.command = "cargo xtask bench --rounds 3".into();
+    info.rounds = 3;
+    info.quick = false;
+    info.iters = Iters::FULL;
+    info.ready_output = BTreeMap::from([
+        (Mode::Ethand, "ethand: ready\n".to_string()),
+        (Mode::Bpftrace, "Attaching 12 probes...\n".to_string()),
+    ]);
+    info.sections = vec![
+        Section {
+            title: "Daemon at scale".into(),
+            markdown: "| a | b |\n|---|---|\n| 1 | 2 |\n\n".into(),
+            text: "scale: fine\n".into(),
+            record: None,
+        },
+        Section {
+            title: "Serving".into(),
+            markdown: "No table.".into(),
+            text: "serving: fine".into(),
+            record: Some(serde_json::json!({"n": 1})),
+        },
+    ];
+    info
+}
+
+/// The page is what the code rendered before `write_markdown` was split (its output then is
+/// the fixture): docs/performance.md must not change with the code's shape.
+/// A change meant to show in the page updates the fixture in the same commit.
+#[test]
+fn markdown_renders_as_before() {
+    let results = full_results(3);
+    let run_info = published_info();
+    let report = Report {
+        results: &results,
+        info: &run_info,
+    };
+    assert_eq!(
+        report.markdown(),
+        include_str!("../testdata/report-published.txt")
+    );
+    // A quick run with one round, modes left out and no program run times.
+    let results = full_results(1);
+    let run_info = info(
+        &[Mode::Bpftrace, Mode::BpftraceSched, Mode::FloorSched],
+        Err("ethand not run".into()),
+    );
+    let report = Report {
+        results: &results,
+        info: &run_info,
+    };
+    assert_eq!(
+        report.markdown(),
+        include_str!("../testdata/report-quick.txt")
+    );
+}
