@@ -23,7 +23,8 @@ use ethand_common::{
     gpu_flags, gpu_kind, gpu_mem,
 };
 
-use crate::maps::{atomic_add, bump, current_ctx, get_or_insert, proc_key};
+use crate::context::{current_ctx, proc_key};
+use crate::maps::{atomic_add, bump, get_or_insert};
 
 #[map]
 pub static GPU_OPS: Array<GpuOpDesc> = Array::with_max_entries(GPU_MAX_OPS, 0);
