@@ -14,9 +14,9 @@ use aya_ebpf::{
 };
 use ethand_common::{BlkKey, BlkReqKey, BlkReqState, HIST_BUCKETS, blk_op, counter, log2_bucket};
 
+use crate::context::current_ctx;
 use crate::maps::{
-    BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, btf_ptr, btf_u32, bump, current_ctx,
-    get_or_insert,
+    BLK_INFLIGHT, BLK_STATS, ZERO_BLK_STATS, atomic_add, btf_ptr, btf_u32, bump, get_or_insert,
 };
 use crate::{koff, tpoff};
 

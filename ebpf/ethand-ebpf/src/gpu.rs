@@ -23,7 +23,8 @@ use ethand_common::{
     gpu_flags, gpu_kind, gpu_mem,
 };
 
-use crate::maps::{atomic_add, bump, current_ctx, get_or_insert, proc_key};
+use crate::context::{current_ctx, proc_key};
+use crate::maps::{atomic_add, bump, get_or_insert};
 
 #[map]
 pub static GPU_OPS: Array<GpuOpDesc> = Array::with_max_entries(GPU_MAX_OPS, 0);
@@ -262,6 +263,15 @@ fn proc_state(key: &ethand_common::ProcKey) -> Option<*mut GpuProcState> {
     get_or_insert(&GPU_PROC, key, &ZERO_PROC, counter::GPU_PROC_FULL)
 }
 
+/// What the entry reads of one call: its copy direction and bytes, and for an allocation the
+/// out-pointer and size that its return records.
+struct Call {
+    dir: u32,
+    bytes: u64,
+    ptr: u64,
+    size: u64,
+}
+
 fn on_enter(ctx: &ProbeContext) -> Option<()> {
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     if !active(cookie) {
@@ -272,107 +282,11 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
     let args = Args::read(ctx);
     let c = current_ctx()?;
     let pk = proc_key(c);
-    let mut dir = 0u32;
-    let mut bytes = 0u64;
-    let mut ptr = 0u64;
-    let mut size = 0u64;
-    match d.kind {
-        gpu_kind::COPY => {
-            bytes = args.get(d.bytes_arg);
-            dir = if d.dir == gpu_dir::FROM_ACL_KIND {
-                match args.get(d.aux_arg) {
-                    0 => gpu_dir::HOST_TO_HOST,
-                    1 => gpu_dir::HOST_TO_DEVICE,
-                    2 => gpu_dir::DEVICE_TO_HOST,
-                    3 => gpu_dir::DEVICE_TO_DEVICE,
-                    _ => gpu_dir::DEFAULT,
-                }
-            } else {
-                d.dir
-            } as u32;
-        }
-        gpu_kind::COPY_2D => {
-            // CUDA_MEMCPY2D: srcMemoryType @16, dstMemoryType @72, WidthInBytes @112, Height @120.
-            let p = args.get(0);
-            if p != 0 {
-                let w = read_user_u64(p + 112);
-                let h = read_user_u64(p + 120);
-                bytes = w.wrapping_mul(h);
-                let src = unsafe { bpf_probe_read_user((p + 16) as *const u32) }.unwrap_or(0);
-                let dst = unsafe { bpf_probe_read_user((p + 72) as *const u32) }.unwrap_or(0);
-                dir = dir_2d(src, dst);
-            }
-        }
-        gpu_kind::COLLECTIVE => {
-            bytes = args
-                .get(d.bytes_arg)
-                .wrapping_mul(gpu_dtype::size(d.dtype_table, args.get(d.aux_arg)));
-        }
-        gpu_kind::ALLOC | gpu_kind::REGISTER => {
-            ptr = args.get(d.aux_arg);
-            size = args.get(d.bytes_arg);
-        }
-        gpu_kind::FREE => {
-            let p = args.get(d.aux_arg);
-            if p != 0 {
-                let ak = GpuAllocKey {
-                    tgid: c.tgid,
-                    _pad0: 0,
-                    ptr: p,
-                };
-                let found = unsafe { GPU_ALLOCS.get(&ak) }.copied();
-                match found {
-                    Some(a) => {
-                        let _ = GPU_ALLOCS.remove(&ak);
-                        bytes = a.size;
-                        if let Some(s) = proc_state(&pk) {
-                            let m = (a.mem as usize) & (gpu_mem::COUNT - 1);
-                            unsafe {
-                                atomic_add(&raw mut (*s).live_bytes[m], a.size.wrapping_neg());
-                                atomic_add(&raw mut (*s).frees[m], 1);
-                                atomic_add(&raw mut (*s).freed_bytes[m], a.size);
-                            }
-                        }
-                    }
-                    None => {
-                        if let Some(s) = proc_state(&pk) {
-                            unsafe { atomic_add(&raw mut (*s).untracked_frees, 1) };
-                        }
-                    }
-                }
-            }
-        }
-        gpu_kind::COMM_INIT => {
-            let nranks = if d.aux2_arg == GPU_ARG_NONE {
-                0
-            } else {
-                args.get(d.aux2_arg) as u32
-            };
-            let rank = if d.aux_arg == GPU_ARG_NONE {
-                u32::MAX
-            } else {
-                args.get(d.aux_arg) as u32
-            };
-            if nranks > 0 {
-                if let Some(s) = proc_state(&pk) {
-                    // Keep the largest communicator: the world, not a sub-group (the first
-                    // of equal size).
-                    unsafe {
-                        if nranks > (*s).nranks {
-                            (*s).nranks = nranks;
-                            (*s).rank = rank;
-                            (*s).comm_lib = d.dtype_table as u32;
-                        }
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
+    let call = read_call(&d, &args, c.tgid, &pk);
     let key = GpuCallKey {
         tgid: c.tgid,
         op: op as u16,
-        dir: dir as u16,
+        dir: call.dir as u16,
         proc_start_ns: c.proc_start_ns,
     };
     let st = get_or_insert(
@@ -383,8 +297,8 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
     )?;
     unsafe {
         atomic_add(&raw mut (*st).calls, 1);
-        if bytes != 0 {
-            atomic_add(&raw mut (*st).bytes, bytes);
+        if call.bytes != 0 {
+            atomic_add(&raw mut (*st).bytes, call.bytes);
         }
     }
     let stacks = unsafe { core::ptr::read_volatile(&raw const GPU_CALL_STACKS) } == 1;
@@ -407,9 +321,9 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         };
         let v = GpuInflight {
             start_ns: unsafe { bpf_ktime_get_ns() },
-            ptr,
-            size,
-            dir,
+            ptr: call.ptr,
+            size: call.size,
+            dir: call.dir,
             stack_id,
             caller,
         };
@@ -418,6 +332,124 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         }
     }
     Some(())
+}
+
+/// Reads the call's arguments as its op's kind says; a free and a communicator creation
+/// also update the process's state here.
+#[inline(always)]
+fn read_call(d: &GpuOpDesc, args: &Args, tgid: u32, pk: &ethand_common::ProcKey) -> Call {
+    let mut call = Call {
+        dir: 0,
+        bytes: 0,
+        ptr: 0,
+        size: 0,
+    };
+    match d.kind {
+        gpu_kind::COPY => {
+            call.bytes = args.get(d.bytes_arg);
+            call.dir = if d.dir == gpu_dir::FROM_ACL_KIND {
+                match args.get(d.aux_arg) {
+                    0 => gpu_dir::HOST_TO_HOST,
+                    1 => gpu_dir::HOST_TO_DEVICE,
+                    2 => gpu_dir::DEVICE_TO_HOST,
+                    3 => gpu_dir::DEVICE_TO_DEVICE,
+                    _ => gpu_dir::DEFAULT,
+                }
+            } else {
+                d.dir
+            } as u32;
+        }
+        gpu_kind::COPY_2D => {
+            // CUDA_MEMCPY2D: srcMemoryType @16, dstMemoryType @72, WidthInBytes @112, Height @120.
+            let p = args.get(0);
+            if p != 0 {
+                let w = read_user_u64(p + 112);
+                let h = read_user_u64(p + 120);
+                call.bytes = w.wrapping_mul(h);
+                let src = unsafe { bpf_probe_read_user((p + 16) as *const u32) }.unwrap_or(0);
+                let dst = unsafe { bpf_probe_read_user((p + 72) as *const u32) }.unwrap_or(0);
+                call.dir = dir_2d(src, dst);
+            }
+        }
+        gpu_kind::COLLECTIVE => {
+            call.bytes = args
+                .get(d.bytes_arg)
+                .wrapping_mul(gpu_dtype::size(d.dtype_table, args.get(d.aux_arg)));
+        }
+        gpu_kind::ALLOC | gpu_kind::REGISTER => {
+            call.ptr = args.get(d.aux_arg);
+            call.size = args.get(d.bytes_arg);
+        }
+        gpu_kind::FREE => {
+            let p = args.get(d.aux_arg);
+            if p != 0 {
+                call.bytes = on_free(p, tgid, pk);
+            }
+        }
+        gpu_kind::COMM_INIT => on_comm_init(d, args, pk),
+        _ => {}
+    }
+    call
+}
+
+/// Forgets the allocation at `ptr` and takes its size off the process's live bytes; returns
+/// the bytes freed (0 for an allocation ethand did not see).
+#[inline(always)]
+fn on_free(ptr: u64, tgid: u32, pk: &ethand_common::ProcKey) -> u64 {
+    let ak = GpuAllocKey {
+        tgid,
+        _pad0: 0,
+        ptr,
+    };
+    let found = unsafe { GPU_ALLOCS.get(&ak) }.copied();
+    match found {
+        Some(a) => {
+            let _ = GPU_ALLOCS.remove(&ak);
+            if let Some(s) = proc_state(pk) {
+                let m = (a.mem as usize) & (gpu_mem::COUNT - 1);
+                unsafe {
+                    atomic_add(&raw mut (*s).live_bytes[m], a.size.wrapping_neg());
+                    atomic_add(&raw mut (*s).frees[m], 1);
+                    atomic_add(&raw mut (*s).freed_bytes[m], a.size);
+                }
+            }
+            a.size
+        }
+        None => {
+            if let Some(s) = proc_state(pk) {
+                unsafe { atomic_add(&raw mut (*s).untracked_frees, 1) };
+            }
+            0
+        }
+    }
+}
+
+/// Records the process's rank and communicator size from a communicator creation.
+#[inline(always)]
+fn on_comm_init(d: &GpuOpDesc, args: &Args, pk: &ethand_common::ProcKey) {
+    let nranks = if d.aux2_arg == GPU_ARG_NONE {
+        0
+    } else {
+        args.get(d.aux2_arg) as u32
+    };
+    let rank = if d.aux_arg == GPU_ARG_NONE {
+        u32::MAX
+    } else {
+        args.get(d.aux_arg) as u32
+    };
+    if nranks > 0 {
+        if let Some(s) = proc_state(pk) {
+            // Keep the largest communicator: the world, not a sub-group (the first of equal
+            // size).
+            unsafe {
+                if nranks > (*s).nranks {
+                    (*s).nranks = nranks;
+                    (*s).rank = rank;
+                    (*s).comm_lib = d.dtype_table as u32;
+                }
+            }
+        }
+    }
 }
 
 fn on_return(ctx: &RetProbeContext) -> Option<()> {

@@ -16,9 +16,9 @@ use aya_ebpf::{
 };
 use ethand_common::{LifecycleEvent, ProcOrigin, counter, lifecycle_kind, thread_flags};
 
-use crate::maps::{
-    LIFECYCLE, LIFECYCLE_WAKEUP_BYTES, ORIGINS, THREADS, btf_u32, bump, current_ctx, proc_start_of,
-};
+use crate::context::{current_ctx, proc_start_of};
+use crate::maps::{LIFECYCLE, LIFECYCLE_WAKEUP_BYTES, ORIGINS, THREADS, btf_u32, bump};
+use crate::syscall_account::flush_pending_syscalls;
 use crate::{koff, tpoff};
 
 /// The real parent of `task` as (tgid, start time); (0, 0) when it cannot be read.
@@ -148,7 +148,7 @@ fn on_exit(group_dead: Option<bool>) {
     // The exiting thread's batched syscalls, before the exit event makes userspace read its
     // process's final counters.
     if let Some(c) = current_ctx() {
-        crate::syscalls::flush_pending_syscalls(c);
+        flush_pending_syscalls(c);
     }
     if let Some(t) = THREADS.get_ptr_mut(&tid) {
         unsafe { (*t).flags |= thread_flags::EXITED };

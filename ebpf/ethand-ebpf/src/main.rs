@@ -6,6 +6,7 @@
 #![allow(internal_features)]
 
 mod block;
+mod context;
 mod gpu;
 mod lifecycle;
 mod maps;
@@ -13,6 +14,7 @@ mod net;
 mod profile;
 mod record;
 mod sched;
+mod syscall_account;
 mod syscalls;
 
 #[cfg(not(test))]

@@ -1,13 +1,13 @@
-//! Maps, read-only globals and the small helpers every program shares.
+//! Maps, read-only globals and the small map helpers every program shares. Below every
+//! program file: it names nothing of them.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use ethand_common::{
     BlkKey, BlkReqKey, BlkReqState, BlkStats, CpuCtx, Hist, KernelOffsets, MAX_SYSCALL_NR,
-    NO_SYSCALL, NetStats, ProcKey, ProcOrigin, SyscallHistKey, SyscallKey, SyscallStats,
-    ThreadStats, TracepointOffsets, WAKEUP_SLOTS, WakeupSlot, counter,
+    NetStats, ProcKey, ProcOrigin, SyscallHistKey, SyscallKey, SyscallStats, ThreadStats,
+    TracepointOffsets, WAKEUP_SLOTS, WakeupSlot, counter,
 };
 
 /// Kernel struct offsets (from BTF); set by the loader.
@@ -148,7 +148,7 @@ pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(32768,
 pub static WAKEUPS: Array<WakeupSlot> = Array::with_max_entries(WAKEUP_SLOTS, 0);
 #[map]
 pub static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(65536, 0);
-/// Distinct syscall numbers per process in SYSCALLS, for its limit (syscalls.rs); freed
+/// Distinct syscall numbers per process in SYSCALLS, for its limit (syscall_account.rs); freed
 /// with the process's entries.
 #[map]
 pub static SYSCALL_KEYS: HashMap<ProcKey, u64> = HashMap::with_max_entries(16384, 0);
@@ -186,9 +186,6 @@ pub const LIFECYCLE_WAKEUP_BYTES: u64 = LIFECYCLE_BYTES / 4;
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
-/// Thread id stored in CPU_CTX when the running thread is not known yet.
-pub const UNKNOWN_TID: u32 = u32::MAX;
-
 #[inline(always)]
 pub fn bump(idx: u32) {
     if let Some(c) = COUNTERS.get_ptr_mut(idx) {
@@ -205,65 +202,6 @@ pub fn atomic_add(p: *mut u64, v: u64) {
             p, v,
         )
     };
-}
-
-/// Start time of the thread group leader of `task`: the process half of [`ProcKey`].
-#[inline(always)]
-pub fn proc_start_of(task: *const u8) -> u64 {
-    unsafe {
-        let leader: *const u8 = match bpf_probe_read_kernel(
-            task.add(koff!(task_group_leader) as usize) as *const *const u8,
-        ) {
-            Ok(p) => p,
-            Err(_) => return 0,
-        };
-        bpf_probe_read_kernel(leader.add(koff!(task_start_time) as usize) as *const u64)
-            .unwrap_or(0)
-    }
-}
-
-/// The per-CPU context of the current thread; refreshed when it does not describe `current`
-/// (threads that have not been switched in since ethand attached).
-#[inline(always)]
-pub fn current_ctx() -> Option<&'static mut CpuCtx> {
-    let ctx = unsafe { &mut *CPU_CTX.get_ptr_mut(0)? };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    if ctx.tid != tid {
-        crate::syscalls::flush_pending_syscalls(ctx);
-        ctx.tid = tid;
-        ctx.tgid = (pid_tgid >> 32) as u32;
-        ctx.sys_nr = NO_SYSCALL;
-        ctx.sys_start_ns = 0;
-        // The thread's first event since it was switched in (where the switch-in does not
-        // fill the context, or was never reported): it may be returning from a syscall it
-        // was switched out in, carried in its entry, as is its process's start time.
-        let mut proc_start_ns = 0;
-        if let Some(t) = THREADS.get_ptr_mut(&tid) {
-            let t = unsafe { &mut *t };
-            ctx.sys_nr = t.sys_nr;
-            ctx.sys_start_ns = t.sys_start_ns;
-            t.sys_nr = NO_SYSCALL;
-            // An entry of an earlier process with this tid is not trusted for it.
-            if t.tgid == ctx.tgid {
-                proc_start_ns = t.proc_start_ns;
-            }
-        }
-        if proc_start_ns == 0 {
-            proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
-        }
-        ctx.proc_start_ns = proc_start_ns;
-    }
-    Some(ctx)
-}
-
-#[inline(always)]
-pub fn proc_key(ctx: &CpuCtx) -> ProcKey {
-    ProcKey {
-        tgid: ctx.tgid,
-        _pad0: 0,
-        proc_start_ns: ctx.proc_start_ns,
-    }
 }
 
 /// Looks `key` up, inserting `init` first when absent. `full` is the counter bumped when the

@@ -11,9 +11,8 @@ use aya_ebpf::{
 };
 use ethand_common::{NetStats, ProcKey, counter};
 
-use crate::maps::{
-    NET_STATS, SOCK_OWNER, atomic_add, btf_u16, current_ctx, get_or_insert, proc_key,
-};
+use crate::context::{current_ctx, proc_key};
+use crate::maps::{NET_STATS, SOCK_OWNER, atomic_add, btf_u16, get_or_insert};
 use crate::{koff, tpoff};
 
 const IPPROTO_TCP: u16 = 6;

@@ -12,9 +12,9 @@ use ethand_common::{
     HIST_BUCKETS, NO_SYSCALL, ThreadStats, WAKEUP_SLOTS, counter, log2_bucket, thread_flags,
 };
 
-use crate::maps::{
-    CPU_CTX, THREADS, UNKNOWN_TID, WAKEUPS, btf_ptr, btf_u32, btf_u64, bump, proc_start_of,
-};
+use crate::context::{UNKNOWN_TID, proc_start_of};
+use crate::maps::{CPU_CTX, THREADS, WAKEUPS, btf_ptr, btf_u32, btf_u64, bump};
+use crate::syscall_account::flush_pending_syscalls;
 use crate::{koff, tpoff};
 
 /// "Now" for the scheduler programs. With BTF, the clock of `task`'s run queue
@@ -240,7 +240,7 @@ fn on_switch(next_tid: u32, voluntary: bool, now: u64, prev_charges: Charges) {
     };
     let cpu = unsafe { &mut *cpu };
     // prev's batched syscalls: the context is about to describe another thread.
-    crate::syscalls::flush_pending_syscalls(cpu);
+    flush_pending_syscalls(cpu);
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_tid = pid_tgid as u32;
 

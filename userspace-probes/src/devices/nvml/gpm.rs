@@ -5,7 +5,13 @@
 //! the PCIe rates are MiB per second (nvml.h: "PCIe traffic from this GPU in MiB/sec"),
 //! made bytes per second. Read at every collection (one device interval apart), whatever the
 //! cadence: one nvmlGpmSampleGet costs ~42 µs on an H200.
-use super::*;
+use std::collections::BTreeSet;
+
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
+
+use super::fields::{Fields, unsupported};
+use crate::devices::GpuDevice;
 
 /// The GPM metrics ethand reads, in the order of [`GpmRatios`]' fields.
 pub const GPM_METRICS: [GpmMetricId; 7] = [
@@ -55,8 +61,8 @@ pub trait GpmSource {
 }
 
 /// What [`read_gpm`] keeps about one GPU between collections: `S` is the sample type of its
-/// [`GpmSource`]. Kept apart from [`GpuState`] because a sample is a handle to memory NVML
-/// allocated (neither `Clone` nor comparable).
+/// [`GpmSource`]. Kept apart from [`GpuState`](super::GpuState) because a sample is a handle
+/// to memory NVML allocated (neither `Clone` nor comparable).
 #[derive(Debug)]
 pub struct GpmState<S> {
     /// None: not asked yet, or asking failed (asked again next time); Some(false): the GPU

@@ -1,7 +1,23 @@
 use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, MemoryError, PcieUtilCounter};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::{
+    MemoryInfo, ProcessInfo, ProcessUtilizationSample, Utilization,
+};
+
+use super::fields::throttle_names;
 use super::*;
+use crate::devices::{
+    CollectorState, DeviceProcess, GpuDevice, MAX_XID_EVENTS, NvLinkStats, XidEvent,
+};
 
 /// A GPU as a driver would describe it: every answer set by the test.
 struct StandIn {
