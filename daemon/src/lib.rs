@@ -4,7 +4,7 @@
 //!
 //! Folders by job, each importing only what is listed before it: `config` (every setting);
 //! `privilege/` (capabilities after start-up, the statistics helper); `pipeline/` (probes,
-//! map reads, devices, the process model); `render.rs` (snapshots for the terminal);
+//! map reads, devices, the process model); `progress.rs` (a measurement's progress line);
 //! `commands/` (record, survey, compare); `diagnose/` (rules over a tree snapshot);
 //! `serve/` (the daemon loop, the local API and /metrics).
 pub mod commands;
@@ -12,10 +12,10 @@ pub mod config;
 pub mod diagnose;
 pub mod pipeline;
 pub mod privilege;
-pub mod render;
+pub mod progress;
 pub mod serve;
 
-// The paths other crates (the fuzz targets) and `render.rs` use.
+// The paths other crates (the fuzz targets) use.
 pub use diagnose::expr;
 pub use pipeline::{attribution, kernel, procinfo};
 pub use serve::api;

@@ -16,9 +16,10 @@ use ethand::{
     config::Config,
     pipeline::procinfo,
     privilege::stats_helper,
-    render,
+    progress::Progress,
     serve::{api, daemon},
 };
+use ethand_exporters::terminal;
 use ethand_snapshot::TreeSnapshot;
 
 #[derive(Parser, Debug)]
@@ -386,7 +387,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 ethand::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
             } else {
                 let s: ethand_snapshot::SelfStatus = serde_json::from_value(v)?;
-                ethand::write_stdout(render::status(&s))?;
+                ethand::write_stdout(terminal::status(&s))?;
             }
             Ok(0)
         }
@@ -472,7 +473,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 timeout.max(Duration::from_secs(12)),
             )
             .await?;
-            let msg = render::clean(v["message"].as_str().unwrap_or_default());
+            let msg = terminal::clean(v["message"].as_str().unwrap_or_default());
             ethand::write_stdout(format!("{msg}\n"))?;
             Ok(0)
         }
@@ -532,7 +533,7 @@ async fn snapshot(
     let tree: TreeSnapshot = match answer {
         Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
         Ok(api::Response::NotFound(m)) => {
-            eprintln!("ethand: {}", render::clean(&m));
+            eprintln!("ethand: {}", terminal::clean(&m));
             return Ok(EXIT_NOT_FOUND);
         }
         Ok(api::Response::Error(m)) => anyhow::bail!(m),
@@ -575,7 +576,7 @@ async fn snapshot(
     } else if csv {
         ethand::write_stdout(ethand_exporters::report::to_csv(&tree))?;
     } else {
-        ethand::write_stdout(render::snapshot(&tree))?;
+        ethand::write_stdout(terminal::snapshot(&tree))?;
     }
     Ok(0)
 }
@@ -618,7 +619,7 @@ async fn standalone(
             shared.sample_stacks(pid, d, Some(true), false)
         })
     });
-    let mut progress = render::Progress::new(format!("measuring pid {pid}"), duration);
+    let mut progress = Progress::new(format!("measuring pid {pid}"), duration);
     while t0.elapsed() < duration {
         tokio::time::sleep(step.min(duration.saturating_sub(t0.elapsed()))).await;
         engine.collect();
