@@ -18,6 +18,15 @@ pub fn status(s: &SelfStatus) -> String {
         s.cpu_seconds,
         bytes_u(s.rss_bytes)
     );
+    daemon(&mut o, s);
+    probes(&mut o, s);
+    maps_and_programs(&mut o, s);
+    // Library paths and probe details come from other users' files: nothing raw.
+    text::for_terminal_keep_lines(&o)
+}
+
+/// The tracked processes, the collection loop, the reader, and how the daemon runs and serves.
+fn daemon(o: &mut String, s: &SelfStatus) {
     let _ = writeln!(
         o,
         "tracked processes: {} (overflow {})",
@@ -80,6 +89,10 @@ pub fn status(s: &SelfStatus) -> String {
             c.accept_errors
         );
     }
+}
+
+/// Each probe's state, and the GPU/NPU runtime libraries found.
+fn probes(o: &mut String, s: &SelfStatus) {
     let _ = writeln!(
         o,
         "\nPROBE                 STATE        ATTACHED TO                         DETAIL"
@@ -115,6 +128,10 @@ pub fn status(s: &SelfStatus) -> String {
             );
         }
     }
+}
+
+/// Map fill, program cost (BPF stats) and dropped or unmatched events.
+fn maps_and_programs(o: &mut String, s: &SelfStatus) {
     let _ = writeln!(o, "\nMAP            ENTRIES   CAPACITY  FILL");
     for m in &s.maps {
         let fill = if m.capacity > 0 {
@@ -155,6 +172,4 @@ pub fn status(s: &SelfStatus) -> String {
             if d.loss { "" } else { "  (informational)" }
         );
     }
-    // Library paths and probe details come from other users' files: nothing raw.
-    text::for_terminal_keep_lines(&o)
 }
