@@ -59,7 +59,7 @@ pub(super) fn where_in_code(o: &mut String, t: &TreeSnapshot) {
             "  user stacks the kernel took at each call (exact counts):"
         );
         let mut kernel = kernel;
-        kernel.sort_by(|a, b| b.total.cmp(&a.total));
+        kernel.sort_by_key(|c| std::cmp::Reverse(c.total));
         for c in kernel.iter().take(8) {
             if let Some(line) = stacks::call_sites(c) {
                 let _ = writeln!(o, "  {}", clean(&line));
