@@ -5,18 +5,18 @@
 //! Folders by job, each importing only what is listed before it (ARCHITECTURE.md;
 //! `xtask/tests/architecture.rs` checks it): `config/` (every setting); `privilege/`
 //! (capabilities after start-up, the statistics helper); `pipeline/` (probes, map reads,
-//! devices, the process model); `render.rs` (snapshots for the terminal); `diagnose/` (rules
-//! over a tree snapshot); `serve/` (the daemon loop, the tree builder, the local API and
-//! /metrics); `commands/` (snapshot, diagnose, record, survey, compare).
+//! devices, the process model); `progress.rs` (a measurement's progress line); `diagnose/`
+//! (rules over a tree snapshot); `serve/` (the daemon loop, the tree builder, the local API
+//! and /metrics); `commands/` (snapshot, diagnose, record, survey, compare).
 pub mod commands;
 pub mod config;
 pub mod diagnose;
 pub mod pipeline;
 pub mod privilege;
-pub mod render;
+pub mod progress;
 pub mod serve;
 
-// The paths other crates (the fuzz targets) and `render.rs` use.
+// The paths other crates (the fuzz targets) use.
 pub use diagnose::expr;
 pub use pipeline::{attribution, kernel, procinfo};
 pub use serve::api;

@@ -15,9 +15,9 @@ use ethand::{
     config,
     config::Config,
     privilege::stats_helper,
-    render,
     serve::{api, daemon, tree::Samples},
 };
+use ethand_exporters::terminal;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -384,7 +384,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 ethand::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
             } else {
                 let s: ethand_snapshot::SelfStatus = serde_json::from_value(v)?;
-                ethand::write_stdout(render::status(&s))?;
+                ethand::write_stdout(terminal::status(&s))?;
             }
             Ok(0)
         }
@@ -470,7 +470,7 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 timeout.max(Duration::from_secs(12)),
             )
             .await?;
-            let msg = render::clean(v["message"].as_str().unwrap_or_default());
+            let msg = terminal::clean(v["message"].as_str().unwrap_or_default());
             ethand::write_stdout(format!("{msg}\n"))?;
             Ok(0)
         }

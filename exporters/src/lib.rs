@@ -8,4 +8,5 @@ pub mod otlp;
 pub mod prometheus;
 pub mod report;
 pub mod stacks;
+pub mod terminal;
 pub mod text;

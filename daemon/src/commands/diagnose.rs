@@ -24,7 +24,7 @@ pub fn run(cfg: &crate::config::Config, file: &Path, json: bool) -> anyhow::Resu
         });
         crate::write_stdout(serde_json::to_string_pretty(&v)? + "\n")?;
     } else {
-        crate::write_stdout(crate::render::diagnosis(&tree))?;
+        crate::write_stdout(ethand_exporters::terminal::diagnosis(&tree))?;
     }
     Ok(0)
 }

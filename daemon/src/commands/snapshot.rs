@@ -3,13 +3,13 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
+use ethand_exporters::terminal;
 use ethand_snapshot::TreeSnapshot;
 
 use crate::{
     EXIT_NOT_FOUND,
     config::Config,
     pipeline::procinfo,
-    render,
     serve::{api, daemon, tree::Samples},
 };
 
@@ -62,7 +62,7 @@ pub async fn run(
     let tree: TreeSnapshot = match answer {
         Ok(api::Response::Ok(v)) => serde_json::from_value(v)?,
         Ok(api::Response::NotFound(m)) => {
-            eprintln!("ethand: {}", render::clean(&m));
+            eprintln!("ethand: {}", terminal::clean(&m));
             return Ok(EXIT_NOT_FOUND);
         }
         Ok(api::Response::Error(m)) => anyhow::bail!(m),
@@ -83,7 +83,8 @@ pub async fn run(
                 );
             }
             let measure = Duration::from_secs(duration);
-            let mut progress = render::Progress::new(format!("measuring pid {pid}"), measure);
+            let mut progress =
+                crate::progress::Progress::new(format!("measuring pid {pid}"), measure);
             let tree =
                 daemon::standalone_snapshot(&cfg, pid, measure, samples, |e| progress.show(e))
                     .await?;
@@ -111,7 +112,7 @@ pub async fn run(
     } else if csv {
         crate::write_stdout(ethand_exporters::report::to_csv(&tree))?;
     } else {
-        crate::write_stdout(render::snapshot(&tree))?;
+        crate::write_stdout(terminal::snapshot(&tree))?;
     }
     Ok(0)
 }

@@ -60,16 +60,29 @@ pub(super) const MR: f64 = 14.0;
 pub(super) const MT: f64 = 26.0;
 pub(super) const MB: f64 = 42.0;
 
-/// A line chart of `series` over `xs` (seconds relative to the last point, <= 0).
-pub(super) fn chart(
-    o: &mut String,
-    title: &str,
-    what: &str,
-    xs: &[f64],
-    series: &[Series],
-    scale: Scale,
-) {
-    let (div, unit): (f64, String) = match scale {
+/// Where a chart's values land: the plot area (`pw` by `ph` inside the margins), the x axis
+/// from `x0` to 0 and the y axis from 0 to `ymax` in ticks of `step`.
+struct Plot {
+    x0: f64,
+    ymax: f64,
+    step: f64,
+    pw: f64,
+    ph: f64,
+}
+
+impl Plot {
+    fn px(&self, x: f64) -> f64 {
+        ML + (x - self.x0) / (0.0 - self.x0) * self.pw
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        MT + self.ph - (y / self.ymax).clamp(0.0, 1.0) * self.ph
+    }
+}
+
+/// The divisor that brings the series' values into the chart's unit, and that unit.
+fn unit_of(series: &[Series], scale: Scale) -> (f64, String) {
+    match scale {
         Scale::Plain(u) => (1.0, u.to_string()),
         Scale::Percent => (0.01, "%".into()),
         Scale::BytesPerSec => {
@@ -86,7 +99,19 @@ pub(super) fn chart(
             }
             (d, U[i].into())
         }
-    };
+    }
+}
+
+/// A line chart of `series` over `xs` (seconds relative to the last point, <= 0).
+pub(super) fn chart(
+    o: &mut String,
+    title: &str,
+    what: &str,
+    xs: &[f64],
+    series: &[Series],
+    scale: Scale,
+) {
+    let (div, unit) = unit_of(series, scale);
     let scaled: Vec<Vec<f64>> = series
         .iter()
         .map(|s| s.values.iter().map(|v| v / div).collect())
@@ -99,10 +124,13 @@ pub(super) fn chart(
     } else {
         (max / step).ceil().max(1.0) * step
     };
-    let x0 = xs.first().copied().unwrap_or(-1.0).min(-1e-3);
-    let (pw, ph) = (W - ML - MR, H - MT - MB);
-    let px = |x: f64| ML + (x - x0) / (0.0 - x0) * pw;
-    let py = |y: f64| MT + ph - (y / ymax).clamp(0.0, 1.0) * ph;
+    let plot = Plot {
+        x0: xs.first().copied().unwrap_or(-1.0).min(-1e-3),
+        ymax,
+        step,
+        pw: W - ML - MR,
+        ph: H - MT - MB,
+    };
 
     w!(
         o,
@@ -115,10 +143,29 @@ pub(super) fn chart(
         "<svg viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\">",
         escape(title)
     );
-    // Grid and y axis.
+    y_axis(o, &plot, &unit);
+    x_axis(o, &plot);
+    lines(o, &plot, xs, series, &scaled, &unit);
+    legend(o, series);
+    if idle {
+        w!(
+            o,
+            "<text class=\"idle\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no activity in the window</text>",
+            ML + plot.pw / 2.0,
+            MT + plot.ph / 2.0
+        );
+    }
+    o.push_str("</svg><div class=\"stats\">");
+    stats(o, series, &scaled, &unit);
+    o.push_str("</div></figure>\n");
+}
+
+/// The grid, the y axis's tick labels and its unit.
+fn y_axis(o: &mut String, plot: &Plot, unit: &str) {
+    let (ymax, step, ph) = (plot.ymax, plot.step, plot.ph);
     let mut y = 0.0;
     while y <= ymax + step * 1e-6 {
-        let yy = py(y);
+        let yy = plot.py(y);
         w!(
             o,
             "<line class=\"grid\" x1=\"{ML}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/>",
@@ -138,9 +185,13 @@ pub(super) fn chart(
         "<text class=\"unit\" x=\"12\" y=\"{:.1}\" transform=\"rotate(-90 12 {:.1})\" text-anchor=\"middle\">{}</text>",
         MT + ph / 2.0,
         MT + ph / 2.0,
-        escape(&unit)
+        escape(unit)
     );
-    // X axis: seconds before the snapshot.
+}
+
+/// The x axis (seconds before the snapshot), then both axis lines.
+fn x_axis(o: &mut String, plot: &Plot) {
+    let (x0, pw, ph) = (plot.x0, plot.pw, plot.ph);
     let span = -x0;
     let xstep = [
         0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -150,7 +201,7 @@ pub(super) fn chart(
     .unwrap_or(7200.0);
     let mut x = 0.0;
     while x >= x0 - 1e-9 {
-        let xx = px(x);
+        let xx = plot.px(x);
         w!(
             o,
             "<line class=\"xtick\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
@@ -188,18 +239,32 @@ pub(super) fn chart(
         ML + pw / 2.0,
         H - 6.0
     );
-    // Series: an area under the first, lines, points with tooltips.
-    for (i, (s, vals)) in series.iter().zip(&scaled).enumerate() {
+}
+
+/// The series: an area under the first, lines, points with tooltips.
+fn lines(
+    o: &mut String,
+    plot: &Plot,
+    xs: &[f64],
+    series: &[Series],
+    scaled: &[Vec<f64>],
+    unit: &str,
+) {
+    for (i, (s, vals)) in series.iter().zip(scaled).enumerate() {
         if vals.is_empty() {
             continue;
         }
-        let pts: Vec<(f64, f64)> = xs.iter().zip(vals).map(|(&x, &v)| (px(x), py(v))).collect();
+        let pts: Vec<(f64, f64)> = xs
+            .iter()
+            .zip(vals)
+            .map(|(&x, &v)| (plot.px(x), plot.py(v)))
+            .collect();
         let mut d = String::new();
         for (j, (x, y)) in pts.iter().enumerate() {
             w!(d, "{}{x:.1},{y:.1}", if j == 0 { "M" } else { " L" });
         }
         if i == 0 && pts.len() > 1 {
-            let base = MT + ph;
+            let base = MT + plot.ph;
             w!(
                 o,
                 "<path d=\"{d} L{:.1},{base:.1} L{:.1},{base:.1} Z\" fill=\"{}\" fill-opacity=\"0.12\" stroke=\"none\"/>",
@@ -221,14 +286,17 @@ pub(super) fn chart(
                     if pts.len() == 1 { 4.0 } else { 2.2 },
                     s.color,
                     s.name,
-                    tick_label(*v, step / 10.0),
-                    escape(&unit),
+                    tick_label(*v, plot.step / 10.0),
+                    escape(unit),
                     t
                 );
             }
         }
     }
-    // Legend.
+}
+
+/// The legend, right-aligned along the top.
+fn legend(o: &mut String, series: &[Series]) {
     let mut lx = W - MR;
     for s in series.iter().rev() {
         let wtxt = 7.0 * s.name.chars().count() as f64 + 22.0;
@@ -241,16 +309,11 @@ pub(super) fn chart(
             s.name
         );
     }
-    if idle {
-        w!(
-            o,
-            "<text class=\"idle\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no activity in the window</text>",
-            ML + pw / 2.0,
-            MT + ph / 2.0
-        );
-    }
-    o.push_str("</svg><div class=\"stats\">");
-    for (s, vals) in series.iter().zip(&scaled) {
+}
+
+/// Each series' mean and peak, under the chart.
+fn stats(o: &mut String, series: &[Series], scaled: &[Vec<f64>], unit: &str) {
+    for (s, vals) in series.iter().zip(scaled) {
         let n = vals.len().max(1) as f64;
         let avg = vals.iter().sum::<f64>() / n;
         let peak = vals.iter().copied().fold(0.0, f64::max);
@@ -270,7 +333,32 @@ pub(super) fn chart(
             escape(&f(peak))
         );
     }
-    o.push_str("</div></figure>\n");
+}
+
+/// Per-second rate of a per-interval quantity.
+fn rate(tl: &[TimelinePoint], f: fn(&TimelinePoint) -> u64) -> Vec<f64> {
+    tl.iter()
+        .map(|p| {
+            if p.interval_ms == 0 {
+                0.0
+            } else {
+                f(p) as f64 * 1000.0 / p.interval_ms as f64
+            }
+        })
+        .collect()
+}
+
+/// Share of wall time of a per-interval duration (ns / interval).
+fn share(tl: &[TimelinePoint], f: fn(&TimelinePoint) -> u64) -> Vec<f64> {
+    tl.iter()
+        .map(|p| {
+            if p.interval_ms == 0 {
+                0.0
+            } else {
+                f(p) as f64 / (p.interval_ms as f64 * 1e6)
+            }
+        })
+        .collect()
 }
 
 pub(super) fn charts(o: &mut String, t: &TreeSnapshot) {
@@ -293,30 +381,6 @@ pub(super) fn charts(o: &mut String, t: &TreeSnapshot) {
         .iter()
         .map(|p| -((last.saturating_sub(p.t_unix_ms)) as f64) / 1000.0)
         .collect();
-    // Per-second rate of a per-interval quantity.
-    let rate = |f: fn(&TimelinePoint) -> u64| -> Vec<f64> {
-        tl.iter()
-            .map(|p| {
-                if p.interval_ms == 0 {
-                    0.0
-                } else {
-                    f(p) as f64 * 1000.0 / p.interval_ms as f64
-                }
-            })
-            .collect()
-    };
-    // Share of wall time of a per-interval duration (ns / interval).
-    let share = |f: fn(&TimelinePoint) -> u64| -> Vec<f64> {
-        tl.iter()
-            .map(|p| {
-                if p.interval_ms == 0 {
-                    0.0
-                } else {
-                    f(p) as f64 / (p.interval_ms as f64 * 1e6)
-                }
-            })
-            .collect()
-    };
     let iv = tl.iter().map(|p| p.interval_ms).max().unwrap_or(0);
     w!(
         o,
@@ -325,144 +389,15 @@ pub(super) fn charts(o: &mut String, t: &TreeSnapshot) {
         duration_ns_u(iv * 1_000_000),
         utc(last)
     );
-    chart(
-        o,
-        "CPU",
-        "cores used (on-CPU time / interval)",
-        &xs,
-        &[Series {
-            name: "on-CPU",
-            color: "#2563eb",
-            values: share(|p| p.oncpu_ns),
-        }],
-        Scale::Plain("cores"),
-    );
-    chart(
-        o,
-        "Scheduler wait",
-        "threads runnable but waiting for a CPU (run-queue wait / interval)",
-        &xs,
-        &[Series {
-            name: "run-queue wait",
-            color: "#dc2626",
-            values: share(|p| p.runq_wait_ns),
-        }],
-        Scale::Plain("threads"),
-    );
-    chart(
-        o,
-        "Off-CPU, blocked",
-        "threads sleeping or waiting on I/O, locks (blocked time / interval)",
-        &xs,
-        &[Series {
-            name: "blocked",
-            color: "#7c3aed",
-            values: share(|p| p.offcpu_blocked_ns),
-        }],
-        Scale::Plain("threads"),
-    );
-    chart(
-        o,
-        "System calls",
-        "calls per second",
-        &xs,
-        &[Series {
-            name: "syscalls",
-            color: "#0891b2",
-            values: rate(|p| p.syscalls),
-        }],
-        Scale::Plain("calls/s"),
-    );
-    chart(
-        o,
-        "Disk",
-        "block I/O bytes per second",
-        &xs,
-        &[
-            Series {
-                name: "read",
-                color: "#059669",
-                values: rate(|p| p.block_read_bytes),
-            },
-            Series {
-                name: "write",
-                color: "#d97706",
-                values: rate(|p| p.block_write_bytes),
-            },
-        ],
-        Scale::BytesPerSec,
-    );
-    chart(
-        o,
-        "Network",
-        "TCP + UDP bytes per second",
-        &xs,
-        &[
-            Series {
-                name: "received",
-                color: "#0d9488",
-                values: rate(|p| p.net_rx_bytes),
-            },
-            Series {
-                name: "sent",
-                color: "#db2777",
-                values: rate(|p| p.net_tx_bytes),
-            },
-        ],
-        Scale::BytesPerSec,
-    );
+    process_charts(o, tl, &xs);
     let gpu_active = t.total.gpu.is_some()
         || tl.iter().any(|p| {
             p.gpu_launches.unwrap_or(0) + p.gpu_sync_ns + p.gpu_copy_bytes + p.collective_ns > 0
         });
     // Launches only where every interval counted them: an uncounted one is not a 0.
     let launches_counted = tl.iter().all(|p| p.gpu_launches.is_some());
-    if gpu_active && launches_counted {
-        chart(
-            o,
-            "GPU/NPU launches",
-            "kernel launches and operator executions per second",
-            &xs,
-            &[Series {
-                name: "launches",
-                color: "#16a34a",
-                values: rate(|p| p.gpu_launches.unwrap_or(0)),
-            }],
-            Scale::Plain("launches/s"),
-        );
-    }
     if gpu_active {
-        chart(
-            o,
-            "GPU/NPU host time",
-            "share of wall time the tree's threads spent blocked in synchronization / inside collectives (summed over threads)",
-            &xs,
-            &[
-                Series {
-                    name: "sync-blocked",
-                    color: "#dc2626",
-                    values: share(|p| p.gpu_sync_ns),
-                },
-                Series {
-                    name: "collectives",
-                    color: "#9333ea",
-                    values: share(|p| p.collective_ns),
-                },
-            ],
-            Scale::Percent,
-        );
-        chart(
-            o,
-            "GPU/NPU copies",
-            "bytes per second copied by runtime calls (all directions)",
-            &xs,
-            &[Series {
-                name: "copies",
-                color: "#ca8a04",
-                values: rate(|p| p.gpu_copy_bytes),
-            }],
-            Scale::BytesPerSec,
-        );
+        gpu_charts(o, tl, &xs, launches_counted);
     }
     o.push_str("</div>");
     if !gpu_active {
@@ -477,4 +412,143 @@ pub(super) fn charts(o: &mut String, t: &TreeSnapshot) {
         );
     }
     o.push_str("</section>\n");
+}
+
+/// CPU, scheduler, syscalls, disk and network over the timeline.
+fn process_charts(o: &mut String, tl: &[TimelinePoint], xs: &[f64]) {
+    chart(
+        o,
+        "CPU",
+        "cores used (on-CPU time / interval)",
+        xs,
+        &[Series {
+            name: "on-CPU",
+            color: "#2563eb",
+            values: share(tl, |p| p.oncpu_ns),
+        }],
+        Scale::Plain("cores"),
+    );
+    chart(
+        o,
+        "Scheduler wait",
+        "threads runnable but waiting for a CPU (run-queue wait / interval)",
+        xs,
+        &[Series {
+            name: "run-queue wait",
+            color: "#dc2626",
+            values: share(tl, |p| p.runq_wait_ns),
+        }],
+        Scale::Plain("threads"),
+    );
+    chart(
+        o,
+        "Off-CPU, blocked",
+        "threads sleeping or waiting on I/O, locks (blocked time / interval)",
+        xs,
+        &[Series {
+            name: "blocked",
+            color: "#7c3aed",
+            values: share(tl, |p| p.offcpu_blocked_ns),
+        }],
+        Scale::Plain("threads"),
+    );
+    chart(
+        o,
+        "System calls",
+        "calls per second",
+        xs,
+        &[Series {
+            name: "syscalls",
+            color: "#0891b2",
+            values: rate(tl, |p| p.syscalls),
+        }],
+        Scale::Plain("calls/s"),
+    );
+    chart(
+        o,
+        "Disk",
+        "block I/O bytes per second",
+        xs,
+        &[
+            Series {
+                name: "read",
+                color: "#059669",
+                values: rate(tl, |p| p.block_read_bytes),
+            },
+            Series {
+                name: "write",
+                color: "#d97706",
+                values: rate(tl, |p| p.block_write_bytes),
+            },
+        ],
+        Scale::BytesPerSec,
+    );
+    chart(
+        o,
+        "Network",
+        "TCP + UDP bytes per second",
+        xs,
+        &[
+            Series {
+                name: "received",
+                color: "#0d9488",
+                values: rate(tl, |p| p.net_rx_bytes),
+            },
+            Series {
+                name: "sent",
+                color: "#db2777",
+                values: rate(tl, |p| p.net_tx_bytes),
+            },
+        ],
+        Scale::BytesPerSec,
+    );
+}
+
+/// Launches (where every interval counted them), host time in sync and collectives, copies.
+fn gpu_charts(o: &mut String, tl: &[TimelinePoint], xs: &[f64], launches_counted: bool) {
+    if launches_counted {
+        chart(
+            o,
+            "GPU/NPU launches",
+            "kernel launches and operator executions per second",
+            xs,
+            &[Series {
+                name: "launches",
+                color: "#16a34a",
+                values: rate(tl, |p| p.gpu_launches.unwrap_or(0)),
+            }],
+            Scale::Plain("launches/s"),
+        );
+    }
+    chart(
+        o,
+        "GPU/NPU host time",
+        "share of wall time the tree's threads spent blocked in synchronization / inside collectives (summed over threads)",
+        xs,
+        &[
+            Series {
+                name: "sync-blocked",
+                color: "#dc2626",
+                values: share(tl, |p| p.gpu_sync_ns),
+            },
+            Series {
+                name: "collectives",
+                color: "#9333ea",
+                values: share(tl, |p| p.collective_ns),
+            },
+        ],
+        Scale::Percent,
+    );
+    chart(
+        o,
+        "GPU/NPU copies",
+        "bytes per second copied by runtime calls (all directions)",
+        xs,
+        &[Series {
+            name: "copies",
+            color: "#ca8a04",
+            values: rate(tl, |p| p.gpu_copy_bytes),
+        }],
+        Scale::BytesPerSec,
+    );
 }

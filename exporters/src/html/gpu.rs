@@ -8,6 +8,22 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         return;
     };
     o.push_str("<div class=\"tiles\">");
+    runtime_tiles(o, t, g);
+    if let Some(d) = &t.total.gpu_derived {
+        window_tiles(o, t, d);
+    }
+    o.push_str("</div>");
+    if let Some(l) = &t.launch_sample {
+        launch_sample(o, l);
+    }
+    copies_and_memory(o, g);
+    collectives(o, g);
+    ranks(o, t);
+    o.push_str("</section>\n");
+}
+
+/// The tree's runtime call totals: launches, sync, collectives, errors.
+fn runtime_tiles(o: &mut String, t: &TreeSnapshot, g: &GpuProcessStats) {
     tile(
         o,
         "Launches",
@@ -35,83 +51,85 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot) {
             plural(g.untracked_frees, "untracked free")
         ),
     );
-    if let Some(d) = &t.total.gpu_derived {
-        match d.launches_per_second {
-            Some(r) => tile(
-                o,
-                "Launch rate",
-                &format!("{} /s", number(r)),
-                &format!("last {}", duration_ns_u(d.window_ms * 1_000_000)),
-            ),
-            None => tile(
-                o,
-                "Launch rate",
-                &format!("<span class=\"na\">{}</span>", launches_not_measured(t)),
-                &match t.launch_sample.as_ref().and_then(|l| l.launches_per_second) {
-                    Some(r) => format!("sampled: {} /s (below)", number(r)),
-                    None => "counted at level process or op".into(),
-                },
-            ),
-        }
-        tile(
+}
+
+/// The rates and ratios of the last window, and the GPM ratios where measured.
+fn window_tiles(o: &mut String, t: &TreeSnapshot, d: &ethand_snapshot::gpu::GpuDerived) {
+    match d.launches_per_second {
+        Some(r) => tile(
             o,
-            "Sync rate",
-            &format!("{} /s", number(d.syncs_per_second)),
+            "Launch rate",
+            &format!("{} /s", number(r)),
             &format!("last {}", duration_ns_u(d.window_ms * 1_000_000)),
-        );
+        ),
+        None => tile(
+            o,
+            "Launch rate",
+            &format!("<span class=\"na\">{}</span>", launches_not_measured(t)),
+            &match t.launch_sample.as_ref().and_then(|l| l.launches_per_second) {
+                Some(r) => format!("sampled: {} /s (below)", number(r)),
+                None => "counted at level process or op".into(),
+            },
+        ),
+    }
+    tile(
+        o,
+        "Sync rate",
+        &format!("{} /s", number(d.syncs_per_second)),
+        &format!("last {}", duration_ns_u(d.window_ms * 1_000_000)),
+    );
+    tile(
+        o,
+        "Sync-blocked share",
+        &percent(d.sync_blocked_ratio),
+        "of wall time (summed over threads)",
+    );
+    tile(
+        o,
+        "Collective share",
+        &percent(d.collective_ratio),
+        "of wall time",
+    );
+    if let Some(u) = d.device_utilization_ratio {
         tile(
             o,
-            "Sync-blocked share",
-            &percent(d.sync_blocked_ratio),
-            "of wall time (summed over threads)",
+            "Device busy",
+            &percent(u),
+            &d.device_idle_ratio
+                .map_or(String::new(), |i| format!("idle {}", percent(i))),
         );
-        tile(
-            o,
-            "Collective share",
-            &percent(d.collective_ratio),
-            "of wall time",
-        );
-        if let Some(u) = d.device_utilization_ratio {
-            tile(
-                o,
-                "Device busy",
-                &percent(u),
-                &d.device_idle_ratio
-                    .map_or(String::new(), |i| format!("idle {}", percent(i))),
-            );
-        }
-        // NVML GPM (Hopper and newer): only where measured.
-        for (label, v, sub) in [
-            (
-                "SM activity",
-                d.sm_activity_ratio,
-                "SMs with a warp assigned (GPM)",
-            ),
-            (
-                "SM occupancy",
-                d.sm_occupancy_ratio,
-                "resident warps of the maximum (GPM)",
-            ),
-            (
-                "Tensor activity",
-                d.tensor_activity_ratio,
-                "tensor pipes busy (GPM)",
-            ),
-            (
-                "DRAM bandwidth",
-                d.dram_bandwidth_ratio,
-                "of peak memory bandwidth (GPM)",
-            ),
-        ] {
-            if let Some(v) = v {
-                tile(o, label, &percent(v), sub);
-            }
+    }
+    // NVML GPM (Hopper and newer): only where measured.
+    for (label, v, sub) in [
+        (
+            "SM activity",
+            d.sm_activity_ratio,
+            "SMs with a warp assigned (GPM)",
+        ),
+        (
+            "SM occupancy",
+            d.sm_occupancy_ratio,
+            "resident warps of the maximum (GPM)",
+        ),
+        (
+            "Tensor activity",
+            d.tensor_activity_ratio,
+            "tensor pipes busy (GPM)",
+        ),
+        (
+            "DRAM bandwidth",
+            d.dram_bandwidth_ratio,
+            "of peak memory bandwidth (GPM)",
+        ),
+    ] {
+        if let Some(v) = v {
+            tile(o, label, &percent(v), sub);
         }
     }
-    o.push_str("</div>");
-    if let Some(l) = &t.launch_sample {
-        launch_sample(o, l);
-    }
+}
+
+/// Copies by direction beside memory by kind.
+fn copies_and_memory(o: &mut String, g: &GpuProcessStats) {
     o.push_str("<div class=\"two\">");
     // Copies by direction.
     o.push_str("<div><h3>Copies by direction</h3>");
@@ -151,6 +169,10 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         o.push_str("</tbody></table>");
     }
     o.push_str("</div></div>");
+}
+
+/// Collective operations by library, with their host time.
+fn collectives(o: &mut String, g: &GpuProcessStats) {
     if !g.collectives.is_empty() {
         o.push_str("<h3>Collectives</h3><table><thead><tr><th class=\"l\">Library</th><th class=\"l\">Operation</th><th>Calls</th><th>Bytes</th><th>Host time</th><th>Avg per call</th></tr></thead><tbody>");
         for c in &g.collectives {
@@ -171,6 +193,10 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         }
         o.push_str("</tbody></table>");
     }
+}
+
+/// The communicator rank of each process that has one.
+fn ranks(o: &mut String, t: &TreeSnapshot) {
     let ranks: Vec<_> = t
         .processes
         .iter()
@@ -192,7 +218,6 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot) {
         }
         o.push_str("</tbody></table>");
     }
-    o.push_str("</section>\n");
 }
 
 /// The launches counted on demand for this snapshot (GPU level `calls`).

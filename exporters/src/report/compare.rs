@@ -482,7 +482,15 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "{} {}", paint.p("1", "before:"), describe(&c.before));
     let _ = writeln!(o, "{} {}", paint.p("1", "after: "), describe(&c.after));
+    most_changed(&mut o, c, &paint);
+    not_compared(&mut o, c);
+    let _ = writeln!(o);
+    findings(&mut o, c, &paint);
+    o
+}
 
+/// The [`RENDER_TOP`] metrics that changed most, by relative change.
+fn most_changed(o: &mut String, c: &Comparison, paint: &Paint) {
     let units: BTreeMap<&str, &str> = c
         .rows
         .iter()
@@ -538,42 +546,56 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
             )
         );
         for (rel, r) in shown {
-            let base = r
-                .metric
-                .strip_prefix("rate.")
-                .and_then(|m| units.get(m).copied());
-            let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| human(v, &r.unit, base));
-            let change = r.change.map_or("-".to_string(), |d| {
-                let s = human(d, &r.unit, base);
-                if d > 0.0 { format!("+{s}") } else { s }
-            });
-            let relative = match (r.before, r.after) {
-                (None, Some(_)) => "appeared".to_string(),
-                (Some(_), None) => "gone".to_string(),
-                _ if rel.is_infinite() => "from 0".to_string(),
-                _ => {
-                    let pct = r.change.unwrap_or(0.0) / r.before.unwrap_or(1.0).abs() * 100.0;
-                    format!("{pct:+.1}%")
-                }
-            };
-            let code = if r.change.unwrap_or(0.0) > 0.0 || r.before.is_none() {
-                "33"
-            } else {
-                "36"
-            };
-            let _ = writeln!(
-                o,
-                "{:<width$}  {:>14}  {:>14}  {}  {:>9}",
-                for_terminal(&r.metric),
-                fmt(r.before),
-                fmt(r.after),
-                paint.p(code, &format!("{change:>14}")),
-                relative
-            );
+            changed_row(o, *rel, r, &units, width, paint);
         }
     }
+}
 
-    // Metrics a side did not measure: no change to show, and not a change from 0.
+/// One metric's line: before, after, change (colored by direction) and relative change.
+fn changed_row(
+    o: &mut String,
+    rel: f64,
+    r: &ComparedRow,
+    units: &BTreeMap<&str, &str>,
+    width: usize,
+    paint: &Paint,
+) {
+    let base = r
+        .metric
+        .strip_prefix("rate.")
+        .and_then(|m| units.get(m).copied());
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| human(v, &r.unit, base));
+    let change = r.change.map_or("-".to_string(), |d| {
+        let s = human(d, &r.unit, base);
+        if d > 0.0 { format!("+{s}") } else { s }
+    });
+    let relative = match (r.before, r.after) {
+        (None, Some(_)) => "appeared".to_string(),
+        (Some(_), None) => "gone".to_string(),
+        _ if rel.is_infinite() => "from 0".to_string(),
+        _ => {
+            let pct = r.change.unwrap_or(0.0) / r.before.unwrap_or(1.0).abs() * 100.0;
+            format!("{pct:+.1}%")
+        }
+    };
+    let code = if r.change.unwrap_or(0.0) > 0.0 || r.before.is_none() {
+        "33"
+    } else {
+        "36"
+    };
+    let _ = writeln!(
+        o,
+        "{:<width$}  {:>14}  {:>14}  {}  {:>9}",
+        for_terminal(&r.metric),
+        fmt(r.before),
+        fmt(r.after),
+        paint.p(code, &format!("{change:>14}")),
+        relative
+    );
+}
+
+/// Metrics a side did not measure: no change to show, and not a change from 0.
+fn not_compared(o: &mut String, c: &Comparison) {
     let mut blank = true;
     for side in ["before", "after", "both"] {
         let names: Vec<String> = c
@@ -599,8 +621,10 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
             names.join(", ")
         );
     }
+}
 
-    let _ = writeln!(o);
+/// The findings: resolved, new and still there, with their impact before -> after.
+fn findings(o: &mut String, c: &Comparison, paint: &Paint) {
     let impact = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     if c.findings_resolved.is_empty()
         && c.findings_new.is_empty()
@@ -640,5 +664,4 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
             impact(Some(a.impact))
         );
     }
-    o
 }

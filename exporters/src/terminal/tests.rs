@@ -1,32 +1,5 @@
 use super::*;
-use ethand_snapshot::DropCounter;
-
-#[test]
-fn progress_line_is_rewritten_once_per_second() {
-    let mut p = Progress {
-        label: "measuring pid 42".into(),
-        total_s: 3,
-        shown_s: None,
-        on: false,
-    };
-    let ms = std::time::Duration::from_millis;
-    let lines: Vec<Option<String>> = [250, 900, 1000, 2600, 3100, 3500]
-        .into_iter()
-        .map(|t| p.update(ms(t)))
-        .collect();
-    let want = |s: &str| Some(format!("\r\x1b[Kmeasuring pid 42: {s} s"));
-    assert_eq!(
-        lines,
-        [
-            want("0/3"),
-            None,
-            want("1/3"),
-            want("2/3"),
-            want("3/3"),
-            None
-        ]
-    );
-}
+use ethand_snapshot::{DropCounter, SelfStatus};
 
 fn fixture(name: &str) -> serde_json::Value {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -48,8 +21,7 @@ fn real_h200_snapshots_on_the_terminal() {
             "{label}"
         );
         assert!(
-            !out.chars()
-                .any(|c| c != '\n' && ethand_exporters::text::needs_escape(c)),
+            !out.chars().any(|c| c != '\n' && text::needs_escape(c)),
             "{label}: raw control or hidden characters"
         );
         assert!(
@@ -270,4 +242,28 @@ fn rules_that_could_not_run_are_not_a_clean_bill() {
         .find("NOT EVALUATED (1 rule could not run: a signal was not measured)\nCould not run: launch_bound")
         .expect("not evaluated section");
     assert!(f < n, "{out}");
+}
+
+/// The workload line names pod, container (short id), job and rank of world size.
+#[test]
+fn the_workload_line() {
+    let mut w = WorkloadIdentity {
+        container_runtime: Some("containerd".into()),
+        container_id: Some("0123456789abcdef0123".into()),
+        container: Some("pytorch".into()),
+        pod: Some("trainer-0".into()),
+        namespace: Some("ml".into()),
+        job_id: Some("job-42".into()),
+        rank: Some(3),
+        env: [("WORLD_SIZE".to_string(), "8".to_string())].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        workload(&w),
+        "pod ml/trainer-0 container pytorch (containerd 0123456789ab) job job-42 rank 3/8"
+    );
+    w.rank_source = Some("nccl".into());
+    w.env.clear();
+    assert!(workload(&w).ends_with(" rank 3 (rank from NCCL)"));
+    assert_eq!(workload(&WorkloadIdentity::default()), "unknown");
 }
