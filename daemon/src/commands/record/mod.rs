@@ -146,8 +146,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The recording programs' maps, taken from the loaded object.
+/// The recording programs' maps, taken from the loaded object. Every one is held for the
+/// whole recording, those only written at the start too: a map taken out of the object and
+/// dropped is closed, and a program loaded after that no longer finds it.
 struct RecordMaps {
+    _cfg: Array<MapData, u64>,
+    _ops: Array<MapData, GpuOpDesc>,
     pids: BpfHashMap<MapData, u32, u32>,
     ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
@@ -172,6 +176,8 @@ impl RecordMaps {
             ops.set(i as u32, &s.desc, 0)?;
         }
         Ok(Self {
+            _cfg: rcfg,
+            _ops: ops,
             pids: BpfHashMap::try_from(take("RECORD_PIDS")?)?,
             ring: RingBuf::try_from(take("RECORD_EVENTS")?)?,
             drops: PerCpuArray::try_from(take("RECORD_DROPS")?)?,
