@@ -199,15 +199,14 @@ pub fn render_html(t: &TreeSnapshot) -> String {
         }
     );
     w!(o, "<span>taken <b>{}</b></span>", utc(t.taken_at_unix_ms));
-    let source = if t.source == "standalone" {
-        format!(
+    let source = match t.source {
+        ethand_snapshot::SnapshotSource::Standalone => format!(
             "standalone measurement of <b>{}</b> (no daemon)",
             duration_ns_u(t.measured_ms * 1_000_000)
-        )
-    } else if t.source == "daemon" {
-        "from the <b>ethand daemon</b> (counters since it first saw each process)".into()
-    } else {
-        format!("source <b>{}</b>", escape(&t.source))
+        ),
+        ethand_snapshot::SnapshotSource::Daemon => {
+            "from the <b>ethand daemon</b> (counters since it first saw each process)".into()
+        }
     };
     w!(o, "<span>{source}</span>");
     if !t.devices.hostname.is_empty() {

@@ -35,7 +35,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     let _ = writeln!(
         o,
         "LIFETIME ({})",
-        if t.source == "daemon" {
+        if t.source == ethand_snapshot::SnapshotSource::Daemon {
             "since ethand first saw each process"
         } else {
             "over the measurement"
@@ -63,7 +63,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
 /// Which tree, how it was measured, and who it works for.
 fn header(o: &mut String, t: &TreeSnapshot) {
     let root = &t.processes[0];
-    let what = if t.source == "daemon" {
+    let what = if t.source == ethand_snapshot::SnapshotSource::Daemon {
         "now, then totals since ethand first saw each process".to_string()
     } else {
         format!(

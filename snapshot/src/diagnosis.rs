@@ -3,13 +3,47 @@
 //! [`crate::TreeSnapshot::findings`], ranked by estimated impact.
 use serde::{Deserialize, Serialize};
 
+/// How much a finding matters; serialized as "critical", "warning" or "info".
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Critical,
+    #[default]
+    Warning,
+    Info,
+}
+
+impl Severity {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Severity::Critical => "critical",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
+
+    /// From a rule file's spelling; None for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Severity::Critical, Severity::Warning, Severity::Info]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Finding {
     /// Stable rule id, e.g. "input_pipeline_stall".
     pub id: String,
     pub title: String,
-    /// "critical", "warning" or "info".
-    pub severity: String,
+    pub severity: Severity,
     /// The numbers that fired the rule.
     pub evidence: Vec<Evidence>,
     /// Why this matters, in a sentence or two.

@@ -596,13 +596,31 @@ pub fn bucket_upper_bounds_seconds() -> Vec<f64> {
         .collect()
 }
 
+/// Who measured a tree snapshot; serialized as "daemon" or "standalone".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotSource {
+    /// The running daemon (counters since it first saw each process).
+    #[default]
+    Daemon,
+    /// ethand attached its own probes for `measured_ms` (counters over that time).
+    Standalone,
+}
+
+impl SnapshotSource {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SnapshotSource::Daemon => "daemon",
+            SnapshotSource::Standalone => "standalone",
+        }
+    }
+}
+
 /// `ethand snapshot --pid PID --json`: one process and its descendants.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct TreeSnapshot {
     pub schema_version: u32,
-    /// "daemon": from the running daemon (counters since it first saw each process);
-    /// "standalone": ethand attached its own probes for `measured_ms` (counters over that time).
-    pub source: String,
+    pub source: SnapshotSource,
     pub root_pid: u32,
     pub taken_at_unix_ms: u64,
     pub measured_ms: u64,

@@ -321,7 +321,11 @@ impl Daemon {
                 text(&out.stdout)
             )
         });
-        assert_eq!(t.source, "daemon", "snapshot source with a daemon running");
+        assert_eq!(
+            t.source,
+            ethand_snapshot::SnapshotSource::Daemon,
+            "snapshot source with a daemon running"
+        );
         assert_eq!(t.root_pid, pid);
         t
     }

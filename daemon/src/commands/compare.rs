@@ -163,7 +163,7 @@ mod tests {
         let tree = |level: &str, launches: u64| {
             let mut t = serde_json::to_value(TreeSnapshot {
                 schema_version: 1,
-                source: "standalone".into(),
+                source: ethand_snapshot::SnapshotSource::Standalone,
                 root_pid: 1,
                 measured_ms: 1000,
                 gpu_level: Some(level.into()),

@@ -97,7 +97,7 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
             Finding {
                 id: r.id.clone(),
                 title: r.title.clone(),
-                severity: r.severity.clone(),
+                severity: r.severity,
                 evidence,
                 explanation: r.explanation.clone(),
                 advice: r.advice.clone(),

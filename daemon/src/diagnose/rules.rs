@@ -56,7 +56,7 @@ fn warning() -> String {
 pub struct Rule {
     pub id: String,
     pub title: String,
-    pub severity: String,
+    pub severity: ethand_snapshot::diagnosis::Severity,
     pub when: Expr,
     pub evidence: Vec<String>,
     pub explanation: String,
@@ -107,7 +107,7 @@ pub fn parse_rules(
                 msg: format!("rule {:?}: needs a title and a `when` condition", spec.id),
             });
         }
-        if !["critical", "warning", "info"].contains(&spec.severity.as_str()) {
+        let Some(severity) = ethand_snapshot::diagnosis::Severity::parse(&spec.severity) else {
             return Err(RuleError::Invalid {
                 origin: origin.into(),
                 msg: format!(
@@ -115,7 +115,7 @@ pub fn parse_rules(
                     spec.id, spec.severity
                 ),
             });
-        }
+        };
         let when = expr::parse(&spec.when).map_err(|e| bad("when", e))?;
         let speedup = spec
             .speedup
@@ -148,7 +148,7 @@ pub fn parse_rules(
             Some(Rule {
                 id: spec.id,
                 title: spec.title,
-                severity: spec.severity,
+                severity,
                 when,
                 evidence: spec.evidence,
                 explanation: spec.explanation,

@@ -71,7 +71,7 @@ fn tree(processes: Vec<ProcessSnapshot>) -> TreeSnapshot {
         }
     }
     TreeSnapshot {
-        source: "daemon".into(),
+        source: ethand_snapshot::SnapshotSource::Daemon,
         root_pid: processes[0].pid,
         processes,
         total,
@@ -156,7 +156,7 @@ fn calls_level(
 fn top(t: &TreeSnapshot) -> Option<String> {
     diagnose(t, &rules())
         .into_iter()
-        .find(|f| f.severity != "info")
+        .find(|f| f.severity != ethand_snapshot::diagnosis::Severity::Info)
         .map(|f| f.id)
 }
 

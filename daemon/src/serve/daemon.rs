@@ -750,7 +750,7 @@ pub async fn standalone_snapshot(
         crate::serve::tree::TreeRequest {
             pid,
             window_ms: ms + 1000,
-            source: "standalone",
+            source: ethand_snapshot::SnapshotSource::Standalone,
             measured_ms: ms,
             probes,
             launch_sample,

@@ -16,8 +16,7 @@ pub struct TreeRequest {
     pub pid: u32,
     /// The window of the processes' rates.
     pub window_ms: u64,
-    /// "daemon" or "standalone".
-    pub source: &'static str,
+    pub source: snap::SnapshotSource,
     /// How long a standalone measurement ran (0 for the daemon).
     pub measured_ms: u64,
     /// The probes' status when the snapshot was taken.
@@ -84,7 +83,7 @@ pub fn daemon_snapshot(
         TreeRequest {
             pid,
             window_ms: window_s.clamp(1, u64::MAX / 1000) * 1000,
-            source: "daemon",
+            source: snap::SnapshotSource::Daemon,
             measured_ms: 0,
             probes,
             launch_sample,
@@ -192,7 +191,7 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
     );
     let mut tree = TreeSnapshot {
         schema_version: snap::SCHEMA_VERSION,
-        source: source.into(),
+        source,
         root_pid: pid,
         taken_at_unix_ms: now,
         measured_ms,

@@ -365,7 +365,7 @@ pub(super) fn charts(o: &mut String, t: &TreeSnapshot) {
     let tl: &[TimelinePoint] = &t.timeline;
     o.push_str("<section><h2>Over time</h2>");
     if tl.is_empty() {
-        let why = if t.source == "standalone" {
+        let why = if t.source == ethand_snapshot::SnapshotSource::Standalone {
             "This snapshot was measured by a standalone ethand (no daemon was running), which keeps no per-interval history. Run the daemon (<code>ethand run</code>) and take the snapshot from it to get time-series charts."
         } else {
             "The daemon had no per-interval history for this process tree yet (it was seen for less than two collection intervals). Take the snapshot again a few seconds later to get time-series charts."

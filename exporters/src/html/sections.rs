@@ -4,12 +4,8 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 // Sections.
 
-pub(super) fn severity_class(s: &str) -> &'static str {
-    match s.to_ascii_lowercase().as_str() {
-        "critical" | "error" | "high" => "critical",
-        "warning" | "warn" | "medium" => "warning",
-        _ => "info",
-    }
+pub(super) fn severity_class(s: ethand_snapshot::diagnosis::Severity) -> &'static str {
+    s.as_str()
 }
 
 /// A warning when node-wide losses may have cut the tree's figures.
@@ -75,11 +71,11 @@ pub(super) fn findings(o: &mut String, f: &[Finding], n: &[NotEvaluated]) {
         return;
     }
     for x in f {
-        let cls = severity_class(&x.severity);
+        let cls = severity_class(x.severity);
         w!(
             o,
             "<div class=\"finding {cls}\"><div class=\"fhead\"><span class=\"badge\">{}</span><h3>{}</h3>",
-            escape(&x.severity),
+            escape(x.severity.as_str()),
             escape(&x.title)
         );
         if let Some(s) = x.estimated_speedup.filter(|s| s.is_finite()) {
@@ -142,7 +138,7 @@ pub(super) fn summary(o: &mut String, t: &TreeSnapshot) {
     let tt = &t.total;
     let n = &tt.net;
     o.push_str("<section><h2>Summary</h2><div class=\"tiles\">");
-    let period = if t.source == "standalone" {
+    let period = if t.source == ethand_snapshot::SnapshotSource::Standalone {
         format!("over {}", duration_ns_u(t.measured_ms * 1_000_000))
     } else {
         "since first seen".into()

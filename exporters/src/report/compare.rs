@@ -189,7 +189,7 @@ impl Side<'_> {
 
     fn meta(&self) -> SnapshotMeta {
         SnapshotMeta {
-            source: self.t.source.clone(),
+            source: self.t.source.as_str().to_string(),
             root_pid: self.t.root_pid,
             taken_at_unix_ms: self.t.taken_at_unix_ms,
             measured_ms: self.t.measured_ms,
@@ -649,7 +649,7 @@ fn findings(o: &mut String, c: &Comparison, paint: &Paint) {
             paint.p("31;1", "new:     "),
             for_terminal(&f.title),
             for_terminal(&f.id),
-            for_terminal(&f.severity),
+            for_terminal(f.severity.as_str()),
             impact(Some(f.impact))
         );
     }

@@ -48,7 +48,7 @@ pub(super) fn findings(o: &mut String, f: &[Finding], not_run: &[NotEvaluated]) 
             o,
             "{}. [{}] {}{}",
             i + 1,
-            clean(&x.severity),
+            clean(x.severity.as_str()),
             clean(&x.title),
             gain
         );

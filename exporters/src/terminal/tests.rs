@@ -70,7 +70,7 @@ fn tree_at_calls() -> TreeSnapshot {
         ..Default::default()
     };
     TreeSnapshot {
-        source: "daemon".into(),
+        source: ethand_snapshot::SnapshotSource::Daemon,
         root_pid: 10,
         processes: vec![ProcessSnapshot {
             pid: 10,
@@ -225,7 +225,7 @@ fn rules_that_could_not_run_are_not_a_clean_bill() {
     t.findings = vec![ethand_snapshot::diagnosis::Finding {
         id: "sync_heavy".into(),
         title: "Synchronization heavy".into(),
-        severity: "warning".into(),
+        severity: ethand_snapshot::diagnosis::Severity::Warning,
         explanation: "The host waits.".into(),
         ..Default::default()
     }];

@@ -232,7 +232,7 @@ fn standalone_snapshot_measures_for_the_duration() {
         "observed: source {:?}, measured_ms {}, getpid count {count} (errors {errors}) of {made} made",
         t.source, t.measured_ms
     );
-    assert_eq!(t.source, "standalone");
+    assert_eq!(t.source, ethand_snapshot::SnapshotSource::Standalone);
     assert!(
         t.measured_ms >= 2000,
         "measured_ms {} < 2000",
