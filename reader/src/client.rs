@@ -35,18 +35,28 @@ const MAX_BLAMED: usize = 4096;
 /// Retries of one symbolization after a worker died on a file.
 const RETRIES: usize = 3;
 
+/// Why the reader gave no answer. What the supervisor and the workers say crosses the
+/// boundary as text (`ControlReply::Refused`, `Reply::Error`: their `Refusal` and
+/// `WorkerError` written out); the rest is this side's own view of the exchange.
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
+    /// The supervisor's `ControlReply::Refused`: busy, or the process is gone or unreadable.
     #[error("the reader refused: {0}")]
     Refused(String),
     #[error("the reader did not answer within {0:?}")]
     TimedOut(Duration),
+    /// The worker's session ended mid-request: "parsing FILE (how)" or "reading (how)".
     #[error("the reader ended while {0}")]
     Died(String),
+    /// The worker's `Reply::Error` (the request failed, the worker serves on), or an answer
+    /// of the wrong kind.
     #[error("{0}")]
     Failed(String),
+    #[error("the reader is not running: the supervisor exited ({0})")]
+    SupervisorExited(std::process::ExitStatus),
+    /// The control socket failed (the supervisor is killed: the stream may be out of step).
     #[error("the reader is not running: {0}")]
-    Unavailable(String),
+    Control(#[source] WireError),
     #[error("this session ended earlier")]
     Broken,
 }
@@ -107,9 +117,7 @@ impl Reader {
     pub fn session(&self, pid: u32, start_ticks: Option<u64>) -> Result<Session, ReaderError> {
         let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
         if let Ok(Some(status)) = c.child.try_wait() {
-            return Err(ReaderError::Unavailable(format!(
-                "the supervisor exited ({status})"
-            )));
+            return Err(ReaderError::SupervisorExited(status));
         }
         let deadline = Instant::now() + OPEN_TIMEOUT;
         let sent = proto::send(
@@ -149,7 +157,7 @@ impl Reader {
             Err(e) => {
                 // The control stream may be out of step now: the supervisor is of no more use.
                 let _ = c.child.kill();
-                Err(ReaderError::Unavailable(e.to_string()))
+                Err(ReaderError::Control(e))
             }
         }
     }

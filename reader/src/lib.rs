@@ -24,5 +24,6 @@ mod symbolize;
 mod worker;
 
 pub use client::{Reader, ReaderError, Session, SymbolizeOptions, Symbolized};
+pub use creds::SyscallError;
 pub use proto::{FileId, Owner, SymStack, ThreadStack};
 pub use sandbox::Limits;

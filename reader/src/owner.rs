@@ -5,6 +5,26 @@ use std::io::Read;
 
 use crate::proto::Owner;
 
+/// Why a process cannot be read or asked about: it is gone, another's, or the kernel would
+/// not show it. The same text reaches the daemon from the supervisor (a refused session) and
+/// from a worker (a refused request).
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("process {0} has exited (its pid was reused)")]
+    PidReused(u32),
+    #[error("process {0} has exited")]
+    Exited(u32),
+    /// Its credentials could not be read ([`owner_of`]).
+    #[error("process {pid}: {source}")]
+    Owner { pid: u32, source: std::io::Error },
+    #[error("process {0} belongs to another user than this reader's")]
+    OtherOwner(u32),
+    #[error("cannot read the mappings of process {pid}: {source}")]
+    Mappings { pid: u32, source: std::io::Error },
+    #[error("cannot open the root of process {pid}: {source}")]
+    Root { pid: u32, source: std::io::Error },
+}
+
 /// Most supplementary groups a worker takes on (fewer than the process has only narrows what
 /// the worker may read).
 pub const MAX_GROUPS: usize = 1024;
@@ -57,12 +77,12 @@ pub fn parse_start(stat: &str) -> Option<u64> {
 }
 
 /// Checks that `pid` is still the process that started at `start` (when given).
-pub fn check_start(pid: u32, start: Option<u64>) -> Result<(), String> {
+pub fn check_start(pid: u32, start: Option<u64>) -> Result<(), ProcessError> {
     let Some(want) = start else { return Ok(()) };
     match start_ticks(pid) {
         Some(t) if t == want => Ok(()),
-        Some(_) => Err(format!("process {pid} has exited (its pid was reused)")),
-        None => Err(format!("process {pid} has exited")),
+        Some(_) => Err(ProcessError::PidReused(pid)),
+        None => Err(ProcessError::Exited(pid)),
     }
 }
 
@@ -94,7 +114,14 @@ mod tests {
         assert_eq!(parse_start(s), Some(12345));
         let me = std::process::id();
         assert!(check_start(me, start_ticks(me)).is_ok());
-        assert!(check_start(me, Some(1)).is_err());
+        assert!(matches!(
+            check_start(me, Some(1)),
+            Err(ProcessError::PidReused(p)) if p == me
+        ));
+        assert_eq!(
+            ProcessError::PidReused(7).to_string(),
+            "process 7 has exited (its pid was reused)"
+        );
         assert!(check_start(me, None).is_ok());
     }
 }

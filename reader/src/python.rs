@@ -13,7 +13,41 @@ use std::collections::HashMap;
 use ethand_snapshot::stacks::{Frame, FrameKind, MAX_FRAMES};
 use ethand_userspace_probes::procmaps::{self, ProcMaps};
 
-use crate::proto::{MAX_NAME, MAX_THREADS, ThreadStack, cut};
+use crate::{
+    owner::ProcessError,
+    proto::{MAX_NAME, MAX_THREADS, ThreadStack, cut},
+};
+
+/// Why an interpreter cannot be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error("process {0} is not a Python interpreter (no python binary or libpython mapped)")]
+    NotPython(u32),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("process {pid}: its libpython path has a newline ({name:?}); not read")]
+    NewlineInPath { pid: u32, name: String },
+    #[error("process {pid}: its libpython {name:?} is not read: {source}")]
+    Libpython {
+        pid: u32,
+        name: String,
+        source: procmaps::OpenError,
+    },
+    /// py-spy could not read the interpreter's layout (its error is an `anyhow::Error`).
+    #[error("{}", with_causes(format_args!("cannot read the Python interpreter of process {pid}"), .source))]
+    Open { pid: u32, source: anyhow::Error },
+    #[error("process {0} was not opened")]
+    NotOpened(u32),
+    /// A torn read (the thread moved on while it was read) or a process gone.
+    #[error("{}", with_causes(format_args!("reading the Python stacks of process {pid} failed"), .source))]
+    Read { pid: u32, source: anyhow::Error },
+}
+
+/// `what: ` and py-spy's error with its causes, cut to a bound (the causes name addresses
+/// and files of the process read).
+fn with_causes(what: std::fmt::Arguments<'_>, e: &anyhow::Error) -> String {
+    cut(format!("{what}: {e:#}"), 2 * MAX_NAME)
+}
 
 /// Whether `pid` runs a CPython interpreter: its executable is named python* or it maps
 /// libpython (an embedding program). Cheap enough to ask of every process of a tree.
@@ -45,11 +79,9 @@ pub struct Pythons {
 
 impl Pythons {
     /// Starts reading `pid`'s interpreter; its version ("3.12.3").
-    pub fn open(&mut self, pid: u32) -> Result<String, String> {
+    pub fn open(&mut self, pid: u32) -> Result<String, PythonError> {
         if !looks_like_python(pid) {
-            return Err(format!(
-                "process {pid} is not a Python interpreter (no python binary or libpython mapped)"
-            ));
+            return Err(PythonError::NotPython(pid));
         }
         check_libraries(pid)?;
         let config = py_spy::Config {
@@ -59,29 +91,22 @@ impl Pythons {
             include_idle: true,
             ..py_spy::Config::default()
         };
-        let spy = py_spy::PythonSpy::new(pid as py_spy::Pid, &config).map_err(|e| {
-            cut(
-                format!("cannot read the Python interpreter of process {pid}: {e:#}"),
-                2 * MAX_NAME,
-            )
-        })?;
+        let spy = py_spy::PythonSpy::new(pid as py_spy::Pid, &config)
+            .map_err(|source| PythonError::Open { pid, source })?;
         let version = spy.version.to_string();
         self.spies.insert(pid, spy);
         Ok(version)
     }
 
     /// Every Python thread's stack of `pid` now.
-    pub fn stacks(&mut self, pid: u32) -> Result<Vec<ThreadStack>, String> {
+    pub fn stacks(&mut self, pid: u32) -> Result<Vec<ThreadStack>, PythonError> {
         let spy = self
             .spies
             .get_mut(&pid)
-            .ok_or_else(|| format!("process {pid} was not opened"))?;
-        let traces = spy.get_stack_traces().map_err(|e| {
-            cut(
-                format!("reading the Python stacks of process {pid} failed: {e:#}"),
-                2 * MAX_NAME,
-            )
-        })?;
+            .ok_or(PythonError::NotOpened(pid))?;
+        let traces = spy
+            .get_stack_traces()
+            .map_err(|source| PythonError::Read { pid, source })?;
         Ok(traces
             .into_iter()
             .take(MAX_THREADS)
@@ -108,24 +133,49 @@ impl Pythons {
 }
 
 /// Refuses a process whose libpython py-spy would not open as mapped (see the module doc).
-fn check_libraries(pid: u32) -> Result<(), String> {
+fn check_libraries(pid: u32) -> Result<(), PythonError> {
     let libs = ProcMaps::open(pid)
         .and_then(|mut m| m.files(is_libpython))
-        .map_err(|e| format!("cannot read the mappings of process {pid}: {e}"))?;
+        .map_err(|source| ProcessError::Mappings { pid, source })?;
     if libs.is_empty() {
         return Ok(());
     }
-    let root = procmaps::open_root(pid)
-        .map_err(|e| format!("cannot open the root of process {pid}: {e}"))?;
+    let root = procmaps::open_root(pid).map_err(|source| ProcessError::Root { pid, source })?;
     for v in libs {
         let name = cut(String::from_utf8_lossy(&v.name).into_owned(), MAX_NAME);
         if v.name.contains(&b'\n') {
-            return Err(format!(
-                "process {pid}: its libpython path has a newline ({name:?}); not read"
-            ));
+            return Err(PythonError::NewlineInPath { pid, name });
         }
-        procmaps::open_mapped(&root, &v)
-            .map_err(|e| format!("process {pid}: its libpython {name:?} is not read: {e}"))?;
+        procmaps::open_mapped(&root, &v).map_err(|source| PythonError::Libpython {
+            pid,
+            name,
+            source,
+        })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn py_spy_errors_keep_their_causes_in_a_bounded_message() {
+        let e = PythonError::Open {
+            pid: 7,
+            source: anyhow::anyhow!("no such symbol").context("reading the layout"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot read the Python interpreter of process 7: reading the layout: no such symbol"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        let long = PythonError::Read {
+            pid: 7,
+            source: anyhow::anyhow!("x".repeat(4 * MAX_NAME)),
+        };
+        let text = long.to_string();
+        assert_eq!(text.len(), 2 * MAX_NAME);
+        assert!(text.starts_with("reading the Python stacks of process 7 failed: x"));
+    }
 }

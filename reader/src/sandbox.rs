@@ -23,7 +23,37 @@ use rustix::{
     thread::CapabilitySet,
 };
 
-use crate::proto::Owner;
+use crate::{
+    creds::{SyscallError, call},
+    proto::Owner,
+};
+
+/// Why a worker could not enter its box (it then answers this, and exits).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Call(#[from] SyscallError),
+    #[error("setrlimit {resource:?}: {source}")]
+    Rlimit {
+        resource: Resource,
+        source: rustix::io::Errno,
+    },
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+}
+
+/// Why the seccomp filter was not installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("seccomp: {0}")]
+    Arch(#[source] seccompiler::BackendError),
+    #[error("seccomp filter: {0}")]
+    Filter(#[source] seccompiler::BackendError),
+    #[error("seccomp program: {0}")]
+    Program(#[source] seccompiler::BackendError),
+    #[error("seccomp: {0}")]
+    Apply(#[source] seccompiler::Error),
+}
 
 /// Bounds of every worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,15 +79,15 @@ impl Default for Limits {
 /// Descriptors a worker may hold at once.
 const OPEN_FILES: u64 = 256;
 
-fn rlimit(r: Resource, cur: u64, max: u64) -> Result<(), String> {
+fn rlimit(resource: Resource, cur: u64, max: u64) -> Result<(), SandboxError> {
     rustix::process::setrlimit(
-        r,
+        resource,
         Rlimit {
             current: Some(cur),
             maximum: Some(max),
         },
     )
-    .map_err(|e| format!("setrlimit {r:?}: {e}"))
+    .map_err(|source| SandboxError::Rlimit { resource, source })
 }
 
 /// What [`enter`] could do.
@@ -68,10 +98,10 @@ pub struct Entered {
 }
 
 /// Puts the calling (single-threaded, freshly forked) process in the box, as `owner`.
-pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered, String> {
+pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered, SandboxError> {
     use rustix::thread as t;
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-        .map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
+        .map_err(call("PR_SET_PDEATHSIG"))?;
     // Raising one's own OOM score needs no privilege, but /proc/self of a process that is not
     // dumpable (as the supervisor is not) belongs to root: dumpable for that one write, which
     // comes before RLIMIT_FSIZE (at 0 any write to a file, /proc's included, raises SIGXFSZ).
@@ -79,7 +109,7 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable);
     let _ = std::fs::write("/proc/self/oom_score_adj", b"1000");
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
+        .map_err(call("PR_SET_DUMPABLE"))?;
     rlimit(
         Resource::Data,
         limits.memory_max_bytes,
@@ -93,7 +123,7 @@ pub fn enter(owner: &Owner, limits: &Limits, session_fd: i32) -> Result<Entered,
     rlimit(Resource::Nofile, OPEN_FILES, OPEN_FILES)?;
     rlimit(Resource::Fsize, 0, 0)?;
     rlimit(Resource::Core, 0, 0)?;
-    let caps = t::capabilities(None).map_err(|e| format!("capget: {e}"))?;
+    let caps = t::capabilities(None).map_err(call("capget"))?;
     let can_switch = caps
         .effective
         .contains(CapabilitySet::SETUID | CapabilitySet::SETGID);
@@ -246,10 +276,10 @@ fn allowed(session_fd: i32) -> Vec<(i64, Vec<seccompiler::SeccompRule>)> {
 }
 
 /// Installs the filter: the calls in [`allowed`] pass, every other fails with EPERM.
-pub fn install_seccomp(session_fd: i32) -> Result<(), String> {
+pub fn install_seccomp(session_fd: i32) -> Result<(), SeccompError> {
     let arch: seccompiler::TargetArch = std::env::consts::ARCH
         .try_into()
-        .map_err(|e| format!("seccomp: {e}"))?;
+        .map_err(SeccompError::Arch)?;
     let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
         allowed(session_fd).into_iter().collect();
     let filter = seccompiler::SeccompFilter::new(
@@ -258,9 +288,7 @@ pub fn install_seccomp(session_fd: i32) -> Result<(), String> {
         seccompiler::SeccompAction::Allow,
         arch,
     )
-    .map_err(|e| format!("seccomp filter: {e}"))?;
-    let prog: seccompiler::BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("seccomp program: {e}"))?;
-    seccompiler::apply_filter(&prog).map_err(|e| format!("seccomp: {e}"))
+    .map_err(SeccompError::Filter)?;
+    let prog: seccompiler::BpfProgram = filter.try_into().map_err(SeccompError::Program)?;
+    seccompiler::apply_filter(&prog).map_err(SeccompError::Apply)
 }

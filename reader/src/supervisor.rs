@@ -16,11 +16,45 @@ use std::{
 use rustix::thread::CapabilitySet;
 
 use crate::{
-    owner,
+    creds::{SyscallError, call},
+    owner::{self, ProcessError},
     proto::{self, ControlReply, OpenSession, Owner, WireError},
     sandbox::Limits,
     worker,
 };
+
+/// An argument of `ethand reader` that is not understood.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("bad argument {0:?}")]
+    NotKeyValue(String),
+    #[error("bad number in {arg:?}")]
+    Number {
+        arg: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("bad group in {arg:?}")]
+    Group {
+        arg: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("unknown argument {0:?}")]
+    Unknown(String),
+}
+
+/// Why the supervisor opens no session: the text the daemon gets in
+/// [`ControlReply::Refused`].
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("busy: {0} readers already running (reader.max_workers)")]
+    Busy(usize),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("socketpair: {0}")]
+    SocketPair(#[source] std::io::Error),
+    #[error("fork: {0}")]
+    Fork(#[source] std::io::Error),
+}
 
 /// How the daemon starts the supervisor: its own binary's hidden subcommand and these
 /// arguments; the control socket is its standard input.
@@ -47,16 +81,18 @@ impl Args {
         v
     }
 
-    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, ArgsError> {
         let mut a = Self::default();
         let (mut uid, mut gid, mut groups) = (None, None, Vec::new());
         for arg in args {
-            let (k, v) = arg
-                .split_once('=')
-                .ok_or_else(|| format!("bad argument {arg:?}"))?;
+            let Some((k, v)) = arg.split_once('=') else {
+                return Err(ArgsError::NotKeyValue(arg));
+            };
             let num = || {
-                v.parse::<u64>()
-                    .map_err(|_| format!("bad number in {arg:?}"))
+                v.parse::<u64>().map_err(|source| ArgsError::Number {
+                    arg: arg.clone(),
+                    source,
+                })
             };
             match k {
                 "--memory-max" => a.limits.memory_max_bytes = num()?,
@@ -68,10 +104,15 @@ impl Args {
                     groups = v
                         .split(',')
                         .filter(|s| !s.is_empty())
-                        .map(|s| s.parse().map_err(|_| format!("bad group in {arg:?}")))
+                        .map(|s| {
+                            s.parse().map_err(|source| ArgsError::Group {
+                                arg: arg.clone(),
+                                source,
+                            })
+                        })
                         .collect::<Result<_, _>>()?
                 }
-                _ => return Err(format!("unknown argument {arg:?}")),
+                _ => return Err(ArgsError::Unknown(arg)),
             }
         }
         if let (Some(u), Some(g)) = (uid, gid) {
@@ -87,9 +128,9 @@ fn kept() -> CapabilitySet {
 }
 
 /// Reduces the supervisor to [`kept`] (those of them it holds), as `user` when given.
-fn reduce(user: Option<&(u32, u32, Vec<u32>)>) -> Result<(), String> {
+fn reduce(user: Option<&(u32, u32, Vec<u32>)>) -> Result<(), SyscallError> {
     use rustix::thread as t;
-    let caps = t::capabilities(None).map_err(|e| format!("capget: {e}"))?;
+    let caps = t::capabilities(None).map_err(call("capget"))?;
     let keep = caps.permitted & kept();
     if caps.effective.contains(CapabilitySet::SETPCAP) {
         for cap in 0..=63u32 {
@@ -162,7 +203,10 @@ pub fn main(args: Args) -> u8 {
                 Err(_) => return 0,
             };
         reap(&mut workers);
-        let (reply, fd) = open(&req, &args.limits, &mut workers, &control);
+        let (reply, fd) = match open(&req, &args.limits, &mut workers, &control) {
+            Ok((opened, fd)) => (opened, Some(fd)),
+            Err(refusal) => (ControlReply::Refused(refusal.to_string()), None),
+        };
         let sent = proto::send_with_fd(&mut control, &reply, fd.as_ref().map(|f| f.as_fd()));
         drop(fd);
         if sent.is_err() {
@@ -181,37 +225,23 @@ fn reap(workers: &mut Vec<i32>) {
     });
 }
 
+/// Forks a worker for the owner of the process `req` names: the reply to send (`Opened`)
+/// and the daemon's end of its session.
 fn open(
     req: &OpenSession,
     limits: &Limits,
     workers: &mut Vec<i32>,
     control: &UnixStream,
-) -> (ControlReply, Option<OwnedFd>) {
+) -> Result<(ControlReply, OwnedFd), Refusal> {
     if workers.len() >= limits.max_workers as usize {
-        return (
-            ControlReply::Refused(format!(
-                "busy: {} readers already running (reader.max_workers)",
-                workers.len()
-            )),
-            None,
-        );
+        return Err(Refusal::Busy(workers.len()));
     }
-    let owner = match owner::owner_of(req.pid) {
-        Ok(o) => o,
-        Err(e) => {
-            return (
-                ControlReply::Refused(format!("process {}: {e}", req.pid)),
-                None,
-            );
-        }
-    };
-    if let Err(e) = owner::check_start(req.pid, req.start_ticks) {
-        return (ControlReply::Refused(e), None);
-    }
-    let (mine, theirs) = match UnixStream::pair() {
-        Ok(p) => p,
-        Err(e) => return (ControlReply::Refused(format!("socketpair: {e}")), None),
-    };
+    let owner = owner::owner_of(req.pid).map_err(|source| ProcessError::Owner {
+        pid: req.pid,
+        source,
+    })?;
+    owner::check_start(req.pid, req.start_ticks)?;
+    let (mine, theirs) = UnixStream::pair().map_err(Refusal::SocketPair)?;
     let as_owner = rustix::thread::capabilities(None).is_ok_and(|c| {
         c.effective
             .contains(CapabilitySet::SETUID | CapabilitySet::SETGID)
@@ -220,10 +250,7 @@ fn open(
     // its sandbox and serves its socket.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return (
-            ControlReply::Refused(format!("fork: {}", std::io::Error::last_os_error())),
-            None,
-        );
+        return Err(Refusal::Fork(std::io::Error::last_os_error()));
     }
     if pid == 0 {
         drop(mine);
@@ -232,14 +259,14 @@ fn open(
     }
     drop(theirs);
     workers.push(pid);
-    (
+    Ok((
         ControlReply::Opened {
             worker_pid: pid as u32,
             owner,
             as_owner,
         },
-        Some(OwnedFd::from(mine)),
-    )
+        OwnedFd::from(mine),
+    ))
 }
 
 /// In a new worker: closes every descriptor but the session (standard error stays for the
@@ -283,7 +310,20 @@ mod tests {
             },
         };
         assert_eq!(Args::parse(a.to_args()).unwrap(), a);
-        assert!(Args::parse(["--nope=1".to_string()]).is_err());
-        assert!(Args::parse(["--uid=x".to_string()]).is_err());
+        assert!(matches!(
+            Args::parse(["--nope=1".to_string()]),
+            Err(ArgsError::Unknown(_))
+        ));
+        let bad = Args::parse(["--uid=x".to_string()]).unwrap_err();
+        assert!(matches!(bad, ArgsError::Number { .. }));
+        assert_eq!(bad.to_string(), r#"bad number in "--uid=x""#);
+        assert!(matches!(
+            Args::parse(["--groups=1,x".to_string()]),
+            Err(ArgsError::Group { .. })
+        ));
+        assert!(matches!(
+            Args::parse(["--uid".to_string()]),
+            Err(ArgsError::NotKeyValue(_))
+        ));
     }
 }

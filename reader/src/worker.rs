@@ -5,13 +5,32 @@
 use std::os::unix::net::UnixStream;
 
 use crate::{
-    owner,
+    elf::CatalogError,
+    owner::{self, ProcessError},
     proto::{self, FileId, MAX_LINES, Owner, Reply, Request},
-    python::Pythons,
-    sandbox::{self, Limits},
+    python::{PythonError, Pythons},
+    sandbox::{self, Limits, SandboxError},
     source::{self, Roots},
     symbolize,
 };
+
+/// Why a worker answers a request with an error. It crosses to the daemon as
+/// [`Reply::Error`] holding its text (the daemon's `ReaderError::Failed`).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The worker's first and last answer.
+    #[error("the reader could not enter its sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// Source lines asked of a process whose root cannot be opened.
+    #[error("cannot open the root of process {pid}")]
+    SourceRoot { pid: u32, source: std::io::Error },
+    #[error(transparent)]
+    Python(#[from] PythonError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
 
 /// Longest deadline a request may ask for.
 pub const MAX_DEADLINE_MS: u64 = 60_000;
@@ -23,11 +42,8 @@ pub fn run(mut session: UnixStream, owner: Owner, limits: &Limits) -> ! {
     let entered = match sandbox::enter(&owner, limits, session.as_raw_fd()) {
         Ok(e) => e,
         Err(e) => {
-            let _ = proto::send(
-                &mut session,
-                &Reply::Error(format!("the reader could not enter its sandbox: {e}")),
-                None,
-            );
+            let e = WorkerError::from(e);
+            let _ = proto::send(&mut session, &Reply::Error(e.to_string()), None);
             exit(1);
         }
     };
@@ -37,7 +53,8 @@ pub fn run(mut session: UnixStream, owner: Owner, limits: &Limits) -> ! {
             Ok(r) => r,
             Err(_) => exit(0),
         };
-        let reply = serve(req, &owner, entered.as_owner, &mut pythons, &mut session);
+        let reply = serve(req, &owner, entered.as_owner, &mut pythons, &mut session)
+            .unwrap_or_else(|e| Reply::Error(e.to_string()));
         sandbox::deadline(None);
         if proto::send(&mut session, &reply, None).is_err() {
             exit(0);
@@ -51,14 +68,12 @@ fn exit(code: i32) -> ! {
 }
 
 /// Checks that `pid` is the process asked about and belongs to this worker's owner.
-fn check(pid: u32, start: Option<u64>, owner: &Owner) -> Result<(), String> {
+fn check(pid: u32, start: Option<u64>, owner: &Owner) -> Result<(), ProcessError> {
     owner::check_start(pid, start)?;
     match owner::owner_of(pid) {
         Ok(o) if o == *owner => Ok(()),
-        Ok(_) => Err(format!(
-            "process {pid} belongs to another user than this reader's"
-        )),
-        Err(e) => Err(format!("process {pid}: {e}")),
+        Ok(_) => Err(ProcessError::OtherOwner(pid)),
+        Err(source) => Err(ProcessError::Owner { pid, source }),
     }
 }
 
@@ -68,7 +83,7 @@ fn serve(
     as_owner: bool,
     pythons: &mut Pythons,
     session: &mut UnixStream,
-) -> Reply {
+) -> Result<Reply, WorkerError> {
     let arm = |ms: u64| sandbox::deadline(Some(ms.clamp(1, MAX_DEADLINE_MS)));
     match req {
         Request::Symbolize {
@@ -82,9 +97,7 @@ fn serve(
             deadline_ms,
         } => {
             arm(deadline_ms);
-            if let Err(e) = check(pid, start_ticks, owner) {
-                return Reply::Error(e);
-            }
+            check(pid, start_ticks, owner)?;
             let job = symbolize::Job {
                 pid,
                 stacks,
@@ -104,10 +117,8 @@ fn serve(
                     None,
                 );
             };
-            match symbolize::run(job, &mut tell) {
-                Ok((stacks, notes)) => Reply::Symbolized { stacks, notes },
-                Err(e) => Reply::Error(e),
-            }
+            let (stacks, notes) = symbolize::run(job, &mut tell)?;
+            Ok(Reply::Symbolized { stacks, notes })
         }
         Request::SourceLines {
             pid,
@@ -116,16 +127,12 @@ fn serve(
             deadline_ms,
         } => {
             arm(deadline_ms);
-            if let Err(e) = check(pid, start_ticks, owner) {
-                return Reply::Error(e);
-            }
+            check(pid, start_ticks, owner)?;
             if !as_owner {
-                return Reply::Lines(vec![None; lines.len().min(MAX_LINES)]);
+                return Ok(Reply::Lines(vec![None; lines.len().min(MAX_LINES)]));
             }
-            let Ok(roots) = Roots::of(pid) else {
-                return Reply::Error(format!("cannot open the root of process {pid}"));
-            };
-            Reply::Lines(
+            let roots = Roots::of(pid).map_err(|source| WorkerError::SourceRoot { pid, source })?;
+            Ok(Reply::Lines(
                 lines
                     .iter()
                     .take(MAX_LINES)
@@ -136,7 +143,7 @@ fn serve(
                             .flatten()
                     })
                     .collect(),
-            )
+            ))
         }
         Request::PythonOpen {
             pid,
@@ -144,13 +151,9 @@ fn serve(
             deadline_ms,
         } => {
             arm(deadline_ms);
-            if let Err(e) = check(pid, start_ticks, owner) {
-                return Reply::Error(e);
-            }
-            match pythons.open(pid) {
-                Ok(version) => Reply::PythonOpened { version },
-                Err(e) => Reply::Error(e),
-            }
+            check(pid, start_ticks, owner)?;
+            let version = pythons.open(pid)?;
+            Ok(Reply::PythonOpened { version })
         }
         Request::ElfSymbols {
             pid,
@@ -162,10 +165,8 @@ fn serve(
             deadline_ms,
         } => {
             arm(deadline_ms);
-            if pid != 0
-                && let Err(e) = check(pid, None, owner)
-            {
-                return Reply::Error(e);
+            if pid != 0 {
+                check(pid, None, owner)?;
             }
             let vma = ethand_userspace_probes::procmaps::Vma {
                 start: 0,
@@ -177,21 +178,38 @@ fn serve(
                 executable: true,
                 name: path,
             };
-            match crate::elf::catalog_symbols(pid, &vma, runtime) {
-                Ok((file, symbols, functions)) => Reply::ElfSymbols {
-                    file,
-                    symbols,
-                    functions,
-                },
-                Err(e) => Reply::Error(e),
-            }
+            let (file, symbols, functions) = crate::elf::catalog_symbols(pid, &vma, runtime)?;
+            Ok(Reply::ElfSymbols {
+                file,
+                symbols,
+                functions,
+            })
         }
         Request::PythonStacks { pid, deadline_ms } => {
             arm(deadline_ms);
-            match pythons.stacks(pid) {
-                Ok(s) => Reply::PythonStacks(s),
-                Err(e) => Reply::Error(e),
-            }
+            Ok(Reply::PythonStacks(pythons.stacks(pid)?))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_of_another_owner_is_refused_with_the_same_text() {
+        let me = std::process::id();
+        let mine = owner::owner_of(me).unwrap();
+        assert!(check(me, owner::start_ticks(me), &mine).is_ok());
+        let other = Owner {
+            uid: mine.uid.wrapping_add(1),
+            ..mine.clone()
+        };
+        let e = check(me, None, &other).unwrap_err();
+        assert!(matches!(e, ProcessError::OtherOwner(p) if p == me), "{e:?}");
+        assert_eq!(
+            WorkerError::from(e).to_string(),
+            format!("process {me} belongs to another user than this reader's")
+        );
     }
 }

@@ -10,6 +10,10 @@ use object::{
     read::elf::{ElfFile64, FileHeader as _, ProgramHeader as _, Sym as _},
 };
 
+/// Why bytes are not an ELF file [`SymbolTable::parse`] can read: which structure is
+/// malformed.
+pub use object::read::Error as ParseError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
     #[error("cannot read {path}: {source}")]
@@ -17,8 +21,8 @@ pub enum ElfError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{path} is not a 64-bit ELF shared object: {detail}")]
-    Parse { path: String, detail: String },
+    #[error("{path} is not a 64-bit ELF shared object: {source}")]
+    Parse { path: String, source: ParseError },
 }
 
 /// Why a wanted symbol cannot be probed.
@@ -61,20 +65,21 @@ impl SymbolTable {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&data).map_err(|detail| ElfError::Parse {
+        Self::parse(&data).map_err(|source| ElfError::Parse {
             path: path.display().to_string(),
-            detail,
+            source,
         })
     }
 
-    pub fn parse(data: &[u8]) -> Result<Self, String> {
+    /// The file's symbols; the error says which of its structures is malformed.
+    pub fn parse(data: &[u8]) -> Result<Self, ParseError> {
         Self::parse_filtered(data, |_| true)
     }
 
     /// As [`SymbolTable::parse`], keeping only the names `keep` wants: memory bounded by what
     /// the caller asks for, however many symbols the file claims.
-    pub fn parse_filtered(data: &[u8], keep: impl Fn(&str) -> bool) -> Result<Self, String> {
-        let file = ElfFile64::<object::Endianness>::parse(data).map_err(|e| e.to_string())?;
+    pub fn parse_filtered(data: &[u8], keep: impl Fn(&str) -> bool) -> Result<Self, ParseError> {
+        let file = ElfFile64::<object::Endianness>::parse(data)?;
         let endian = file.endian();
         let mut out = Self::default();
         for ph in file.elf_program_headers() {
@@ -84,8 +89,8 @@ impl SymbolTable {
             }
         }
         let header = file.elf_header();
-        let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
-        let versions = sections.versions(endian, data).map_err(|e| e.to_string())?;
+        let sections = header.sections(endian, data)?;
+        let versions = sections.versions(endian, data)?;
         // .dynsym first: it is what the dynamic linker uses; .symtab (rarely present in
         // shipped libraries) only adds names.
         for (table, is_dyn) in [
@@ -215,6 +220,19 @@ mod tests {
         t.segments.push((0x1000, 0x200, 0x100));
         t.funcs.insert("inside".into(), (0x1010, false));
         assert_eq!(t.resolve(["inside"])[0].1, Ok(0x210));
+    }
+
+    #[test]
+    fn a_file_that_is_not_elf_is_refused_with_its_cause() {
+        let e = SymbolTable::read(Path::new("/proc/self/status")).unwrap_err();
+        assert!(matches!(e, ElfError::Parse { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("/proc/self/status is not a 64-bit ELF shared object: "),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(SymbolTable::parse(b"\x7fELF").is_err());
     }
 
     #[test]
