@@ -9,7 +9,10 @@
 use std::{
     fs,
     io::Write,
-    os::unix::{ffi::OsStrExt, fs::PermissionsExt},
+    os::unix::{
+        ffi::OsStrExt,
+        fs::{MetadataExt, PermissionsExt},
+    },
     path::{Path, PathBuf},
     process::{Command, Stdio},
     thread,
@@ -1121,12 +1124,17 @@ fn level_switches_lose_no_call_and_are_roots_to_make() {
         &["wait_stdin", "sync stream 50000", "wait_stdin"],
     );
     drv.wait_for("waiting");
+    // This driver's library file (by inode), not any library: another test's process may map
+    // a copy of its own, attached first, while this one's calls would go unprobed.
+    let inode = std::fs::metadata(s.path(Lib::Cuda))
+        .expect("stand-in libcuda")
+        .ino();
     let t0 = Instant::now();
     while !d
         .status()
         .gpu_libraries
         .iter()
-        .any(|l| l.state == ProbeState::Attached)
+        .any(|l| l.inode == inode && l.state == ProbeState::Attached)
     {
         assert!(t0.elapsed() < Duration::from_secs(15), "not attached");
         thread::sleep(Duration::from_millis(100));
