@@ -42,7 +42,7 @@ fn tree() -> TreeSnapshot {
     root.cgroup = "/kubepods/pod-a&b\"c'".into();
     TreeSnapshot {
         schema_version: 1,
-        source: "daemon".into(),
+        source: ethand_snapshot::SnapshotSource::Daemon,
         root_pid: 4242,
         taken_at_unix_ms: 1_790_000_000_000,
         measured_ms: 0,
@@ -262,7 +262,7 @@ fn findings_come_first_with_severity_evidence_advice_and_speedup() {
         Finding {
             id: "input_pipeline_stall".into(),
             title: "GPU waits for the input pipeline".into(),
-            severity: "critical".into(),
+            severity: ethand_snapshot::diagnosis::Severity::Critical,
             evidence: vec![
                 Evidence {
                     signal: "gpu.sync_blocked_ratio".into(),
@@ -284,7 +284,7 @@ fn findings_come_first_with_severity_evidence_advice_and_speedup() {
         Finding {
             id: "runq".into(),
             title: "CPU oversubscribed".into(),
-            severity: "warning".into(),
+            severity: ethand_snapshot::diagnosis::Severity::Warning,
             estimated_speedup: None,
             impact: 0.1,
             ..Default::default()
@@ -438,7 +438,7 @@ fn rules_that_could_not_run_replace_the_green_card() {
     t.findings = vec![Finding {
         id: "runq".into(),
         title: "CPU oversubscribed".into(),
-        severity: "warning".into(),
+        severity: ethand_snapshot::diagnosis::Severity::Warning,
         impact: 0.1,
         ..Default::default()
     }];

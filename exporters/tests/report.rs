@@ -70,7 +70,7 @@ fn finding(id: &str, title: &str, impact: f64) -> Finding {
     Finding {
         id: id.into(),
         title: title.into(),
-        severity: "warning".into(),
+        severity: ethand_snapshot::diagnosis::Severity::Warning,
         impact,
         ..Default::default()
     }

@@ -187,7 +187,7 @@ fn compare_refuses_files_that_are_not_snapshots() {
         &good.0,
         serde_json::to_string(&TreeSnapshot {
             schema_version: 1,
-            source: "daemon".into(),
+            source: ethand_snapshot::SnapshotSource::Daemon,
             ..Default::default()
         })
         .unwrap(),
