@@ -358,7 +358,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         crate::serve::web_config::WebConfig::default()
     };
     // Found before any BPF work: a user that does not exist is a configuration error.
-    let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
+    let run_as =
+        crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(|e| UsageError(e.to_string()))?;
     let fd_limit = crate::serve::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
     // Again: one started while this one loaded its probes.
