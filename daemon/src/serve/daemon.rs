@@ -159,7 +159,7 @@ impl Engine {
         let req = self.shared.level_request.lock().expect("lock").take();
         if let Some((level, reply)) = req {
             let r = self.gpu.set_level(&mut self.loaded.ebpf, level);
-            let _ = reply.try_send(r);
+            let _ = reply.try_send(r.map_err(|e| e.to_string()));
         }
         // Attach to runtime libraries loaded since the last rescan before reading the maps.
         let hints = self.syscalls_attached.then_some(&mut self.maps_changed);
