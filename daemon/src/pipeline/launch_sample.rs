@@ -8,7 +8,7 @@
 use std::{
     collections::HashMap,
     num::NonZeroU32,
-    path::PathBuf,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -205,7 +205,7 @@ impl LaunchSampler {
     fn attach(
         &mut self,
         ebpf: &mut Ebpf,
-        path: &PathBuf,
+        path: &Path,
         offsets: &[u64],
         pid: NonZeroU32,
     ) -> Result<UProbeLinkId, SampleAttachError> {

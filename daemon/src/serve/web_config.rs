@@ -36,8 +36,9 @@ use tokio_rustls::{TlsAcceptor, rustls};
 #[error("web config {path}: {problem}")]
 pub struct WebConfigError {
     pub path: String,
+    /// Boxed: rustls' error and two paths would make every `Result` of `load` large.
     #[source]
-    pub problem: WebConfigProblem,
+    pub problem: Box<WebConfigProblem>,
 }
 
 /// What is wrong in a web-config file; the certificate and key files are named as resolved
@@ -148,7 +149,7 @@ impl WebConfig {
         }
         let err = |problem: WebConfigProblem| WebConfigError {
             path: path.display().to_string(),
-            problem,
+            problem: Box::new(problem),
         };
         let text = std::fs::read_to_string(path)
             .map_err(|source| err(WebConfigProblem::Read { source }))?;
@@ -320,7 +321,7 @@ mod tests {
         let missing = WebConfig::load(Path::new("/nonexistent/web.yml"))
             .err()
             .expect("absent");
-        assert!(matches!(missing.problem, WebConfigProblem::Read { .. }));
+        assert!(matches!(*missing.problem, WebConfigProblem::Read { .. }));
         assert!(
             missing
                 .source()
