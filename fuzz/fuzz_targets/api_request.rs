@@ -4,7 +4,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(msg) = ethand::api::parse_request(data) {
+    if let Err(e) = ethand::api::parse_request(data) {
+        let msg = e.to_string();
         assert!(msg.starts_with("bad request: "), "{msg}");
     }
 });

@@ -6,7 +6,10 @@
 //! shown as not measured on that side, never as a change from 0 (`ComparedRow::not_measured`).
 //! Files written before launches became optional say 0 there; [`load`] reads that 0 as not
 //! measured.
-use std::{io::IsTerminal as _, path::Path};
+use std::{
+    io::IsTerminal as _,
+    path::{Path, PathBuf},
+};
 
 use ethand_exporters::report;
 use ethand_snapshot::TreeSnapshot;
@@ -23,9 +26,35 @@ pub enum Format {
 /// Largest snapshot file read (a snapshot is a few KB per process).
 const MAX_FILE: u64 = 256 << 20;
 
-/// Reads one snapshot file ("-": standard input), at most [`MAX_FILE`] bytes; the error names
-/// the file and, for bad JSON, the line and column.
-pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
+/// Why a saved snapshot file could not be used; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is larger than {} MiB: not an ethand snapshot", .path.display(), MAX_FILE >> 20)]
+    TooLarge { path: PathBuf },
+    /// Not JSON, or JSON of another shape; serde's error has the line and column.
+    #[error(
+        "{} is not an ethand snapshot (the output of `ethand snapshot --pid PID --json`): {source}",
+        .path.display()
+    )]
+    NotSnapshot {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{} has snapshot schema version {found}; this ethand reads version {} and older",
+        .path.display(),
+        ethand_snapshot::SCHEMA_VERSION
+    )]
+    NewerSchema { path: PathBuf, found: u32 },
+}
+
+/// Reads one snapshot file ("-": standard input), at most [`MAX_FILE`] bytes.
+pub fn load(path: &Path) -> Result<TreeSnapshot, SnapshotFileError> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
     let read = if path == Path::new("-") {
@@ -33,27 +62,23 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, String> {
     } else {
         std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut bytes))
     };
-    read.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!(
-            "{} is larger than {} MiB: not an ethand snapshot",
-            path.display(),
-            MAX_FILE >> 20
-        ));
-    }
-    let t: TreeSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
-        format!(
-            "{} is not an ethand snapshot (the output of `ethand snapshot --pid PID --json`): {e}",
-            path.display()
-        )
+    read.map_err(|source| SnapshotFileError::Read {
+        path: path.into(),
+        source,
     })?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(SnapshotFileError::TooLarge { path: path.into() });
+    }
+    let t: TreeSnapshot =
+        serde_json::from_slice(&bytes).map_err(|source| SnapshotFileError::NotSnapshot {
+            path: path.into(),
+            source,
+        })?;
     if t.schema_version > ethand_snapshot::SCHEMA_VERSION {
-        return Err(format!(
-            "{} has snapshot schema version {}; this ethand reads version {} and older",
-            path.display(),
-            t.schema_version,
-            ethand_snapshot::SCHEMA_VERSION
-        ));
+        return Err(SnapshotFileError::NewerSchema {
+            path: path.into(),
+            found: t.schema_version,
+        });
     }
     let mut t = t;
     launches_zero_as_not_measured(&mut t);
@@ -144,6 +169,47 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, serde_json::to_vec(v).unwrap()).unwrap();
         p
+    }
+
+    /// Each refusal names the file; serde's and the OS's errors stay as the source.
+    #[test]
+    fn refusals_name_the_file_and_keep_the_cause() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let newer = serde_json::to_value(TreeSnapshot {
+            schema_version: ethand_snapshot::SCHEMA_VERSION + 1,
+            ..Default::default()
+        })
+        .unwrap();
+        let p = write(dir.path(), "newer.json", &newer);
+        assert_eq!(
+            load(&p).unwrap_err().to_string(),
+            format!(
+                "{} has snapshot schema version {}; this ethand reads version {} and older",
+                p.display(),
+                ethand_snapshot::SCHEMA_VERSION + 1,
+                ethand_snapshot::SCHEMA_VERSION
+            )
+        );
+        let p = dir.path().join("garbage.json");
+        std::fs::write(&p, "not json").unwrap();
+        let e = load(&p).unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "{} is not an ethand snapshot (the output of `ethand snapshot --pid PID --json`): expected",
+                p.display()
+            )),
+            "{e}"
+        );
+        assert!(e.source().unwrap().is::<serde_json::Error>());
+        let p = dir.path().join("missing.json");
+        let e = load(&p).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot read {}: ", p.display())),
+            "{e}"
+        );
+        assert!(e.source().unwrap().is::<std::io::Error>());
     }
 
     /// A file from before launches were optional (0 at level `calls`) against one at level

@@ -1,7 +1,26 @@
 //! What the kernel's answer to loading or attaching a BPF program means: the error told in
 //! one line (aya keeps the verifier log in the source chain), and classified by the errno
-//! the kernel returned, never by its text.
+//! the kernel returned, never by its text. Also the one error of taking a map out of the
+//! object ([`MapSetupError`]), shared by the subsystems that own maps.
 use std::error::Error;
+
+/// A map of the BPF object that a subsystem could not take or set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MapSetupError {
+    #[error("the BPF object has no {0} map")]
+    Missing(&'static str),
+    /// aya refused the map (another type or size) or the kernel refused a write.
+    #[error("{}", error_chain(source))]
+    Map {
+        #[from]
+        source: aya::maps::MapError,
+    },
+}
+
+/// Takes the map `name` out of the object (a map is taken once, by its owner).
+pub fn take_map(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<aya::maps::Map, MapSetupError> {
+    ebpf.take_map(name).ok_or(MapSetupError::Missing(name))
+}
 
 /// Why a program could not be loaded or attached, by the kernel's errno.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +148,21 @@ mod tests {
         );
         let e = Wrapped(std::io::Error::from_raw_os_error(libc::EINVAL));
         assert!(!BpfFailure::of(&e).message.contains("CAP_BPF"));
+    }
+
+    /// A map error keeps aya's error, and so the errno, as its source.
+    #[test]
+    fn map_errors_keep_their_source() {
+        let e = MapSetupError::from(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_update_elem",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        }));
+        assert_eq!(Refusal::of(&e), Refusal::Denied);
+        assert_eq!(e.to_string(), error_chain(&e));
+        assert_eq!(
+            MapSetupError::Missing("GPU_OPS").to_string(),
+            "the BPF object has no GPU_OPS map"
+        );
     }
 
     /// aya's errors keep the OS error in their chain (`SyscallError`'s `io_error`), which is

@@ -17,7 +17,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, StackTraceMap},
     programs::{
-        BtfTracePoint, PerfEvent,
+        BtfTracePoint, PerfEvent, ProgramError,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
@@ -34,7 +34,7 @@ use ethand_snapshot::stacks::{
 use tracing::{debug, warn};
 
 use crate::pipeline::{
-    bpf_error::error_chain,
+    bpf_error::{MapSetupError, error_chain, take_map},
     procinfo::{self, monotonic_ns, unix_ms},
     reader::ReaderHandle,
     stack_sample::top,
@@ -95,6 +95,23 @@ struct Active {
     reply: std::sync::mpsc::SyncSender<Raw>,
 }
 
+/// Why the profile's programs could not be attached (the profile is refused with it).
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileAttachError {
+    /// The online CPUs could not be read (`what`: the file).
+    #[error("{what}: {source}")]
+    OnlineCpus {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("program missing")]
+    ProgramMissing,
+    #[error("{}", error_chain(source))]
+    NotPerfEvent { source: ProgramError },
+    #[error("perf event on CPU {cpu}: {}", error_chain(source))]
+    PerfEvent { cpu: u32, source: ProgramError },
+}
+
 pub struct CpuProfiler {
     rate_hz: u32,
     offcpu_min_ns: u64,
@@ -132,25 +149,21 @@ impl CpuProfiler {
             }
             Ok(why) => me.offcpu_error = why.clone(),
         }
-        let r = (|| -> Result<Maps, String> {
-            let mut take = |name: &str| {
-                ebpf.take_map(name)
-                    .ok_or_else(|| format!("the BPF object has no {name} map"))
-            };
-            let e = |e: aya::maps::MapError| error_chain(&e);
+        let r = (|| -> Result<Maps, MapSetupError> {
+            let mut take = |name| take_map(ebpf, name);
             Ok(Maps {
-                pids: BpfHashMap::try_from(take("PROFILE_PIDS")?).map_err(e)?,
-                counts: BpfHashMap::try_from(take("PROFILE_COUNTS")?).map_err(e)?,
-                off: BpfHashMap::try_from(take("PROFILE_OFF")?).map_err(e)?,
-                stacks: StackTraceMap::try_from(take("PROFILE_STACKS")?).map_err(e)?,
-                drops: PerCpuArray::try_from(take("PROFILE_DROPS")?).map_err(e)?,
+                pids: BpfHashMap::try_from(take("PROFILE_PIDS")?)?,
+                counts: BpfHashMap::try_from(take("PROFILE_COUNTS")?)?,
+                off: BpfHashMap::try_from(take("PROFILE_OFF")?)?,
+                stacks: StackTraceMap::try_from(take("PROFILE_STACKS")?)?,
+                drops: PerCpuArray::try_from(take("PROFILE_DROPS")?)?,
             })
         })();
         match r {
             Ok(m) => me.maps = Some(m),
             Err(e) => {
                 warn!(error = %e, "CPU profiles unavailable");
-                me.error = Some(e);
+                me.error = Some(e.to_string());
             }
         }
         me
@@ -267,13 +280,14 @@ impl CpuProfiler {
         });
     }
 
-    fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), String> {
-        let cpus = aya::util::online_cpus().map_err(|(what, e)| format!("{what}: {e}"))?;
+    fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), ProfileAttachError> {
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, source)| ProfileAttachError::OnlineCpus { what, source })?;
         let p: &mut PerfEvent = ebpf
             .program_mut(PROG_CPU)
-            .ok_or("program missing")?
+            .ok_or(ProfileAttachError::ProgramMissing)?
             .try_into()
-            .map_err(|e: aya::programs::ProgramError| error_chain(&e))?;
+            .map_err(|source| ProfileAttachError::NotPerfEvent { source })?;
         for cpu in cpus {
             match p.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -286,7 +300,7 @@ impl CpuProfiler {
                     for l in self.perf_links.drain(..) {
                         let _ = p.detach(l);
                     }
-                    return Err(format!("perf event on CPU {cpu}: {}", error_chain(&e)));
+                    return Err(ProfileAttachError::PerfEvent { cpu, source: e });
                 }
             }
         }

@@ -17,8 +17,31 @@ pub enum KernelError {
     NoBtf { file: String, kernel: String },
     #[error("tracepoint {0} not found (no {1})")]
     NoTracepoint(String, String),
-    #[error("tracepoint format {path}: {reason}")]
-    Format { path: String, reason: String },
+    #[error("tracepoint format {path}: {source}")]
+    Format { path: String, source: FormatError },
+}
+
+/// Why a tracefs `format` file could not be read as fields; `line` is the trimmed line.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("bad offset in {line:?}: {source}")]
+    BadOffset {
+        line: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("bad size in {line:?}: {source}")]
+    BadSize {
+        line: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("no declaration in {line:?}")]
+    NoDeclaration { line: String },
+    #[error("no field name in {line:?}")]
+    NoFieldName { line: String },
+    #[error("missing offset/size in {line:?}")]
+    NoOffsetOrSize { line: String },
+    #[error("no fields")]
+    NoFields,
 }
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -354,7 +377,7 @@ pub struct Field {
 ///
 /// Lines look like `\tfield:unsigned int prev_state;\toffset:24;\tsize:4;\tsigned:0;`;
 /// array fields (`char rwbs[8]`) are keyed by their name without the brackets.
-pub fn parse_format(text: &str) -> Result<HashMap<String, Field>, String> {
+pub fn parse_format(text: &str) -> Result<HashMap<String, Field>, FormatError> {
     let mut fields = HashMap::new();
     for line in text.lines() {
         let line = line.trim();
@@ -367,33 +390,33 @@ pub fn parse_format(text: &str) -> Result<HashMap<String, Field>, String> {
         for part in rest.split(';') {
             let part = part.trim();
             if let Some(v) = part.strip_prefix("offset:") {
-                offset = Some(
-                    v.parse::<u32>()
-                        .map_err(|e| format!("bad offset in {line:?}: {e}"))?,
-                );
+                offset = Some(v.parse::<u32>().map_err(|source| FormatError::BadOffset {
+                    line: line.into(),
+                    source,
+                })?);
             } else if let Some(v) = part.strip_prefix("size:") {
-                size = Some(
-                    v.parse::<u32>()
-                        .map_err(|e| format!("bad size in {line:?}: {e}"))?,
-                );
+                size = Some(v.parse::<u32>().map_err(|source| FormatError::BadSize {
+                    line: line.into(),
+                    source,
+                })?);
             } else if decl.is_none() && !part.is_empty() && !part.contains(':') {
                 decl = Some(part);
             }
         }
-        let decl = decl.ok_or_else(|| format!("no declaration in {line:?}"))?;
+        let decl = decl.ok_or_else(|| FormatError::NoDeclaration { line: line.into() })?;
         let name = decl
             .split_whitespace()
             .last()
             .map(|n| n.split('[').next().unwrap_or(n).trim_start_matches('*'))
             .filter(|n| !n.is_empty())
-            .ok_or_else(|| format!("no field name in {line:?}"))?;
+            .ok_or_else(|| FormatError::NoFieldName { line: line.into() })?;
         let (Some(offset), Some(size)) = (offset, size) else {
-            return Err(format!("missing offset/size in {line:?}"));
+            return Err(FormatError::NoOffsetOrSize { line: line.into() });
         };
         fields.insert(name.to_string(), Field { offset, size });
     }
     if fields.is_empty() {
-        return Err("no fields".into());
+        return Err(FormatError::NoFields);
     }
     Ok(fields)
 }
@@ -439,7 +462,7 @@ pub fn tracepoint_fields(group_event: &str) -> Result<HashMap<String, Field>, Ke
     let path = format!("{}/events/{group_event}/format", tracefs_root());
     let text = fs::read_to_string(&path)
         .map_err(|_| KernelError::NoTracepoint(group_event.into(), path.clone()))?;
-    parse_format(&text).map_err(|reason| KernelError::Format { path, reason })
+    parse_format(&text).map_err(|source| KernelError::Format { path, source })
 }
 
 #[cfg(test)]
@@ -515,9 +538,17 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
 
     #[test]
     fn rejects_garbage() {
-        assert!(parse_format("").is_err());
-        assert!(parse_format("field:int x;\toffset:abc;\tsize:4;").is_err());
-        assert!(parse_format("field:int x;\tsize:4;").is_err());
+        assert!(matches!(parse_format(""), Err(FormatError::NoFields)));
+        let e = parse_format("field:int x;\toffset:abc;\tsize:4;").unwrap_err();
+        assert!(matches!(e, FormatError::BadOffset { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "bad offset in \"field:int x;\\toffset:abc;\\tsize:4;\": invalid digit found in string"
+        );
+        assert!(matches!(
+            parse_format("field:int x;\tsize:4;"),
+            Err(FormatError::NoOffsetOrSize { .. })
+        ));
     }
 
     #[test]

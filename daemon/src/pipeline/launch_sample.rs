@@ -8,7 +8,7 @@
 use std::{
     collections::HashMap,
     num::NonZeroU32,
-    path::PathBuf,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -16,7 +16,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        UProbe,
+        ProgramError, UProbe,
         uprobe::{UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -24,9 +24,9 @@ use ethand_snapshot::gpu::{LaunchSample, LaunchSampleProcess};
 use tracing::{debug, warn};
 
 use crate::pipeline::{
-    bpf_error::error_chain,
+    bpf_error::{error_chain, take_map},
     gpu::GpuProbes,
-    uprobes::{self, UprobeError},
+    uprobes::{self, UprobeSetupError},
 };
 
 pub const PROG: &str = "gpu_launch_sample";
@@ -58,6 +58,16 @@ struct Active {
 
 type LinkKey = ((String, u64), u32);
 
+/// Why the sample program could not be attached to a library file of a process; told
+/// without the program's name (the note is the sample's).
+#[derive(Debug, thiserror::Error)]
+pub enum SampleAttachError {
+    #[error("sample program missing")]
+    Missing,
+    #[error("{}", error_chain(source))]
+    Program { source: ProgramError },
+}
+
 pub struct LaunchSampler {
     prog: &'static str,
     counts: Option<BpfHashMap<MapData, u32, u64>>,
@@ -77,19 +87,15 @@ impl LaunchSampler {
             links: HashMap::new(),
             active: Vec::new(),
         };
-        let r = (|| -> Result<BpfHashMap<MapData, u32, u64>, String> {
-            uprobes::load(ebpf, prog).map_err(|e| e.to_string())?;
-            BpfHashMap::try_from(
-                ebpf.take_map("LAUNCH_SAMPLE")
-                    .ok_or("the BPF object has no LAUNCH_SAMPLE map")?,
-            )
-            .map_err(|e| error_chain(&e))
+        let r = (|| -> Result<BpfHashMap<MapData, u32, u64>, UprobeSetupError> {
+            uprobes::load(ebpf, prog)?;
+            Ok(BpfHashMap::try_from(take_map(ebpf, "LAUNCH_SAMPLE")?)?)
         })();
         match r {
             Ok(m) => me.counts = Some(m),
             Err(e) => {
                 warn!(error = %e, "on-demand launch sampling unavailable");
-                me.error = Some(e);
+                me.error = Some(e.to_string());
             }
         }
         me
@@ -199,18 +205,18 @@ impl LaunchSampler {
     fn attach(
         &mut self,
         ebpf: &mut Ebpf,
-        path: &PathBuf,
+        path: &Path,
         offsets: &[u64],
         pid: NonZeroU32,
-    ) -> Result<UProbeLinkId, String> {
+    ) -> Result<UProbeLinkId, SampleAttachError> {
         let points: Vec<UProbeAttachPoint> = offsets
             .iter()
             .map(|off| uprobes::at_offset(*off, None))
             .collect();
         uprobes::attach(ebpf, self.prog, path, points, UProbeScope::OneProcess(pid)).map_err(|e| {
-            match e {
-                UprobeError::Missing(_) => "sample program missing".to_string(),
-                e => e.detail(),
+            match e.into_program_error() {
+                None => SampleAttachError::Missing,
+                Some(source) => SampleAttachError::Program { source },
             }
         })
     }

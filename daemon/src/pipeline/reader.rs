@@ -31,7 +31,7 @@ impl ReaderHandle {
         let user = match RunAs::lookup(&cfg.daemon.user) {
             Ok(u) => u.map(|u| (u.uid, u.gid, u.groups)),
             Err(e) => {
-                return Self::unavailable(cfg, e);
+                return Self::unavailable(cfg, e.to_string());
             }
         };
         let args = Args {

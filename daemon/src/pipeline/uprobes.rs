@@ -14,7 +14,7 @@ use aya::{
     },
 };
 
-use crate::pipeline::bpf_error::error_chain;
+use crate::pipeline::bpf_error::{MapSetupError, error_chain};
 
 pub const ENTRY_PROG: &str = "gpu_enter";
 pub const RETURN_PROG: &str = "gpu_return";
@@ -78,17 +78,35 @@ pub enum UprobeError {
     Missing(&'static str),
     /// The program is not a uprobe program.
     #[error("{}", error_chain(.0))]
-    NotUprobe(ProgramError),
+    NotUprobe(#[source] ProgramError),
     #[error("loading {prog}: {}", error_chain(error))]
     Load {
         prog: &'static str,
+        #[source]
         error: ProgramError,
     },
     #[error("{prog}: {}", error_chain(error))]
     Attach {
         prog: &'static str,
+        #[source]
         error: ProgramError,
     },
+}
+
+/// Why a subsystem on uprobes (the GPU probes, the launch sample) could not set up its
+/// programs and maps at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum UprobeSetupError {
+    #[error(transparent)]
+    Map(#[from] MapSetupError),
+    #[error(transparent)]
+    Program(#[from] UprobeError),
+}
+
+impl From<aya::maps::MapError> for UprobeSetupError {
+    fn from(source: aya::maps::MapError) -> Self {
+        Self::Map(source.into())
+    }
 }
 
 impl UprobeError {

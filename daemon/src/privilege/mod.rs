@@ -123,14 +123,16 @@ pub struct RunAs {
 }
 
 impl RunAs {
-    /// `name` from the user database; None for "" (stay who we are). The error is the
-    /// message for `daemon.user`.
-    pub fn lookup(name: &str) -> Result<Option<Self>, String> {
+    /// `name` from the user database; None for "" (stay who we are). The error's text is
+    /// the message for `daemon.user`.
+    pub fn lookup(name: &str) -> Result<Option<Self>, UserLookupError> {
         if name.is_empty() {
             return Ok(None);
         }
-        let cname = std::ffi::CString::new(name)
-            .map_err(|_| format!("daemon.user = {name:?} is not a user name"))?;
+        let cname = std::ffi::CString::new(name).map_err(|source| UserLookupError::NotAName {
+            name: name.into(),
+            source,
+        })?;
         let mut buf = vec![0 as libc::c_char; 16 * 1024];
         // SAFETY: getpwnam_r with a zeroed passwd, our buffer and its length; the fields used
         // are copied out before the buffer goes.
@@ -145,9 +147,11 @@ impl RunAs {
                 &mut out,
             );
             if rc != 0 || out.is_null() {
-                return Err(format!(
-                    "daemon.user = {name:?}: no such user (create it, e.g. useradd --system --no-create-home --shell /usr/sbin/nologin {name}, or set daemon.user = \"\")"
-                ));
+                return Err(UserLookupError::NoSuchUser {
+                    name: name.into(),
+                    // rc is the errno of a failed lookup; 0 with no entry: not there.
+                    source: (rc != 0).then(|| std::io::Error::from_raw_os_error(rc)),
+                });
             }
             (pw.pw_uid, pw.pw_gid)
         };
@@ -171,6 +175,24 @@ impl RunAs {
     pub fn describe(&self) -> String {
         format!("{} (uid {}, gid {})", self.name, self.uid, self.gid)
     }
+}
+
+/// Why `daemon.user` names no user to become.
+#[derive(Debug, thiserror::Error)]
+pub enum UserLookupError {
+    #[error("daemon.user = {name:?} is not a user name")]
+    NotAName {
+        name: String,
+        source: std::ffi::NulError,
+    },
+    /// Not in the user database, or the lookup failed (`source`: its errno).
+    #[error(
+        "daemon.user = {name:?}: no such user (create it, e.g. useradd --system --no-create-home --shell /usr/sbin/nologin {name}, or set daemon.user = \"\")"
+    )]
+    NoSuchUser {
+        name: String,
+        source: Option<std::io::Error>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

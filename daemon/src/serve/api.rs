@@ -53,20 +53,30 @@ pub enum Response {
 /// Largest request accepted (bytes): requests are tiny.
 const MAX_REQUEST: usize = 64 * 1024;
 
+/// Why a request line was refused. The text is the error line sent back to the client.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("bad request: longer than {MAX_REQUEST} bytes (one JSON object per line)")]
+    TooLong,
+    #[error("bad request: not UTF-8 text: {source}")]
+    NotUtf8 { source: std::str::Utf8Error },
+    #[error("bad request: empty request (expected one JSON object per line)")]
+    Empty,
+    #[error("bad request: {source}")]
+    Json { source: serde_json::Error },
+}
+
 /// Parses one request line as read from the socket (at most `MAX_REQUEST` + 1 bytes, the
-/// final newline included). The error is the message sent back to the client.
-pub fn parse_request(line: &[u8]) -> Result<Request, String> {
+/// final newline included).
+pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
     if line.len() > MAX_REQUEST {
-        return Err(format!(
-            "bad request: longer than {MAX_REQUEST} bytes (one JSON object per line)"
-        ));
+        return Err(RequestError::TooLong);
     }
-    let text =
-        std::str::from_utf8(line).map_err(|e| format!("bad request: not UTF-8 text: {e}"))?;
+    let text = std::str::from_utf8(line).map_err(|source| RequestError::NotUtf8 { source })?;
     if text.trim().is_empty() {
-        return Err("bad request: empty request (expected one JSON object per line)".into());
+        return Err(RequestError::Empty);
     }
-    serde_json::from_str(text).map_err(|e| format!("bad request: {e}"))
+    serde_json::from_str(text).map_err(|source| RequestError::Json { source })
 }
 
 /// Creates the socket, owned by root and `group`, mode 0660; with `group` empty, missing or
@@ -226,7 +236,7 @@ async fn handle(
                         TIMEOUT.as_secs()
                     ))),
                 },
-                Err(msg) => Arc::new(error_line(&msg)),
+                Err(e) => Arc::new(error_line(&e.to_string())),
             }
         }
     };
@@ -588,14 +598,18 @@ mod tests {
             ),
             (b"{\"cmd\":\"snap", "EOF"),
         ] {
-            let e = parse_request(bad).unwrap_err();
+            let e = parse_request(bad).unwrap_err().to_string();
             assert!(
                 e.starts_with("bad request: ") && e.contains(want),
                 "{bad:?}: {e}"
             );
         }
         let long = vec![b' '; MAX_REQUEST + 1];
-        assert!(parse_request(&long).unwrap_err().contains("longer than"));
+        assert!(matches!(parse_request(&long), Err(RequestError::TooLong)));
+        assert_eq!(
+            parse_request(&long).unwrap_err().to_string(),
+            format!("bad request: longer than {MAX_REQUEST} bytes (one JSON object per line)")
+        );
     }
 
     /// The reply line is allocated once at its final size (no doubling of a 30 MB buffer),

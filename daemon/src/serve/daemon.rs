@@ -159,7 +159,7 @@ impl Engine {
         let req = self.shared.level_request.lock().expect("lock").take();
         if let Some((level, reply)) = req {
             let r = self.gpu.set_level(&mut self.loaded.ebpf, level);
-            let _ = reply.try_send(r);
+            let _ = reply.try_send(r.map_err(|e| e.to_string()));
         }
         // Attach to runtime libraries loaded since the last rescan before reading the maps.
         let hints = self.syscalls_attached.then_some(&mut self.maps_changed);
@@ -358,7 +358,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         crate::serve::web_config::WebConfig::default()
     };
     // Found before any BPF work: a user that does not exist is a configuration error.
-    let run_as = crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(UsageError)?;
+    let run_as =
+        crate::privilege::RunAs::lookup(&cfg.daemon.user).map_err(|e| UsageError(e.to_string()))?;
     let fd_limit = crate::serve::connlimit::raise_nofile_limit();
     let mut engine = Engine::start(&cfg)?;
     // Again: one started while this one loaded its probes.

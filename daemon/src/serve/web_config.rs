@@ -31,11 +31,54 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use serde::Deserialize;
 use tokio_rustls::{TlsAcceptor, rustls};
 
+/// A web-config file that cannot be used: the file, and what is wrong in it.
 #[derive(Debug, thiserror::Error)]
-#[error("web config {path}: {message}")]
+#[error("web config {path}: {problem}")]
 pub struct WebConfigError {
     pub path: String,
-    pub message: String,
+    /// Boxed: rustls' error and two paths would make every `Result` of `load` large.
+    #[source]
+    pub problem: Box<WebConfigProblem>,
+}
+
+/// What is wrong in a web-config file; the certificate and key files are named as resolved
+/// (relative to the web-config file's directory).
+#[derive(Debug, thiserror::Error)]
+pub enum WebConfigProblem {
+    #[error("cannot read: {source}")]
+    Read { source: std::io::Error },
+    /// Not YAML, or a key exporter-toolkit or ethand does not know.
+    #[error("{source}")]
+    Yaml { source: serde_yaml_ng::Error },
+    #[error("basic_auth_users.{user}: not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")]
+    NotBcrypt { user: String },
+    #[error("tls_server_config.cert_file {}: {source}", .file.display())]
+    CertFile {
+        file: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("tls_server_config.cert_file {}: no certificate in the file", .file.display())]
+    NoCertificate { file: PathBuf },
+    #[error("tls_server_config.key_file {}: {source}", .file.display())]
+    KeyFile {
+        file: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("tls_server_config.min_version {given:?}: ethand supports \"TLS12\" and \"TLS13\"")]
+    MinVersion { given: String },
+    #[error("tls_server_config: {source}")]
+    Protocols { source: rustls::Error },
+    /// rustls refused the pair (the key does not match the certificate, or a bad key).
+    #[error(
+        "tls_server_config: certificate {} and key {}: {source}",
+        .cert_file.display(),
+        .key_file.display()
+    )]
+    CertAndKey {
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        source: rustls::Error,
+    },
 }
 
 /// The file as exporter-toolkit defines it; the parts ethand implements. Any other key is an
@@ -104,21 +147,21 @@ impl WebConfig {
         if path.as_os_str().is_empty() {
             return Ok(Self::default());
         }
-        let err = |message: String| WebConfigError {
+        let err = |problem: WebConfigProblem| WebConfigError {
             path: path.display().to_string(),
-            message,
+            problem: Box::new(problem),
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| err(WebConfigProblem::Read { source }))?;
         let file: WebConfigFile = if text.trim().is_empty() {
             WebConfigFile::default()
         } else {
-            serde_yaml_ng::from_str(&text).map_err(|e| err(e.to_string()))?
+            serde_yaml_ng::from_str(&text)
+                .map_err(|source| err(WebConfigProblem::Yaml { source }))?
         };
         for (user, hash) in &file.basic_auth_users {
             if hash.parse::<bcrypt::HashParts>().is_err() {
-                return Err(err(format!(
-                    "basic_auth_users.{user}: not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')"
-                )));
+                return Err(err(WebConfigProblem::NotBcrypt { user: user.clone() }));
             }
         }
         let base = path.parent().unwrap_or(Path::new("."));
@@ -161,41 +204,38 @@ impl WebConfig {
     }
 }
 
-fn tls_acceptor(t: &TlsServerConfig, base: &Path) -> Result<TlsAcceptor, String> {
+fn tls_acceptor(t: &TlsServerConfig, base: &Path) -> Result<TlsAcceptor, WebConfigProblem> {
     let cert_file = base.join(&t.cert_file);
     let key_file = base.join(&t.key_file);
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
         .and_then(|it| it.collect::<Result<_, _>>())
-        .map_err(|e| format!("tls_server_config.cert_file {}: {e}", cert_file.display()))?;
+        .map_err(|source| WebConfigProblem::CertFile {
+            file: cert_file.clone(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "tls_server_config.cert_file {}: no certificate in the file",
-            cert_file.display()
-        ));
+        return Err(WebConfigProblem::NoCertificate { file: cert_file });
     }
-    let key = PrivateKeyDer::from_pem_file(&key_file)
-        .map_err(|e| format!("tls_server_config.key_file {}: {e}", key_file.display()))?;
+    let key =
+        PrivateKeyDer::from_pem_file(&key_file).map_err(|source| WebConfigProblem::KeyFile {
+            file: key_file.clone(),
+            source,
+        })?;
     let versions: &[&rustls::SupportedProtocolVersion] = match t.min_version.as_deref() {
         None | Some("TLS12") => &[&rustls::version::TLS13, &rustls::version::TLS12],
         Some("TLS13") => &[&rustls::version::TLS13],
-        Some(v) => {
-            return Err(format!(
-                "tls_server_config.min_version {v:?}: ethand supports \"TLS12\" and \"TLS13\""
-            ));
-        }
+        Some(v) => return Err(WebConfigProblem::MinVersion { given: v.into() }),
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
-        .map_err(|e| format!("tls_server_config: {e}"))?
+        .map_err(|source| WebConfigProblem::Protocols { source })?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| {
-            format!(
-                "tls_server_config: certificate {} and key {}: {e}",
-                cert_file.display(),
-                key_file.display()
-            )
+        .map_err(|source| WebConfigProblem::CertAndKey {
+            cert_file,
+            key_file,
+            source,
         })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
@@ -272,6 +312,38 @@ mod tests {
         );
         let e = WebConfig::load(&p).err().expect("missing cert").to_string();
         assert!(e.contains("/nonexistent.crt"), "{e}");
+    }
+
+    /// The text names what is wrong; the OS's error stays as the source.
+    #[test]
+    fn refusals_keep_their_text_and_cause() {
+        use std::error::Error as _;
+        let missing = WebConfig::load(Path::new("/nonexistent/web.yml"))
+            .err()
+            .expect("absent");
+        assert!(matches!(*missing.problem, WebConfigProblem::Read { .. }));
+        assert!(
+            missing
+                .source()
+                .unwrap()
+                .source()
+                .unwrap()
+                .is::<std::io::Error>()
+        );
+        let e = WebConfigProblem::MinVersion {
+            given: "TLS11".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "tls_server_config.min_version \"TLS11\": ethand supports \"TLS12\" and \"TLS13\""
+        );
+        let e = WebConfigProblem::NotBcrypt {
+            user: "alice".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "basic_auth_users.alice: not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')"
+        );
     }
 
     #[test]

@@ -118,8 +118,24 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
 /// Longest recording: a timeline of hours is gigabytes no viewer opens.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
+/// Why `--duration` was refused; `text` is the value as given, trimmed.
+#[derive(Debug, thiserror::Error)]
+pub enum DurationError {
+    #[error(
+        "{text:?} is longer than ethand record allows ({} h)",
+        MAX_DURATION.as_secs() / 3600
+    )]
+    TooLong { text: String },
+    /// Not a number (`source`), or not a positive finite one.
+    #[error("{text:?} is not a duration like 10s, 500ms or 2m")]
+    NotADuration {
+        text: String,
+        source: Option<std::num::ParseFloatError>,
+    },
+}
+
 /// "10", "10s", "500ms", "2m", "1.5s", "1h"; at most [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1e-3)
@@ -136,13 +152,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Ok(v) if v > 0.0 && v.is_finite() => Duration::try_from_secs_f64(v * mult)
             .ok()
             .filter(|d| *d <= MAX_DURATION)
-            .ok_or_else(|| {
-                format!(
-                    "{s:?} is longer than ethand record allows ({} h)",
-                    MAX_DURATION.as_secs() / 3600
-                )
-            }),
-        _ => Err(format!("{s:?} is not a duration like 10s, 500ms or 2m")),
+            .ok_or_else(|| DurationError::TooLong { text: s.into() }),
+        parsed => Err(DurationError::NotADuration {
+            text: s.into(),
+            source: parsed.err(),
+        }),
     }
 }
 

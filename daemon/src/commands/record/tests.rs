@@ -19,6 +19,14 @@ fn durations_parse_within_an_hour() {
     ] {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
+    assert_eq!(
+        parse_duration(" 61m ").unwrap_err().to_string(),
+        "\"61m\" is longer than ethand record allows (1 h)"
+    );
+    assert_eq!(
+        parse_duration("x").unwrap_err().to_string(),
+        "\"x\" is not a duration like 10s, 500ms or 2m"
+    );
 }
 
 fn s(f: impl FnOnce(&mut Vec<u8>)) -> String {

@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -20,7 +21,7 @@ use ethand_common::{
 use ethand_reader::FileId;
 use ethand_snapshot::{GpuLibraryStatus, ProbeState, ProbeStatus, gpu as g};
 use ethand_userspace_probes::{
-    MappedLibrary, Runtime,
+    DiscoveryError, MappedLibrary, Runtime,
     catalog::{CATALOG, CatalogSymbols, Category},
     discover,
 };
@@ -29,9 +30,9 @@ use tracing::{info, warn};
 use crate::{
     config::{Config, GpuLevel},
     pipeline::{
-        bpf_error::error_chain,
+        bpf_error::{error_chain, take_map},
         reader::ReaderHandle,
-        uprobes::{self, LibraryLinks, Side, UprobeError},
+        uprobes::{self, LibraryLinks, Side, UprobeError, UprobeSetupError},
     },
 };
 
@@ -61,6 +62,26 @@ struct Lib {
     mapped: MappedLibrary,
 }
 
+/// Why the level could not be switched.
+#[derive(Debug, thiserror::Error)]
+pub enum SetLevelError {
+    /// The programs were never loaded (the start-up error, kept).
+    #[error("GPU/NPU uprobes unavailable: {0}")]
+    Unavailable(#[source] Arc<UprobeSetupError>),
+    #[error("cannot switch the probes' generation: {}", error_chain(source))]
+    Generation { source: aya::maps::MapError },
+}
+
+/// Why the launches of a process cannot be counted by a launch sample.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchPointsError {
+    #[error("cannot read its mappings: {source}")]
+    Mappings { source: DiscoveryError },
+    /// A runtime library it maps has not been probed yet.
+    #[error("{} is mapped but not probed yet (found at the next rescan)", .path.display())]
+    NotProbedYet { path: PathBuf },
+}
+
 pub struct GpuProbes {
     level: GpuLevel,
     runtimes: Vec<Runtime>,
@@ -69,7 +90,7 @@ pub struct GpuProbes {
     /// Keyed by (dev, inode).
     libs: BTreeMap<(String, u64), Lib>,
     /// Why the programs could not be loaded (then nothing attaches).
-    load_error: Option<String>,
+    load_error: Option<Arc<UprobeSetupError>>,
     progs: Progs,
     scanner: MapsScanner,
     /// Processes whose maps were read in the last full scan (rescanned each interval, since
@@ -123,7 +144,7 @@ impl GpuProbes {
             Ok(generation) => me.generation_map = Some(generation),
             Err(e) => {
                 warn!(error = %e, "GPU/NPU uprobes unavailable");
-                me.load_error = Some(e);
+                me.load_error = Some(Arc::new(e));
             }
         }
         me
@@ -133,23 +154,15 @@ impl GpuProbes {
         self.progs
     }
 
-    fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<Array<MapData, u64>, String> {
-        let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(
-            ebpf.take_map("GPU_OPS")
-                .ok_or("the BPF object has no GPU_OPS map")?,
-        )
-        .map_err(|e| error_chain(&e))?;
+    fn prepare(ebpf: &mut Ebpf, progs: Progs) -> Result<Array<MapData, u64>, UprobeSetupError> {
+        let mut ops: Array<MapData, GpuOpDesc> = Array::try_from(take_map(ebpf, "GPU_OPS")?)?;
         for (i, s) in CATALOG.iter().enumerate() {
-            ops.set(i as u32, &s.desc, 0).map_err(|e| error_chain(&e))?;
+            ops.set(i as u32, &s.desc, 0)?;
         }
-        let mut generation: Array<MapData, u64> = Array::try_from(
-            ebpf.take_map("GPU_GEN")
-                .ok_or("the BPF object has no GPU_GEN map")?,
-        )
-        .map_err(|e| error_chain(&e))?;
-        generation.set(0, &0, 0).map_err(|e| error_chain(&e))?;
+        let mut generation: Array<MapData, u64> = Array::try_from(take_map(ebpf, "GPU_GEN")?)?;
+        generation.set(0, &0, 0)?;
         for name in [progs.entry, progs.ret] {
-            uprobes::load(ebpf, name).map_err(|e| e.to_string())?;
+            uprobes::load(ebpf, name)?;
         }
         Ok(generation)
     }
@@ -301,9 +314,10 @@ impl GpuProbes {
     /// Switches the level live without losing or doubling a call: the new level's links are
     /// attached first under a new generation (they do not count yet), the generation is
     /// made active in one map write, and only then are the old links detached.
-    pub fn set_level(&mut self, ebpf: &mut Ebpf, level: GpuLevel) -> Result<String, String> {
+    /// The Ok message is for the API client.
+    pub fn set_level(&mut self, ebpf: &mut Ebpf, level: GpuLevel) -> Result<String, SetLevelError> {
         if let Some(e) = &self.load_error {
-            return Err(format!("GPU/NPU uprobes unavailable: {e}"));
+            return Err(SetLevelError::Unavailable(e.clone()));
         }
         let old = self.level;
         let generation = (self.generation + 1) & GPU_GEN_MASK;
@@ -329,9 +343,8 @@ impl GpuProbes {
         }
         // From here on only the new links count.
         if let Some(m) = &mut self.generation_map {
-            m.set(0, &generation, 0).map_err(|e| {
-                format!("cannot switch the probes' generation: {}", error_chain(&e))
-            })?;
+            m.set(0, &generation, 0)
+                .map_err(|source| SetLevelError::Generation { source })?;
         }
         self.generation = generation;
         self.level = level;
@@ -367,8 +380,8 @@ impl GpuProbes {
 
     /// Where the kernel launches of `pid` can be counted: per probed library file it maps,
     /// the path to attach through and the file offsets of its launch symbols.
-    pub fn launch_points(&self, pid: u32) -> Result<Vec<LaunchPoints>, String> {
-        let libs = discover(pid).map_err(|e| format!("cannot read its mappings: {e}"))?;
+    pub fn launch_points(&self, pid: u32) -> Result<Vec<LaunchPoints>, LaunchPointsError> {
+        let libs = discover(pid).map_err(|source| LaunchPointsError::Mappings { source })?;
         let mut out: Vec<LaunchPoints> = Vec::new();
         for lib in libs {
             let key = (lib.dev(), lib.inode);
@@ -377,10 +390,7 @@ impl GpuProbes {
             }
             let Some(l) = self.libs.get(&key) else {
                 if self.runtimes.contains(&lib.runtime) {
-                    return Err(format!(
-                        "{} is mapped but not probed yet (found at the next rescan)",
-                        lib.path.display()
-                    ));
+                    return Err(LaunchPointsError::NotProbedYet { path: lib.path });
                 }
                 continue;
             };
@@ -434,7 +444,7 @@ impl GpuProbes {
                 } else if self.level == GpuLevel::System {
                     (ProbeState::Disabled, "gpu.level = system".into())
                 } else if let Some(e) = &self.load_error {
-                    (ProbeState::Failed, e.clone())
+                    (ProbeState::Failed, e.to_string())
                 } else if mine.is_empty() {
                     (
                         ProbeState::Waiting,
