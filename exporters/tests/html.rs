@@ -118,7 +118,8 @@ fn user_controlled_strings_are_escaped_everywhere() {
     t.findings = vec![Finding {
         id: EVIL.into(),
         title: EVIL.into(),
-        severity: EVIL.into(),
+        // A typed severity: no text of a process reaches it.
+        severity: ethand_snapshot::diagnosis::Severity::Critical,
         evidence: vec![Evidence {
             signal: EVIL.into(),
             value: 1.0,
@@ -246,7 +247,7 @@ fn one_point_and_zero_intervals_do_not_break_charts() {
 #[test]
 fn empty_timeline_shows_a_note_instead_of_charts() {
     let mut t = tree();
-    t.source = "standalone".into();
+    t.source = ethand_snapshot::SnapshotSource::Standalone;
     t.measured_ms = 5000;
     let h = render_html(&t);
     assert!(h.contains("No time series"));

@@ -187,7 +187,10 @@ fn tree(source: &str, measured_ms: u64, processes: Vec<ProcessSnapshot>) -> Tree
     }
     TreeSnapshot {
         schema_version: SCHEMA_VERSION,
-        source: source.into(),
+        source: match source {
+            "standalone" => ethand_snapshot::SnapshotSource::Standalone,
+            _ => ethand_snapshot::SnapshotSource::Daemon,
+        },
         root_pid: processes.first().map_or(0, |p| p.pid),
         taken_at_unix_ms: 1_764_000_000_000,
         measured_ms,
