@@ -43,11 +43,7 @@ pub async fn run(
         .collect();
     // Only the uprobe programs are needed: every tracepoint family off.
     let mut c = cfg.clone();
-    c.probes.sched = false;
-    c.probes.syscalls = false;
-    c.probes.block = false;
-    c.probes.net = false;
-    c.probes.lifecycle = false;
+    c.probes.turn_families_off();
     let mut loaded = loader::load(&c)?;
     let mut ops: Array<MapData, GpuOpDesc> =
         Array::try_from(loaded.ebpf.take_map("GPU_OPS").context("GPU_OPS map")?)?;

@@ -229,6 +229,18 @@ pub struct ProbesConfig {
     pub tracepoints: BTreeMap<String, String>,
 }
 
+impl ProbesConfig {
+    /// Every tracepoint family off: for the commands that load the object for their own
+    /// programs only (`record`, `survey`).
+    pub fn turn_families_off(&mut self) {
+        self.sched = false;
+        self.syscalls = false;
+        self.block = false;
+        self.net = false;
+        self.lifecycle = false;
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MapsConfig {

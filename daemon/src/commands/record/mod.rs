@@ -334,11 +334,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     // process's owner.
     let reader = ReaderHandle::start(cfg);
     let mut c = cfg.clone();
-    c.probes.sched = false;
-    c.probes.syscalls = false;
-    c.probes.block = false;
-    c.probes.net = false;
-    c.probes.lifecycle = false;
+    c.probes.turn_families_off();
     // Samples of a whole recording keep their stacks: room for many more than a snapshot's.
     c.maps.profile_stacks = RECORD_STACKS;
     let mut loaded = loader::load_with(&c, ethand_common::RECORD_RINGBUF_BYTES)?;
