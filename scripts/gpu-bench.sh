@@ -23,7 +23,7 @@
 # DDP_ROUNDS, SEG_S, DDP_SEG_S, MODES, DDP_MODES, WORKERS, SKIP=single,ddp, BPF_STATS
 # (daemon.bpf_stats during the timed segments, default off), SINGLE_SHARE (fraction of the
 # budget for the single-GPU run when DDP follows, default 0.55), EXTRA_ARGS (more flags for
-# train_bench.py run), SPEED_REF (host speed reference processes, default 0), DRY_RUN=1
+# train_bench.py run), GPU_EXTRA (lines added to the configs' [gpu] section), SPEED_REF (host speed reference processes, default 0), DRY_RUN=1
 # (no GPU: CPU model, short segments; for testing the script),
 # EVENT_COSTS (event-costs.json of scripts/gpu-event-costs.sh, made on this machine: the
 # report then estimates the default level's cost bottom-up from the events per step).
@@ -53,6 +53,9 @@ BPF_STATS=${BPF_STATS:-off}
 SKIP=${SKIP:-}
 DRY_RUN=${DRY_RUN:-0}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+# More lines for the configs' [gpu] section (e.g. "python_frames = false": the cost of a
+# default measured against a run without it).
+GPU_EXTRA=${GPU_EXTRA:-}
 # Reference processes that measure the host's CPU speed beside the training, each pinned to
 # a CPU of its own (the last N; the training and the daemon are kept off them). The report
 # then also gives the change at unchanged host speed. Off by default: on the H200 VM each
@@ -157,6 +160,7 @@ listen = "$LISTEN"
 
 [gpu]
 level = "$3"
+$GPU_EXTRA
 EOF
 }
 for lv in system calls process op; do

@@ -119,18 +119,24 @@ fi
 # ------------------------------------------------------------------ helpers per scenario
 
 # A 2 GiB file on a disk (not tmpfs, where O_DIRECT is refused) for disk_bound.
-make_data_file() {
-    [ -n "$DATA_FILE" ] && [ -f "$DATA_FILE" ] && return 0
-    local c dir="" avail
+# disk_dir: a writable disk-backed directory (not tmpfs) with 3 GiB free, or nothing.
+disk_dir() {
+    local c avail
     for c in "$W" /var/tmp "$PWD"; do
         [ -d "$c" ] && [ -w "$c" ] || continue
         case $(stat -f -c %T "$c" 2>/dev/null) in tmpfs | ramfs) continue ;; esac
         avail=$(df -Pk "$c" 2>/dev/null | awk 'NR == 2 { print $4 }')
         [ "${avail:-0}" -gt $((3 * 1024 * 1024)) ] || continue
-        dir=$c
-        break
+        echo "$c"
+        return 0
     done
-    if [ -z "$dir" ]; then
+    return 1
+}
+
+make_data_file() {
+    [ -n "$DATA_FILE" ] && [ -f "$DATA_FILE" ] && return 0
+    local dir
+    if ! dir=$(disk_dir); then
         log "disk_bound: no disk-backed directory with 3 GiB free"
         return 1
     fi
@@ -236,7 +242,10 @@ run_one() {
         return
     fi
     local envs=()
-    [ "$name" = tiny_kernels ] && envs+=("STEP_LOG=$D/steps.txt")
+    # Every scenario logs its steps: the step rate of a problem and of its fix is the measured
+    # speed-up an estimate is checked against (tests/gpu/scenarios_report.py).
+    envs+=("STEP_LOG=$D/steps.txt")
+    case $name in *checkpoint) envs+=("CKPT_DIR=$(disk_dir || echo /tmp)") ;; esac
     if [ "$name" = disk_bound ]; then
         if ! make_data_file; then
             echo "no data file" > "$D/skipped.txt"

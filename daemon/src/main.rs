@@ -18,6 +18,7 @@ use ethand::{
     serve::{api, daemon, tree::Samples},
 };
 use ethand_exporters::terminal;
+use ethand_snapshot::GpuLevel;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -111,8 +112,8 @@ enum Command {
     /// kernel launches; the default), process (also kernel launches) or op (also the host
     /// time of every probed call).
     Level {
-        #[arg(value_parser = ["system", "calls", "process", "op"])]
-        level: String,
+        #[arg(value_parser = gpu_level_parser())]
+        level: GpuLevel,
     },
     /// Diagnostic for a library version ethand has not met: probe every exported function
     /// of LIBRARY whose name starts with PREFIX, count calls per process for a while and
@@ -132,23 +133,38 @@ enum Command {
         pid: Option<u32>,
     },
     /// Record a timeline of one process tree (scheduler slices, slow syscalls, block IO,
-    /// GPU/NPU runtime calls) and write it as a Chrome JSON trace (open it in Perfetto or
-    /// chrome://tracing). Standalone; needs no daemon.
+    /// GPU/NPU runtime calls, CPU and Python samples) and write it as a Perfetto trace (open
+    /// it at ui.perfetto.dev) or, for a FILE ending in .json, a Chrome JSON trace.
+    /// Standalone; needs no daemon.
     Record {
         /// The root of the tree: this process and its descendants (also those forked while
         /// recording).
         #[arg(long)]
         pid: u32,
-        /// How long to record: 10s, 500ms, 2m (a bare number is seconds; at most 1h). The
-        /// recording ends earlier when every process of the tree has exited, or on SIGINT,
-        /// SIGTERM or SIGHUP (the trace is kept).
-        #[arg(long, default_value = "10s", value_parser = record::parse_duration)]
-        duration: Duration,
-        /// Output file. Streamed to a new file with a random name beside FILE while recording
-        /// (bounded memory), renamed to FILE once complete (a symlink at FILE is replaced,
-        /// never followed); on a write error (e.g. a full disk) it is removed.
-        #[arg(short = 'o', long = "output")]
-        output: PathBuf,
+        /// How long to record: 10s, 500ms, 2m (a bare number is seconds; at most 1h; default
+        /// 10s, with --ring 1h). The recording ends earlier when every process of the tree
+        /// has exited, or on SIGINT, SIGTERM or SIGHUP (the trace is kept).
+        #[arg(long, value_parser = record::parse_duration)]
+        duration: Option<Duration>,
+        /// Ring mode: keep only the last DURATION of the recording (30s, 2m; Perfetto output
+        /// only), so it can stay on until the moment of interest and be stopped then with
+        /// SIGINT or SIGTERM. Written as segments in a private directory beside FILE, the
+        /// oldest deleted as newer ones cover DURATION; with --max-size, also kept under
+        /// that many bytes (instead of ending the recording).
+        #[arg(long, value_parser = record::parse_duration)]
+        ring: Option<Duration>,
+        /// Output file: Perfetto's protobuf format (compressed; trace.pftrace), or a Chrome
+        /// JSON trace if FILE ends in .json; give -o twice for both from the same events.
+        /// Streamed to a new file with a random name beside FILE while recording (bounded
+        /// memory), renamed to FILE once complete (a symlink at FILE is replaced, never
+        /// followed); on a write error (e.g. a full disk) it is removed.
+        #[arg(short = 'o', long = "output", required = true)]
+        output: Vec<PathBuf>,
+        /// End the recording once an output has this many bytes on disk (100M, 2G, 512k;
+        /// what is buffered is written after: Perfetto output ends up to about 1 MiB over);
+        /// with --ring, the most the ring keeps.
+        #[arg(long, value_parser = record::parse_size)]
+        max_size: Option<u64>,
         /// Record syscalls at least this long (microseconds).
         #[arg(long, default_value_t = 100)]
         syscall_threshold_us: u64,
@@ -213,6 +229,14 @@ enum ConfigCommand {
     Show,
     /// Print the embedded default configuration, with its documentation.
     Default,
+}
+
+/// `ethand level NAME`: the level's names as clap's possible values (its refusal and help
+/// list them), parsed into the level.
+fn gpu_level_parser() -> impl clap::builder::TypedValueParser<Value = GpuLevel> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(GpuLevel::ALL.map(GpuLevel::as_str))
+        .map(|name| name.parse().expect("one of the possible values"))
 }
 
 fn main() -> ExitCode {
@@ -299,6 +323,12 @@ fn main() -> ExitCode {
         (_, 1) => "info".into(),
         _ => "debug".into(),
     });
+    // Third-party crates (py-spy, blazesym, aya, hyper...) at warn unless named: their INFO
+    // lines are not ethand's news. RUST_LOG is taken as given.
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(_) => filter,
+        Err(_) => ethand::config::log_filter::with_quiet_dependencies(&filter),
+    };
     // Colours only for a terminal: never into the journal, a file or a pipe.
     let ansi = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -444,7 +474,9 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
         Command::Record {
             pid,
             duration,
+            ring,
             output,
+            max_size,
             syscall_threshold_us,
             cpu_sample_hz,
             python_sample_hz,
@@ -453,8 +485,10 @@ async fn dispatch(cmd: Command, cfg: Config, timeout: Duration) -> anyhow::Resul
                 &cfg,
                 record::Options {
                     pid,
-                    duration,
-                    output: &output,
+                    duration: record::duration_or_default(duration, ring),
+                    ring,
+                    outputs: &output,
+                    max_size,
                     syscall_threshold_us,
                     cpu_sample_hz,
                     python_sample_hz,

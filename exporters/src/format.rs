@@ -24,6 +24,18 @@ pub fn plural(n: u64, what: &str) -> String {
     }
 }
 
+/// What "written" counts, beside the live processes' own figure: the block-layer bytes
+/// include the journal and metadata writes the filesystem adds for the tree (an fsync'd
+/// small file costs several times its size), `write_bytes` only the processes' own data.
+pub fn written_note(proc_write_bytes: u64) -> String {
+    format!(
+        "written = block-layer bytes the tree submitted (its data plus the journal and metadata \
+         writes they caused); its live processes' own write_bytes (/proc/PID/io: data they sent \
+         to storage): {}",
+        bytes_u(proc_write_bytes)
+    )
+}
+
 /// Bytes in binary units, about three significant digits: "512 B", "1.5 KiB", "123 MiB".
 /// Negative values (differences) keep their sign.
 pub fn bytes(b: f64) -> String {

@@ -20,6 +20,7 @@ macro_rules! w {
 
 mod charts;
 mod gpu;
+mod memory;
 mod sections;
 mod stacks;
 
@@ -67,8 +68,8 @@ pub fn escape(s: &str) -> String {
 /// Where kernel launches were not counted: "not measured at level calls" (the GPU level the
 /// figures were taken at), never a 0.
 fn launches_not_measured(t: &TreeSnapshot) -> String {
-    match &t.gpu_level {
-        Some(l) => format!("not measured at level {}", escape(l)),
+    match t.gpu_level {
+        Some(l) => format!("not measured at level {l}"),
         None => "not measured".into(),
     }
 }
@@ -240,6 +241,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     summary(&mut o, t);
     charts(&mut o, t);
     process_table(&mut o, t);
+    memory::memory(&mut o, t);
     threads_and_syscalls(&mut o, t);
     disks(&mut o, t);
     gpu_section(&mut o, t);
@@ -302,6 +304,7 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
             escape(&f.id)
         );
     };
+    outcomes_table(&mut o, c);
     let _ = write!(o, "<h2>Findings</h2>");
     if c.findings_resolved.is_empty()
         && c.findings_new.is_empty()
@@ -406,4 +409,31 @@ td:first-child,th:first-child{{text-align:left}}.up{{color:#b3261e}}.down{{color
     }
     let _ = writeln!(o, "</body></html>");
     o
+}
+
+/// The comparison's outcomes: what the tree got done, before and after.
+fn outcomes_table(o: &mut String, c: &crate::report::Comparison) {
+    use std::fmt::Write as _;
+    if !c.outcomes.is_empty() {
+        let _ = write!(
+            o,
+            "<h2>Outcomes</h2><table><tr><th>outcome</th><th>before</th><th>after</th><th>after / before</th></tr>"
+        );
+        let show = |v: Option<f64>, unit: &str| {
+            v.map_or("unmeasured".to_string(), |v| {
+                crate::format::in_unit(v, unit)
+            })
+        };
+        for r in &c.outcomes {
+            let _ = write!(
+                o,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&r.metric),
+                escape(&show(r.before, &r.unit)),
+                escape(&show(r.after, &r.unit)),
+                r.ratio.map_or("-".to_string(), |x| format!("{x:.2}×"))
+            );
+        }
+        o.push_str("</table>");
+    }
 }

@@ -35,7 +35,9 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::{
+    Instrument, PeriodicReader, SdkMeterProvider, Stream, Temporality,
+};
 
 use ethand_snapshot::selection::ExportSelection;
 use ethand_snapshot::{NodeSnapshot, OtlpStatus};
@@ -102,6 +104,9 @@ pub struct OtlpOptions {
     pub service_version: String,
     /// Which processes get per-process points (as for /metrics).
     pub selection: ExportSelection,
+    /// Most points (attribute sets) one metric carries per batch; the SDK folds the rest into
+    /// one `otel.metric.overflow = true` point, and [`OtlpStats`] counts them.
+    pub max_points_per_metric: usize,
 }
 
 impl OtlpOptions {
@@ -135,6 +140,10 @@ pub struct OtlpStats {
     last_error: Mutex<String>,
     /// The last batch was dropped: logged once per outage.
     failing: AtomicBool,
+    /// Points folded into a metric's overflow point (over `max_points_per_metric`).
+    overflow_points: AtomicU64,
+    /// Overflow was logged (once per daemon).
+    overflow_logged: AtomicBool,
 }
 
 impl OtlpStats {
@@ -148,6 +157,28 @@ impl OtlpStats {
             last_success_unix_ms: self.last_success_unix_ms.load(Ordering::Relaxed),
             last_error: self.last_error.lock().expect("lock").clone(),
             last_export_duration_us: self.last_export_duration_us.load(Ordering::Relaxed),
+            overflow_points: self.overflow_points.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One metric's callback observed `points` attribute sets against a limit of `limit`:
+    /// those beyond it land in the overflow point; counted, and logged the first time.
+    fn note_points(&self, metric: &str, points: usize, limit: usize) {
+        let over = points.saturating_sub(limit);
+        if over == 0 {
+            return;
+        }
+        self.overflow_points
+            .fetch_add(over as u64, Ordering::Relaxed);
+        if !self.overflow_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                metric,
+                points,
+                limit,
+                "OTLP metric over otlp.max_points_per_metric: the rest are summed in one \
+                 otel.metric.overflow point (ethand_otlp_overflow_points_total); select fewer \
+                 processes or raise the limit"
+            );
         }
     }
 }
@@ -193,16 +224,35 @@ impl OtlpExporter {
         let reader = PeriodicReader::builder(exporter)
             .with_interval(opts.interval)
             .build();
+        // The SDK's default of 2,000 points per metric is below what the selection may hold
+        // (a few hundred processes with 9 syscall points each): without this, processes beyond
+        // it vanished into the overflow point, depending on the order of the callback.
+        let per_selection = opts.max_points_per_metric;
         let provider = SdkMeterProvider::builder()
             .with_resource(resource(&opts))
             .with_reader(reader)
+            .with_view(move |i: &Instrument| {
+                let m = METRICS.iter().find(|m| m.name == i.name())?;
+                Stream::builder()
+                    .with_cardinality_limit(m.points_limit(per_selection))
+                    .build()
+                    .ok()
+            })
             .build();
         let meter = provider.meter("ethand");
         let instruments = METRICS
             .iter()
             .map(|m| {
                 let source = source.clone();
-                register(&meter, m, move || source.view())
+                let stats = stats.clone();
+                let limit = m.points_limit(per_selection);
+                register(&meter, m, move || {
+                    let view = source.view();
+                    let points = m.points(&view);
+                    let keyed = points.iter().filter(|(a, _)| !a.is_empty()).count();
+                    stats.note_points(m.name, keyed, limit);
+                    points
+                })
             })
             .collect();
         Ok(Self {

@@ -18,7 +18,10 @@
 //! over the snapshot's window. A figure that was not measured (kernel launches below GPU
 //! level `process`, a GPM ratio on a GPU without GPM) has no row, never a 0 row; the launches
 //! counted on demand for the snapshot at level `calls` are the `launch_sample.*` rows (scope
-//! `total`, and `launch_sample.launches` per sampled process). The order is deterministic:
+//! `total`, and `launch_sample.launches` per sampled process). Host memory is in `memory.*`
+//! rows: per live process its resident set by kind, swap, VmHWM, faults and the window's
+//! peak and growth; for the tree the sums over its live processes, its peak over the window,
+//! the memory cgroup nearest its limit (`memory.cgroup.*`) and the node's available memory. The order is deterministic:
 //! total, the processes in snapshot order (root first), then devices; within a scope a fixed
 //! group order, and keyed sub-lists (syscalls, block devices, copy directions, ...) sorted by
 //! key.
@@ -35,7 +38,7 @@ use ethand_snapshot::{NetStats, SchedStats, TreeSnapshot, WindowStats};
 
 mod compare;
 pub use compare::{
-    ComparedRow, Comparison, SnapshotMeta, compare, comparison_to_csv, render_comparison,
+    ComparedRow, Comparison, SnapshotMeta, compare, compared, comparison_to_csv, render_comparison,
 };
 
 /// Version of the [`Comparison`] JSON; bumped on incompatible changes.
@@ -444,6 +447,58 @@ fn total_rows(t: &TreeSnapshot, out: &mut Vec<MetricRow>) {
     if let Some(l) = &t.launch_sample {
         launch_sample_rows(&mut r, l);
     }
+    tree_memory_rows(&mut r, t);
+}
+
+/// The tree's memory now (sums over its live processes), its peak over the window, and its
+/// memory cgroup nearest its limit; no rows where not read.
+fn tree_memory_rows(r: &mut Rows, t: &TreeSnapshot) {
+    use unit::*;
+    if let Some(m) = t.memory_totals() {
+        r.u("memory.rss_bytes", m.rss_bytes, BYTES);
+        r.u("memory.anon_bytes", m.anon_bytes, BYTES);
+        r.u("memory.file_bytes", m.file_bytes, BYTES);
+        r.u("memory.shmem_bytes", m.shmem_bytes, BYTES);
+        r.u("memory.swap_bytes", m.swap_bytes, BYTES);
+        r.u("memory.minor_faults", m.minor_faults, COUNT);
+        r.u("memory.major_faults", m.major_faults, COUNT);
+    }
+    r.opt_u(
+        "memory.peak_rss_bytes",
+        t.total.memory_peak_rss_bytes,
+        BYTES,
+    );
+    if let Some((c, ratio)) = t.memory_cgroup_nearest_limit() {
+        r.opt_u("memory.cgroup.limit_bytes", c.limit_bytes, BYTES);
+        r.opt_u("memory.cgroup.usage_bytes", c.usage_bytes, BYTES);
+        r.f("memory.cgroup.limit_ratio", ratio, RATIO);
+    }
+    r.opt_u("memory.cgroup.oom_kills", t.memory_oom_kills(), COUNT);
+    if let Some(n) = &t.node_memory {
+        r.u("memory.node.available_bytes", n.available_bytes, BYTES);
+        r.u("memory.node.total_bytes", n.total_bytes, BYTES);
+    }
+}
+
+/// A process's memory rows (`memory.*`), where read.
+fn process_memory_rows(r: &mut Rows, m: &ethand_snapshot::memory::ProcessMemory) {
+    use unit::*;
+    r.opt_u("memory.rss_bytes", m.rss_bytes, BYTES);
+    r.opt_u("memory.anon_bytes", m.anon_bytes, BYTES);
+    r.opt_u("memory.file_bytes", m.file_bytes, BYTES);
+    r.opt_u("memory.shmem_bytes", m.shmem_bytes, BYTES);
+    r.opt_u("memory.swap_bytes", m.swap_bytes, BYTES);
+    r.opt_u("memory.rss_hwm_bytes", m.rss_hwm_bytes, BYTES);
+    r.opt_u("memory.minor_faults", m.minor_faults, COUNT);
+    r.opt_u("memory.major_faults", m.major_faults, COUNT);
+    if let Some(w) = &m.window {
+        r.u("memory.window.peak_rss_bytes", w.peak_rss_bytes, BYTES);
+        r.opt_f(
+            "memory.window.rss_growth_bytes_per_second",
+            w.rss_growth_bytes_per_second(),
+            PER_SECOND,
+        );
+    }
 }
 
 /// The launches counted on demand for this snapshot (GPU level `calls`): its duration always,
@@ -511,6 +566,9 @@ fn process_rows(
         COUNT,
     );
     scope_rows(&mut r, &d);
+    if let Some(m) = p.memory_now() {
+        process_memory_rows(&mut r, m);
+    }
     if let Some(n) = sample
         .and_then(|l| l.processes.iter().find(|s| s.pid == p.pid))
         .map(|s| s.launches)

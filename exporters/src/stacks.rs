@@ -121,31 +121,49 @@ pub fn cpu_thread_line(p: &CpuProfile, t: &CpuThreadProfile, n: usize) -> Option
 }
 
 /// "thread 13 of pid 12 (pt_data_worker): blocked 40 times, 1.9 s (95.0 % of the window),
-/// longest in futex_wait from at::...": where a thread waited. None for a thread that
-/// never waited long enough to count.
+/// of which 12 ≥ 1.0 ms listed, longest in futex_wait from at::...": every wait of a thread
+/// summed, and where the long ones (≥ `offcpu_min_ns`, the ones with stacks) blocked. None
+/// for a thread that never waited.
 pub fn wait_line(p: &CpuProfile, t: &CpuThreadProfile) -> Option<String> {
-    let top = t.wait_sites.first()?;
+    let top = t.wait_sites.first();
+    if t.waits == 0 && top.is_none() {
+        return None;
+    }
     let share = (p.duration_ms > 0).then(|| {
         format!(
             " ({} of the window)",
             format::percent((t.wait_ns as f64 / 1e6 / p.duration_ms as f64).min(1.0))
         )
     });
-    let top_share = if t.wait_ns > 0 && t.wait_sites.len() > 1 {
+    // Files from before every wait was summed have no long-wait count: all were long.
+    let long = t.long_waits.map(|n| {
         format!(
-            " ({} of it)",
-            format::percent(top.time_ns.unwrap_or(0) as f64 / t.wait_ns as f64)
+            ", of which {} ≥ {} listed",
+            format::count(n),
+            format::duration_ns_u(p.offcpu_min_ns)
         )
-    } else {
-        String::new()
+    });
+    let site = match top {
+        Some(top) => {
+            let top_share = if t.wait_ns > 0 && t.wait_sites.len() > 1 {
+                format!(
+                    " ({} of it)",
+                    format::percent(top.time_ns.unwrap_or(0) as f64 / t.wait_ns as f64)
+                )
+            } else {
+                String::new()
+            };
+            format!(", longest in {}{top_share}", wait_site(top))
+        }
+        None => String::new(),
     };
     Some(format!(
-        "{}: blocked {}, {}{}, in {}{top_share}",
+        "{}: blocked {}, {}{}{}{site}",
         who(t),
         format::plural(t.waits, "time"),
         format::duration_ns_u(t.wait_ns),
         share.unwrap_or_default(),
-        wait_site(top)
+        long.unwrap_or_default(),
     ))
 }
 
@@ -491,7 +509,27 @@ mod tests {
         // The syscall and the first user function outside the C library.
         assert_eq!(
             wait_line(&p, t).unwrap(),
-            "main thread of pid 9 (<b>\u{1b}[31m): blocked 10 times, 500.0 ms (25.0 % of the window), in futex() from PyThread_acquire_lock_timed"
+            "main thread of pid 9 (<b>\u{1b}[31m): blocked 10 times, 500.0 ms (25.0 % of the window), longest in futex() from PyThread_acquire_lock_timed"
+        );
+        // Every wait summed; the long ones listed by stack.
+        let mut all = t.clone();
+        (all.waits, all.wait_ns) = (2_010, 1_500_000_000);
+        (all.long_waits, all.long_wait_ns) = (Some(10), Some(500_000_000));
+        let p1 = CpuProfile {
+            offcpu_min_ns: 1_000_000,
+            ..p.clone()
+        };
+        assert_eq!(
+            wait_line(&p1, &all).unwrap(),
+            "main thread of pid 9 (<b>\u{1b}[31m): blocked 2,010 times, 1.50 s (75.0 % of the window), of which 10 ≥ 1.0 ms listed, longest in futex() from PyThread_acquire_lock_timed"
+        );
+        // Only short waits: summed, none listed.
+        all.wait_sites.clear();
+        all.long_waits = Some(0);
+        assert!(
+            wait_line(&p1, &all)
+                .unwrap()
+                .ends_with("of which 0 ≥ 1.0 ms listed")
         );
         // No syscall frame: the first kernel function past the scheduler.
         let s = CallSite {

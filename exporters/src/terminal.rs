@@ -10,7 +10,10 @@ use crate::format::{bytes_u, seconds_fixed};
 use crate::text;
 
 mod diagnosis;
+mod exited;
 mod gpu;
+mod kernels;
+pub mod memory;
 mod now;
 mod stacks;
 mod status;
@@ -31,6 +34,7 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     header(&mut o, t);
     loss_warning(&mut o, t);
     now::now_section(&mut o, t);
+    memory::memory_section(&mut o, t);
     diagnosis::findings(&mut o, &t.findings, &t.not_evaluated);
     let _ = writeln!(
         o,
@@ -41,8 +45,11 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
             "over the measurement"
         }
     );
-    for p in &t.processes {
+    for p in exited::listed(t) {
         proc_line(&mut o, p, usize::from(p.pid != root.pid));
+    }
+    if let Some(l) = exited::lifetime_line(t) {
+        let _ = writeln!(o, "{l}");
     }
     totals(&mut o, t);
     if let Some(g) = &t.total.gpu {
@@ -50,6 +57,9 @@ pub fn snapshot(t: &TreeSnapshot) -> String {
     } else if let Some(l) = &t.launch_sample {
         let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
         gpu::launch_sample(&mut o, l);
+    }
+    if let Some(a) = &t.gpu_activity {
+        kernels::gpu_activity(&mut o, a);
     }
     stacks::where_in_code(&mut o, t);
     stacks::cpu_profile(&mut o, t);
@@ -219,6 +229,9 @@ fn totals(o: &mut String, t: &TreeSnapshot) {
         bytes_u(tt.block_write_bytes),
         tt.block_write_ops
     );
+    if let Some(own) = tt.proc_write_bytes {
+        let _ = writeln!(o, "  {}", crate::format::written_note(own));
+    }
     let n = &tt.net;
     let _ = writeln!(
         o,

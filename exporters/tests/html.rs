@@ -1,7 +1,7 @@
 //! The HTML report (`ethand snapshot --html`): escaping, charts, findings, self-containment.
 use ethand_exporters::html::{escape, render_html};
 use ethand_snapshot::{
-    ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals,
+    GpuLevel, ProcessSnapshot, SchedStats, ThreadSnapshot, TreeSnapshot, TreeTotals,
     devices::{CollectorState, CollectorStatus, DevicesSnapshot, GpuDevice},
     diagnosis::{Evidence, Finding, NotEvaluated, TimelinePoint},
     gpu::{
@@ -457,7 +457,7 @@ fn rules_that_could_not_run_replace_the_green_card() {
 #[test]
 fn launches_not_measured_at_level_calls() {
     let mut t = tree();
-    t.gpu_level = Some("calls".into());
+    t.gpu_level = Some(GpuLevel::Calls);
     let g = GpuProcessStats {
         launches: None,
         sync: GpuTimedCalls {
@@ -535,7 +535,7 @@ fn launches_not_measured_at_level_calls() {
     assert_self_contained(&h);
 
     // Counted at level process: a 0 is a 0.
-    t.gpu_level = Some("process".into());
+    t.gpu_level = Some(GpuLevel::Process);
     t.launch_sample = None;
     for g in [&mut t.processes[1].gpu, &mut t.total.gpu] {
         g.as_mut().unwrap().launches = Some(0);

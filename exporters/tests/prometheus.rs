@@ -501,6 +501,17 @@ fn workload_process() -> ProcessSnapshot {
         cgroup: "/kubepods/burstable/pod1/ctr".to_owned(),
         alive: true,
         major_faults: Some(12),
+        memory: Some(ethand_snapshot::memory::ProcessMemory {
+            rss_bytes: Some(7 << 20),
+            anon_bytes: Some(4 << 20),
+            file_bytes: Some(2 << 20),
+            shmem_bytes: Some(1 << 20),
+            swap_bytes: Some(4096),
+            minor_faults: Some(3000),
+            major_faults: Some(12),
+            // VmHWM not read: no series is missing for it (it has none).
+            ..Default::default()
+        }),
         gpu: Some(ethand_snapshot::gpu::GpuProcessStats {
             launches: Some(0),
             ..Default::default()
@@ -1392,6 +1403,36 @@ fn major_faults_only_where_read() {
         faults[0].contains("pid=\"800\"") && faults[0].ends_with("} 12"),
         "{}",
         faults[0]
+    );
+}
+
+/// Resident memory by kind, swap and faults for the selected process that has them; none for
+/// processes whose memory was not read.
+#[test]
+fn process_memory_series_where_read() {
+    let text = render(&device_snapshot(), &options());
+    let series = |prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| {
+                let (labels, v) = l.rsplit_once(' ').unwrap();
+                let kind = labels
+                    .split("kind=\"")
+                    .nth(1)
+                    .map_or("", |k| k.split('"').next().unwrap());
+                assert!(labels.contains("pid=\"800\""), "{l}");
+                format!("{kind}={v}")
+            })
+            .collect()
+    };
+    assert_eq!(
+        series("ethand_process_memory_rss_bytes{"),
+        ["anon=4194304", "file=2097152", "shmem=1048576"]
+    );
+    assert_eq!(series("ethand_process_memory_swap_bytes{"), ["=4096"]);
+    assert_eq!(
+        series("ethand_process_page_faults_total{"),
+        ["major=12", "minor=3000"]
     );
 }
 

@@ -552,7 +552,7 @@ fn tree_at_calls() -> TreeSnapshot {
         ..gpu_stats()
     });
     let mut t = tree("daemon", 0, vec![p]);
-    t.gpu_level = Some("calls".into());
+    t.gpu_level = Some(GpuLevel::Calls);
     t.total.gpu_derived = Some(GpuDerived {
         window_ms: 5000,
         launches_per_second: None,
@@ -693,7 +693,7 @@ fn comparison_shows_launches_not_measured_on_one_side() {
     let mut p = process(8, "train", 10, Some(w));
     p.gpu = Some(gpu_stats());
     let mut after = tree("daemon", 0, vec![p]);
-    after.gpu_level = Some("process".into());
+    after.gpu_level = Some(GpuLevel::Process);
     after.total.gpu_derived = Some(GpuDerived {
         window_ms: 5000,
         launches_per_second: Some(800.0),

@@ -20,8 +20,8 @@ use ethand_userspace_probes::{MappedLibrary, catalog::CatalogSymbols};
 
 use crate::{
     proto::{
-        self, ControlReply, FileId, OpenSession, Owner, Reply, Request, SymStack, ThreadStack,
-        WireError,
+        self, ControlReply, FileId, MAX_CODES, OpenSession, Owner, PyCode, PyRuntime, Reply,
+        Request, SymStack, ThreadStack, WireError,
     },
     supervisor::Args,
 };
@@ -418,6 +418,55 @@ impl Session {
         };
         match self.call(&req, deadline)? {
             Reply::PythonOpened { version } => Ok(version),
+            other => Err(ReaderError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// What the in-kernel CPython walk needs of `pid`'s interpreter: its minor version and
+    /// its gilstate TSS key (read anew each time: ask again after an exec).
+    pub fn python_runtime(
+        &mut self,
+        pid: u32,
+        start_ticks: Option<u64>,
+        deadline: Duration,
+    ) -> Result<PyRuntime, ReaderError> {
+        let req = Request::PythonRuntime {
+            pid,
+            start_ticks,
+            deadline_ms: deadline.as_millis() as u64,
+        };
+        match self.call(&req, deadline)? {
+            Reply::PythonRuntime(r) => Ok(r),
+            other => Err(ReaderError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// The code objects at `codes` in `pid` (a CPython 3.`minor`), one answer each in
+    /// order: the code object, or why it could not be read (freed, not a code object, a
+    /// fault, or "ask again" past what one reply carries). At most [`MAX_CODES`].
+    pub fn python_code(
+        &mut self,
+        pid: u32,
+        start_ticks: Option<u64>,
+        minor: u32,
+        codes: &[u64],
+        deadline: Duration,
+    ) -> Result<Vec<Result<PyCode, String>>, ReaderError> {
+        if codes.len() > MAX_CODES {
+            return Err(ReaderError::Failed(format!(
+                "{} code objects asked at once; at most {MAX_CODES}",
+                codes.len()
+            )));
+        }
+        let req = Request::PythonCode {
+            pid,
+            start_ticks,
+            minor,
+            codes: codes.to_vec(),
+            deadline_ms: deadline.as_millis() as u64,
+        };
+        match self.call(&req, deadline)? {
+            Reply::PythonCode(v) if v.len() == codes.len() => Ok(v),
             other => Err(ReaderError::Failed(format!("unexpected answer {other:?}"))),
         }
     }

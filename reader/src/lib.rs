@@ -16,6 +16,10 @@ mod creds;
 mod elf;
 pub mod owner;
 pub mod proto;
+/// Code objects of a live CPython process, for frames walked in the kernel (issue 41).
+pub mod pycode;
+/// Line tables of CPython code objects (for frames walked in the kernel: issue 41).
+pub mod pyline;
 pub mod python;
 pub mod sandbox;
 pub mod source;
@@ -25,5 +29,5 @@ mod worker;
 
 pub use client::{Reader, ReaderError, Session, SymbolizeOptions, Symbolized};
 pub use creds::SyscallError;
-pub use proto::{FileId, Owner, SymStack, ThreadStack};
+pub use proto::{FileId, Owner, PyCode, PyRuntime, SymStack, ThreadStack};
 pub use sandbox::Limits;

@@ -16,6 +16,8 @@ use ethand_snapshot::stacks::Frame;
 use ethand_userspace_probes::{Runtime, catalog::CatalogSymbols};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::pyline::LineTable;
+
 /// Largest message either side accepts (bytes of JSON).
 pub const MAX_MESSAGE: usize = 16 << 20;
 /// Most stacks in one symbolization request, and frames in one stack.
@@ -27,6 +29,8 @@ pub const MAX_NAME: usize = 512;
 pub const MAX_LINES: usize = 4096;
 /// Most threads of one Python process in one read.
 pub const MAX_THREADS: usize = 4096;
+/// Most code objects asked in one `PythonCode` request.
+pub const MAX_CODES: usize = 4096;
 
 /// The supervisor's answer to a session request.
 #[derive(Debug, Serialize, Deserialize)]
@@ -105,6 +109,21 @@ pub enum Request {
     },
     /// Every Python thread's stack of `pid` now.
     PythonStacks { pid: u32, deadline_ms: u64 },
+    /// What the in-kernel CPython walk needs of `pid`'s interpreter (`pycode.rs`).
+    PythonRuntime {
+        pid: u32,
+        start_ticks: Option<u64>,
+        deadline_ms: u64,
+    },
+    /// File, function and line table of code objects of `pid` (addresses the walk stored),
+    /// read with the layout of CPython 3.`minor`; at most [`MAX_CODES`].
+    PythonCode {
+        pid: u32,
+        start_ticks: Option<u64>,
+        minor: u32,
+        codes: Vec<u64>,
+        deadline_ms: u64,
+    },
     /// The catalog's symbols of `runtime` in the library file a process maps (its raw path
     /// inside the root of `pid`, or of the host with pid 0; only the file with that device
     /// and inode), for uprobes.
@@ -137,6 +156,9 @@ pub enum Reply {
         version: String,
     },
     PythonStacks(Vec<ThreadStack>),
+    PythonRuntime(PyRuntime),
+    /// One per code object asked, in the same order: the code object or why not.
+    PythonCode(Vec<Result<PyCode, String>>),
     ElfSymbols {
         /// The file that was read.
         file: FileId,
@@ -166,6 +188,37 @@ pub struct ThreadStack {
     pub owns_gil: bool,
     /// Innermost first, at most `ethand_snapshot::stacks::MAX_FRAMES`.
     pub frames: Vec<Frame>,
+}
+
+/// A CPython interpreter as the in-kernel walk needs it: its minor version (the layout,
+/// `ethand_common::py_layout`) and its gilstate TSS key (`autoTSSkey`), whose glibc
+/// thread-specific slot holds each thread's own `PyThreadState`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PyRuntime {
+    pub minor: u32,
+    pub tss_key: u32,
+}
+
+/// A code object of a live process: where it is and what it is called (names cut to
+/// [`MAX_NAME`]), and its line table (see [`PyCode::line`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PyCode {
+    /// `co_filename`.
+    pub file: String,
+    /// `co_qualname` (3.11+, `K.method`), else `co_name`.
+    pub function: String,
+    /// `co_firstlineno`.
+    pub first_line: u32,
+    /// `co_lnotab` (3.9) or `co_linetable`, as the process holds it.
+    pub line_table: Vec<u8>,
+}
+
+impl PyCode {
+    /// The line of position `pos` of a frame in this code object (its unit per version:
+    /// `pyline`'s module doc), read as CPython 3.`minor` does; None where it has none.
+    pub fn line(&self, minor: u32, pos: u32) -> Option<u32> {
+        LineTable::of_version(minor)?.line(&self.line_table, self.first_line, pos)
+    }
 }
 
 /// Why a message could not be exchanged.

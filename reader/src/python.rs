@@ -133,7 +133,7 @@ impl Pythons {
 }
 
 /// Refuses a process whose libpython py-spy would not open as mapped (see the module doc).
-fn check_libraries(pid: u32) -> Result<(), PythonError> {
+pub(crate) fn check_libraries(pid: u32) -> Result<(), PythonError> {
     let libs = ProcMaps::open(pid)
         .and_then(|mut m| m.files(is_libpython))
         .map_err(|source| ProcessError::Mappings { pid, source })?;

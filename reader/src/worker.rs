@@ -8,6 +8,7 @@ use crate::{
     elf::CatalogError,
     owner::{self, ProcessError},
     proto::{self, FileId, MAX_LINES, Owner, Reply, Request},
+    pycode::{PyCodeError, PyCodes},
     python::{PythonError, Pythons},
     sandbox::{self, Limits, SandboxError},
     source::{self, Roots},
@@ -29,6 +30,8 @@ pub enum WorkerError {
     #[error(transparent)]
     Python(#[from] PythonError),
     #[error(transparent)]
+    PyCode(#[from] PyCodeError),
+    #[error(transparent)]
     Catalog(#[from] CatalogError),
 }
 
@@ -48,13 +51,21 @@ pub fn run(mut session: UnixStream, owner: Owner, limits: &Limits) -> ! {
         }
     };
     let mut pythons = Pythons::default();
+    let mut codes = PyCodes::default();
     loop {
         let req: Request = match proto::recv(&mut session, None) {
             Ok(r) => r,
             Err(_) => exit(0),
         };
-        let reply = serve(req, &owner, entered.as_owner, &mut pythons, &mut session)
-            .unwrap_or_else(|e| Reply::Error(e.to_string()));
+        let reply = serve(
+            req,
+            &owner,
+            entered.as_owner,
+            &mut pythons,
+            &mut codes,
+            &mut session,
+        )
+        .unwrap_or_else(|e| Reply::Error(e.to_string()));
         sandbox::deadline(None);
         if proto::send(&mut session, &reply, None).is_err() {
             exit(0);
@@ -82,6 +93,7 @@ fn serve(
     owner: &Owner,
     as_owner: bool,
     pythons: &mut Pythons,
+    codes: &mut PyCodes,
     session: &mut UnixStream,
 ) -> Result<Reply, WorkerError> {
     let arm = |ms: u64| sandbox::deadline(Some(ms.clamp(1, MAX_DEADLINE_MS)));
@@ -188,6 +200,26 @@ fn serve(
         Request::PythonStacks { pid, deadline_ms } => {
             arm(deadline_ms);
             Ok(Reply::PythonStacks(pythons.stacks(pid)?))
+        }
+        Request::PythonRuntime {
+            pid,
+            start_ticks,
+            deadline_ms,
+        } => {
+            arm(deadline_ms);
+            check(pid, start_ticks, owner)?;
+            Ok(Reply::PythonRuntime(codes.runtime(pid)?))
+        }
+        Request::PythonCode {
+            pid,
+            start_ticks,
+            minor,
+            codes: addrs,
+            deadline_ms,
+        } => {
+            arm(deadline_ms);
+            check(pid, start_ticks, owner)?;
+            Ok(Reply::PythonCode(codes.codes(pid, minor, &addrs)?))
         }
     }
 }

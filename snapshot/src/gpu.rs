@@ -40,6 +40,23 @@ pub struct GpuProcessStats {
     /// each call (exact counts), symbolized. Empty where stacks were not taken.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub call_sites: Vec<crate::stacks::CallSites>,
+    /// Whether the calling thread's Python frames are walked at each call (a CPython
+    /// process); absent for other processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_walk: Option<PythonWalk>,
+}
+
+/// The in-kernel walk of a CPython process's frames at its GPU calls: the call sites of
+/// calls made while `walked` name their Python lines (exact per call).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PythonWalk {
+    /// The interpreter is being read (calls until then have native call sites only).
+    Pending,
+    /// Walked: the interpreter's version ("3.11").
+    Walked { version: String },
+    /// A CPython process whose frames are not walked, and why.
+    Refused { why: String },
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

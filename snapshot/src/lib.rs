@@ -12,8 +12,13 @@ use serde::{Deserialize, Serialize};
 pub mod devices;
 pub mod diagnosis;
 pub mod gpu;
+pub mod kernels;
+pub mod level;
+pub mod memory;
 pub mod selection;
 pub mod stacks;
+
+pub use level::GpuLevel;
 
 pub const SCHEMA_VERSION: u32 = 1;
 /// Number of log2 buckets in every histogram (bucket i: [2^i, 2^(i+1)) ns; 0 includes 0; the
@@ -164,9 +169,27 @@ pub struct ProcessSnapshot {
     /// Major page faults since the process started (/proc/PID/stat), when read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_faults: Option<u64>,
+    /// Bytes the process caused to be written to storage since it started (`write_bytes` of
+    /// /proc/PID/io: its own data, counted when its pages are dirtied; not the journal or
+    /// metadata the filesystem adds, which the block figures include) when the snapshot was
+    /// taken; None when not read (exited, unreadable, or an older file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proc_write_bytes: Option<u64>,
     /// Container, pod, job and rank (None: nothing known).
     #[serde(default)]
     pub workload: Option<WorkloadIdentity>,
+    /// CPUs the process may run on (its affinity, which a cpuset cgroup bounds), when read
+    /// (tree snapshots of live processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_allowed: Option<u32>,
+    /// The tightest CFS bandwidth quota of its cgroup and those above it, in cores; None: no
+    /// quota, or not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_cores: Option<f64>,
+    /// Host memory: resident set by kind, swap, faults, and the window's peak and growth
+    /// (daemon/src/pipeline/memory.rs); None when not read (exited, older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::ProcessMemory>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -224,6 +247,16 @@ pub struct InFlightSyscall {
     pub fd: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// A wait the thread chose rather than one for a peer: a timed sleep (nanosleep,
+    /// clock_nanosleep), a wait for signals (pause, sigsuspend), or an event loop's wait for
+    /// any of its descriptors (select, poll, epoll): the thread is idle, not stalled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// Who is at the other end of `file`, where the kernel can tell: the processes holding a
+    /// pipe open for writing ("pid 12 (sleep) holds it for writing"), the process holding the
+    /// other end of a local Unix socket, a TCP connection's remote address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
 }
 
 impl InFlightSyscall {
@@ -232,12 +265,17 @@ impl InFlightSyscall {
         self.elapsed_ns.or(self.elapsed_at_least_ns)
     }
 
-    /// "read() on pipe:[123]" / "futex()".
+    /// "read() on pipe:[123]" / "futex()", with the peer where known: "read() on
+    /// pipe:[123] (pid 12 (sleep) holds it for writing)".
     pub fn describe(&self) -> String {
-        match &self.file {
+        let mut s = match &self.file {
             Some(f) => format!("{}() on {}", self.name, f),
             None => format!("{}()", self.name),
+        };
+        if let Some(p) = &self.peer {
+            s.push_str(&format!(" ({p})"));
         }
+        s
     }
 }
 
@@ -379,6 +417,13 @@ pub struct WindowStats {
     /// files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub main_thread_oncpu_ns: Option<u64>,
+    /// Time in the read family of syscalls (read, pread64, readv, preadv, preadv2) over the
+    /// window, and in the write family with the syncs (write, pwrite64, writev, pwritev,
+    /// pwritev2, fsync, fdatasync, sync_file_range); None in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_read_syscall_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_write_syscall_ns: Option<u64>,
     pub gpu_copy_h2d_bytes: u64,
     pub gpu_copy_d2h_bytes: u64,
     pub gpu_copy_other_bytes: u64,
@@ -409,8 +454,10 @@ pub struct SelfStatus {
     /// Process entries the model dropped because it was at `max_processes`.
     pub processes_overflow: u64,
     pub tracked_processes: u64,
-    /// GPU/NPU probing level: "system", "calls", "process" or "op".
-    pub gpu_level: String,
+    /// GPU/NPU probing level ("system", "calls", "process" or "op"); "" (None) before the
+    /// first collection round.
+    #[serde(with = "level::or_empty")]
+    pub gpu_level: Option<GpuLevel>,
     /// Every runtime library file found mapped, and what was attached in it.
     pub gpu_libraries: Vec<GpuLibraryStatus>,
     /// OTLP metrics export (`[otlp]`); None when it is off.
@@ -504,6 +551,10 @@ pub struct OtlpStatus {
     /// How long the last successful export request took (microseconds; 0: none yet): encoding
     /// the batch, sending it and the endpoint's answer.
     pub last_export_duration_us: u64,
+    /// Points summed into a metric's `otel.metric.overflow` point because the metric had more
+    /// than `otlp.max_points_per_metric` (counted per batch, so a process over the limit for
+    /// ten batches counts ten times per metric).
+    pub overflow_points: u64,
 }
 
 /// One runtime library file (device + inode), probed once for every process that maps it.
@@ -636,7 +687,7 @@ pub struct TreeSnapshot {
     /// "op"); None when unknown (older files). Below "process" kernel launches are not
     /// counted: their 0 means "not measured".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_level: Option<String>,
+    pub gpu_level: Option<GpuLevel>,
     /// Per collection interval over the window, oldest first (daemon only).
     #[serde(default)]
     pub timeline: Vec<crate::diagnosis::TimelinePoint>,
@@ -653,6 +704,10 @@ pub struct TreeSnapshot {
     /// (`calls`, the default): see [`crate::gpu::LaunchSample`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_sample: Option<crate::gpu::LaunchSample>,
+    /// What the GPU ran during this snapshot's window, for processes started with
+    /// `libethand_cupti.so`: see [`crate::kernels::GpuActivity`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_activity: Option<crate::kernels::GpuActivity>,
     /// Python frames of the tree's threads sampled for this snapshot: where GPU/NPU calls
     /// come from and where the threads' time goes (see [`crate::stacks::StackSample`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -670,6 +725,42 @@ pub struct TreeSnapshot {
     /// against its own machine); None in older files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_cpus: Option<u32>,
+    /// The processes outside the tree that used the most CPU over the same window, busiest
+    /// first (at most [`MAX_NEIGHBOURS`]): who the tree shares the CPUs with. Empty where not
+    /// measured (a saved file of an older version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<CpuNeighbour>,
+    /// All the processes outside the tree together, in cores over the window; None where
+    /// not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbours_cores: Option<f64>,
+    /// The memory cgroups of the tree's live processes (at most 16), with their limits and
+    /// OOM kills; empty when none could be read (older files, no memory controller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_cgroups: Vec<crate::memory::CgroupMemory>,
+    /// The node's memory (/proc/meminfo) when the snapshot was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_memory: Option<crate::memory::NodeMemory>,
+    /// Why the window is not the length asked for (`--window`), when it is not: "5.0 s
+    /// asked: the tree's processes started 3.2 s ago"; None when it is (or standalone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_note: Option<String>,
+}
+
+/// Most neighbours a tree snapshot names.
+pub const MAX_NEIGHBOURS: usize = 5;
+
+/// A process outside a tree and the CPU it used over the tree's window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuNeighbour {
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup: String,
+    /// On-CPU seconds per second of the window.
+    pub cores: f64,
+    /// CPUs it may run on, when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_allowed: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -684,9 +775,18 @@ pub struct TreeTotals {
     pub block_write_bytes: u64,
     pub block_read_ops: u64,
     pub block_write_ops: u64,
+    /// The sum of the live processes' `ProcessSnapshot::proc_write_bytes` (their own data
+    /// sent to storage, /proc/PID/io) beside `block_write_bytes` (every block-layer write the
+    /// tree submitted, journal and metadata included); None when none could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proc_write_bytes: Option<u64>,
     pub net: NetStats,
     /// Sum of the processes' GPU/NPU runtime figures; None when none made a probed call.
     pub gpu: Option<crate::gpu::GpuProcessStats>,
     /// Diagnosis signals over the window (daemon) or the measurement (standalone).
     pub gpu_derived: Option<crate::gpu::GpuDerived>,
+    /// Highest resident set of the tree's processes together over the window: their samples
+    /// summed at each sampling instant (daemon only; None without samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_rss_bytes: Option<u64>,
 }

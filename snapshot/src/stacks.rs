@@ -211,8 +211,8 @@ impl CallSites {
 }
 
 /// A tree's threads profiled natively while a snapshot was taken: sampled on the CPU (a
-/// perf event at `rate_hz`, user and kernel stacks) and caught where they block (the stacks
-/// at the switch-out of each wait of at least `offcpu_min_ns`).
+/// perf event at `rate_hz`, user and kernel stacks) and every wait off the CPU counted and
+/// timed, those of at least `offcpu_min_ns` also at the stacks of their switch-out.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CpuProfile {
     /// How the samples were taken and what that costs.
@@ -229,6 +229,10 @@ pub struct CpuProfile {
     pub lost_stacks: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_samples: Option<u64>,
+    /// Steal time during the window, all CPUs together: the hypervisor ran something else
+    /// while this VM wanted to run. None: not accounted (not a VM, or an old kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stolen_ms: Option<u64>,
     /// Per profiled thread: main threads first, then by samples and waited time.
     pub threads: Vec<CpuThreadProfile>,
     /// What could not be profiled, and why.
@@ -261,13 +265,20 @@ pub struct CpuThreadProfile {
     pub folded_other: u64,
     /// The frames `folded` refers to.
     pub frames: Vec<Frame>,
-    /// Waits of at least [`CpuProfile::offcpu_min_ns`] that ended during the profile, and
-    /// their time; waits still going at its end are counted up to then.
+    /// Every wait off the CPU (blocked, not preempted) that ended during the profile, whatever
+    /// its length, and their time; waits still going at its end are counted up to then.
+    /// (Files written before `long_waits` existed counted only the long waits here.)
     pub waits: u64,
     pub wait_ns: u64,
+    /// Of `waits`, those of at least [`CpuProfile::offcpu_min_ns`]: the ones `wait_sites`
+    /// lists by stack. None in files written before all waits were summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_waits: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_wait_ns: Option<u64>,
     /// Where the thread blocked (kernel frames first, then user ones; innermost first),
-    /// longest waited first (at most [`MAX_SITES`]). `CallSite::count`: waits, `time_ns`:
-    /// their time.
+    /// longest waited first (at most [`MAX_SITES`]): the long waits only. `CallSite::count`:
+    /// waits, `time_ns`: their time.
     pub wait_sites: Vec<CallSite>,
 }
 

@@ -47,6 +47,8 @@ def runs_from_records(folder, mode, workload="single GPU"):
             continue
         with open(os.path.join(folder, name)) as f:
             rec = json.load(f)
+        if rec.get("default_config") is False:
+            continue  # ethand not at its defaults (a counterpart run): not the product's cost
         part = next((w for w in rec["workloads"] if w["workload"] == workload), None)
         row = next((r for r in (part or {}).get("rows", []) if r["mode"] == mode), None)
         if row and row.get("paired_pct"):

@@ -36,12 +36,15 @@ Modes (each has one bottleneck; the rule id the suite expects in brackets):
 """
 import os
 import sys
+import tempfile
 import threading
 import time
 
 MODES = (
     "healthy_resnet healthy_lm input_main input_workers sync_storm pageable_copies tiny_kernels "
-    "leak cpu_contention disk_bound straggler"
+    "leak cpu_contention disk_bound straggler bulk_copy bulk_copy_pinned sync_checkpoint "
+    "async_checkpoint input_main_fixed sync_storm_fixed pageable_copies_fixed tiny_kernels_fixed "
+    "cpu_contention_alone"
 ).split()
 
 if len(sys.argv) != 3 or sys.argv[1] not in MODES:
@@ -52,10 +55,10 @@ SMOKE = os.environ.get("SMOKE") == "1"
 # Modes whose CPU work is numpy in the main thread or in DataLoader workers: one BLAS/OpenMP
 # thread each, so that the thread that does the work is the one that is busy (set before numpy
 # and torch load their thread pools).
-if MODE in ("input_main", "input_workers", "cpu_contention", "disk_bound"):
+if MODE in ("input_main", "input_main_fixed", "input_workers", "cpu_contention", "cpu_contention_alone", "disk_bound"):
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[k] = "1"
-if MODE == "cpu_contention":
+if MODE in ("cpu_contention", "cpu_contention_alone"):
     # Pinned before torch starts any thread: every thread created later inherits it.
     cpus = {0, 1} & os.sched_getaffinity(0) or os.sched_getaffinity(0)
     os.sched_setaffinity(0, cpus)
@@ -468,6 +471,256 @@ def mode_straggler():
         dist.destroy_process_group()
 
     return step, 3, cleanup, stop, state
+
+
+def matmul_work(n):
+    """A fixed amount of GPU work: n products of 8192 x 8192 bf16 matrices (~1.1 TFLOP each)."""
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+
+    def work():
+        c = a
+        for _ in range(n):
+            c = (c @ b).tanh_()
+        return c
+
+    return work
+
+
+def mode_bulk_copy():
+    # 1 GiB of pageable (not pinned) host memory copied to the GPU every step, then the step's
+    # GPU work: the driver stages a pageable copy through its own pinned buffers with the CPU,
+    # and the host waits for it, so the GPU idles during every copy. Its fix is bulk_copy_pinned.
+    n = (1 << 20) if SMOKE else (1 << 28)  # float32 elements: 4 MiB / 1 GiB
+    host = torch.rand(n)
+    dev = torch.empty(n, device=DEV)
+    work = matmul_work(1 if SMOKE else 40)
+
+    def step(i):
+        dev.copy_(host)
+        work()
+        if i % 4 == 0:
+            sync()
+
+    return step, 2, None
+
+
+def mode_bulk_copy_pinned():
+    # bulk_copy fixed: the same bytes from pinned memory, copied asynchronously on a side
+    # stream into one of two device buffers while the previous batch's work runs.
+    n = (1 << 20) if SMOKE else (1 << 28)
+    host = torch.rand(n).pin_memory() if CUDA else torch.rand(n)
+    devs = [torch.empty(n, device=DEV), torch.empty(n, device=DEV)]
+    copy_stream = torch.cuda.Stream() if CUDA else None
+    work = matmul_work(1 if SMOKE else 40)
+
+    def step(i):
+        buf = devs[i % 2]
+        if CUDA:
+            copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(copy_stream):
+                buf.copy_(host, non_blocking=True)
+        else:
+            buf.copy_(host)
+        work()
+        if CUDA:
+            torch.cuda.current_stream().wait_stream(copy_stream)
+        if i % 4 == 0:
+            sync()
+
+    return step, 2, None
+
+
+def checkpoint_model():
+    layers = 2 if SMOKE else 8
+    width = 256 if SMOKE else 4096  # 8 x 4096 x 4096 float32: 512 MiB of parameters
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)]).to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    x = torch.randn(64 if SMOKE else 8192, width, device=DEV)
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+
+    return model, train_step
+
+
+def checkpoint_path():
+    d = os.environ.get("CKPT_DIR") or tempfile.gettempdir()
+    return os.path.join(d, f"ethand-scenario-ckpt-{os.getpid()}.pt")
+
+
+def save_synced(state, path):
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def mode_sync_checkpoint():
+    # A synchronous checkpoint after every step: torch.save of the model (device to host,
+    # pickling, 512 MiB written) and an fsync, on the main thread, while the GPU waits.
+    model, train_step = checkpoint_model()
+    path = checkpoint_path()
+
+    def step(i):
+        for _ in range(4):
+            train_step()
+        save_synced(model.state_dict(), path)
+
+    def cleanup():
+        if os.path.exists(path):
+            os.unlink(path)
+
+    return step, 1, cleanup
+
+
+def mode_async_checkpoint():
+    # sync_checkpoint fixed: the state is copied into pinned host buffers (asynchronously, on
+    # a side stream) and a background thread saves it; a new checkpoint starts only when the
+    # previous one is written, so the training loop never waits for the disk.
+    model, train_step = checkpoint_model()
+    path = checkpoint_path()
+    host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=CUDA) for k, v in model.state_dict().items()}
+    copy_stream = torch.cuda.Stream() if CUDA else None
+    saver = [None]
+
+    def step(i):
+        for _ in range(4):
+            train_step()
+        if saver[0] is not None and saver[0].is_alive():
+            return
+        if CUDA:
+            copy_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(copy_stream):
+                for k, v in model.state_dict().items():
+                    host[k].copy_(v, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(copy_stream)
+        else:
+            for k, v in model.state_dict().items():
+                host[k].copy_(v)
+            done = None
+
+        def save():
+            if done is not None:
+                done.synchronize()
+            save_synced(host, path)
+
+        saver[0] = threading.Thread(target=save, name="ckpt-saver", daemon=True)
+        saver[0].start()
+
+    def cleanup():
+        if saver[0] is not None:
+            saver[0].join()
+        if os.path.exists(path):
+            os.unlink(path)
+
+    return step, 1, cleanup
+
+
+# ---------------------------------------------------------------------------- fixes
+# The problem modes fixed the way their finding advises, same work per step: the step rate of
+# a pair is the measured speed-up its finding's estimate is checked against
+# (tests/gpu/scenarios.json "fixed_by"; tests/tests/gpu_scenarios.rs).
+
+
+def mode_input_main_fixed():
+    # input_main with the decoding in 4 DataLoader worker processes and pinned batches.
+    from torch.utils.data import DataLoader
+
+    size = 64
+    dl = DataLoader(slow_dataset(size, 6), batch_size=32, num_workers=4, pin_memory=CUDA, persistent_workers=True)
+    loader = iter(dl)
+    model = mlp(size * size, 256, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(i):
+        x, y = next(loader)
+        x, y = x.to(DEV, non_blocking=True).flatten(1), y.to(DEV, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def cleanup():
+        nonlocal loader
+        if hasattr(loader, "_shutdown_workers"):
+            loader._shutdown_workers()
+        loader = None
+
+    return step, 4, cleanup
+
+
+def mode_sync_storm_fixed():
+    # sync_storm with the loss summed on the GPU and read back every 50 steps.
+    x = torch.randn(256, 256, device=DEV)
+    w = torch.randn(256, 256, device=DEV)
+    total = torch.zeros((), device=DEV)
+
+    def step(i):
+        total.add_((x @ w).relu().sum())
+        if i % 50 == 0:
+            total.item()
+
+    return step, 10, None
+
+
+def mode_pageable_copies_fixed():
+    # pageable_copies with the 64 host tensors kept in one pinned buffer, copied at once.
+    hosts = torch.randn(64, 4096)
+    if CUDA:
+        hosts = hosts.pin_memory()
+    w = torch.randn(4096, 64, device=DEV)
+
+    def step(i):
+        out = hosts.to(DEV, non_blocking=True) @ w
+        if i % 50 == 0:
+            out.sum().item()
+
+    return step, 5, None
+
+
+def mode_tiny_kernels_fixed():
+    # tiny_kernels with the 100 rounds of 3 kernels captured once in a CUDA graph and replayed.
+    x = torch.rand(1024, device=DEV)
+
+    def body():
+        y = x
+        for _ in range(100):
+            y = y.mul(0.999)
+            y.add_(0.001)
+            y.relu_()
+        x.copy_(y)
+
+    if not CUDA:
+        def step(i):
+            body()
+
+        return step, 20, None
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+
+    def step(i):
+        graph.replay()
+        if i % 200 == 0:
+            x.sum().item()
+
+    return step, 20, None
+
+
+def mode_cpu_contention_alone():
+    # cpu_contention without the runner's hogs on its CPUs: what removing the neighbours gives.
+    return mode_cpu_contention()
 
 
 # ---------------------------------------------------------------------------- main

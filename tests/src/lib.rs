@@ -192,8 +192,10 @@ impl Daemon {
         let log = temp_path(name, "log");
         let port = free_port();
         // Tests switch GPU levels back to back; the rate limit has a test of its own.
+        // The CUPTI library and its control file go to a directory of the test's own.
+        let cupti_dir = temp_path(name, "cupti");
         let base = format!(
-            "[daemon]\ninterval_ms = {INTERVAL_MS}\nsocket = {socket:?}\nlevel_switch_interval_seconds = 0\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n"
+            "[daemon]\ninterval_ms = {INTERVAL_MS}\nsocket = {socket:?}\nlevel_switch_interval_seconds = 0\n[prometheus]\nlisten = \"127.0.0.1:{port}\"\n[gpu]\ncupti_dir = {cupti_dir:?}\n"
         );
         let toml = merge_tables(&base, extra_toml);
         fs::write(&config, toml).expect("write config");
@@ -754,6 +756,64 @@ pub struct RemoveOnDrop(pub PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// A loop block device that only the test's workload uses, backed by a file in /var/tmp;
+/// detached and its file removed when the test ends.
+///
+/// On the disk behind /var/tmp, other processes' IO (the journal, writeback of files other
+/// tests wrote) shares the queue with a workload's: the kernel may merge a bio of one process
+/// into another's request, which is then charged to the process that created it. A test of
+/// exact bytes per process needs a device where the workload's requests are the only ones.
+pub struct ScratchDisk {
+    /// The device node, "/dev/loopN".
+    pub node: PathBuf,
+    /// "major:minor", as the block tracepoints report it.
+    pub dev: String,
+    backing: PathBuf,
+}
+
+impl ScratchDisk {
+    pub fn new(tag: &str, mib: u64) -> Self {
+        let backing = PathBuf::from(format!(
+            "/var/tmp/ethand-test-scratch-{tag}-{}.img",
+            std::process::id()
+        ));
+        let f = fs::File::create(&backing)
+            .unwrap_or_else(|e| panic!("create {}: {e}", backing.display()));
+        f.set_len(mib << 20).expect("size the backing file");
+        drop(f);
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&backing)
+            .output()
+            .expect("run losetup (util-linux)");
+        if !out.status.success() {
+            let _ = fs::remove_file(&backing);
+            panic!(
+                "losetup --find --show {}: {}",
+                backing.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let node = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        // udev probes a new block device (blkid reads it): let that finish before the
+        // workload starts. Without udev, settle fails at once and nothing probes it.
+        let _ = Command::new("udevadm")
+            .args(["settle", "--timeout=10"])
+            .status();
+        let md = fs::metadata(&node).unwrap_or_else(|e| panic!("stat {}: {e}", node.display()));
+        let rdev = std::os::unix::fs::MetadataExt::rdev(&md);
+        let dev = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+        ScratchDisk { node, dev, backing }
+    }
+}
+
+impl Drop for ScratchDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.node).status();
+        let _ = fs::remove_file(&self.backing);
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! `tests/standins/` holds C sources of stand-ins for `libcuda.so.1`, `libnccl.so.2`,
 //! `libascendcl.so` and `libhccl.so` that export every symbol of ethand's catalog
-//! (`userspace-probes/src/catalog.rs`) with the real C signatures, and `gpu_driver.c`, which
+//! (`userspace-probes/src/catalog.rs`) with the real C signatures, a stand-in `libcupti.so.12` /
+//! `.13` (`cupti.c`: CUPTI's Activity API, fed by the stand-in libcuda), and `gpu_driver.c`, which
 //! opens them with `dlopen`/`dlmopen`, calls them through `dlsym` following a plan and prints
 //! the ground truth of what it did as one JSON line. [`build`] compiles them (gcc) into a
 //! directory laid out like real installs; [`shared`] does it once per test process.
@@ -32,6 +33,9 @@ pub const CATALOG_RS: &str = concat!(
 /// How long a sync of the stand-ins sleeps (µs): read by the libraries when loaded and by the
 /// driver for its ground truth. Default 1000.
 pub const SYNC_ENV: &str = "ETHAND_STANDIN_SYNC_US";
+/// Microseconds each stand-in collective blocks (`STANDIN_COLL_ENV` in standin_lib.h; 0 by
+/// default).
+pub const COLL_ENV: &str = "ETHAND_STANDIN_COLL_US";
 /// An allocation or registration of more than this many bytes fails (CUDA_ERROR_OUT_OF_MEMORY,
 /// ACL_ERROR_RT_MEMORY_ALLOCATION): an error, no bytes.
 pub const ALLOC_LIMIT: u64 = 1 << 40;
@@ -54,6 +58,12 @@ pub struct Standins {
     pub ascendcl: PathBuf,
     /// `root/usr/local/Ascend/ascend-toolkit/latest/lib64/libhccl.so`
     pub hccl: PathBuf,
+    /// Stand-in CUPTI 13.5 (`cupti.c`), where the `nvidia-cuda-cupti` wheel puts it:
+    /// `root/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcupti.so.13`
+    pub cupti13: PathBuf,
+    /// Stand-in CUPTI 12.9, where `nvidia-cuda-cupti-cu12` puts it:
+    /// `root/venv/lib/python3.12/site-packages/nvidia/cuda_cupti/lib/libcupti.so.12`
+    pub cupti12: PathBuf,
     /// `root/bin/gpu_driver`
     pub driver: PathBuf,
 }
@@ -101,8 +111,9 @@ impl Lib {
 }
 
 /// Compiles the stand-ins and the driver into `dir` (created if needed). Under a second on
-/// two cores: the five compilers run in parallel.
+/// two cores: the seven compilers run in parallel.
 pub fn build(dir: &Path) -> io::Result<Standins> {
+    let site_packages = dir.join("venv/lib/python3.12/site-packages");
     let s = Standins {
         root: dir.to_path_buf(),
         cuda: dir.join("usr/lib/x86_64-linux-gnu/libcuda.so.1"),
@@ -110,17 +121,36 @@ pub fn build(dir: &Path) -> io::Result<Standins> {
         nccl: dir.join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
         ascendcl: dir.join("usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so"),
         hccl: dir.join("usr/local/Ascend/ascend-toolkit/latest/lib64/libhccl.so"),
+        cupti13: site_packages.join("nvidia/cu13/lib/libcupti.so.13"),
+        cupti12: site_packages.join("nvidia/cuda_cupti/lib/libcupti.so.12"),
         driver: dir.join("bin/gpu_driver"),
     };
     let src = Path::new(SOURCES);
-    let libs = [
-        ("cuda.c", "libcuda.so.1", &s.cuda),
-        ("nccl.c", "libnccl.so.2", &s.nccl),
-        ("ascendcl.c", "libascendcl.so", &s.ascendcl),
-        ("hccl.c", "libhccl.so", &s.hccl),
+    // (source, soname, output, extra flags, libraries): libcuda dlopens the injection library
+    // and CUPTI finds libcuda and runs a worker thread.
+    let dl: &[&str] = &["-ldl"];
+    let libs: [(&str, &str, &PathBuf, &[&str], &[&str]); 6] = [
+        ("cuda.c", "libcuda.so.1", &s.cuda, &["-pthread"], dl),
+        ("nccl.c", "libnccl.so.2", &s.nccl, &[], &[]),
+        ("ascendcl.c", "libascendcl.so", &s.ascendcl, &[], &[]),
+        ("hccl.c", "libhccl.so", &s.hccl, &[], &[]),
+        (
+            "cupti.c",
+            "libcupti.so.13",
+            &s.cupti13,
+            &["-pthread", "-DSTANDIN_CUPTI_MAJOR=13"],
+            dl,
+        ),
+        (
+            "cupti.c",
+            "libcupti.so.12",
+            &s.cupti12,
+            &["-pthread", "-DSTANDIN_CUPTI_MAJOR=12"],
+            dl,
+        ),
     ];
     let mut jobs = Vec::new();
-    for (file, soname, out) in libs {
+    for (file, soname, out, flags, link) in libs {
         let mut cmd = Command::new("gcc");
         cmd.args([
             "-O2",
@@ -130,9 +160,11 @@ pub fn build(dir: &Path) -> io::Result<Standins> {
             "-fno-ipa-icf",
             "-Wall",
         ])
+        .args(flags)
         .arg(format!("-Wl,-soname,{soname}"))
         .arg("-o");
-        jobs.push((cmd, src.join(file), out.clone(), Vec::new()));
+        let link = link.iter().map(|l| l.to_string()).collect();
+        jobs.push((cmd, src.join(file), out.clone(), link));
     }
     let mut cmd = Command::new("gcc");
     // -O1: -O2 takes 1.7 s here and the driver has nothing to gain from it.
@@ -470,6 +502,12 @@ pub struct GroundTruth {
     pub rank: Option<u32>,
     /// 0 when no communicator with a known size was created.
     pub nranks: u32,
+    /// Launches by kernel name, of the `kernel NAME [x N]` words (also counted as
+    /// cuLaunchKernel calls).
+    pub kernels: BTreeMap<String, u64>,
+    /// The counters of the stand-in CUPTI loaded in the driver (`ethand_standin_cupti_counts`,
+    /// cupti.c), or None when none was loaded.
+    pub cupti: Option<Value>,
     pub raw: Value,
 }
 
@@ -497,7 +535,7 @@ fn obj<'a>(v: &'a Value, key: &str) -> Result<&'a serde_json::Map<String, Value>
         .ok_or_else(|| format!("no object {key} in {v}"))
 }
 
-fn mem_map(v: &Value, key: &str) -> Result<BTreeMap<String, u64>, String> {
+fn u64_map(v: &Value, key: &str) -> Result<BTreeMap<String, u64>, String> {
     obj(v, key)?
         .iter()
         .map(|(k, n)| {
@@ -572,12 +610,14 @@ impl GroundTruth {
             pid: u32::try_from(u64_of(&raw, "pid")?).map_err(|e| e.to_string())?,
             sync_us: u64_of(&raw, "sync_us")?,
             libraries,
-            live_bytes: mem_map(&raw, "live_bytes")?,
-            peak_bytes: mem_map(&raw, "peak_bytes")?,
+            live_bytes: u64_map(&raw, "live_bytes")?,
+            peak_bytes: u64_map(&raw, "peak_bytes")?,
             untracked_frees: u64_of(&raw, "untracked_frees")?,
             comms,
             rank: opt_u32(&raw, "rank")?,
             nranks: u32::try_from(u64_of(&raw, "nranks")?).map_err(|e| e.to_string())?,
+            kernels: u64_map(&raw, "kernels")?,
+            cupti: raw.get("cupti").filter(|v| !v.is_null()).cloned(),
             raw,
         })
     }

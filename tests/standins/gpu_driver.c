@@ -30,9 +30,26 @@
  *   comms:    comm_init_rank* RANK NRANKS | comm_init_all NDEV | comm_split |
  *             hccl_comm_init_root_info NRANKS RANK | hccl_comm_init_cluster_info RANK
  *             (each [x N])
+ *   cuda:     cuinit                            cuInit(0) of the current cuda slot (the stand-in
+ *                                               loads CUDA_INJECTION64_PATH on the first one)
+ *             kernel NAME [x N]                 cuModuleGetFunction(&f, module, NAME), then N
+ *                                               cuLaunchKernel(f, grid 1,1,1, block 128,1,1,
+ *                                               NULL stream): counted as cuLaunchKernel calls
+ *             cupti_take_buffers                what torch.profiler does when it starts inside a
+ *                                               window: registers its own activity buffer
+ *                                               callbacks with the loaded stand-in CUPTI
+ *                                               (records go to it from then on)
+ *             wait_cupti_enabled                until a stand-in CUPTI loaded in the process
+ *                                               has kernel activity enabled (an injection
+ *                                               library opened a window); prints
+ *                                               `cupti enabled` on stderr; fails after 20 s
  * OP is a catalog symbol name (cuMemAlloc_v2) or its alias (alloc); see SYMBOLS below.
  * Numbers take binary suffixes K M G T (4K = 4096). Runtime ops use the current slot of
  * their runtime: cuda, nccl, acl, hccl unless `use SLOT` chose another.
+ *
+ * The ground truth also has "kernels": {NAME: launches by `kernel`, ...} and "cupti": the
+ * counters of a loaded stand-in CUPTI (ethand_standin_cupti_counts of libcupti.so.13, else
+ * libcupti.so.12, found with RTLD_NOLOAD), or null when none is loaded.
  *
  * Build: gcc -O1 -Wall -o gpu_driver gpu_driver.c -ldl
  */
@@ -240,6 +257,9 @@ static void die(int code, const char *fmt, ...) {
     exit(code);
 }
 #define PLAN_ERROR(...) die(2, __VA_ARGS__)
+static void do_wait_cupti_enabled(void);
+static void do_cupti_take_buffers(void);
+static int read_cupti_counts(char *json, size_t cap);
 
 static void say(const char *fmt, ...) {
     va_list ap;
@@ -814,6 +834,47 @@ static void do_comm(int sym) {
     }
 }
 
+/* Launches by kernel name, for the ground truth. */
+struct kernel_launches {
+    char *name;
+    unsigned long long launches;
+};
+static struct kernel_launches *kernels;
+static size_t nkernels;
+
+static void do_kernel(const char *name, unsigned long long n) {
+    struct slot *s = cur(RT_CUDA);
+    __typeof__(cuModuleGetFunction) *get_function = dlsym(s->handle, "cuModuleGetFunction");
+    if (!get_function)
+        die(1, "%s does not export cuModuleGetFunction", libs[s->lib].path);
+    CUfunction f = NULL;
+    int rc = get_function(&f, (CUmodule)FAKE_HANDLE(8), name);
+    if (rc != 0)
+        die(1, "cuModuleGetFunction(%s) returned %d", name, rc);
+    for (unsigned long long i = 0; i < n; i++) {
+        expect_ok(FN(s, cuLaunchKernel)(f, 1, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), S_cuLaunchKernel);
+        stat_of(s, S_cuLaunchKernel)->calls++;
+    }
+    size_t k = 0;
+    while (k < nkernels && strcmp(kernels[k].name, name) != 0)
+        k++;
+    if (k == nkernels) {
+        kernels = xrealloc(kernels, (nkernels + 1) * sizeof *kernels);
+        kernels[nkernels++] = (struct kernel_launches){strdup(name), 0};
+    }
+    kernels[k].launches += n;
+}
+
+static void do_cuinit(void) {
+    struct slot *s = cur(RT_CUDA);
+    __typeof__(cuInit) *init = dlsym(s->handle, "cuInit");
+    if (!init)
+        die(1, "%s does not export cuInit", libs[s->lib].path);
+    int rc = init(0);
+    if (rc != 0)
+        die(1, "cuInit returned %d", rc);
+}
+
 static int find_sym(const char *w) {
     for (int i = 0; i < S_N; i++)
         if (strcmp(w, SYMS[i].name) == 0 || strcmp(w, SYMS[i].alias) == 0)
@@ -848,6 +909,15 @@ static void run_op(const char *w) {
             die(1, "dlclose %s: %s", s->name, dlerror());
         s->handle = NULL;
         memset(s->fn, 0, sizeof s->fn);
+    } else if (strcmp(w, "cuinit") == 0) {
+        do_cuinit();
+    } else if (strcmp(w, "cupti_take_buffers") == 0) {
+        do_cupti_take_buffers();
+    } else if (strcmp(w, "wait_cupti_enabled") == 0) {
+        do_wait_cupti_enabled();
+    } else if (strcmp(w, "kernel") == 0) {
+        const char *name = next_word("a kernel name");
+        do_kernel(name, opt_times());
     } else if (strcmp(w, "free") == 0) {
         do_free(-1);
     } else if (strcmp(w, "untracked_free") == 0) {
@@ -947,6 +1017,89 @@ static void json_opt(long long v) {
         printf("%lld", v);
 }
 
+/* The stand-in CUPTI's count of enables of CONCURRENT_KERNEL minus disables (0 when none is
+ * loaded): > 0 while an injection library's window records kernels. */
+static long long cupti_kernel_enabled(void) {
+    char json[8192];
+    if (!read_cupti_counts(json, sizeof json))
+        return 0;
+    long long n = 0;
+    const char *const keys[] = {"\"enable\":{", "\"disable\":{"};
+    for (int k = 0; k < 2; k++) {
+        const char *obj = strstr(json, keys[k]);
+        const char *v = obj ? strstr(obj, "\"concurrent_kernel\":") : NULL;
+        if (v)
+            n += (k ? -1 : 1) * strtoll(v + strlen("\"concurrent_kernel\":"), NULL, 10);
+    }
+    return n;
+}
+
+/* The other tool's buffers: handed out, and freed when CUPTI completes them. */
+static void other_tool_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *size = 64 << 10;
+    *buffer = malloc(*size);
+    *max_records = 0;
+}
+static void other_tool_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                 size_t valid) {
+    (void)ctx, (void)stream, (void)size, (void)valid;
+    free(buffer);
+}
+
+static void do_cupti_take_buffers(void) {
+    static const char *const sonames[] = {"libcupti.so.13", "libcupti.so.12"};
+    for (size_t i = 0; i < sizeof sonames / sizeof sonames[0]; i++) {
+        void *h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        int (*reg)(void *, void *) = (int (*)(void *, void *))dlsym(h, "cuptiActivityRegisterCallbacks");
+        int r = reg ? reg((void *)other_tool_requested, (void *)other_tool_completed) : -1;
+        dlclose(h);
+        if (r != 0)
+            die(1, "cupti_take_buffers: cuptiActivityRegisterCallbacks returned %d", r);
+        say("cupti buffers taken");
+        return;
+    }
+    die(1, "cupti_take_buffers: no CUPTI loaded");
+}
+
+static void do_wait_cupti_enabled(void) {
+    for (int i = 0; i < 20000; i++) {
+        if (cupti_kernel_enabled() > 0) {
+            fprintf(stderr, "cupti enabled\n");
+            return;
+        }
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    die(1, "wait_cupti_enabled: no CUPTI window within 20 s");
+}
+
+/* The counters of a stand-in CUPTI loaded in this process (by an injection library) into
+ * `json`: 0 when none is loaded. */
+static int read_cupti_counts(char *json, size_t cap) {
+    static const char *const sonames[] = {"libcupti.so.13", "libcupti.so.12"};
+    for (size_t i = 0; i < sizeof sonames / sizeof sonames[0]; i++) {
+        void *h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        __typeof__(ethand_standin_cupti_counts) *counts = dlsym(h, "ethand_standin_cupti_counts");
+        json[0] = 0;
+        if (counts)
+            counts(json, cap);
+        dlclose(h);
+        if (json[0])
+            return 1;
+    }
+    return 0;
+}
+
+/* The counters of a stand-in CUPTI loaded in this process, or null. */
+static void print_cupti_counts(void) {
+    static char json[8192];
+    fputs(read_cupti_counts(json, sizeof json) ? json : "null", stdout);
+}
+
 static void print_truth(void) {
     printf("{\"pid\":%d,\"sync_us\":%u,\"libraries\":{", (int)getpid(), sync_us);
     for (int l = 0; l < nlibs; l++) {
@@ -998,7 +1151,16 @@ static void print_truth(void) {
     }
     printf("],\"rank\":");
     json_opt(best_rank);
-    printf(",\"nranks\":%lld}\n", best_nranks);
+    printf(",\"nranks\":%lld,\"kernels\":{", best_nranks);
+    for (size_t k = 0; k < nkernels; k++) {
+        if (k)
+            putchar(',');
+        json_str(kernels[k].name);
+        printf(":%llu", kernels[k].launches);
+    }
+    printf("},\"cupti\":");
+    print_cupti_counts();
+    printf("}\n");
     fflush(stdout);
 }
 

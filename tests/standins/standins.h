@@ -39,6 +39,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUfunc_st *CUfunction;
+typedef struct CUmod_st *CUmodule;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
@@ -142,6 +143,67 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuEventSynchronize(CUevent hEvent);
+
+/* Not probed: a program's set-up, and the memsets the stand-in CUPTI records. */
+CUresult cuInit(unsigned int Flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N);
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream);
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+
+/* ------------------------------------------------------------------ stand-in libcuda -> CUPTI */
+/* What the stand-in libcuda tells the stand-in CUPTI (cupti.c) about one call, so that CUPTI can
+ * write the activity record a real GPU would have produced. Numbers are CUPTI's own
+ * (cupti_activity.h), so cupti.c copies them into records unchanged. */
+enum standin_activity_kind {
+    STANDIN_ACTIVITY_KERNEL = 1,
+    STANDIN_ACTIVITY_MEMCPY = 2,
+    STANDIN_ACTIVITY_MEMSET = 3,
+    STANDIN_ACTIVITY_SYNC = 4,
+};
+/* CUpti_ActivityMemcpyKind */
+#define STANDIN_CUPTI_MEMCPY_HTOD 1
+#define STANDIN_CUPTI_MEMCPY_DTOH 2
+#define STANDIN_CUPTI_MEMCPY_DTOD 8
+#define STANDIN_CUPTI_MEMCPY_HTOH 9
+/* CUpti_ActivityMemoryKind */
+#define STANDIN_CUPTI_MEMORY_PAGEABLE 1
+#define STANDIN_CUPTI_MEMORY_PINNED 2
+#define STANDIN_CUPTI_MEMORY_DEVICE 3
+/* CUpti_ActivitySynchronizationType */
+#define STANDIN_CUPTI_SYNC_EVENT 1
+#define STANDIN_CUPTI_SYNC_STREAM 3
+#define STANDIN_CUPTI_SYNC_CONTEXT 4
+
+struct standin_activity {
+    uint32_t kind;          /* enum standin_activity_kind */
+    uint32_t stream;        /* 0: the NULL stream; else 1, 2, ... by first use of each CUstream */
+    const char *api;        /* the CUDA function called, e.g. "cuLaunchKernel" (static storage) */
+    uint64_t call_start_ns; /* CLOCK_REALTIME when the call began (CUPTI's clock) */
+    /* kernels */
+    const char *name; /* static storage: the same pointer for every launch of one name */
+    uint32_t grid_x, grid_y, grid_z;
+    uint32_t block_x, block_y, block_z;
+    uint32_t dynamic_shared_bytes;
+    /* copies (CUPTI numbers above) and memsets */
+    uint32_t copy_kind, src_kind, dst_kind;
+    uint32_t async; /* 1: a *Async call */
+    uint32_t memset_value;
+    uint64_t bytes;
+    /* syncs */
+    uint32_t sync_type; /* CUPTI numbers above */
+    uint32_t event;     /* EVENT_SYNC: 1, 2, ... by first use of each CUevent; else 0 */
+};
+
+/* Exported by the stand-in libcuda: every launch, copy, memset and sync listed in cuda.c calls
+ * `hook` (when not NULL) once, from the calling thread; a sync calls it when it returns. */
+void ethand_standin_cuda_set_activity_hook(void (*hook)(const struct standin_activity *a));
+/* Exported by the stand-in libcupti: its call counters as one JSON object (cupti.c). */
+void ethand_standin_cupti_counts(char *json, size_t cap);
 
 /* ------------------------------------------------------------------ NCCL (nccl.h 2.28) */
 typedef enum {

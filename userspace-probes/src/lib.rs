@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 pub mod catalog;
+pub mod cupti;
 pub mod devices;
 pub mod elf;
 pub mod procmaps;

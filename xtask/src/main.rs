@@ -8,6 +8,7 @@
 mod bench;
 mod deb;
 mod e2e;
+mod trace_compare;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,9 @@ enum Command {
     /// Run the tests that need root and BPF (the `ethand-tests` crate), which plain
     /// `cargo test` leaves out. Arguments after it go to the test binaries.
     E2e(e2e::E2eArgs),
+    /// Check that the Perfetto and JSON outputs of one `ethand record` hold the same events
+    /// (the Perfetto trace decoded with Perfetto's definitions, its import rules checked).
+    TraceCompare(trace_compare::TraceCompareArgs),
     /// Run one benchmark workload and print its result line (the bench runs these as child
     /// processes).
     #[command(hide = true)]
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Deb(args) => deb::run(args),
         Command::E2e(args) => e2e::run(args),
+        Command::TraceCompare(args) => trace_compare::run(args),
         Command::Workload(args) => bench::workloads::run(args),
         Command::FloorProbes(args) => bench::floor::run(args),
         Command::ScaleLoad(args) => bench::scale::run_load(args),

@@ -21,6 +21,7 @@ const MAX_FN_LINES: usize = 150;
 const CRATES: &[(&str, &str)] = &[
     ("daemon", "ethand"),
     ("exporters", "ethand_exporters"),
+    ("perfetto", "ethand_perfetto"),
     ("reader", "ethand_reader"),
     ("snapshot", "ethand_snapshot"),
     ("userspace-probes", "ethand_userspace_probes"),
@@ -567,5 +568,62 @@ fn crate_dependencies_are_the_documented_ones() {
     assert_eq!(
         documented, actual,
         "ARCHITECTURE.md's crate table (left) is not what Cargo.toml files say (right)"
+    );
+}
+
+/// Files that name the configuration's root type `Config` (a path segment or an import).
+struct NamesConfig(bool);
+
+impl<'a> Visit<'a> for NamesConfig {
+    fn visit_item_mod(&mut self, m: &'a syn::ItemMod) {
+        if !is_test_attr(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        }
+    }
+    fn visit_path_segment(&mut self, s: &'a syn::PathSegment) {
+        self.0 |= s.ident == "Config";
+        syn::visit::visit_path_segment(self, s);
+    }
+    fn visit_item_use(&mut self, u: &'a syn::ItemUse) {
+        let mut out = Vec::new();
+        use_paths(&u.tree, &mut Vec::new(), &mut out);
+        self.0 |= out.iter().any(|p| p.iter().any(|s| s == "Config"));
+    }
+}
+
+/// ARCHITECTURE.md: "`pipeline/`, `privilege/` and `serve/shared.rs` never name `Config`":
+/// they read the resolved `Plan`.
+#[test]
+fn the_pipeline_privilege_and_shared_state_read_the_plan_not_the_config() {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    assert!(
+        doc.contains("`pipeline/`,\n`privilege/` and `serve/shared.rs` never name `Config`"),
+        "ARCHITECTURE.md states the invariant this test checks"
+    );
+    let below = [
+        "daemon/src/pipeline/",
+        "daemon/src/privilege/",
+        "daemon/src/serve/shared.rs",
+    ];
+    let mut naming = Vec::new();
+    for s in sources("daemon") {
+        let mut v = NamesConfig(false);
+        v.visit_file(&s.ast);
+        if v.0 {
+            naming.push(s.path);
+        }
+    }
+    let wrong: Vec<&String> = naming
+        .iter()
+        .filter(|p| below.iter().any(|b| p.starts_with(b)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "`Config` named below commands/ and serve/daemon.rs: {wrong:?}"
+    );
+    // The check sees what it must: start-up builds the plan from the configuration.
+    assert!(
+        naming.iter().any(|p| p == "daemon/src/serve/daemon.rs"),
+        "{naming:?}"
     );
 }

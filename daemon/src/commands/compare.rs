@@ -12,7 +12,7 @@ use std::{
 };
 
 use ethand_exporters::report;
-use ethand_snapshot::TreeSnapshot;
+use ethand_snapshot::{GpuLevel, TreeSnapshot};
 
 /// Output format of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub fn load(path: &Path) -> Result<TreeSnapshot, SnapshotFileError> {
 /// them; newer ones leave them out. Reads such a 0 as what it meant: not measured. (At those
 /// levels no launch is ever counted, so a 0 there never was a measurement.)
 fn launches_zero_as_not_measured(t: &mut TreeSnapshot) {
-    if !matches!(t.gpu_level.as_deref(), Some("system" | "calls")) {
+    if !matches!(t.gpu_level, Some(GpuLevel::System | GpuLevel::Calls)) {
         return;
     }
     fn zero(n: &mut Option<u64>) {
@@ -129,12 +129,49 @@ pub fn run_with_html(
     if let Some(out) = html
         && let (Ok(b), Ok(a)) = (load(before), load(after))
     {
-        let page = ethand_exporters::html::render_comparison_html(&report::compare(&b, &a));
+        let page = ethand_exporters::html::render_comparison_html(&comparison(&b, &a));
         crate::commands::outfile::write(out, page.as_bytes())
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", out.display()))?;
         eprintln!("ethand: comparison written to {}", out.display());
     }
     run(before, after, format)
+}
+
+/// The outcomes a comparison leads with: diagnosis signals that measure what the tree got
+/// done, in this order (those neither side measures are left out).
+const OUTCOMES: &[&str] = &[
+    "cpu.cores_used",
+    "cpu.demand_cores",
+    "gpu.sm_busy_ratio",
+    "gpu.sm_activity_ratio",
+    "gpu.device_utilization_ratio",
+    "gpu.launches_per_second",
+    "gpu.syncs_per_second",
+    "gpu.host_copy_bytes_per_second",
+    "gpu.collective_ratio",
+    "io.block_read_bytes_per_second",
+    "io.block_write_bytes_per_second",
+    "net.tx_bytes_per_second",
+    "net.rx_bytes_per_second",
+    "mem.rss_bytes",
+    "cpu.runq_wait_ratio",
+];
+
+/// The comparison of two snapshots, led by their outcomes: each figure computed by the
+/// signal catalog, as the snapshot's own findings compute it.
+pub fn comparison(b: &TreeSnapshot, a: &TreeSnapshot) -> report::Comparison {
+    let mut c = report::compare(b, a);
+    let (sb, sa) = (crate::diagnose::signals(b), crate::diagnose::signals(a));
+    c.outcomes = OUTCOMES
+        .iter()
+        .filter_map(|name| {
+            let (before, after) = (sb.get(*name).copied(), sa.get(*name).copied());
+            let unit = crate::diagnose::signals::find(name)?.unit.as_str();
+            (before.is_some() || after.is_some())
+                .then(|| report::compared("outcome", name, unit, before, after))
+        })
+        .collect();
+    c
 }
 
 /// Runs the command; returns the exit code (0, or 2 when a file is missing or not a snapshot).
@@ -148,7 +185,7 @@ pub fn run(before: &Path, after: &Path, format: Format) -> anyhow::Result<u8> {
             return Ok(crate::EXIT_USAGE);
         }
     };
-    let c = report::compare(&b, &a);
+    let c = comparison(&b, &a);
     let out = match format {
         Format::Json => serde_json::to_string_pretty(&c)? + "\n",
         Format::Csv => report::comparison_to_csv(&c),
@@ -226,13 +263,13 @@ mod tests {
                 "comm_inits": 0, "comm": null, "errors": 0, "symbols": []
             })
         };
-        let tree = |level: &str, launches: u64| {
+        let tree = |level: GpuLevel, launches: u64| {
             let mut t = serde_json::to_value(TreeSnapshot {
                 schema_version: 1,
                 source: ethand_snapshot::SnapshotSource::Standalone,
                 root_pid: 1,
                 measured_ms: 1000,
-                gpu_level: Some(level.into()),
+                gpu_level: Some(level),
                 ..Default::default()
             })
             .unwrap();
@@ -252,7 +289,7 @@ mod tests {
             }]);
             t
         };
-        let before = load(&write(dir.path(), "before.json", &tree("calls", 0))).unwrap();
+        let before = load(&write(dir.path(), "before.json", &tree(GpuLevel::Calls, 0))).unwrap();
         let g = before.total.gpu.as_ref().unwrap();
         assert_eq!((g.launches, g.graph_launches), (None, None));
         assert_eq!(
@@ -268,7 +305,12 @@ mod tests {
         assert_eq!(g.sync.calls, 4, "other figures kept");
 
         // At level process a 0 is a measurement.
-        let after = load(&write(dir.path(), "after.json", &tree("process", 0))).unwrap();
+        let after = load(&write(
+            dir.path(),
+            "after.json",
+            &tree(GpuLevel::Process, 0),
+        ))
+        .unwrap();
         assert_eq!(after.total.gpu.as_ref().unwrap().launches, Some(0));
         assert_eq!(after.timeline[0].gpu_launches, Some(0));
 

@@ -22,19 +22,7 @@ impl OutFile {
     /// A new, empty file beside `target` (".NAME.XXXXXXXX.tmp"), mode 0666 less the umask
     /// as for any new file.
     pub fn create(target: &Path) -> io::Result<Self> {
-        let name = target.file_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} names no file", target.display()),
-            )
-        })?;
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let mut prefix = std::ffi::OsString::from(".");
-        prefix.push(name);
-        prefix.push(".");
+        let (dir, prefix) = beside(target)?;
         let tmp = tempfile::Builder::new()
             .prefix(&prefix)
             .suffix(".tmp")
@@ -67,6 +55,36 @@ impl OutFile {
             )
         })
     }
+}
+
+/// A private directory beside `target` (".NAME.XXXXXXXX.ring", mode 0700, made new: never
+/// one that was there) for a ring's segments; removed with what is in it when dropped.
+pub fn ring_dir(target: &Path) -> io::Result<tempfile::TempDir> {
+    let (dir, prefix) = beside(target)?;
+    tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".ring")
+        .rand_bytes(8)
+        .permissions(fs::Permissions::from_mode(0o700))
+        .tempdir_in(dir)
+}
+
+/// The directory of `target` and the ".NAME." prefix of what is made beside it.
+fn beside(target: &Path) -> io::Result<(&Path, std::ffi::OsString)> {
+    let name = target.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} names no file", target.display()),
+        )
+    })?;
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    Ok((dir, prefix))
 }
 
 /// Writes `bytes` to `target` the safe way.

@@ -44,7 +44,7 @@ pub async fn run(
     // Only the uprobe programs are needed: every tracepoint family off.
     let mut c = cfg.clone();
     c.probes.turn_families_off();
-    let mut loaded = loader::load(&c)?;
+    let mut loaded = loader::load(&crate::config::Plan::resolve(&c))?;
     let mut ops: Array<MapData, GpuOpDesc> =
         Array::try_from(loaded.ebpf.take_map("GPU_OPS").context("GPU_OPS map")?)?;
     let count_only = GpuOpDesc {

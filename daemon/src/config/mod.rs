@@ -10,11 +10,15 @@ use std::{net::SocketAddr, path::Path};
 use serde::{Deserialize, Serialize};
 
 mod locate;
+pub mod log_filter;
 mod plan;
 mod sections;
 mod validate;
 
-pub use plan::{CpuProfile, Plan, StackSample};
+pub use plan::{
+    CollectPlan, CpuProfile, DevicesPlan, GpuPlan, MapSizes, Plan, ProbeFamily, ProbePlan,
+    ReaderPlan, ServePlan, StackSample,
+};
 pub use sections::*;
 pub use validate::{
     BadValue, MAP_ENTRIES_MAX, MAP_ENTRIES_MIN, SOCKET_PATH_MAX, check_log_filter,

@@ -37,6 +37,9 @@ pub struct OtlpConfig {
     pub resource_attributes: BTreeMap<String, String>,
     /// Environment variable holding the Kubernetes node name (`k8s.node.name`).
     pub node_name_env: String,
+    /// Most points (attribute sets) one metric carries per batch; the rest are summed in one
+    /// `otel.metric.overflow` point and counted.
+    pub max_points_per_metric: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -50,6 +53,9 @@ pub struct DiagnosisConfig {
     /// How long a snapshot samples the Python frames of the tree's threads (at the same time
     /// as the launch sample); 0: never.
     pub stack_sample_ms: u64,
+    /// How long a snapshot records the GPU activity of the tree's processes started with
+    /// libethand_cupti.so (at the same time as the launch sample); 0: never.
+    pub gpu_activity_ms: u64,
     /// Stack samples per second per Python process.
     pub stack_sample_hz: u32,
     /// CPU-clock samples per second of the snapshot's native CPU profile (over
@@ -59,48 +65,8 @@ pub struct DiagnosisConfig {
     pub offcpu_min_us: u64,
 }
 
-/// How much ethand probes GPU/NPU runtime libraries; switchable live with `ethand level`.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum GpuLevel {
-    /// Device metrics only (NVML, DCMI): no uprobes.
-    System,
-    /// Per process: memory, copies, syncs and collectives (counts, bytes, sync and collective
-    /// time), every probed call but kernel launches. A launch-bound training step makes
-    /// hundreds of launches, and each probed one costs a uprobe trap (2-7 µs measured on H200
-    /// VMs): 5-15 % of the step. The default.
-    Calls,
-    /// As `calls`, plus kernel launches (and graph launches) counted.
-    Process,
-    /// As `process`, plus host time of every probed call.
-    Op,
-}
-
-impl GpuLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::System => "system",
-            Self::Calls => "calls",
-            Self::Process => "process",
-            Self::Op => "op",
-        }
-    }
-
-    /// Kernel launches are probed (and counted) at this level.
-    pub fn counts_launches(self) -> bool {
-        matches!(self, Self::Process | Self::Op)
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "system" => Some(Self::System),
-            "calls" => Some(Self::Calls),
-            "process" => Some(Self::Process),
-            "op" => Some(Self::Op),
-            _ => None,
-        }
-    }
-}
+/// The level is part of the snapshot contract (the status and the tree snapshots carry it).
+pub use ethand_snapshot::GpuLevel;
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -116,6 +82,11 @@ pub struct GpuConfig {
     pub driver_libraries: Vec<PathBuf>,
     /// Take the user stack at each probed call (not frees) and count calls per call site.
     pub call_stacks: bool,
+    /// With `call_stacks`: also walk a CPython caller's Python frames in the kernel.
+    pub python_frames: bool,
+    /// Where the daemon installs libethand_cupti.so and its control file; empty: no GPU
+    /// activity recording.
+    pub cupti_dir: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -114,6 +114,12 @@ impl Config {
             60_000,
         )?;
         in_range(
+            "diagnosis.gpu_activity_ms",
+            self.diagnosis.gpu_activity_ms,
+            0,
+            60_000,
+        )?;
+        in_range(
             "diagnosis.cpu_profile_hz",
             u64::from(self.diagnosis.cpu_profile_hz),
             0,
@@ -320,6 +326,12 @@ impl Config {
                 ),
             ));
         }
+        in_range(
+            "otlp.max_points_per_metric",
+            o.max_points_per_metric,
+            100,
+            1_000_000,
+        )?;
         if o.timeout_ms == 0 || o.timeout_ms > o.interval_ms {
             return Err(BadValue::new(
                 "otlp.timeout_ms",

@@ -1,7 +1,7 @@
 //! A finding's detail: where it was found (the stalled threads, the XIDs) and where in the
 //! code (call sites, the sampled threads' lines), for the rules whose numbers alone do not
 //! say it.
-use ethand_snapshot::TreeSnapshot;
+use ethand_snapshot::{TreeSnapshot, stacks::FrameKind};
 
 use super::tree;
 
@@ -19,6 +19,7 @@ fn code_of(rule: &str) -> (&'static [&'static str], bool) {
     match rule {
         "excessive_sync" => (&["sync"], false),
         "small_pageable_copies" => (&["copy"], false),
+        "pageable_transfer_bound" => (&["copy"], true),
         "gpu_memory_growth" => (&["alloc"], false),
         "collective_bound" | "straggler_rank" => (&["collective", "sync"], false),
         "launch_bound" => (&["launch", "graph_launch"], true),
@@ -27,6 +28,7 @@ fn code_of(rule: &str) -> (&'static [&'static str], bool) {
         | "gpu_underutilized"
         | "cpu_contention"
         | "single_thread_cpu_bound"
+        | "checkpoint_bound"
         | "stalled" => (&[], true),
         _ => (&[], false),
     }
@@ -34,8 +36,8 @@ fn code_of(rule: &str) -> (&'static [&'static str], bool) {
 
 /// "where in the code: cuStreamSynchronize: 99.0 % of 200 samples inside it from
 /// train.py:41 in step(): `loss.item()` (pid 12)": the busiest call sites of the rule's call
-/// categories (Python samples first: they reach the script's line; then the kernel's exact
-/// stacks), and the sampled main threads' busiest lines.
+/// categories (the kernel's exact stacks first where they carry Python lines, else the Python
+/// samples first), and the sampled main threads' busiest lines.
 fn in_code(rule: &str, t: &TreeSnapshot) -> Vec<String> {
     use ethand_exporters::stacks;
     let (categories, threads) = code_of(rule);
@@ -47,7 +49,20 @@ fn in_code(rule: &str, t: &TreeSnapshot) -> Vec<String> {
             .iter()
             .filter_map(|p| p.gpu.as_ref())
             .flat_map(|g| &g.call_sites);
-        for basis in [sampled.collect::<Vec<_>>(), kernel.collect()] {
+        let (sampled, kernel): (Vec<_>, Vec<_>) = (sampled.collect(), kernel.collect());
+        // The kernel's stacks are exact per call; where they reach Python lines (the walked
+        // interpreters) they come first, else the samples do (they reach the script's line).
+        let python_in_kernel = kernel.iter().any(|c| {
+            c.sites
+                .iter()
+                .any(|s| s.key_frame().is_some_and(|f| f.kind == FrameKind::Python))
+        });
+        let order = if python_in_kernel {
+            [kernel, sampled]
+        } else {
+            [sampled, kernel]
+        };
+        for basis in order {
             let mut sites: Vec<_> = basis
                 .into_iter()
                 .filter(|c| categories.contains(&c.category.as_str()))
@@ -83,7 +98,11 @@ fn in_code(rule: &str, t: &TreeSnapshot) -> Vec<String> {
         if let Some(p) = &t.cpu_profile {
             let waits = matches!(
                 rule,
-                "stalled" | "input_pipeline_stall" | "input_workers_stall" | "gpu_underutilized"
+                "stalled"
+                    | "input_pipeline_stall"
+                    | "input_workers_stall"
+                    | "gpu_underutilized"
+                    | "checkpoint_bound"
             );
             let other = matches!(rule, "input_workers_stall" | "single_thread_cpu_bound");
             // The snapshot's root process first (the trainer, not its data workers).
@@ -116,6 +135,7 @@ fn found_at(rule: &str, t: &TreeSnapshot) -> Vec<String> {
     match rule {
         "stalled" => {
             let mut waits: Vec<(u64, String)> = tree::live_threads(t)
+                .filter(|(p, th)| !tree::excused_wait(p, th))
                 .filter_map(|(p, th)| {
                     let sc = th.now.as_ref()?.syscall.as_ref()?;
                     let ns = sc.blocked_ns()?;
@@ -138,6 +158,26 @@ fn found_at(rule: &str, t: &TreeSnapshot) -> Vec<String> {
             waits.sort_by(|a, b| b.0.cmp(&a.0));
             waits.into_iter().take(8).map(|(_, s)| s).collect()
         }
+        // Who held the CPUs: the busiest processes outside the tree over its window.
+        "cpu_contention" => t
+            .neighbours
+            .iter()
+            .map(|n| {
+                let cpus = n
+                    .cpus_allowed
+                    .map(|c| format!(", may run on {c} CPUs"))
+                    .unwrap_or_default();
+                let cgroup = if n.cgroup.is_empty() {
+                    String::new()
+                } else {
+                    format!(", cgroup {}", n.cgroup)
+                };
+                format!(
+                    "held the CPUs: pid {} ({}) {:.2} cores{cgroup}{cpus}",
+                    n.pid, n.comm, n.cores
+                )
+            })
+            .collect(),
         // The process the signal came from (the busiest such main thread).
         "single_thread_cpu_bound" => tree::single_threaded(t)
             .filter(|(_, _, others)| *others < tree::SINGLE_THREAD_OTHERS)
@@ -153,6 +193,7 @@ fn found_at(rule: &str, t: &TreeSnapshot) -> Vec<String> {
             .into_iter()
             .collect(),
         "gpu_errors" => gpu_error_detail(t),
+        "near_oom" | "memory_pressure" => super::memory::detail(t),
         _ => Vec::new(),
     }
 }

@@ -8,6 +8,7 @@
 //! details share; this file: evaluation.
 mod detail;
 pub mod expr;
+mod memory;
 mod rules;
 pub mod signals;
 mod tree;
@@ -99,7 +100,7 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
                 title: r.title.clone(),
                 severity: r.severity,
                 evidence,
-                explanation: r.explanation.clone(),
+                explanation: signals::quote(&r.explanation, &s),
                 advice: r.advice.clone(),
                 estimated_speedup: r
                     .speedup

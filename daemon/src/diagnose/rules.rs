@@ -138,6 +138,10 @@ pub fn parse_rules(
                 return Err(unknown(field, name));
             }
         }
+        if let Some(name) = signals::quoted(&spec.explanation).find(|n| signals::find(n).is_none())
+        {
+            return Err(unknown("explanation", name));
+        }
         for (field, names) in [("evidence", &spec.evidence), ("needs", &spec.needs)] {
             if let Some(name) = names.iter().find(|n| signals::find(n).is_none()) {
                 return Err(unknown(field, name));

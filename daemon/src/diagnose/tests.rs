@@ -1,8 +1,8 @@
 //! Every built-in rule against a synthetic tree that must fire it and one that must not.
 //! (End-to-end tests with real workloads are in tests/tests/e2e/diagnose.rs.)
 use ethand_snapshot::{
-    BlockStats, InFlightSyscall, NetStats, ProcessSnapshot, SchedStats, SyscallRow, ThreadNow,
-    ThreadSnapshot, TreeSnapshot, WindowStats,
+    BlockStats, GpuLevel, InFlightSyscall, NetStats, ProcessSnapshot, SchedStats, SyscallRow,
+    ThreadNow, ThreadSnapshot, TreeSnapshot, WindowStats,
     devices::{DevicesSnapshot, GpuDevice},
     gpu::{CommRank, GpuDerived, GpuMemoryStats, GpuProcessStats, GpuSymbolStats, GpuTimedCalls},
 };
@@ -138,7 +138,7 @@ fn calls_level(
         },
         Some(0.9),
     );
-    t.gpu_level = Some("calls".into());
+    t.gpu_level = Some(GpuLevel::Calls);
     t.total.gpu_derived.as_mut().unwrap().sm_activity_ratio = Some(sm);
     t.launch_sample = launches_per_s.map(|r| ethand_snapshot::gpu::LaunchSample {
         duration_ms: 2000,
@@ -389,6 +389,15 @@ fn cpu_contention() {
         "{:?}",
         ids(&t)
     );
+    // Half a core used, 0.9 wanted, 4 allowed: 1.8x with the CPUs to itself.
+    let f = diagnose(&t, &rules())
+        .into_iter()
+        .find(|f| f.id == "cpu_contention");
+    let est = f.and_then(|f| f.estimated_speedup).expect("an estimate");
+    assert!((est - 1.8).abs() < 1e-9, "{est}");
+    // Its affinity allows one CPU and it wants 0.9: still neighbours.
+    t.processes[0].cpus_allowed = Some(1);
+    assert!(ids(&t).contains(&"cpu_contention".to_string()));
     t.processes[0].window.as_mut().unwrap().runq_wait_ns = S / 100;
     assert!(ids(&t).is_empty());
 }
@@ -403,13 +412,24 @@ fn thread_oversubscription() {
         .collect();
     t.total.sched.voluntary_switches = 100;
     t.total.sched.involuntary_switches = 10_000;
-    t.processes[0].window.as_mut().unwrap().runq_wait_ns = 7 * S;
+    // Over the 10 s window its threads fill the 4 CPUs and want 16: self-inflicted.
+    let w = t.processes[0].window.as_mut().unwrap();
+    (w.oncpu_ns, w.runq_wait_ns) = (40 * S, 120 * S);
+    let found = diagnose(&t, &rules());
+    assert!(
+        !ids(&t).contains(&"cpu_contention".to_string()),
+        "{found:?}"
+    );
+    let f = found.iter().find(|f| f.id == "thread_oversubscription");
+    assert_eq!(f.map(|f| f.estimated_speedup), Some(None), "{found:?}");
     assert!(
         ids(&t).contains(&"thread_oversubscription".to_string()),
         "{:?}",
         ids(&t)
     );
     // Many threads, but asleep: not oversubscribed.
+    let w = t.processes[0].window.as_mut().unwrap();
+    (w.oncpu_ns, w.runq_wait_ns) = (16 * S / 10, 0);
     t.processes[0].threads = (0..4 * cpus)
         .map(|i| thread(100 + i, S / 10, 8 * S, 0))
         .collect();
@@ -780,6 +800,8 @@ fn signal_catalog_is_whole_and_documented() {
             .any(|x| n.ends_with(x))
         {
             "ratio"
+        } else if n.ends_with("_bytes_per_second") {
+            "bytes_per_second"
         } else if n.ends_with("_per_second") {
             "per_second"
         } else if n.ends_with("_bytes") {
@@ -1073,4 +1095,46 @@ fn findings_say_where_in_the_code() {
             "where the time goes: main thread of pid 1 (MainThread): 60.0 % at train.py:186 in decode(), 20.0 % at train.py:41 in step() (75.0 % on a CPU, 5.0 % inside runtime calls, of 200 samples)"
         ]
     );
+}
+
+/// Waits that are writes and fsyncs, with the disk writing: write advice, not read advice.
+#[test]
+fn disk_write_bound() {
+    let mut t = healthy();
+    let p = &mut t.processes[0];
+    p.threads = vec![thread(100, S, 9 * S, 0)];
+    p.syscalls.by_nr = vec![
+        SyscallRow {
+            nr: 74,
+            name: "fsync".into(),
+            count: 1000,
+            errors: 0,
+            time_ns: 7 * S,
+        },
+        SyscallRow {
+            nr: 1,
+            name: "write".into(),
+            count: 1000,
+            errors: 0,
+            time_ns: S / 2,
+        },
+    ];
+    p.block = vec![BlockStats {
+        op: "write".into(),
+        ops: 3000,
+        bytes: 100 << 20,
+        service_ns: 6 * S,
+        ..Default::default()
+    }];
+    p.window.as_mut().unwrap().block_write_bytes = 100 << 20;
+    assert_eq!(ids(&t), vec!["disk_write_bound"]);
+    // The window's own split wins over the life's: mostly reads now.
+    let w = t.processes[0].window.as_mut().unwrap();
+    (w.io_read_syscall_ns, w.io_write_syscall_ns) = (Some(6 * S), Some(S));
+    assert_eq!(ids(&t), vec!["disk_io_bound"]);
+    // Writes in the syscalls but the disk reads: read advice.
+    let w = t.processes[0].window.as_mut().unwrap();
+    (w.io_read_syscall_ns, w.io_write_syscall_ns) = (Some(S), Some(6 * S));
+    (w.block_read_bytes, w.block_write_bytes) = (100 << 20, 1 << 20);
+    assert_eq!(ids(&t), vec!["disk_io_bound"]);
 }

@@ -42,6 +42,39 @@ pub fn blocked_seconds(th: &ThreadSnapshot) -> f64 {
     }
 }
 
+/// Whether a live thread's wait says nothing of a stall: an idle wait (a timed sleep, an
+/// event loop's wait: `InFlightSyscall::idle`), a wait for children (wait4, waitid: their
+/// own states say whether they are stalled), or a futex wait in a process that has an idle
+/// thread (an event loop's pool waiting for work).
+pub fn excused_wait(p: &ProcessSnapshot, th: &ThreadSnapshot) -> bool {
+    let idle = |th: &ThreadSnapshot| {
+        th.now
+            .as_ref()
+            .and_then(|n| n.syscall.as_ref())
+            .is_some_and(|s| s.idle)
+    };
+    let Some(sc) = th.now.as_ref().and_then(|n| n.syscall.as_ref()) else {
+        return false;
+    };
+    sc.idle
+        || matches!(sc.name.as_str(), "wait4" | "waitid")
+        || (sc.name == "futex" && p.threads.iter().any(|o| o.alive && idle(o)))
+}
+
+/// The shortest wait among the live threads whose waits may be a stall (running ones count
+/// 0; see [`excused_wait`] for those left out); 0 when every one is left out, None without
+/// thread states.
+pub fn stalled_seconds(t: &TreeSnapshot) -> Option<f64> {
+    let mut live = live_threads(t).peekable();
+    live.peek()?;
+    Some(
+        live.filter(|(p, th)| !excused_wait(p, th))
+            .map(|(_, th)| blocked_seconds(th))
+            .reduce(f64::min)
+            .unwrap_or(0.0),
+    )
+}
+
 /// Main thread's demand (on a CPU or waiting for one) and the other threads' cores, over the
 /// window, per live process.
 pub const SINGLE_THREAD_OTHERS: f64 = 0.25;

@@ -20,7 +20,7 @@ use ethand_snapshot::{DropCounter, MapFill, ProgramCost};
 use tracing::warn;
 
 use crate::{
-    config::{BpfStatsMode, Config},
+    config::{BpfStatsMode, CollectPlan, MapSizes},
     pipeline::{
         bpf_batch::{delete_keys, read_all},
         model::{Model, RawRead, Reclaim},
@@ -122,22 +122,29 @@ pub struct BpfStats {
     since: Option<Instant>,
     started: Instant,
     enabled_before: Duration,
+    /// Per program, its run count and time when our statistics window in progress opened,
+    /// and the sums over our closed windows: the kernel's figures grow whenever anyone has
+    /// the statistics on (another ethand, `bpftool prog profile`, the sysctl), and only
+    /// what ran while ours were on matches `enabled_ms`.
+    window_base: HashMap<String, (u64, u64)>,
+    counted: HashMap<String, (u64, u64)>,
 }
 
 impl BpfStats {
-    fn new(cfg: &Config) -> Self {
-        let d = &cfg.daemon;
+    fn new(plan: &CollectPlan) -> Self {
         let mut s = Self {
-            mode: d.bpf_stats,
-            window: Duration::from_millis(d.bpf_stats_window_ms),
-            period: Duration::from_millis(d.bpf_stats_period_ms),
+            mode: plan.bpf_stats,
+            window: plan.bpf_stats_window,
+            period: plan.bpf_stats_period,
             fd: None,
             helper: None,
             since: None,
             started: Instant::now(),
             enabled_before: Duration::ZERO,
+            window_base: HashMap::new(),
+            counted: HashMap::new(),
         };
-        s.tick();
+        s.tick(Vec::new);
         s
     }
 
@@ -179,8 +186,9 @@ impl BpfStats {
         }
     }
 
-    /// Called every interval: switches the statistics per the mode.
-    pub fn tick(&mut self) {
+    /// Called every interval: switches the statistics per the mode. `costs` reads the
+    /// programs' kernel figures (at each switch, to count our windows exactly).
+    pub fn tick(&mut self, costs: impl FnOnce() -> Vec<ProgramCost>) {
         let want = match self.mode {
             BpfStatsMode::Always => true,
             BpfStatsMode::Off => false,
@@ -193,17 +201,48 @@ impl BpfStats {
         };
         if want && !self.on() {
             match self.switch(true) {
-                Ok(()) => self.since = Some(Instant::now()),
+                Ok(()) => {
+                    self.since = Some(Instant::now());
+                    self.window_base = by_name(costs());
+                }
                 Err(e) => self.turn_off(&e.to_string()),
             }
         } else if !want && self.on() {
+            let now = by_name(costs());
             if let Err(e) = self.switch(false) {
                 warn!(error = %e, "turning the BPF run-time statistics off failed");
             }
             if let Some(t) = self.since.take() {
                 self.enabled_before += t.elapsed();
             }
+            for (name, (runs, ns)) in now {
+                let (r0, n0) = self.window_base.get(&name).copied().unwrap_or((0, 0));
+                let c = self.counted.entry(name).or_default();
+                c.0 += runs.saturating_sub(r0);
+                c.1 += ns.saturating_sub(n0);
+            }
+            self.window_base.clear();
         }
+    }
+
+    /// What the programs cost during our statistics windows (`now`: their kernel figures
+    /// now): the closed windows' sums plus the growth since the open one began.
+    pub fn costs(&self, now: Vec<ProgramCost>) -> Vec<ProgramCost> {
+        now.into_iter()
+            .map(|p| {
+                let (mut runs, mut ns) = self.counted.get(&p.name).copied().unwrap_or((0, 0));
+                if self.on() {
+                    let (r0, n0) = self.window_base.get(&p.name).copied().unwrap_or((0, 0));
+                    runs += p.run_count.saturating_sub(r0);
+                    ns += p.run_time_ns.saturating_sub(n0);
+                }
+                ProgramCost {
+                    name: p.name,
+                    run_count: runs,
+                    run_time_ns: ns,
+                }
+            })
+            .collect()
     }
 
     pub fn enabled_ms(&self) -> u64 {
@@ -218,6 +257,13 @@ impl BpfStats {
             BpfStatsMode::Off => "off",
         }
     }
+}
+
+fn by_name(costs: Vec<ProgramCost>) -> HashMap<String, (u64, u64)> {
+    costs
+        .into_iter()
+        .map(|p| (p.name, (p.run_count, p.run_time_ns)))
+        .collect()
 }
 
 /// `GPU_INFLIGHT`: the timed runtime calls (syncs, collectives, allocations at level
@@ -262,7 +308,12 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
 }
 
 impl Collector {
-    pub fn new(ebpf: &mut Ebpf, cfg: &Config, exec_baseline: bool) -> Result<Self, CollectError> {
+    pub fn new(
+        ebpf: &mut Ebpf,
+        maps: &MapSizes,
+        collect: &CollectPlan,
+        exec_baseline: bool,
+    ) -> Result<Self, CollectError> {
         // Syscall number -> latency class, for the in-kernel histograms.
         let mut classes: Array<MapData, u32> = take(ebpf, "SYSCALL_CLASS")?;
         for (nr, class) in syscalls_table::classes() {
@@ -270,7 +321,7 @@ impl Collector {
                 warn!(nr, error = %e, "cannot set syscall class");
             }
         }
-        let m = &cfg.maps;
+        let m = &maps.configured;
         Ok(Self {
             threads: take(ebpf, "THREADS")?,
             syscalls: take(ebpf, "SYSCALLS")?,
@@ -304,7 +355,7 @@ impl Collector {
                 ("gpu_stacks", u64::from(m.gpu_stacks)),
             ]),
             fills: Vec::new(),
-            stats: BpfStats::new(cfg),
+            stats: BpfStats::new(collect),
             batch_ok: true,
             raw: RawRead::default(),
         })
@@ -367,9 +418,8 @@ impl Collector {
         raw.threads
             .sort_unstable_by_key(|(tid, t)| (t.tgid, t.proc_start_ns, *tid));
         raw.running_oncpu.clear();
-        if self.exec_baseline {
-            read_running(&self.cpu_ctx, raw);
-        }
+        raw.running.clear();
+        read_running(&self.cpu_ctx, raw, self.exec_baseline);
         raw.syscalls
             .sort_unstable_by_key(|(k, _)| (k.tgid, k.proc_start_ns, k.nr));
         raw.syscall_hist
@@ -448,21 +498,23 @@ impl Collector {
 /// kernel's total now (/proc schedstat, current to the last tick) less its total at the
 /// thread's last switch-out (0 for a thread not yet switched out since it was created). One
 /// /proc read per CPU that is running a thread. Only where entries hold that baseline
-/// (`exec_baseline`); elsewhere a run counts at its switch-out.
-fn read_running(cpu_ctx: &PerCpuArray<MapData, CpuCtx>, raw: &mut RawRead) {
+/// (`exec_baseline`); elsewhere a run counts at its switch-out. The threads on a CPU go to
+/// `raw.running` in any case (their off-CPU span has ended: see `ThreadAcc::off_cpu_since_ms`).
+fn read_running(cpu_ctx: &PerCpuArray<MapData, CpuCtx>, raw: &mut RawRead, exec_baseline: bool) {
     let Ok(per_cpu) = cpu_ctx.get(&0, 0) else {
         return;
     };
-    let running: FoldSet<u32> = per_cpu
-        .iter()
-        .map(|c| c.running_tid)
-        .filter(|tid| *tid != 0)
-        .collect();
-    if running.is_empty() {
+    raw.running.extend(
+        per_cpu
+            .iter()
+            .map(|c| c.running_tid)
+            .filter(|tid| *tid != 0),
+    );
+    if raw.running.is_empty() || !exec_baseline {
         return;
     }
     for (tid, t) in &raw.threads {
-        if t.flags & thread_flags::EXITED != 0 || !running.contains(tid) {
+        if t.flags & thread_flags::EXITED != 0 || !raw.running.contains(tid) {
             continue;
         }
         if let Some(now) = crate::pipeline::procinfo::thread_exec_runtime_ns(t.tgid, *tid)

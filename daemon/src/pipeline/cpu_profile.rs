@@ -71,6 +71,8 @@ pub struct Raw {
     pub stacks: HashMap<i32, Vec<u64>>,
     pub lost_stacks: Option<u64>,
     pub lost_samples: Option<u64>,
+    /// Steal time over the window, all CPUs together (None: not accounted here).
+    pub stolen_ms: Option<u64>,
     pub notes: Vec<String>,
     /// Whether anything was attached (else the profile is only its notes).
     pub taken: bool,
@@ -91,6 +93,7 @@ struct Active {
     started_unix_ms: u64,
     duration: Duration,
     drops_base: [u64; 2],
+    steal_base: Option<u64>,
     notes: Vec<String>,
     reply: std::sync::mpsc::SyncSender<Raw>,
 }
@@ -128,10 +131,9 @@ impl CpuProfiler {
     /// `programs`: whether the loader loaded the programs (`Loaded::profile_programs`).
     pub fn new(
         ebpf: &mut Ebpf,
-        cfg: &crate::config::Config,
+        plan: Result<crate::config::CpuProfile, &'static str>,
         programs: &Result<Option<String>, String>,
     ) -> Self {
-        let plan = crate::config::Plan::resolve(cfg).cpu_profile;
         let mut me = Self {
             rate_hz: plan.map_or(0, |p| p.rate_hz),
             offcpu_min_ns: plan.map_or(0, |p| p.offcpu_min_ns),
@@ -275,6 +277,7 @@ impl CpuProfiler {
             started_unix_ms: unix_ms(),
             duration: r.duration,
             drops_base: self.drops(),
+            steal_base: procinfo::steal_ticks(),
             notes,
             reply: r.reply,
         });
@@ -360,20 +363,28 @@ impl CpuProfiler {
         for (tid, o) in going {
             let _ = maps.off.remove(&tid);
             let waited = now.saturating_sub(o.since_ns);
-            if waited >= self.offcpu_min_ns {
-                let c = counts
-                    .entry(ProfileKey {
-                        tgid: o.tgid,
-                        tid,
-                        user_stack: o.user_stack,
-                        kernel_stack: o.kernel_stack,
-                        kind: profile_kind::OFF_CPU,
-                        _pad0: 0,
-                    })
-                    .or_default();
-                c.count += 1;
-                c.off_ns += waited;
-            }
+            // As the kernel side does: long waits at their stacks, short ones summed.
+            let (user_stack, kernel_stack, kind) = if waited >= self.offcpu_min_ns {
+                (o.user_stack, o.kernel_stack, profile_kind::OFF_CPU)
+            } else {
+                (
+                    PROFILE_NO_STACK,
+                    PROFILE_NO_STACK,
+                    profile_kind::OFF_CPU_SHORT,
+                )
+            };
+            let c = counts
+                .entry(ProfileKey {
+                    tgid: o.tgid,
+                    tid,
+                    user_stack,
+                    kernel_stack,
+                    kind,
+                    _pad0: 0,
+                })
+                .or_default();
+            c.count += 1;
+            c.off_ns += waited;
         }
         let mut stacks = HashMap::new();
         for k in counts.keys() {
@@ -399,6 +410,10 @@ impl CpuProfiler {
             // may be included.
             lost_stacks: Some(drops[0].saturating_sub(a.drops_base[0])),
             lost_samples: Some(drops[1].saturating_sub(a.drops_base[1])),
+            stolen_ms: a
+                .steal_base
+                .zip(procinfo::steal_ticks())
+                .map(|(b, n)| n.saturating_sub(b) * 1000 / procinfo::clock_ticks().max(1)),
             notes: a.notes,
             taken: true,
         };
@@ -406,13 +421,28 @@ impl CpuProfiler {
     }
 }
 
+/// A CPU-clock sample that comes due while the hypervisor runs something else is taken when
+/// the VM runs again, on the thread it had paused (often one that had just entered the kernel,
+/// where VM exits happen): steal inflates some threads' samples, and the profile says so.
+fn steal_note(stolen_ms: Option<u64>, rate_hz: u32) -> Option<String> {
+    let ms = stolen_ms?;
+    let samples = ms * u64::from(rate_hz) / 1000;
+    (samples > 0).then(|| {
+        format!(
+            "the hypervisor ran something else for {ms} ms of this VM's CPU time during the \
+             window (steal): up to {samples} samples may be counted on the threads it paused"
+        )
+    })
+}
+
 /// What the method of every profile says.
 pub fn method(rate_hz: u32, offcpu_min_ns: u64) -> String {
     format!(
         "a CPU-clock perf event on every CPU {rate_hz} times a second, counting the tree's \
          threads at their user and kernel stacks (frame-pointer walk: code built without \
-         frame pointers shows its innermost frame only), and every wait of at least {} \
-         at the stacks the thread blocked with (sched_switch); attached for this window \
+         frame pointers shows its innermost frame only), and every wait off the CPU \
+         (sched_switch: blocked, not preempted) counted and timed per thread, those of at \
+         least {} also at the stacks the thread blocked with; attached for this window \
          only",
         ethand_exporters::format::duration_ns_u(offcpu_min_ns)
     )
@@ -428,6 +458,7 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms, reader: &ReaderHandle) -> Option<Cpu
         });
     }
     let mut notes = raw.notes;
+    notes.extend(steal_note(raw.stolen_ms, raw.rate_hz));
     // Frames per (pid, user stack id) and per kernel stack id.
     let mut user_ids: HashMap<u32, Vec<i32>> = HashMap::new();
     let mut kernel_ids: HashSet<i32> = HashSet::new();
@@ -486,9 +517,14 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms, reader: &ReaderHandle) -> Option<Cpu
         );
         frames.truncate(MAX_FRAMES);
         let th = threads.entry((k.tgid, k.tid)).or_default();
-        if k.kind == profile_kind::OFF_CPU {
+        if k.kind == profile_kind::OFF_CPU_SHORT {
             th.waits += c.count;
             th.wait_ns += c.off_ns;
+        } else if k.kind == profile_kind::OFF_CPU {
+            th.waits += c.count;
+            th.wait_ns += c.off_ns;
+            th.long_waits += c.count;
+            th.long_wait_ns += c.off_ns;
             let w = th.wait_sites.entry(frames).or_default();
             w.0 += c.count;
             w.1 += c.off_ns;
@@ -543,6 +579,7 @@ pub fn build(raw: Raw, kallsyms: &Kallsyms, reader: &ReaderHandle) -> Option<Cpu
         offcpu_min_ns: raw.offcpu_min_ns,
         lost_stacks: raw.lost_stacks,
         lost_samples: raw.lost_samples,
+        stolen_ms: raw.stolen_ms,
         threads: out,
         notes,
     })
@@ -602,8 +639,12 @@ struct ThreadAcc {
     functions: HashMap<Frame, u64>,
     /// Innermost first.
     stacks: HashMap<Vec<Frame>, u64>,
+    /// Every wait, whatever its length.
     waits: u64,
     wait_ns: u64,
+    /// Of them, those of at least `offcpu_min_ns` (the ones in `wait_sites`).
+    long_waits: u64,
+    long_wait_ns: u64,
     /// Innermost first -> (waits, time).
     wait_sites: HashMap<Vec<Frame>, (u64, u64)>,
 }
@@ -650,6 +691,8 @@ impl ThreadAcc {
             frames,
             waits: self.waits,
             wait_ns: self.wait_ns,
+            long_waits: Some(self.long_waits),
+            long_wait_ns: Some(self.long_wait_ns),
             wait_sites,
         }
     }
@@ -703,16 +746,29 @@ mod tests {
                         off_ns: 40_000_000,
                     },
                 ),
+                (
+                    key(
+                        me,
+                        PROFILE_NO_STACK,
+                        PROFILE_NO_STACK,
+                        profile_kind::OFF_CPU_SHORT,
+                    ),
+                    ProfileCount {
+                        count: 1_000,
+                        off_ns: 200_000_000,
+                    },
+                ),
             ],
             stacks: HashMap::from([(1, vec![0x10, 0x20]), (2, vec![0x30]), (3, vec![0x40])]),
             lost_stacks: Some(0),
             lost_samples: Some(0),
+            stolen_ms: Some(30),
             notes: vec![],
             taken: true,
         };
         let k = Kallsyms::open();
         // Unit tests run no reader: user frames keep their addresses.
-        let r = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let r = ReaderHandle::unavailable(&crate::config::Plan::defaults().reader, "test".into());
         let p = build(raw, &k, &r).expect("a profile");
         assert_eq!(p.threads.len(), 1);
         let t = &p.threads[0];
@@ -720,13 +776,25 @@ mod tests {
         assert_eq!((t.samples, t.kernel_samples), (200, 50));
         assert_eq!(t.by_module[0].samples, 150);
         assert_eq!(t.by_module[1].name, "[kernel]");
-        assert_eq!((t.waits, t.wait_ns), (4, 40_000_000));
+        // Every wait summed, the long ones apart (and only they have a site).
+        assert_eq!((t.waits, t.wait_ns), (1_004, 240_000_000));
+        assert_eq!((t.long_waits, t.long_wait_ns), (Some(4), Some(40_000_000)));
+        assert_eq!(t.wait_sites.len(), 1);
         assert_eq!(t.wait_sites[0].frames[0].kind, FrameKind::Kernel);
         assert_eq!(t.folded.iter().map(|f| f.samples).sum::<u64>(), 200);
         // Outermost first: the two-frame stack's outer frame (0x20 - 1) leads.
         let two = t.folded.iter().find(|f| f.frames.len() == 2).unwrap();
         assert_eq!(t.frames[two.frames[0] as usize].offset, Some(0x20));
         assert_eq!(p.full_samples(), 198.0);
+        // 30 ms of steal at 99 Hz: 2 samples may have landed where the VM was paused.
+        assert_eq!(p.stolen_ms, Some(30));
+        assert!(
+            p.notes.iter().any(|n| n.contains("up to 2 samples")),
+            "{:?}",
+            p.notes
+        );
+        assert_eq!(steal_note(Some(10), 99), None);
+        assert_eq!(steal_note(None, 99), None);
     }
 
     #[test]
@@ -735,7 +803,7 @@ mod tests {
             notes: vec!["CPU profile unavailable: off".into()],
             ..Raw::default()
         };
-        let r = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let r = ReaderHandle::unavailable(&crate::config::Plan::defaults().reader, "test".into());
         let p = build(raw, &Kallsyms::open(), &r).unwrap();
         assert!(p.threads.is_empty());
         assert_eq!(p.notes.len(), 1);

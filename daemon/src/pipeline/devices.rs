@@ -1,21 +1,17 @@
 //! The device collectors (NVML, DCMI) on their own thread: driver calls block for
 //! milliseconds per device, so they never run on the async runtime or in the collection
 //! loop. The loop takes the latest reading and joins it to processes by pid.
-use std::{
-    path::PathBuf,
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+use std::sync::{Arc, RwLock};
 
 use ethand_snapshot::{
     ProbeState, ProbeStatus, ProcessSnapshot,
     devices::{CollectorState, DevicesSnapshot},
     gpu::ProcessDeviceUsage,
 };
-use ethand_userspace_probes::devices::{self as dev, DevicesConfig};
+use ethand_userspace_probes::devices as dev;
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::DevicesPlan;
 use crate::pipeline::xid::XidLedger;
 
 pub struct DeviceSampler {
@@ -24,19 +20,9 @@ pub struct DeviceSampler {
 
 impl DeviceSampler {
     /// Opens the collectors and starts polling them every `devices.interval_ms`.
-    pub fn start(cfg: &Config, hostname: String) -> Self {
-        let d = &cfg.devices;
-        let dc = DevicesConfig {
-            nvml: d.nvml,
-            dcmi: d.dcmi,
-            nvml_library: (!d.nvml_library.is_empty()).then(|| PathBuf::from(&d.nvml_library)),
-            dcmi_library: (!d.dcmi_library.is_empty()).then(|| PathBuf::from(&d.dcmi_library)),
-            nvml_cadence: dev::nvml::Cadence {
-                counters: Duration::from_millis(d.counters_interval_ms),
-                nvlink_errors: Duration::from_millis(d.nvlink_errors_interval_ms),
-            },
-        };
-        let interval = Duration::from_millis(d.interval_ms);
+    pub fn start(plan: &DevicesPlan, hostname: String) -> Self {
+        let dc = plan.collectors.clone();
+        let interval = plan.interval;
         let latest = Arc::new(RwLock::new(Arc::new(DevicesSnapshot::default())));
         let out = latest.clone();
         let spawned = std::thread::Builder::new()

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use ethand_snapshot::{InFlightSyscall, ProcessSnapshot, ThreadNow, ThreadSnapshot};
 
-use crate::pipeline::{procinfo, syscalls_table};
+use crate::pipeline::{peers, procinfo, syscalls_table};
 
 /// Per thread of a process, what the probes last read: the syscall it was in at its last
 /// switch-out and when it entered it (CLOCK_MONOTONIC ns).
@@ -46,6 +46,37 @@ const FD_FIRST: &[&str] = &[
     "splice",
 ];
 
+/// Waits a thread chooses rather than waits for a peer: timed sleeps, waits for signals,
+/// and the event loops' waits for any of their descriptors (an event loop with nothing to
+/// do waits there, with or without a timeout).
+const IDLE_WAITS: &[&str] = &[
+    "nanosleep",
+    "clock_nanosleep",
+    "pause",
+    "rt_sigsuspend",
+    "rt_sigtimedwait",
+    "select",
+    "pselect6",
+    "poll",
+    "ppoll",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+];
+
+/// Whether syscall `name` with arguments `args` (as /proc's `syscall` file gives them) is an
+/// idle wait. A poll of one descriptor without a timeout waits for that descriptor's peer
+/// like a read: not idle.
+pub fn idle_wait(name: &str, args: &[u64; 6]) -> bool {
+    match name {
+        // poll(fds, nfds, timeout_ms): a negative timeout waits forever.
+        "poll" => !(args[1] == 1 && (args[2] as i32) < 0),
+        // ppoll(fds, nfds, tmo_p, ...): no timespec waits forever.
+        "ppoll" => !(args[1] == 1 && args[2] == 0),
+        _ => IDLE_WAITS.contains(&name),
+    }
+}
+
 /// Most threads one tree snapshot reads the state of (three small /proc reads each).
 pub const TREE_THREADS_MAX: usize = 8192;
 
@@ -63,10 +94,13 @@ pub fn fill(
     let max = procinfo::THREADS_NOW_MAX.min(*budget);
     let tids = procinfo::task_ids(p.pid, max);
     *budget -= tids.len();
+    let listed_all = tids.len() < max;
+    let mut read = Vec::with_capacity(tids.len());
     for tid in tids {
         let Some(now) = procinfo::thread_now(p.pid, tid) else {
             continue;
         };
+        read.push(tid);
         let syscall = now.syscall.map(|(nr, args)| {
             let name = syscalls_table::name(nr);
             let (elapsed_ns, elapsed_at_least_ns) = match entered.get(&tid) {
@@ -85,9 +119,11 @@ pub fn fill(
                 nr,
                 file: fd.and_then(|f| procinfo::fd_target(p.pid, f as u64)),
                 fd,
+                idle: idle_wait(&name, &args),
                 name,
                 elapsed_ns,
                 elapsed_at_least_ns,
+                peer: None,
             }
         });
         let state = ThreadNow {
@@ -96,13 +132,75 @@ pub fn fill(
         };
         match p.threads.iter_mut().find(|t| t.tid == tid) {
             Some(t) => t.now = Some(state),
-            None => p.threads.push(ThreadSnapshot {
-                tid,
-                comm: procinfo::thread_comm(p.pid, tid).unwrap_or_default(),
-                alive: true,
-                sched: Default::default(),
-                now: Some(state),
-            }),
+            None => {
+                // Never switched out since ethand first saw its process: off its CPU (not
+                // running now) all that time, which the window's figures cannot hold yet.
+                if now.state != 'R'
+                    && let Some(w) = p.window.as_mut()
+                {
+                    w.offcpu_blocked_ns += w.duration_ms.min(known_ms) * 1_000_000;
+                }
+                p.threads.push(ThreadSnapshot {
+                    tid,
+                    comm: procinfo::thread_comm(p.pid, tid).unwrap_or_default(),
+                    alive: true,
+                    sched: Default::default(),
+                    now: Some(state),
+                })
+            }
+        }
+    }
+    // A thread the model still holds alive that /proc no longer lists (or whose state could
+    // not be read) exited since the last round: it has no "now".
+    if listed_all {
+        for t in p.threads.iter_mut().filter(|t| t.alive && t.now.is_none()) {
+            if !read.contains(&t.tid) {
+                t.alive = false;
+            }
+        }
+    }
+}
+
+/// Names the peer of every wait of the tree's threads on a pipe or socket that is not idle
+/// (see [`crate::pipeline::peers`]): one scan of the node's descriptors for all of them.
+pub fn name_peers(processes: &mut [ProcessSnapshot]) {
+    let mut waits = Vec::new();
+    let mut at = Vec::new();
+    for (i, p) in processes.iter().enumerate() {
+        for (j, th) in p.threads.iter().enumerate() {
+            let Some(sc) = th.now.as_ref().and_then(|n| n.syscall.as_ref()) else {
+                continue;
+            };
+            let (Some(fd), Some(file)) = (sc.fd, sc.file.as_ref()) else {
+                continue;
+            };
+            if sc.idle || !(file.starts_with("pipe:[") || file.starts_with("socket:[")) {
+                continue;
+            }
+            waits.push(peers::Wait {
+                pid: p.pid,
+                fd,
+                file: file.clone(),
+                reads: peers::reads(&sc.name),
+            });
+            at.push((i, j));
+        }
+    }
+    if waits.is_empty() {
+        return;
+    }
+    let tree: Vec<u32> = processes
+        .iter()
+        .filter(|p| p.alive)
+        .map(|p| p.pid)
+        .collect();
+    for ((i, j), peer) in at.into_iter().zip(peers::describe(&waits, &tree)) {
+        if let Some(sc) = processes[i].threads[j]
+            .now
+            .as_mut()
+            .and_then(|n| n.syscall.as_mut())
+        {
+            sc.peer = peer;
         }
     }
 }

@@ -134,6 +134,7 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
     // When the current run began, on the run-queue clock the scheduler programs read.
     let last_arrival = task_field(btf, "sched_info", "sched_info", "last_arrival")
         .filter(|_| run_delay.is_some() && rq_chain.is_some());
+    let fsbase = task_field(btf, "thread", "thread_struct", "fsbase");
     Ok(KernelOffsets {
         task_last_arrival: last_arrival.unwrap_or(0),
         offcpu_from_task: u32::from(last_arrival.is_some()),
@@ -150,6 +151,8 @@ fn offsets_from(btf: &Btf) -> Result<KernelOffsets, KernelError> {
         task_group_leader: member_offset(btf, "task_struct", "group_leader")?,
         task_start_time: member_offset(btf, "task_struct", "start_time")?,
         task_real_parent: member_offset(btf, "task_struct", "real_parent").unwrap_or(0),
+        task_thread_fsbase: fsbase.unwrap_or(0),
+        py_walk: u32::from(fsbase.is_some()),
         // x86_64's uretprobe trampoline syscall; see toolchain notes (kernel >= 6.11).
         skip_syscall_nr: 335,
         sock_protocol: sock_protocol_offset(btf).unwrap_or(0),

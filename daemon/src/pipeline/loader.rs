@@ -12,7 +12,7 @@ use ethand_snapshot::{ProbeState, ProbeStatus};
 use tracing::{info, warn};
 
 use crate::{
-    config::Config,
+    config::{Plan, ProbeFamily, ProbePlan},
     pipeline::{
         bpf_error::{BpfFailure, Refusal, error_chain},
         kernel,
@@ -36,7 +36,7 @@ pub enum LoadError {
 /// classic program). A probe uses the BTF program when allowed and available, else the
 /// classic tracepoint named by `probes.tracepoints.<probe name>`.
 struct ProbeSpec {
-    family: &'static str,
+    family: ProbeFamily,
     name: &'static str,
     btf: Option<(&'static str, &'static str)>,
     classic: Option<&'static str>,
@@ -44,103 +44,103 @@ struct ProbeSpec {
 
 const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
-        family: "sched",
+        family: ProbeFamily::Sched,
         name: "sched_switch",
         btf: Some(("sched_switch_btf", "sched_switch")),
         classic: Some("sched_switch_tp"),
     },
     ProbeSpec {
-        family: "sched",
+        family: ProbeFamily::Sched,
         name: "sched_wakeup",
         btf: Some(("sched_wakeup_btf", "sched_wakeup")),
         classic: Some("sched_wakeup_tp"),
     },
     ProbeSpec {
-        family: "sched",
+        family: ProbeFamily::Sched,
         name: "sched_wakeup_new",
         btf: Some(("sched_wakeup_new_btf", "sched_wakeup_new")),
         classic: None,
     },
     ProbeSpec {
-        family: "syscalls",
+        family: ProbeFamily::Syscalls,
         name: "sys_enter",
         btf: Some(("sys_enter_btf", "sys_enter")),
         classic: Some("sys_enter_tp"),
     },
     ProbeSpec {
-        family: "syscalls",
+        family: ProbeFamily::Syscalls,
         name: "sys_exit",
         btf: Some(("sys_exit_btf", "sys_exit")),
         classic: Some("sys_exit_tp"),
     },
     ProbeSpec {
-        family: "block",
+        family: ProbeFamily::Block,
         name: "block_start",
         btf: Some(("block_start_btf", "block_io_start")),
         classic: Some("block_start"),
     },
     ProbeSpec {
-        family: "block",
+        family: ProbeFamily::Block,
         name: "block_issue",
         btf: Some(("block_issue_btf", "block_rq_issue")),
         classic: Some("block_issue"),
     },
     ProbeSpec {
-        family: "block",
+        family: ProbeFamily::Block,
         name: "block_complete",
         btf: Some(("block_complete_btf", "block_rq_complete")),
         classic: Some("block_complete"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "sock_send_length",
         btf: Some(("sock_send_length_btf", "sock_send_length")),
         classic: Some("sock_send_length"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "sock_recv_length",
         btf: Some(("sock_recv_length_btf", "sock_recv_length")),
         classic: Some("sock_recv_length"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "inet_sock_set_state",
         btf: Some(("inet_sock_set_state_btf", "inet_sock_set_state")),
         classic: Some("inet_sock_set_state"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "tcp_retransmit_skb",
         btf: Some(("tcp_retransmit_skb_btf", "tcp_retransmit_skb")),
         classic: Some("tcp_retransmit_skb"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "tcp_send_reset",
         btf: Some(("tcp_send_reset_btf", "tcp_send_reset")),
         classic: Some("tcp_send_reset"),
     },
     ProbeSpec {
-        family: "net",
+        family: ProbeFamily::Net,
         name: "tcp_receive_reset",
         btf: Some(("tcp_receive_reset_btf", "tcp_receive_reset")),
         classic: Some("tcp_receive_reset"),
     },
     ProbeSpec {
-        family: "lifecycle",
+        family: ProbeFamily::Lifecycle,
         name: "sched_process_exec",
         btf: Some(("sched_process_exec_btf", "sched_process_exec")),
         classic: Some("sched_process_exec"),
     },
     ProbeSpec {
-        family: "lifecycle",
+        family: ProbeFamily::Lifecycle,
         name: "sched_process_fork",
         btf: Some(("sched_process_fork_btf", "sched_process_fork")),
         classic: None,
     },
     ProbeSpec {
-        family: "lifecycle",
+        family: ProbeFamily::Lifecycle,
         name: "sched_process_exit",
         btf: Some(("sched_process_exit_btf", "sched_process_exit")),
         classic: Some("sched_process_exit"),
@@ -165,23 +165,11 @@ pub struct Loaded {
     pub profile_programs: Result<Option<String>, String>,
 }
 
-fn family_enabled(cfg: &Config, family: &str) -> bool {
-    let p = &cfg.probes;
-    match family {
-        "sched" => p.sched,
-        "syscalls" => p.syscalls,
-        "block" => p.block,
-        "net" => p.net,
-        "lifecycle" => p.lifecycle,
-        _ => false,
-    }
-}
-
 /// Fills the classic tracepoint offsets from tracefs. A tracepoint that is missing leaves
 /// its fields ABSENT; its probe will be reported unsupported at attach time.
-fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
+fn tracepoint_offsets(probes: &ProbePlan) -> TracepointOffsets {
     let mut o = TracepointOffsets::default();
-    let tps = &cfg.probes.tracepoints;
+    let tps = &probes.tracepoints;
     let get = |probe: &str| {
         tps.get(probe)
             .and_then(|tp| kernel::tracepoint_fields(tp).ok())
@@ -255,12 +243,12 @@ fn tracepoint_offsets(cfg: &Config) -> TracepointOffsets {
 
 /// Loads for the daemon: the `ethand record` ring buffer shrunk to one page (the daemon
 /// never records; the kernel would otherwise lock 8 MiB for it).
-pub fn load(cfg: &Config) -> Result<Loaded, LoadError> {
-    load_with(cfg, 4096)
+pub fn load(plan: &Plan) -> Result<Loaded, LoadError> {
+    load_with(plan, 4096)
 }
 
 /// Loads with the record ring buffer at `record_ring_bytes` (a power of two, >= one page).
-pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadError> {
+pub fn load_with(plan: &Plan, record_ring_bytes: u32) -> Result<Loaded, LoadError> {
     let tracefs_error = match kernel::ensure_tracefs() {
         Ok(true) => {
             info!("tracefs was not mounted: mounted it at /sys/kernel/tracing");
@@ -279,7 +267,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         warn!(file = kernel::VMLINUX_BTF, error = %why, "kernel BTF file unusable: read the kernel's BTF through bpf(BPF_BTF_GET_FD_BY_ID) instead");
     }
     let mut koff: KernelOffsets = kernel::kernel_offsets(&kbtf)?;
-    if !cfg.probes.kernel_charges && (koff.oncpu_from_task == 1 || koff.runq_from_task == 1) {
+    if !plan.probes.kernel_charges && (koff.oncpu_from_task == 1 || koff.runq_from_task == 1) {
         info!(
             "probes.kernel_charges = false: on-CPU time and run-queue waits are timed from sched_switch and sched_wakeup"
         );
@@ -299,8 +287,8 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
             None
         }
     };
-    let tpoff = tracepoint_offsets(cfg);
-    let m = &cfg.maps;
+    let tpoff = tracepoint_offsets(&plan.probes);
+    let m = &plan.maps.configured;
     let mut loader = EbpfLoader::new();
     // The same BTF for relocations (EbpfLoader::new reads only the file).
     if let Some(b) = &btf {
@@ -309,22 +297,19 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
     let ebpf = loader
         .override_global("KOFF", &koff, true)
         .override_global("TPOFF", &tpoff, true)
-        .override_global("GPU_CALL_STACKS", &u32::from(cfg.gpu.call_stacks), true)
+        .override_global("GPU_CALL_STACKS", &u32::from(plan.gpu.call_stacks), true)
         .override_global("GPU_SITES_PER_PROCESS", &m.gpu_sites_per_process, true)
         .override_global(
             "SYSCALL_NUMBERS_PER_PROCESS",
             &u64::from(m.syscall_numbers_per_process),
             true,
         )
-        // One entry per process that made a syscall: as many as the model tracks.
-        .map_max_entries("SYSCALL_KEYS", (cfg.daemon.max_processes as u32).max(1024))
+        .map_max_entries("SYSCALL_KEYS", plan.maps.syscall_keys)
         .map_max_entries("GPU_STACKS", m.gpu_stacks)
         .map_max_entries("GPU_SITES", m.gpu_sites)
         .override_global(
             "PROFILE_OFFCPU_MIN_NS",
-            &crate::config::Plan::resolve(cfg)
-                .cpu_profile
-                .map_or(0, |p| p.offcpu_min_ns),
+            &plan.cpu_profile.map_or(0, |p| p.offcpu_min_ns),
             true,
         )
         .map_max_entries("PROFILE_STACKS", m.profile_stacks)
@@ -336,11 +321,14 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         .map_max_entries("NET_STATS", m.net_stats)
         .map_max_entries("SOCK_OWNER", m.sock_owner)
         .map_max_entries("RECORD_EVENTS", record_ring_bytes)
+        .map_max_entries("CUPTI_EVENTS", cupti_ring_bytes(plan))
         .load(BPF_OBJECT)
         .map_err(|source| LoadError::Load {
             hint: permission_hint(&source),
             source,
         })?;
+    // The object's 2 MB were read once, by the load: not kept resident for the daemon's life.
+    forget_resident(BPF_OBJECT);
     let mut loaded = Loaded {
         ebpf,
         probes: Vec::new(),
@@ -350,7 +338,10 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         oncpu_from_task: koff.oncpu_from_task == 1,
         profile_programs: Ok(None),
     };
-    let block_btf_refused = match (&btf, cfg.probes.block && cfg.probes.prefer_btf) {
+    let block_btf_refused = match (
+        &btf,
+        plan.probes.enabled(ProbeFamily::Block) && plan.probes.prefer_btf,
+    ) {
         (Some(b), true) => block_btf_refused(&mut loaded.ebpf, &koff, b),
         _ => None,
     };
@@ -361,13 +352,16 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
     });
     for spec in PROBES {
         let refused = match spec.name {
-            _ if spec.family == "block" => block_btf_refused.as_ref(),
+            _ if spec.family == ProbeFamily::Block => block_btf_refused.as_ref(),
             "sock_send_length" | "sock_recv_length" | "inet_sock_set_state" => {
                 net_btf_refused.as_ref()
             }
             _ => None,
         };
-        if spec.name == "sched_wakeup" && koff.runq_from_task == 1 && cfg.probes.sched {
+        if spec.name == "sched_wakeup"
+            && koff.runq_from_task == 1
+            && plan.probes.enabled(ProbeFamily::Sched)
+        {
             // Waits are the kernel's own run_delay, read at sched_switch: a program on every
             // wakeup would add its cost for nothing.
             info!(
@@ -382,7 +376,7 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
             });
             continue;
         }
-        let mut status = attach_probe(&mut loaded, cfg, spec, btf.as_ref(), refused);
+        let mut status = attach_probe(&mut loaded, &plan.probes, spec, btf.as_ref(), refused);
         // Say where the BTF of a tp_btf probe came from when it was not the usual file.
         if let (Some(why), true) = (&kbtf.file_error, status.attach_point.starts_with("tp_btf/")) {
             status.detail = format!(
@@ -399,18 +393,14 @@ pub fn load_with(cfg: &Config, record_ring_bytes: u32) -> Result<Loaded, LoadErr
         }
         loaded.probes.push(status);
     }
-    set_syscall_batching(&mut loaded, cfg);
-    loaded.profile_programs = load_profile(&mut loaded.ebpf, cfg, btf.as_ref());
+    set_syscall_batching(&mut loaded, &plan.probes);
+    loaded.profile_programs = load_profile(&mut loaded.ebpf, plan, btf.as_ref());
     Ok(loaded)
 }
 
 /// Loads the CPU profile's programs for the snapshots to attach (`cpu_profile.rs`).
-fn load_profile(
-    ebpf: &mut Ebpf,
-    cfg: &Config,
-    btf: Option<&Btf>,
-) -> Result<Option<String>, String> {
-    if let Err(off) = crate::config::Plan::resolve(cfg).cpu_profile {
+fn load_profile(ebpf: &mut Ebpf, plan: &Plan, btf: Option<&Btf>) -> Result<Option<String>, String> {
+    if let Err(off) = plan.cpu_profile {
         return Err(off.to_string());
     }
     let p: &mut aya::programs::PerfEvent = ebpf
@@ -437,14 +427,14 @@ fn load_profile(
 /// Turns syscall batching on when configured and every probe that flushes a batch is
 /// attached: sched_switch (a thread switched out) and sched_process_exit (a thread exits).
 /// Without them a batch could sit in a CPU's context indefinitely.
-fn set_syscall_batching(loaded: &mut Loaded, cfg: &Config) {
+fn set_syscall_batching(loaded: &mut Loaded, probes: &ProbePlan) {
     let attached = |name: &str| {
         loaded
             .probes
             .iter()
             .any(|p| p.name == name && p.state == ProbeState::Attached)
     };
-    if !cfg.probes.syscall_batching || !attached("sys_exit") {
+    if !probes.syscall_batching || !attached("sys_exit") {
         return;
     }
     let missing: Vec<&str> = ["sched_switch", "sched_process_exit"]
@@ -486,7 +476,7 @@ fn block_btf_refused(ebpf: &mut Ebpf, koff: &KernelOffsets, btf: &Btf) -> Option
             message: "kernel BTF lacks a struct request member the BTF block programs read".into(),
         });
     }
-    for spec in PROBES.iter().filter(|s| s.family == "block") {
+    for spec in PROBES.iter().filter(|s| s.family == ProbeFamily::Block) {
         let (prog, tp) = spec.btf?;
         if let Err(e) = load_btf(ebpf, prog, tp, btf) {
             let f = BpfFailure::of(&e);
@@ -502,7 +492,7 @@ fn block_btf_refused(ebpf: &mut Ebpf, koff: &KernelOffsets, btf: &Btf) -> Option
 /// `btf_refused`: why this probe may not use its BTF program (see [`block_btf_refused`]).
 fn attach_probe(
     l: &mut Loaded,
-    cfg: &Config,
+    probes: &ProbePlan,
     spec: &ProbeSpec,
     btf: Option<&Btf>,
     btf_refused: Option<&BpfFailure>,
@@ -511,9 +501,9 @@ fn attach_probe(
         name: spec.name.into(),
         ..Default::default()
     };
-    if !family_enabled(cfg, spec.family) {
+    if !probes.enabled(spec.family) {
         status.state = ProbeState::Disabled;
-        status.detail = format!("probes.{} = false", spec.family);
+        status.detail = format!("probes.{} = false", spec.family.as_str());
         return status;
     }
     let mut reasons = Vec::new();
@@ -523,11 +513,9 @@ fn attach_probe(
     if let Some(why) = btf_refused {
         denied = why.refusal == Refusal::Denied;
         reasons.push(why.message.clone());
-    } else if let (Some((prog, tp)), true, Some(btf)) = (
-        spec.btf,
-        cfg.probes.prefer_btf || spec.classic.is_none(),
-        btf,
-    ) {
+    } else if let (Some((prog, tp)), true, Some(btf)) =
+        (spec.btf, probes.prefer_btf || spec.classic.is_none(), btf)
+    {
         match attach_btf(&mut l.ebpf, prog, tp, btf) {
             Ok(()) => {
                 status.state = ProbeState::Attached;
@@ -541,7 +529,7 @@ fn attach_probe(
                 reasons.push(format!("tp_btf/{tp}: {f}"));
             }
         }
-    } else if spec.btf.is_some() && spec.classic.is_some() && !cfg.probes.prefer_btf {
+    } else if spec.btf.is_some() && spec.classic.is_some() && !probes.prefer_btf {
         reasons.push("probes.prefer_btf = false".into());
     } else if spec.btf.is_some() && btf.is_none() {
         reasons.push("no kernel BTF".into());
@@ -555,7 +543,7 @@ fn attach_probe(
         status.detail = reasons.join("; ");
         return status;
     };
-    let Some(tp) = cfg.probes.tracepoints.get(spec.name) else {
+    let Some(tp) = probes.tracepoints.get(spec.name) else {
         status.state = ProbeState::Unsupported;
         status.detail = format!("no probes.tracepoints.{} configured", spec.name);
         return status;
@@ -632,4 +620,29 @@ fn attach_classic(
     }
     p.attach(group, event)?;
     Ok(())
+}
+
+/// The GPU activity ring (`CUPTI_EVENTS`): one page, no kernel memory to speak of, when the
+/// feature is off (`gpu.cupti_dir` empty).
+fn cupti_ring_bytes(plan: &Plan) -> u32 {
+    if plan.gpu.cupti_dir.is_some() {
+        ethand_common::CUPTI_RINGBUF_BYTES
+    } else {
+        4096
+    }
+}
+
+/// Drops the pages of `bytes` (read-only data of the binary) from this process's resident
+/// set: clean pages of the executable, read from it again if ever touched again.
+pub fn forget_resident(bytes: &[u8]) {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end > start {
+        // SAFETY: whole pages inside a read-only, file-backed private mapping of the binary
+        // that nothing wrote: MADV_DONTNEED only unmaps them; a later read faults them back
+        // in from the file, unchanged.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    }
 }

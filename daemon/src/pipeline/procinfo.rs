@@ -151,6 +151,21 @@ pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The time the hypervisor ran something else while this machine's CPUs wanted to run
+/// ("steal", all CPUs together), in clock ticks since boot; None outside a VM's accounting.
+pub fn steal_ticks() -> Option<u64> {
+    parse_steal_ticks(&std::fs::read("/proc/stat").ok()?)
+}
+
+/// The eighth value of /proc/stat's first line ("cpu  user nice system idle iowait irq
+/// softirq steal ...").
+pub fn parse_steal_ticks(stat: &[u8]) -> Option<u64> {
+    let line = stat.split(|b| *b == b'\n').next()?;
+    let mut f = std::str::from_utf8(line).ok()?.split_ascii_whitespace();
+    (f.next()? == "cpu").then_some(())?;
+    f.nth(7)?.parse().ok()
+}
+
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -222,26 +237,6 @@ pub fn descendants(root: u32) -> Vec<u32> {
         i += 1;
     }
     out
-}
-
-/// Swapped-out bytes (`VmSwap`) and major faults since start (`stat` field 12) of a live
-/// process; None for what could not be read.
-pub fn memory(pid: u32) -> (Option<u64>, Option<u64>) {
-    let swap = fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|st| {
-            st.lines()
-                .find_map(|l| l.strip_prefix("VmSwap:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024);
-    let majflt = fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let i = stat.rfind(')')?;
-            stat[i + 1..].split_whitespace().nth(9)?.parse::<u64>().ok()
-        });
-    (swap, majflt)
 }
 
 /// The pids of /proc (processes, not threads), in directory order.
@@ -478,6 +473,16 @@ mod tests {
         assert_eq!(comm, "a) b (c)");
         assert_eq!(ppid, 77);
         assert_eq!(start, 98765);
+    }
+
+    #[test]
+    fn steal_is_the_eighth_value_of_the_cpu_line() {
+        let stat =
+            b"cpu  5758163 226 550761 3385022 30866 0 3233 4056 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        assert_eq!(parse_steal_ticks(stat), Some(4056));
+        // Old kernels' shorter line, or something else first: unknown.
+        assert_eq!(parse_steal_ticks(b"cpu  1 2 3 4 5 6 7\n"), None);
+        assert_eq!(parse_steal_ticks(b"intr 1 2 3 4 5 6 7 8 9\n"), None);
     }
 
     #[test]

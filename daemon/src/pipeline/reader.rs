@@ -8,7 +8,7 @@ use std::{process::Command, sync::Arc, time::Duration};
 use ethand_reader::{Reader, SymbolizeOptions, Symbolized, supervisor::Args};
 use tracing::{info, warn};
 
-use crate::{config::Config, privilege::RunAs};
+use crate::{config::ReaderPlan, privilege::RunAs};
 
 /// The hidden subcommand that runs the supervisor.
 pub const SUBCOMMAND: &str = "reader";
@@ -26,21 +26,16 @@ pub struct ReaderHandle {
 
 impl ReaderHandle {
     /// Starts the supervisor as `daemon.user` (when set) with `[reader]`'s bounds.
-    pub fn start(cfg: &Config) -> Self {
-        let r = &cfg.reader;
-        let user = match RunAs::lookup(&cfg.daemon.user) {
+    pub fn start(plan: &ReaderPlan) -> Self {
+        let user = match RunAs::lookup(&plan.user) {
             Ok(u) => u.map(|u| (u.uid, u.gid, u.groups)),
             Err(e) => {
-                return Self::unavailable(cfg, e.to_string());
+                return Self::unavailable(plan, e.to_string());
             }
         };
         let args = Args {
             user,
-            limits: ethand_reader::Limits {
-                memory_max_bytes: r.memory_max_bytes,
-                cpu_max_seconds: r.cpu_max_seconds,
-                max_workers: r.max_workers,
-            },
+            limits: plan.limits.clone(),
         };
         let mut cmd = Command::new("/proc/self/exe");
         cmd.arg(SUBCOMMAND);
@@ -52,12 +47,12 @@ impl ReaderHandle {
                 );
                 Self {
                     reader: Ok(Arc::new(reader)),
-                    ..Self::unavailable(cfg, String::new())
+                    ..Self::unavailable(plan, String::new())
                 }
             }
             Err(e) => {
                 warn!(error = %e, "cannot start the reader: no symbols, source lines or Python frames");
-                Self::unavailable(cfg, format!("the reader could not be started: {e}"))
+                Self::unavailable(plan, format!("the reader could not be started: {e}"))
             }
         }
     }
@@ -92,11 +87,11 @@ impl ReaderHandle {
     }
 
     /// A handle without a reader (tests, or a failed start).
-    pub fn unavailable(cfg: &Config, why: String) -> Self {
+    pub fn unavailable(plan: &ReaderPlan, why: String) -> Self {
         Self {
             reader: Err(why),
-            symbolize_timeout: Duration::from_millis(cfg.reader.symbolize_timeout_ms),
-            python_read_timeout: Duration::from_millis(cfg.reader.python_read_timeout_ms),
+            symbolize_timeout: plan.symbolize_timeout,
+            python_read_timeout: plan.python_read_timeout,
         }
     }
 

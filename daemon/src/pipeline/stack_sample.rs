@@ -391,7 +391,8 @@ mod tests {
         );
         // A thread with no Python frame is no sample.
         acc.add(10, stack(11, true, vec![]), &HashMap::new());
-        let reader = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let reader =
+            ReaderHandle::unavailable(&crate::config::Plan::defaults().reader, "test".into());
         let out = acc.finish(StackSample::default(), &mut PythonReaders::new(&reader));
         assert_eq!(out.call_sites.len(), 1);
         let c = &out.call_sites[0];

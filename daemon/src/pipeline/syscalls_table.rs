@@ -315,6 +315,43 @@ pub fn classes() -> Vec<(u32, u8)> {
         .collect()
 }
 
+/// Which way a file-I/O syscall moves data: the read family, or the write family with the
+/// syncs (write, pwrite, writev, fsync, fdatasync, sync_file_range); None for the rest
+/// (io_uring and AIO calls carry both).
+pub fn io_direction(nr: u32) -> Option<IoDirection> {
+    const READS: [libc::c_long; 5] = [
+        libc::SYS_read,
+        libc::SYS_pread64,
+        libc::SYS_readv,
+        libc::SYS_preadv,
+        libc::SYS_preadv2,
+    ];
+    const WRITES: [libc::c_long; 8] = [
+        libc::SYS_write,
+        libc::SYS_pwrite64,
+        libc::SYS_writev,
+        libc::SYS_pwritev,
+        libc::SYS_pwritev2,
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_sync_file_range,
+    ];
+    let nr = libc::c_long::from(nr);
+    if READS.contains(&nr) {
+        Some(IoDirection::Read)
+    } else if WRITES.contains(&nr) {
+        Some(IoDirection::Write)
+    } else {
+        None
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoDirection {
+    Read,
+    Write,
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -322,5 +359,19 @@ mod tests {
         assert_eq!(super::name(libc::SYS_getpid as u32), "getpid");
         assert_eq!(super::name(libc::SYS_openat as u32), "openat");
         assert_eq!(super::name(100_000), "syscall_100000");
+    }
+
+    #[test]
+    fn io_directions() {
+        use super::{IoDirection, io_direction};
+        assert_eq!(
+            io_direction(libc::SYS_pread64 as u32),
+            Some(IoDirection::Read)
+        );
+        assert_eq!(
+            io_direction(libc::SYS_fdatasync as u32),
+            Some(IoDirection::Write)
+        );
+        assert_eq!(io_direction(libc::SYS_futex as u32), None);
     }
 }

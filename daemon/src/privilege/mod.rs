@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::config::Config;
+use crate::config::Plan;
 
 pub const CAP_CHOWN: u32 = 0;
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
@@ -103,10 +103,9 @@ pub fn names(mask: u64) -> Vec<String> {
 /// Never CAP_SYS_ADMIN: with `daemon.bpf_stats = "sampled"` the statistics are switched by a
 /// helper process that holds it alone and takes nothing but one byte (`stats_helper.rs`);
 /// "always" turns them on once, at start-up.
-pub fn runtime_caps(cfg: &Config) -> u64 {
+pub fn runtime_caps(plan: &Plan) -> u64 {
     let mut keep = (1u64 << CAP_SYS_PTRACE) | (1u64 << CAP_DAC_READ_SEARCH);
-    let plan = crate::config::Plan::resolve(cfg);
-    if plan.probes_runtimes || plan.cpu_profile.is_ok() {
+    if plan.opens_perf_events() {
         keep |= 1u64 << CAP_PERFMON;
     }
     keep
@@ -691,26 +690,26 @@ mod tests {
 
     #[test]
     fn kept_set_follows_the_config() {
-        let mut cfg = Config::defaults();
+        let mut plan = Plan::defaults();
         assert_eq!(
-            list(runtime_caps(&cfg)),
+            list(runtime_caps(&plan)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
         );
         // CAP_SYS_ADMIN stays with the statistics helper whatever the mode.
-        cfg.daemon.bpf_stats = crate::config::BpfStatsMode::Always;
+        plan.collect.bpf_stats = crate::config::BpfStatsMode::Always;
         assert_eq!(
-            list(runtime_caps(&cfg)),
+            list(runtime_caps(&plan)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
         );
-        cfg.gpu.runtimes.clear();
+        plan.gpu.runtimes.clear();
         // The snapshot's CPU profile opens perf events too.
         assert_eq!(
-            list(runtime_caps(&cfg)),
+            list(runtime_caps(&plan)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON"
         );
-        cfg.diagnosis.cpu_profile_hz = 0;
+        plan.cpu_profile = Err("off");
         assert_eq!(
-            list(runtime_caps(&cfg)),
+            list(runtime_caps(&plan)),
             "CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE"
         );
     }

@@ -3,6 +3,7 @@
 //! the group): it exposes the command lines of every process and switches probing levels.
 use std::{os::unix::fs::PermissionsExt, path::Path, sync::Arc};
 
+use ethand_snapshot::GpuLevel;
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
@@ -36,9 +37,11 @@ pub enum Request {
         cpu_profile: Option<bool>,
     },
     Node,
-    /// Switch the GPU/NPU probing level live: "system", "process" or "op".
+    /// Switch the GPU/NPU probing level live: "system", "calls", "process" or "op"; another
+    /// name is refused as "unknown level ...".
     SetLevel {
-        level: String,
+        #[serde(with = "ethand_snapshot::level::named")]
+        level: GpuLevel,
     },
 }
 
@@ -163,19 +166,11 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, limiter: Arc<Con
         let slot = match limiter.admit(PeerKey { addr: None, uid }) {
             Ok(s) => s,
             Err(_) => {
-                // A fresh socket's send buffer is empty: this never blocks.
-                let _ = stream.try_write(&error_line(&format!(
+                let busy = error_line(&format!(
                     "busy: {} local API connections are open (daemon.api_max_connections); try again",
                     limiter.status().max
-                )));
-                // Take the request if it is there already: closing a Unix socket with unread
-                // data resets it, and the client would lose the answer.
-                let mut sink = [0u8; 4096];
-                for _ in 0..16 {
-                    if !matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {
-                        break;
-                    }
-                }
+                ));
+                limiter.refuse(stream, busy, b"\n");
                 continue;
             }
         };
@@ -219,7 +214,7 @@ async fn handle(
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, &level, uid).await),
+                Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, level, uid).await),
                 Ok(Request::Status) => Arc::new(status_line(&shared)),
                 Ok(req) => match tokio::time::timeout(TIMEOUT, heavy.acquire_owned()).await {
                     Ok(Ok(permit)) => {
@@ -353,12 +348,7 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
 }
 
 /// Hands the change to the collection loop (which owns the probes) and waits for its answer.
-async fn set_level(shared: &Arc<Shared>, level: &str, uid: Option<u32>) -> Vec<u8> {
-    let Some(level) = crate::config::GpuLevel::parse(level) else {
-        return error_line(&format!(
-            "unknown level {level:?}: expected system, calls, process or op"
-        ));
-    };
+async fn set_level(shared: &Arc<Shared>, level: GpuLevel, uid: Option<u32>) -> Vec<u8> {
     let (who, every) = shared.level_policy;
     if who == crate::config::LevelSwitch::Root && uid != Some(0) {
         return error_line(
@@ -579,6 +569,12 @@ mod tests {
             parse_request(b"{\"cmd\":\"status\"}"),
             Ok(Request::Status)
         ));
+        assert!(matches!(
+            parse_request(b"{\"cmd\":\"set_level\",\"level\":\"op\"}\n"),
+            Ok(Request::SetLevel {
+                level: GpuLevel::Op
+            })
+        ));
         for (bad, want) in [
             (&b""[..], "empty request"),
             (b"\n", "empty request"),
@@ -596,6 +592,11 @@ mod tests {
                 b"{\"cmd\":\"snapshot\",\"pid\":\"1\",\"window_s\":1}\n",
                 "invalid type",
             ),
+            (
+                b"{\"cmd\":\"set_level\",\"level\":\"max\"}\n",
+                "bad request: unknown level \"max\": expected system, calls, process or op",
+            ),
+            (b"{\"cmd\":\"set_level\",\"level\":5}\n", "invalid type"),
             (b"{\"cmd\":\"snap", "EOF"),
         ] {
             let e = parse_request(bad).unwrap_err().to_string();

@@ -1,7 +1,8 @@
 //! What keeps a local user from blinding the daemon through its servers: a cap on open
 //! connections, in all and per peer, and accept loops that back off instead of spinning when
-//! the process runs out of descriptors. Shared by /metrics (`http.rs`) and the local API
-//! (`api.rs`); their counts reach `ethand status` and `ethand_server_connections*`.
+//! the process runs out of descriptors, and refusals that take the refused request before they
+//! close. Shared by /metrics (`http.rs`) and the local API (`api.rs`); their counts reach
+//! `ethand status` and `ethand_server_connections*`.
 use std::{
     collections::HashMap,
     net::IpAddr,
@@ -13,6 +14,10 @@ use std::{
 };
 
 use ethand_snapshot::ServerConnections;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    sync::Semaphore,
+};
 use tracing::warn;
 
 /// Who a connection counts against. A remote peer is its address; a peer on this host (found
@@ -49,6 +54,8 @@ pub struct ConnLimiter {
     per_peer: usize,
     open: Mutex<(usize, HashMap<PeerKey, usize>)>,
     counters: Counters,
+    /// Refused connections being told so and drained (`refuse`).
+    refusing: Arc<Semaphore>,
 }
 
 /// One admitted connection: its slot is given back when this is dropped.
@@ -78,6 +85,7 @@ impl ConnLimiter {
             per_peer: per_peer.clamp(1, max.max(1)),
             open: Mutex::new((0, HashMap::new())),
             counters: Counters::default(),
+            refusing: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
         })
     }
 
@@ -103,6 +111,45 @@ impl ConnLimiter {
         Err(refused)
     }
 
+    /// Answers a refused connection with `answer` (none for TLS) and closes it once its
+    /// request is taken: closing a socket with unread data resets it (TCP and Unix alike), and
+    /// the client then loses the answer it was sent (seen: "Connection reset by peer" in CI's
+    /// flood of 200 API clients). The write side is shut first, so the client reads the answer
+    /// and its end at once; the request is read up to `request_end`, the client's close,
+    /// [`REFUSAL_DRAIN_BYTES`] or [`REFUSAL_DRAIN`], whichever comes first. At most
+    /// [`REFUSALS_AT_ONCE`] are drained at once, each holding its descriptor for at most that
+    /// long; beyond them a refusal takes what has arrived and closes at once.
+    pub fn refuse<S, A>(&self, mut stream: S, answer: A, request_end: &'static [u8])
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: AsRef<[u8]> + Send + Sync + 'static,
+    {
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
+            // One poll each: a fresh socket's send buffer is empty, so the answer goes out.
+            tokio::spawn(async move {
+                let zero = Duration::ZERO;
+                let _ = tokio::time::timeout(zero, stream.write_all(answer.as_ref())).await;
+                let mut sink = [0u8; 4096];
+                for _ in 0..16 {
+                    match tokio::time::timeout(zero, stream.read(&mut sink)).await {
+                        Ok(Ok(n)) if n > 0 => {}
+                        _ => break,
+                    }
+                }
+            });
+            return;
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(REFUSAL_DRAIN, async {
+                stream.write_all(answer.as_ref()).await?;
+                stream.shutdown().await?;
+                drain_request(&mut stream, request_end).await
+            })
+            .await;
+        });
+    }
+
     /// A connection closed for not sending or not reading in time.
     pub fn timed_out(&self) {
         self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -125,6 +172,34 @@ impl ConnLimiter {
             accept_errors: c.accept_errors.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Refused connections drained at once (`ConnLimiter::refuse`).
+pub const REFUSALS_AT_ONCE: usize = 16;
+/// The longest a refused connection is kept to take its request.
+pub const REFUSAL_DRAIN: Duration = Duration::from_secs(1);
+/// The most a refused connection's request is read: the API's requests are at most 64 KiB.
+pub const REFUSAL_DRAIN_BYTES: usize = 64 * 1024 + 1;
+
+/// Reads `stream` until `end` has been read, the peer closed, or [`REFUSAL_DRAIN_BYTES`].
+async fn drain_request<S: AsyncRead + Unpin>(stream: &mut S, end: &[u8]) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    // The last bytes of the previous read: `end` may straddle two reads.
+    let mut seen: Vec<u8> = Vec::with_capacity(end.len() + buf.len());
+    let mut total = 0;
+    while total < REFUSAL_DRAIN_BYTES {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        total += n;
+        seen.extend_from_slice(&buf[..n]);
+        if !end.is_empty() && seen.windows(end.len()).any(|w| w == end) {
+            break;
+        }
+        seen.drain(..seen.len().saturating_sub(end.len().saturating_sub(1)));
+    }
+    Ok(())
 }
 
 /// Sleeps between failed accepts: out of descriptors (EMFILE), the accept would fail again
@@ -237,6 +312,87 @@ mod tests {
         PeerKey {
             addr: Some("127.0.0.1".parse().unwrap()),
             uid: Some(uid),
+        }
+    }
+
+    /// Waits until every drain permit is back (the refusals closed), at most `within`.
+    async fn drained_within(l: &ConnLimiter, within: Duration) -> Duration {
+        let t0 = Instant::now();
+        while l.refusing.available_permits() < REFUSALS_AT_ONCE {
+            assert!(
+                t0.elapsed() < within,
+                "refusals still open after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        t0.elapsed()
+    }
+
+    /// A refused client gets the whole answer and then its end, never a reset, whether its
+    /// request came before the refusal, in pieces, or after it; the refusal closes as soon as
+    /// the request's end arrived.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_client_reads_the_answer_and_no_reset() {
+        use tokio::net::UnixStream;
+        let l = ConnLimiter::new("test", 1, 1);
+        let answer = b"busy: try again\n";
+        // The request is there before the refusal (without the drain: a reset, every time).
+        for _ in 0..50 {
+            let (server, mut client) = UnixStream::pair().unwrap();
+            client.write_all(b"{\"cmd\":\"node\"}\n").await.unwrap();
+            l.refuse(server, &answer[..], b"\n");
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.expect("no reset");
+            assert_eq!(got, answer);
+        }
+        drained_within(&l, Duration::from_secs(1)).await;
+        // In pieces, the last one after the answer was read.
+        let (server, mut client) = UnixStream::pair().unwrap();
+        client.write_all(b"{\"cmd\":").await.unwrap();
+        l.refuse(server, &answer[..], b"\n");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("no reset");
+        assert_eq!(got, answer);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(l.refusing.available_permits(), REFUSALS_AT_ONCE - 1);
+        client.write_all(b"\"node\"}\n").await.unwrap();
+        let took = drained_within(&l, Duration::from_millis(500)).await;
+        eprintln!("closed {took:?} after the request's end");
+    }
+
+    /// A refused client that sends nothing is closed after `REFUSAL_DRAIN`; beyond
+    /// `REFUSALS_AT_ONCE` such clients a refusal answers and closes at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_refused_clients_are_bounded_in_number_and_time() {
+        use tokio::net::UnixStream;
+        let l = ConnLimiter::new("test", 1, 1);
+        let mut silent = Vec::new();
+        for _ in 0..REFUSALS_AT_ONCE {
+            let (server, client) = UnixStream::pair().unwrap();
+            l.refuse(server, &b"busy\n"[..], b"\n");
+            silent.push(client);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(l.refusing.available_permits(), 0);
+        // One more: answered, and its end comes at once though it sent nothing.
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let t0 = Instant::now();
+        l.refuse(server, &b"busy\n"[..], b"\n");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got, b"busy\n");
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t0.elapsed()
+        );
+        // The silent ones: each answered, then closed after the drain time.
+        let took = drained_within(&l, REFUSAL_DRAIN + Duration::from_secs(1)).await;
+        assert!(took + Duration::from_millis(50) >= REFUSAL_DRAIN - Duration::from_millis(100));
+        for mut c in silent {
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.expect("read");
+            assert_eq!(got, b"busy\n");
         }
     }
 

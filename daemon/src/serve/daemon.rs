@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use crate::{
     UsageError,
-    config::Config,
+    config::{Config, Plan},
     pipeline::{
         collector::{Collector, program_costs},
         gpu::GpuProbes,
@@ -33,7 +33,11 @@ pub struct Engine {
     pub loaded: Loaded,
     pub collector: Collector,
     pub gpu: GpuProbes,
+    /// The Python frames of GPU calls (registration and code objects).
+    pub py: crate::pipeline::gpu::python::PyWalker,
     pub sampler: crate::pipeline::launch_sample::LaunchSampler,
+    /// GPU activity recorded by libethand_cupti.so for snapshots.
+    pub activity: crate::pipeline::gpu_activity::ActivitySampler,
     pub profiler: crate::pipeline::cpu_profile::CpuProfiler,
     pub devices: crate::pipeline::devices::DeviceSampler,
     pub shared: Arc<Shared>,
@@ -54,15 +58,22 @@ impl Engine {
     pub fn start(cfg: &Config) -> anyhow::Result<Self> {
         // Before anything is loaded: a broken rules file stops the start (exit 2).
         let rules = crate::diagnose::load_rules(&cfg.diagnosis.rules_dir)?;
-        let mut loaded = loader::load(cfg)?;
-        let collector = Collector::new(&mut loaded.ebpf, cfg, loaded.oncpu_from_task)
-            .context("setting up map readers")?;
+        // Everything below reads the plan, not the configuration's sections.
+        let plan = Plan::resolve(cfg);
+        let mut loaded = loader::load(&plan)?;
+        let collector = Collector::new(
+            &mut loaded.ebpf,
+            &plan.maps,
+            &plan.collect,
+            loaded.oncpu_from_task,
+        )
+        .context("setting up map readers")?;
         // Before any capability is dropped: it keeps those its workers need.
-        let reader = crate::pipeline::reader::ReaderHandle::start(cfg);
-        let gpu = GpuProbes::new(&mut loaded.ebpf, cfg, reader.clone());
+        let reader = crate::pipeline::reader::ReaderHandle::start(&plan.reader);
+        let gpu = GpuProbes::new(&mut loaded.ebpf, &plan.gpu, reader.clone());
         let profiler = crate::pipeline::cpu_profile::CpuProfiler::new(
             &mut loaded.ebpf,
-            cfg,
+            plan.cpu_profile,
             &loaded.profile_programs,
         );
         // Loading parsed the kernel's BTF (several MB) twice; give the freed heap back to the
@@ -75,6 +86,15 @@ impl Engine {
         let progs = gpu.progs();
         let sampler =
             crate::pipeline::launch_sample::LaunchSampler::new(&mut loaded.ebpf, progs.multi());
+        let activity = crate::pipeline::gpu_activity::ActivitySampler::new(
+            &mut loaded.ebpf,
+            plan.gpu.cupti_dir.as_deref(),
+        );
+        for (prog, _) in crate::pipeline::gpu_activity::PROGS {
+            loaded
+                .program_probe
+                .insert(prog.into(), format!("uprobe_{prog}"));
+        }
         for prog in [progs.entry, progs.ret, sampler.program()] {
             loaded
                 .program_probe
@@ -100,9 +120,9 @@ impl Engine {
             d.max_processes,
         );
         model.attribution = Some(crate::pipeline::attribution::Attributor::new(
-            cfg.attribution.clone(),
+            plan.attribution.clone(),
         ));
-        model.launches_counted = cfg.gpu.level.counts_launches();
+        model.launches_counted = plan.gpu.level.counts_launches();
         model.max_exited = d.max_exited_processes;
         model.cgroup_hold_ms = cfg.prometheus.cgroup_hold_seconds.saturating_mul(1000);
         model.max_cgroups = cfg.prometheus.max_cgroups as usize;
@@ -112,7 +132,14 @@ impl Engine {
         // After attaching: a process born since is seen by its counters.
         let seeded = model.seed_live_processes(unix_ms());
         tracing::debug!(processes = seeded, "live processes entered from /proc");
-        let shared = Arc::new(Shared::new(model, cfg, rules, reader));
+        let py = crate::pipeline::gpu::python::PyWalker::new(
+            &mut loaded.ebpf,
+            plan.gpu.python_frames,
+            reader.clone(),
+            model.py_frames.clone(),
+            crate::pipeline::gpu::python::Retention::NamedBySites,
+        );
+        let shared = Arc::new(Shared::new(model, plan, rules, reader));
         let _ = shared.gpu_inflight.set(collector.gpu_inflight());
         let syscalls_attached = loaded
             .probes
@@ -127,9 +154,14 @@ impl Engine {
             loaded,
             collector,
             gpu,
+            py,
             sampler,
+            activity,
             profiler,
-            devices: crate::pipeline::devices::DeviceSampler::start(cfg, hostname()),
+            devices: crate::pipeline::devices::DeviceSampler::start(
+                &shared.plan.devices,
+                hostname(),
+            ),
             shared,
             started_at_unix_ms: unix_ms(),
             cfg: cfg.clone(),
@@ -152,9 +184,36 @@ impl Engine {
             .tick(&mut self.loaded.ebpf, &self.gpu, new, force);
         let new = std::mem::take(&mut *self.shared.profile_requests.lock().expect("lock"));
         self.profiler.tick(&mut self.loaded.ebpf, new, force);
+        let new = std::mem::take(&mut *self.shared.activity_requests.lock().expect("lock"));
+        self.activity.tick(new, force);
     }
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.
+    /// Reads the memory of the processes due a sample (`model/memory.rs`) with the model
+    /// unlocked, then enters it.
+    fn sample_memory(&mut self, due: crate::pipeline::model::memory::MemoryDue, now: u64) {
+        use crate::pipeline::memory;
+        let mut buf = Vec::with_capacity(4096);
+        let readings: Vec<_> = due
+            .keys
+            .into_iter()
+            .map(
+                |(key, faults)| crate::pipeline::model::memory::MemoryReading {
+                    key,
+                    status: memory::sample(key.tgid, &mut buf),
+                    faults: faults.then(|| memory::faults(key.tgid, &mut buf)).flatten(),
+                },
+            )
+            .collect();
+        if !readings.is_empty() {
+            self.shared
+                .model
+                .lock()
+                .expect("lock")
+                .record_memory(readings, now);
+        }
+    }
+
     pub fn collect(&mut self) {
         let req = self.shared.level_request.lock().expect("lock").take();
         if let Some((level, reply)) = req {
@@ -166,13 +225,29 @@ impl Engine {
         self.gpu.tick(&mut self.loaded.ebpf, hints);
         self.sample_tick(false);
         let now = unix_ms();
+        let memory_due;
+        let py_callers: Vec<ethand_common::ProcKey>;
+        let py_sites: Vec<ethand_common::GpuSiteKey>;
         let node = {
             let mut model = self.shared.model.lock().expect("lock");
             self.collector.drain_lifecycle(&mut model);
-            self.collector.stats.tick();
+            let (ebpf, probe) = (&self.loaded.ebpf, &self.loaded.program_probe);
+            self.collector.stats.tick(|| program_costs(ebpf, probe));
             model.launches_counted = self.gpu.level().counts_launches();
             let raw = self.collector.read();
             let reclaim = model.ingest(raw, now);
+            // The Python walk's round after the model's (it takes no model state).
+            py_callers = raw
+                .gpu_calls
+                .iter()
+                .map(|(k, _)| ethand_common::ProcKey {
+                    tgid: k.tgid,
+                    _pad0: 0,
+                    proc_start_ns: k.proc_start_ns,
+                })
+                .collect();
+            py_sites = raw.gpu_sites.iter().map(|(k, _)| *k).collect();
+            memory_due = model.take_memory_due();
             self.maps_changed.extend(model.drain_maps_changed());
             self.collector.reclaim(&reclaim);
             let devices = self.devices.latest();
@@ -205,7 +280,10 @@ impl Engine {
                         .chain(crate::pipeline::devices::probe_status(&devices))
                         .collect(),
                     maps: self.collector.fills.clone(),
-                    programs: program_costs(&self.loaded.ebpf, &self.loaded.program_probe),
+                    programs: self
+                        .collector
+                        .stats
+                        .costs(program_costs(&self.loaded.ebpf, &self.loaded.program_probe)),
                     dropped: {
                         let d = self.collector.drops();
                         self.shared.record_drops(now, &d, model.overflow);
@@ -217,7 +295,7 @@ impl Engine {
                     rss_bytes,
                     processes_overflow: model.overflow,
                     tracked_processes: model.procs.len() as u64,
-                    gpu_level: self.gpu.level().as_str().into(),
+                    gpu_level: Some(self.gpu.level()),
                     gpu_libraries: self.gpu.libraries(),
                     otlp: self.shared.otlp.get().map(|s| s.status()),
                     socket_access: self.socket_access.clone(),
@@ -236,6 +314,18 @@ impl Engine {
             }
         };
         *self.shared.node.write().expect("lock") = Arc::new(node);
+        self.py.round(
+            py_callers.into_iter(),
+            py_sites.iter().map(|k| {
+                let proc = ethand_common::ProcKey {
+                    tgid: k.tgid,
+                    _pad0: 0,
+                    proc_start_ns: k.proc_start_ns,
+                };
+                (proc, k.py_stack)
+            }),
+        );
+        self.sample_memory(memory_due, now);
         // Snapshots and scrapes allocate megabytes for a moment, on several threads: hand the
         // freed heap back now and then so that RSS reflects what the daemon holds.
         #[cfg(target_env = "gnu")]
@@ -317,6 +407,7 @@ fn start_otlp(
             .filter(|s| !s.is_empty()),
         service_version: env!("CARGO_PKG_VERSION").into(),
         selection: ExportSelection::Preselected,
+        max_points_per_metric: usize::try_from(o.max_points_per_metric).unwrap_or(usize::MAX),
     };
     let shared = shared.clone();
     OtlpExporter::start(opts, move || shared.export_node()).with_context(|| {
@@ -392,7 +483,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None
     };
     start_stats_helper(&mut engine, run_as.as_ref());
-    drop_privileges(&cfg, run_as.as_ref(), &mut engine)?;
+    drop_privileges(run_as.as_ref(), &mut engine)?;
     let attached = engine
         .loaded
         .probes
@@ -548,11 +639,10 @@ fn start_stats_helper(engine: &mut Engine, run_as: Option<&crate::privilege::Run
 /// Start-up is over: keeps only the capabilities the running daemon needs, in every thread,
 /// as daemon.user if one is set, and tells `ethand status` what it runs with.
 fn drop_privileges(
-    cfg: &Config,
     run_as: Option<&crate::privilege::RunAs>,
     engine: &mut Engine,
 ) -> anyhow::Result<()> {
-    let keep = crate::privilege::runtime_caps(cfg);
+    let keep = crate::privilege::runtime_caps(&engine.shared.plan);
     match tokio::task::block_in_place(|| crate::privilege::drop_to(keep, run_as)) {
         Ok(d) => {
             info!(
@@ -719,6 +809,18 @@ pub async fn standalone_snapshot(
             },
         );
     }
+    // The GPU activity of the tree over the end of the measurement (its windows are opened
+    // at the next round, once the libraries found by the first are known).
+    let (activity_tx, activity_rx) = std::sync::mpsc::sync_channel(1);
+    if let Some(window) = engine.shared.plan.gpu_activity {
+        engine.shared.activity_requests.lock().expect("lock").push(
+            crate::pipeline::gpu_activity::Request {
+                pids: crate::pipeline::procinfo::descendants(pid),
+                duration: window.min(duration),
+                reply: activity_tx,
+            },
+        );
+    }
     // The tree's Python frames over the end of the measurement, on their own thread.
     let stacks = samples.stacks.then(|| {
         let shared = engine.shared.clone();
@@ -737,6 +839,7 @@ pub async fn standalone_snapshot(
     }
     engine.sample_tick(true);
     let launch_sample = rx.try_recv().ok();
+    let gpu_activity = activity_rx.try_recv().ok();
     let code = stacks.and_then(|h| h.join().ok()).unwrap_or_default();
     let probes = engine
         .loaded
@@ -755,6 +858,7 @@ pub async fn standalone_snapshot(
             measured_ms: ms,
             probes,
             launch_sample,
+            gpu_activity,
             code,
         },
     ))

@@ -96,14 +96,13 @@ pub async fn serve(
             Ok(s) => s,
             Err(why) => {
                 debug!(%peer, uid = ?key.uid, ?why, "metrics connection refused");
-                if tls.is_none() {
-                    // A fresh socket's send buffer is empty: this never blocks.
-                    let _ = stream.try_write(if why == Refused::PeerLimit {
-                        BUSY
-                    } else {
-                        FULL
-                    });
-                }
+                // No plain-text answer inside TLS: the client sees the connection close.
+                let answer = match (&tls, why) {
+                    (Some(_), _) => &b""[..],
+                    (None, Refused::PeerLimit) => BUSY,
+                    (None, Refused::Limit) => FULL,
+                };
+                limiter.refuse(stream, answer, b"\r\n\r\n");
                 continue;
             }
         };

@@ -15,7 +15,7 @@ use ethand_snapshot::{
 };
 
 use crate::{
-    config::{Config, GpuLevel},
+    config::{GpuLevel, Plan},
     pipeline::model::{self, Model},
 };
 
@@ -65,6 +65,8 @@ pub struct Shared {
     pub device_history: Mutex<crate::pipeline::devices::DeviceHistory>,
     /// Launch samples asked for by snapshots, started by the collection loop.
     pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
+    /// GPU activity windows asked for by snapshots, opened by the collection loop.
+    pub activity_requests: Mutex<Vec<crate::pipeline::gpu_activity::Request>>,
     /// What snapshots sample on demand (launches, stacks, the CPU profile).
     pub plan: crate::config::Plan,
     /// The collection round (`daemon.interval_ms`): a process started a moment ago is known
@@ -89,27 +91,24 @@ pub struct CodeSample {
 }
 
 impl Shared {
-    /// The state of a daemon whose model is `model`, as `cfg` sets it up (process
-    /// selection, diagnosis rules, device history, launch samples).
+    /// The state of a daemon whose model is `model`, as `plan` sets it up (process
+    /// selection, level switches, device history, launch and stack samples).
     pub fn new(
         model: Model,
-        cfg: &Config,
+        plan: Plan,
         rules: Vec<crate::diagnose::Rule>,
         reader: crate::pipeline::reader::ReaderHandle,
     ) -> Self {
-        let d = &cfg.daemon;
+        let serve = &plan.serve;
         Self {
             model: Mutex::new(model),
             level_request: Mutex::new(None),
-            level_policy: (
-                d.level_switch,
-                std::time::Duration::from_secs(d.level_switch_interval_seconds),
-            ),
+            level_policy: (serve.level_switch, serve.level_switch_every),
             last_level_switch: Mutex::new(None),
             node: RwLock::new(Arc::new(NodeSnapshot::default())),
             built: Mutex::new((u64::MAX, std::sync::Weak::new())),
             exported: Mutex::new(None),
-            selection: Mutex::new((selection_policy(&cfg.prometheus), Selection::new())),
+            selection: Mutex::new((serve.selection.clone(), Selection::new())),
             devnames: model::block_device_names(),
             rules,
             otlp: std::sync::OnceLock::new(),
@@ -118,15 +117,16 @@ impl Shared {
             servers: std::sync::OnceLock::new(),
             drops: Mutex::default(),
             sample_requests: Mutex::default(),
+            activity_requests: Mutex::default(),
             device_history: Mutex::new(crate::pipeline::devices::DeviceHistory::new(
-                (d.history_seconds * 1000 / d.interval_ms.max(1)).max(2) as usize,
+                serve.device_history_rounds,
             )),
-            plan: crate::config::Plan::resolve(cfg),
-            round_interval: std::time::Duration::from_millis(d.interval_ms),
+            round_interval: plan.collect.interval,
             gpu_inflight: std::sync::OnceLock::new(),
             profile_requests: Mutex::default(),
             kallsyms: crate::pipeline::symbols::Kallsyms::open(),
             reader,
+            plan,
         }
     }
 
@@ -259,26 +259,31 @@ impl Shared {
         pid: u32,
         duration: std::time::Duration,
     ) -> Option<ethand_snapshot::gpu::LaunchSample> {
-        if duration.is_zero() {
-            return None;
-        }
-        // Only processes that map a GPU/NPU runtime library: a CPU-only tree waits for nothing.
-        let pids = gpu_pids(pid);
-        if pids.is_empty() {
-            return None;
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.sample_requests
-            .lock()
-            .expect("lock")
-            .push(crate::pipeline::launch_sample::Request {
+        // Started and ended at collection rounds: up to two intervals more than asked.
+        ask_collector(&self.sample_requests, pid, duration, 5, |pids, reply| {
+            crate::pipeline::launch_sample::Request {
                 pids,
                 duration,
-                reply: tx,
-            });
-        // Started and ended at collection rounds: up to two intervals more than asked.
-        rx.recv_timeout(duration + std::time::Duration::from_secs(5))
-            .ok()
+                reply,
+            }
+        })
+    }
+
+    /// Records the GPU activity of `pid`'s tree for `duration` (see gpu_activity/): the
+    /// collection loop opens and closes the windows; this waits for its answer.
+    pub fn sample_gpu_activity(
+        &self,
+        pid: u32,
+        duration: std::time::Duration,
+    ) -> Option<ethand_snapshot::kernels::GpuActivity> {
+        // Opened at the next round, answered at a round after the windows' ends.
+        ask_collector(&self.activity_requests, pid, duration, 8, |pids, reply| {
+            crate::pipeline::gpu_activity::Request {
+                pids,
+                duration,
+                reply,
+            }
+        })
     }
 
     /// Samples the Python frames of `pid`'s tree for `duration` (see stack_sample.rs) and,
@@ -333,16 +338,28 @@ impl Shared {
     }
 }
 
-/// The process selection `[prometheus]` asks for.
-fn selection_policy(p: &crate::config::PrometheusConfig) -> SelectionPolicy {
-    SelectionPolicy {
-        top_n: p.top_n,
-        pids: p.pids.clone(),
-        comms: p.comms.clone(),
-        cgroups: p.cgroups.clone(),
-        hold_ms: p.selection_hold_seconds.saturating_mul(1000),
-        min_age_ms: p.selection_min_age_seconds.saturating_mul(1000),
+/// Queues a request for the collection loop (which owns the probes) about the GPU processes
+/// of `pid`'s tree and waits for its answer, up to `duration` and `slack_s` more. None when
+/// `duration` is zero or no process of the tree maps a GPU/NPU runtime library (a CPU-only
+/// tree waits for nothing).
+fn ask_collector<Q, A>(
+    queue: &Mutex<Vec<Q>>,
+    pid: u32,
+    duration: std::time::Duration,
+    slack_s: u64,
+    request: impl FnOnce(Vec<u32>, std::sync::mpsc::SyncSender<A>) -> Q,
+) -> Option<A> {
+    if duration.is_zero() {
+        return None;
     }
+    let pids = gpu_pids(pid);
+    if pids.is_empty() {
+        return None;
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    queue.lock().expect("lock").push(request(pids, tx));
+    rx.recv_timeout(duration + std::time::Duration::from_secs(slack_s))
+        .ok()
 }
 
 /// The processes of `pid`'s tree that map a GPU/NPU runtime library (at most four times the

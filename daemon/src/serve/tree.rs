@@ -5,7 +5,7 @@
 //! devices, totals the tree and runs the diagnosis.
 use std::collections::HashMap;
 
-use ethand_snapshot::{self as snap, TreeSnapshot, TreeTotals};
+use ethand_snapshot::{self as snap, GpuLevel, TreeSnapshot, TreeTotals};
 
 use super::shared::{CodeSample, Shared};
 use crate::pipeline::procinfo::unix_ms;
@@ -22,6 +22,7 @@ pub struct TreeRequest {
     /// The probes' status when the snapshot was taken.
     pub probes: Vec<snap::ProbeStatus>,
     pub launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
+    pub gpu_activity: Option<ethand_snapshot::kernels::GpuActivity>,
     pub code: CodeSample,
 }
 
@@ -49,7 +50,7 @@ pub fn daemon_snapshot(
     let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
     let (probes, level) = {
         let node = shared.node.read().expect("lock");
-        (node.ethand.probes.clone(), node.ethand.gpu_level.clone())
+        (node.ethand.probes.clone(), node.ethand.gpu_level)
     };
     // Only for a tree the model knows (else the answer is "not found"). A running process the
     // model does not know yet started after the last round: it is known after the next one,
@@ -63,11 +64,16 @@ pub fn daemon_snapshot(
             known = knows();
         }
     }
-    let launching = samples.launches && level == "calls" && known;
-    let (launch_sample, code) = std::thread::scope(|s| {
+    let launching = samples.launches && level == Some(GpuLevel::Calls) && known;
+    let (launch_sample, gpu_activity, code) = std::thread::scope(|s| {
         let stacks = (samples.stacks && known).then(|| {
             s.spawn(|| {
                 shared.sample_stacks(pid, shared.plan.stack_window(), samples.profile, launching)
+            })
+        });
+        let activity = (known && shared.plan.gpu_activity.is_some()).then(|| {
+            s.spawn(|| {
+                shared.sample_gpu_activity(pid, shared.plan.gpu_activity.unwrap_or_default())
             })
         });
         let sample = launching
@@ -75,6 +81,7 @@ pub fn daemon_snapshot(
             .flatten();
         (
             sample,
+            activity.and_then(|h| h.join().ok()).flatten(),
             stacks.and_then(|h| h.join().ok()).unwrap_or_default(),
         )
     });
@@ -87,6 +94,7 @@ pub fn daemon_snapshot(
             measured_ms: 0,
             probes,
             launch_sample,
+            gpu_activity,
             code,
         },
     )
@@ -101,10 +109,12 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         measured_ms,
         probes,
         launch_sample,
+        mut gpu_activity,
         code,
     } = req;
     // A thread id stands for its process.
     let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
+    crate::pipeline::gpu_activity::check_against_launches(&mut gpu_activity, &launch_sample);
     let model = shared.model.lock().expect("lock");
     let mut keys = model.tree_keys(pid);
     // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
@@ -144,7 +154,13 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         .filter_map(|p| model.site_inputs(p))
         .collect();
     let site_cache = model.site_cache.clone();
+    let py_frames = model.py_frames.clone();
     let timeline = model.timeline(&keys, window_ms);
+    let (mut neighbours, neighbours_cores) = model.neighbours(&keys, window_ms);
+    let memory_peak = model.memory_peak(&keys, window_ms);
+    let window_note = (source == snap::SnapshotSource::Daemon)
+        .then(|| model.window_note(&keys, window_ms))
+        .flatten();
     let entered: HashMap<u32, (crate::pipeline::inflight::Entered, u64)> = keys
         .iter()
         .filter_map(|k| model.procs.get(k))
@@ -157,25 +173,25 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
     drop(model);
     let mono_now_ns = crate::pipeline::procinfo::clocks_ns().0;
     let mut budget = crate::pipeline::inflight::TREE_THREADS_MAX;
+    read_cpu_limits(&mut processes, &mut neighbours);
     for p in processes.iter_mut().filter(|p| p.alive) {
-        (p.swap_bytes, p.major_faults) = crate::pipeline::procinfo::memory(p.pid);
+        read_memory(p);
+        p.proc_write_bytes = crate::pipeline::proc_io::write_bytes(p.pid);
         let (e, known_ms) = entered
             .get(&p.pid)
             .cloned()
             .unwrap_or((Default::default(), measured_ms));
         crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
     }
+    crate::pipeline::inflight::name_peers(&mut processes);
     // After what the threads are doing now was read: symbolizing may take a while.
-    for inputs in &site_inputs {
-        let sites = crate::pipeline::gpu::sites::call_sites(&site_cache, &shared.reader, inputs);
-        if let Some(g) = processes
-            .iter_mut()
-            .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
-            .and_then(|p| p.gpu.as_mut())
-        {
-            g.call_sites = sites;
-        }
-    }
+    fill_call_sites(
+        &mut processes,
+        &site_inputs,
+        &site_cache,
+        &py_frames,
+        &shared.reader,
+    );
     let now = unix_ms();
     let observed_ms = processes.iter().map(|p| p.observed_ms).max().unwrap_or(0);
     let dropped_events = shared
@@ -189,6 +205,12 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         &node.devices,
         &shared.device_history.lock().expect("lock").xids,
     );
+    let live_pids: Vec<u32> = processes
+        .iter()
+        .filter(|p| p.alive)
+        .map(|p| p.pid)
+        .collect();
+    let memory_cgroups = crate::pipeline::memory::tree_cgroups(&live_pids);
     let mut tree = TreeSnapshot {
         schema_version: snap::SCHEMA_VERSION,
         source,
@@ -203,20 +225,58 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         processes,
         probes,
         findings: Vec::new(),
-        gpu_level: Some(node.ethand.gpu_level.clone()).filter(|l| !l.is_empty()),
+        gpu_level: node.ethand.gpu_level,
         timeline,
         devices: node.devices.clone(),
         dropped_events,
         launch_sample,
+        gpu_activity,
         stack_sample: code.stacks,
         cpu_profile: code.profile,
         not_evaluated: Vec::new(),
         node_cpus: std::thread::available_parallelism()
             .ok()
             .map(|n| n.get() as u32),
+        neighbours,
+        neighbours_cores: (window_ms > 0).then_some(neighbours_cores),
+        memory_cgroups,
+        node_memory: crate::pipeline::memory::node_memory(),
+        window_note,
     };
+    // The samples' peak, or the tree's resident set now if that is higher (read since).
+    tree.total.memory_peak_rss_bytes =
+        memory_peak.map(|peak| peak.max(tree.memory_totals().map_or(0, |m| m.rss_bytes)));
     crate::diagnose::apply(&mut tree, &shared.rules);
     Some(tree)
+}
+
+/// A live process's memory read now (the model's sample may be a round old), with the
+/// model's window.
+fn read_memory(p: &mut snap::ProcessSnapshot) {
+    let window = p.memory.take().and_then(|m| m.window);
+    p.memory = crate::pipeline::memory::read_process(p.pid).map(|mut m| {
+        m.window = window;
+        m
+    });
+    (p.swap_bytes, p.major_faults) = p
+        .memory
+        .as_ref()
+        .map_or((None, None), |m| (m.swap_bytes, m.major_faults));
+}
+
+/// The cores each process may use, and its neighbours' (self-inflicted contention or
+/// neighbours: the cpu_contention rule tells them apart with these).
+fn read_cpu_limits(processes: &mut [snap::ProcessSnapshot], neighbours: &mut [snap::CpuNeighbour]) {
+    use crate::pipeline::cpu_limits;
+    let mounts = cpu_limits::CpuMounts::read();
+    let mut quotas = HashMap::new();
+    for p in processes.iter_mut().filter(|p| p.alive) {
+        let l = cpu_limits::read(p.pid, &mounts, &mut quotas);
+        (p.cpus_allowed, p.cpu_quota_cores) = (l.affinity_cpus, l.quota_cores);
+    }
+    for n in neighbours {
+        n.cpus_allowed = cpu_limits::read(n.pid, &mounts, &mut quotas).affinity_cpus;
+    }
 }
 
 fn totals(
@@ -250,6 +310,9 @@ fn totals(
                 }
                 _ => {}
             }
+        }
+        if let Some(b) = p.proc_write_bytes {
+            *t.proc_write_bytes.get_or_insert(0) += b;
         }
         t.net.add(&p.net);
         if let Some(g) = &p.gpu {
@@ -322,4 +385,38 @@ fn gpu_derived(
         device_utilization_ratio: means.utilization_ratio,
         device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
     })
+}
+
+/// Each process's GPU call sites (symbolized, with the Python frames the kernel walked) and
+/// whether its Python frames are walked.
+fn fill_call_sites(
+    processes: &mut [snap::ProcessSnapshot],
+    site_inputs: &[crate::pipeline::gpu::sites::SiteInputs],
+    site_cache: &std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>,
+    py_frames: &std::sync::Mutex<crate::pipeline::gpu::python::PyFrames>,
+    reader: &crate::pipeline::reader::ReaderHandle,
+) {
+    for inputs in site_inputs {
+        let sites = crate::pipeline::gpu::sites::call_sites(site_cache, py_frames, reader, inputs);
+        if let Some(g) = processes
+            .iter_mut()
+            .find(|p| p.pid == inputs.key.tgid && p.start_time_ns == inputs.key.proc_start_ns)
+            .and_then(|p| p.gpu.as_mut())
+        {
+            g.call_sites = sites;
+        }
+    }
+    let py = py_frames
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for p in processes.iter_mut() {
+        let key = ethand_common::ProcKey {
+            tgid: p.pid,
+            _pad0: 0,
+            proc_start_ns: p.start_time_ns,
+        };
+        if let Some(g) = p.gpu.as_mut() {
+            g.python_walk = py.walk(&key);
+        }
+    }
 }

@@ -52,7 +52,14 @@ pub const SYSCALLS_OVER_LIMIT: u32 = 18;
 /// A process had as many call sites as it may have: its call was counted under the
 /// unattributed site, without taking its stack (informational).
 pub const GPU_SITES_OVER_LIMIT: u32 = 19;
-pub const COUNT: u32 = 20;
+/// PY_STACKS was full: a call of a Python process was counted at its native call site
+/// without its Python frames.
+pub const PY_STACKS_FULL: u32 = 20;
+/// The Python walk of a registered process could not read the thread's state or a frame
+/// (a page not resident, a torn frame): the call was counted with the frames read so far, or
+/// none.
+pub const PY_WALK_FAULT: u32 = 21;
+pub const COUNT: u32 = 22;
 pub const NAMES: [&str; COUNT as usize] = [
     "threads_full",
     "syscalls_full",
@@ -74,9 +81,11 @@ pub const NAMES: [&str; COUNT as usize] = [
     "syscall_keys_full",
     "syscalls_over_process_limit",
     "gpu_sites_over_process_limit",
+    "py_stacks_full",
+    "py_walk_fault",
 ];
 /// Which of the above mean lost data (the rest are informational).
 pub const IS_LOSS: [bool; COUNT as usize] = [
     true, true, true, true, true, true, true, false, false, true, true, true, true, true, false,
-    true, true, false, false, false,
+    true, true, false, false, false, true, false,
 ];

@@ -187,6 +187,8 @@ pub struct GpuInflight {
     pub stack_id: u32,
     /// The call's return address (see [`GpuSiteKey::caller`]).
     pub caller: u64,
+    /// The call's Python stack (see [`GpuSiteKey::py_stack`]).
+    pub py_stack: u64,
 }
 
 /// [`GpuSiteKey::stack_id`] of calls whose user stack could not be taken.
@@ -211,6 +213,9 @@ pub struct GpuSiteKey {
     /// misses (the kernel adds it only where the probed instruction is `push %rbp` or
     /// `endbr64`). 0: not read.
     pub caller: u64,
+    /// The calling thread's Python frames (`PY_STACKS` key, see [`PyStack`](crate::PyStack));
+    /// 0: not a walked Python process, or no Python frame on the thread.
+    pub py_stack: u64,
 }
 
 #[repr(C)]

@@ -65,6 +65,11 @@ pub struct KernelOffsets {
     pub offcpu_from_task: u32,
     /// `task_struct.real_parent` (a pointer): the parent a fork and an exit record.
     pub task_real_parent: u32,
+    /// `task_struct.thread.fsbase` (x86_64, a u64): the thread pointer, where glibc keeps the
+    /// thread's `struct pthread` and its thread-specific data (the CPython walk's start).
+    pub task_thread_fsbase: u32,
+    /// 1 when `task_thread_fsbase` was found: GPU probes may walk Python frames.
+    pub py_walk: u32,
 }
 
 /// Field offsets of the classic tracepoints used as fallbacks, read from

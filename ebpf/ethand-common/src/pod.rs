@@ -25,6 +25,11 @@ unsafe impl aya::Pod for GpuInflight {}
 unsafe impl aya::Pod for GpuAllocKey {}
 unsafe impl aya::Pod for GpuAlloc {}
 unsafe impl aya::Pod for GpuSiteKey {}
+unsafe impl aya::Pod for PyLayout {}
+unsafe impl aya::Pod for PyProc {}
+unsafe impl aya::Pod for PyStack {}
+unsafe impl aya::Pod for PyStackKey {}
+unsafe impl aya::Pod for PyFrameRef {}
 unsafe impl aya::Pod for GpuSiteStats {}
 unsafe impl aya::Pod for GpuProcState {}
 unsafe impl aya::Pod for RecordEvent {}

@@ -1,7 +1,7 @@
 //! The CPU profile a snapshot takes: samples on the CPU and long waits off it, by stack.
 
 /// `PROFILE_COUNTS` key: one thread's samples on the CPU, or its long waits off it, at one
-/// (user stack, kernel stack) pair of `PROFILE_STACKS` ids. The CPU profile a snapshot takes
+/// (user stack, kernel stack) pair of `PROFILE_STACKS` ids, or its short waits (no stacks). The CPU profile a snapshot takes
 /// (ebpf/ethand-ebpf/src/profile.rs); attached only while one is taken.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,6 +42,10 @@ pub struct ProfileOff {
 pub mod profile_kind {
     pub const ON_CPU: u32 = 0;
     pub const OFF_CPU: u32 = 1;
+    /// Waits shorter than `diagnosis.offcpu_min_us`, summed per thread (no stacks: the key's
+    /// stacks are [`super::PROFILE_NO_STACK`]), so that a thread's wait total counts every
+    /// wait, not only the long ones listed by stack.
+    pub const OFF_CPU_SHORT: u32 = 2;
 }
 
 /// No stack in [`ProfileKey`].

@@ -17,9 +17,11 @@ pub mod record_kind {
     /// `arg0` = dev (kernel encoding), `arg1` = sector, `arg2` = bytes, `arg3` = rwbs
     /// (up to 8 bytes, NUL-padded, little-endian).
     pub const BLOCK: u32 = 4;
-    /// A GPU/NPU runtime call; `arg0` = op id (catalog index), `arg1` = the raw value of the
-    /// catalog's bytes argument (bytes, element count or size), `arg2` = the raw auxiliary
-    /// argument (copy kind, data type, ...), `arg3` = return value.
+    /// A GPU/NPU runtime call; `arg0` = op id (catalog index) in the low 32 bits and the
+    /// return value (an int) in the high 32, `arg1` = the raw value of the catalog's bytes
+    /// argument (bytes, element count or size), `arg2` = the raw auxiliary argument (copy
+    /// kind, data type, ...), `arg3` = the calling thread's Python stack (the hash of
+    /// [`PyStackKey`](crate::PyStackKey), 0: none walked).
     pub const GPU: u32 = 5;
     /// A CPU-clock sample of a thread on a CPU at `start_ns`; `arg0` = user and `arg1` =
     /// kernel stack id in `PROFILE_STACKS` (as i64; [`crate::PROFILE_NO_STACK`]: none).
@@ -104,4 +106,18 @@ pub struct RecordGpuInflight {
     pub start_ns: u64,
     pub arg1: u64,
     pub arg2: u64,
+    /// The Python stack walked at the entry (0: none).
+    pub py_stack: u64,
+}
+
+/// `arg0` of a [`record_kind::GPU`] event: the op and the call's return value.
+#[inline(always)]
+pub fn record_gpu_arg0(op: u32, ret: u64) -> u64 {
+    u64::from(op) | (ret << 32)
+}
+
+/// The op and the return value of a [`record_kind::GPU`] event's `arg0`.
+#[inline(always)]
+pub fn record_gpu_op_ret(arg0: u64) -> (u64, i32) {
+    (arg0 & 0xffff_ffff, (arg0 >> 32) as u32 as i32)
 }

@@ -25,6 +25,7 @@ use ethand_common::{
 
 use crate::context::{current_ctx, proc_key};
 use crate::maps::{atomic_add, bump, get_or_insert};
+use crate::python::python_stack;
 
 #[map]
 pub static GPU_OPS: Array<GpuOpDesc> = Array::with_max_entries(GPU_MAX_OPS, 0);
@@ -198,9 +199,10 @@ fn read_user_u64(p: u64) -> u64 {
     unsafe { bpf_probe_read_user(p as *const u64) }.unwrap_or(0)
 }
 
-/// Takes the user stack and counts the call at its site; returns the site's stack id
-/// ([`GPU_STACK_UNATTRIBUTED`] when the stack could not be taken, [`GPU_STACK_NONE`] when
-/// the site could not be counted) and the caller's return address.
+/// Takes the user stack (and a Python process's Python frames) and counts the call at its
+/// site; returns the site's stack id ([`GPU_STACK_UNATTRIBUTED`] when the stack could not be
+/// taken, [`GPU_STACK_NONE`] when the site could not be counted), the caller's return address
+/// and the Python stack's key.
 #[inline(always)]
 fn count_site(
     ctx: &ProbeContext,
@@ -208,23 +210,24 @@ fn count_site(
     proc_start_ns: u64,
     op: u32,
     state: Option<*mut GpuProcState>,
-) -> (u32, u64) {
+) -> (u32, u64, u64) {
     // A process at its limit of call sites takes no more stacks: one process cannot fill the
     // stack and site maps for the others.
     let limit = unsafe { core::ptr::read_volatile(&raw const GPU_SITES_PER_PROCESS) };
     let over = state.is_some_and(|s| unsafe { (*s).sites } >= limit);
     // At the probed function's first instruction the return address is on top of the stack.
     let sp = unsafe { core::ptr::read_volatile(&raw const (*ctx.regs).rsp) };
-    let (stack_id, caller) = if over {
+    let (stack_id, caller, py_stack) = if over {
         bump(counter::GPU_SITES_OVER_LIMIT);
-        (GPU_STACK_UNATTRIBUTED, 0)
+        (GPU_STACK_UNATTRIBUTED, 0, 0)
     } else {
         let caller = read_user_u64(sp);
+        let py_stack = python_stack(tgid, proc_start_ns);
         match ctx.get_stackid(&GPU_STACKS, u64::from(BPF_F_USER_STACK)) {
-            Ok(id) => (id as u32, caller),
+            Ok(id) => (id as u32, caller, py_stack),
             Err(_) => {
                 bump(counter::GPU_STACK_LOST);
-                (GPU_STACK_UNATTRIBUTED, caller)
+                (GPU_STACK_UNATTRIBUTED, caller, py_stack)
             }
         }
     };
@@ -235,10 +238,11 @@ fn count_site(
         stack_id,
         _pad0: 0,
         caller,
+        py_stack,
     };
     if let Some(site) = GPU_SITES.get_ptr_mut(&key) {
         unsafe { atomic_add(&raw mut (*site).calls, 1) };
-        return (stack_id, caller);
+        return (stack_id, caller, py_stack);
     }
     match get_or_insert(
         &GPU_SITES,
@@ -252,9 +256,9 @@ fn count_site(
                 // Racy (no CAS): concurrent first calls may pass the limit by a few.
                 unsafe { (*s).sites = (*s).sites.wrapping_add(1) };
             }
-            (stack_id, caller)
+            (stack_id, caller, py_stack)
         }
-        None => (GPU_STACK_NONE, 0),
+        None => (GPU_STACK_NONE, 0, 0),
     }
 }
 
@@ -309,10 +313,10 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
         && d.kind != gpu_kind::FREE
         && d.kind != gpu_kind::COMM_INIT
         && !(d.kind == gpu_kind::COPY && d.dir == gpu_dir::DEVICE_TO_DEVICE);
-    let (stack_id, caller) = if stacks && site {
+    let (stack_id, caller, py_stack) = if stacks && site {
         count_site(ctx, c.tgid, c.proc_start_ns, op, proc_state(&pk))
     } else {
-        (GPU_STACK_NONE, 0)
+        (GPU_STACK_NONE, 0, 0)
     };
     if d.flags & (gpu_flags::TIMED | gpu_flags::RET) != 0 || cookie & GPU_COOKIE_TIME != 0 {
         let ik = GpuInflightKey {
@@ -326,6 +330,7 @@ fn on_enter(ctx: &ProbeContext) -> Option<()> {
             dir: call.dir,
             stack_id,
             caller,
+            py_stack,
         };
         if GPU_INFLIGHT.insert(&ik, &v, 0).is_err() {
             bump(counter::GPU_INFLIGHT_FULL);
@@ -496,6 +501,7 @@ fn on_return(ctx: &RetProbeContext) -> Option<()> {
             stack_id: inf.stack_id,
             _pad0: 0,
             caller: inf.caller,
+            py_stack: inf.py_stack,
         };
         if let Some(site) = GPU_SITES.get_ptr_mut(&sk) {
             unsafe {

@@ -7,11 +7,13 @@
 
 mod block;
 mod context;
+mod cupti;
 mod gpu;
 mod lifecycle;
 mod maps;
 mod net;
 mod profile;
+mod python;
 mod record;
 mod sched;
 mod syscall_account;

@@ -41,6 +41,8 @@ pub static KOFF: KernelOffsets = KernelOffsets {
     task_last_arrival: 0,
     offcpu_from_task: 0,
     task_real_parent: 0,
+    task_thread_fsbase: 0,
+    py_walk: 0,
 };
 
 /// Classic tracepoint field offsets (from tracefs format files); set by the loader.

@@ -5,7 +5,9 @@
 //!   a sample of a thread of the tree counts at its (user stack, kernel stack).
 //! - `profile_switch` (tp_btf sched_switch): a thread of the tree that blocks (switched out,
 //!   not preempted) leaves its stacks at that moment in `PROFILE_OFF`; when it runs again a
-//!   wait of at least `PROFILE_OFFCPU_MIN_NS` counts at those stacks with its time.
+//!   wait of at least `PROFILE_OFFCPU_MIN_NS` counts at those stacks with its time; a
+//!   shorter one counts in the thread's `OFF_CPU_SHORT` entry (no stacks), so every wait
+//!   is summed and only the long ones are listed by stack.
 //!
 //! The tree is `PROFILE_PIDS` (tgid -> 1), set by userspace for the profile.
 use aya_ebpf::{
@@ -28,7 +30,8 @@ const NO_PREALLOC: u32 = 1;
 /// has no kernel stack), not a loss.
 const EFAULT: i32 = -14;
 
-/// Waits shorter than this are not counted (`diagnosis.offcpu_min_us`); set by the loader.
+/// Waits shorter than this are summed per thread without stacks (`diagnosis.offcpu_min_us`);
+/// set by the loader.
 #[unsafe(no_mangle)]
 pub static PROFILE_OFFCPU_MIN_NS: u64 = 1_000_000;
 
@@ -144,16 +147,25 @@ pub fn profile_switch(ctx: BtfTracePointContext) -> i32 {
     let _ = PROFILE_OFF.remove(&next_tid);
     let waited = now.saturating_sub(off.since_ns);
     let min = unsafe { core::ptr::read_volatile(&raw const PROFILE_OFFCPU_MIN_NS) };
-    if waited >= min {
-        let key = ProfileKey {
+    let key = if waited >= min {
+        ProfileKey {
             tgid: off.tgid,
             tid: next_tid,
             user_stack: off.user_stack,
             kernel_stack: off.kernel_stack,
             kind: profile_kind::OFF_CPU,
             _pad0: 0,
-        };
-        add(&key, waited);
-    }
+        }
+    } else {
+        ProfileKey {
+            tgid: off.tgid,
+            tid: next_tid,
+            user_stack: PROFILE_NO_STACK,
+            kernel_stack: PROFILE_NO_STACK,
+            kind: profile_kind::OFF_CPU_SHORT,
+            _pad0: 0,
+        }
+    };
+    add(&key, waited);
     0
 }

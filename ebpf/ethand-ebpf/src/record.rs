@@ -11,7 +11,8 @@ use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -22,12 +23,14 @@ use aya_ebpf::{
 use ethand_common::{
     BlkReqKey, GpuInflightKey, GpuOpDesc, MAX_SYSCALL_NR, NO_SYSCALL, RECORD_RINGBUF_BYTES,
     RecordBlk, RecordEvent, RecordGpuInflight, RecordThread, blk_op, record_cfg, record_drop,
-    record_kind, record_off,
+    record_gpu_arg0, record_kind, record_off,
 };
 
 use crate::block::{rq_dev, rq_key, rq_op};
+use crate::context::proc_start_of;
 use crate::gpu::GPU_OPS;
 use crate::maps::{btf_u32, btf_u64};
+use crate::python::python_stack;
 use crate::{koff, tpoff};
 
 /// No preallocation: the daemon loads this object too, and must not pay for these maps.
@@ -416,10 +419,15 @@ fn gpu_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let op = (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } & 0xffff) as u32;
     let d: GpuOpDesc = *GPU_OPS.get(op)?;
+    let tgid = (pid_tgid >> 32) as u32;
+    // Walked before the clock is read: the call's slice does not include the walk.
+    let proc_start_ns = proc_start_of(unsafe { bpf_get_current_task() } as *const u8);
+    let py_stack = python_stack(tgid, proc_start_ns);
     let v = RecordGpuInflight {
         start_ns: unsafe { bpf_ktime_get_ns() },
         arg1: reg(ctx, d.bytes_arg),
         arg2: reg(ctx, d.aux_arg),
+        py_stack,
     };
     let k = GpuInflightKey {
         tid: pid_tgid as u32,
@@ -448,10 +456,10 @@ fn gpu_return(ctx: &RetProbeContext) -> Option<()> {
         pid_tgid as u32,
         v.start_ns,
         now.saturating_sub(v.start_ns),
-        op as u64,
+        record_gpu_arg0(op, rc),
         v.arg1,
         v.arg2,
-        rc,
+        v.py_stack,
     );
     Some(())
 }

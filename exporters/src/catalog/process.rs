@@ -305,18 +305,79 @@ pub(crate) const METRICS: &[Metric] = &[
              be read from disk or swap; no series where it was not read (/proc/PID/stat majflt).",
         ),
         Per::Process,
-        Otel::Metric(
-            otel("process.paging.faults", "{fault}", OtelKind::Counter, Num::Int)
-                .with(&[("system.paging.fault.type", "major")]),
-        ),
+        Otel::NotExported("process.paging.faults of ethand_process_page_faults_total holds them"),
         |s, o| {
             for (id, p) in s.processes() {
-                if let Some(faults) = p.major_faults {
+                let faults = p.major_faults.or(p.memory.as_ref().and_then(|m| m.major_faults));
+                if let Some(faults) = faults {
                     o.sample(id, &[], Sample::Int(faults));
                 }
             }
         },
     ),
+    Metric::new(
+        gauge(
+            "ethand_process_memory_rss_bytes",
+            "Resident memory of the process by kind: anonymous (heap, stacks), file (mapped files, \
+             code) and shmem (/dev/shm, memfd, shared anonymous); their sum is the RSS \
+             (/proc/PID/status RssAnon, RssFile, RssShmem: sampled each round the process ran and \
+             every 10 rounds; no series where it was not read).",
+        ),
+        Per::Process,
+        Otel::Metric(otel("process.memory.usage", "By", OtelKind::UpDownCounter, Num::Int)),
+        |s, o| {
+            for (id, p) in s.processes() {
+                let Some(m) = &p.memory else { continue };
+                for (kind, v) in [
+                    ("anon", m.anon_bytes),
+                    ("file", m.file_bytes),
+                    ("shmem", m.shmem_bytes),
+                ] {
+                    if let Some(v) = v {
+                        o.sample(id, &[kind], Sample::Int(v));
+                    }
+                }
+            }
+        },
+    )
+    .labels(&[label("kind", "ethand.memory.kind").values("anon, file, shmem")]),
+    Metric::new(
+        gauge(
+            "ethand_process_memory_swap_bytes",
+            "Memory of the process swapped out (/proc/PID/status VmSwap, read as \
+             ethand_process_memory_rss_bytes).",
+        ),
+        Per::Process,
+        Otel::Metric(otel("ethand.process.memory.swap", "By", OtelKind::UpDownCounter, Num::Int)),
+        |s, o| {
+            for (id, p) in s.processes() {
+                if let Some(v) = p.memory.as_ref().and_then(|m| m.swap_bytes) {
+                    o.sample(id, &[], Sample::Int(v));
+                }
+            }
+        },
+    ),
+    Metric::new(
+        counter(
+            "ethand_process_page_faults_total",
+            "Page faults of the process since it started: minor (the page was in memory) and major \
+             (it waited for a read from disk or swap) (/proc/PID/stat minflt, majflt, read every 10 \
+             rounds; no series where it was not read).",
+        ),
+        Per::Process,
+        Otel::Metric(otel("process.paging.faults", "{fault}", OtelKind::Counter, Num::Int)),
+        |s, o| {
+            for (id, p) in s.processes() {
+                let Some(m) = &p.memory else { continue };
+                for (kind, v) in [("minor", m.minor_faults), ("major", m.major_faults)] {
+                    if let Some(v) = v {
+                        o.sample(id, &[kind], Sample::Int(v));
+                    }
+                }
+            }
+        },
+    )
+    .labels(&[label("kind", "system.paging.fault.type").values("minor, major")]),
     Metric::new(
         gauge(
             "ethand_process_workload_info",

@@ -207,6 +207,16 @@ pub(crate) const METRICS: &[Metric] = &[
         |s, o| o.sample(NODE, &[], Sample::Int(s.otlp.dropped_batches)),
     ),
     Metric::new(
+        counter(
+            "ethand_otlp_overflow_points_total",
+            "OTLP points summed into a metric's otel.metric.overflow point because the metric had \
+             more than otlp.max_points_per_metric attribute sets in a batch (docs/otlp.md).",
+        ),
+        Per::Node,
+        Otel::Metric(otel("ethand.otlp.overflow_points", "{point}", OtelKind::Counter, Num::Int)),
+        |s, o| o.sample(NODE, &[], Sample::Int(s.otlp.overflow_points)),
+    ),
+    Metric::new(
         gauge(
             "ethand_otlp_last_export_duration_seconds",
             "How long the last successful OTLP export request took: encoding the batch, sending it and \

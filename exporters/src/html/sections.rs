@@ -83,6 +83,10 @@ pub(super) fn findings(o: &mut String, f: &[Finding], n: &[NotEvaluated]) {
                 o,
                 "<span class=\"speedup\" title=\"estimated speed-up if the cause is removed\">≈ {s:.2}× faster</span>"
             );
+        } else {
+            o.push_str(
+                "<span class=\"speedup\" title=\"no estimate of this rule was checked against a measured fix\">no speed-up estimate</span>",
+            );
         }
         w!(
             o,
@@ -183,6 +187,16 @@ pub(super) fn summary(o: &mut String, t: &TreeSnapshot) {
             count(tt.block_write_ops)
         ),
     );
+    if let Some(own) = tt.proc_write_bytes {
+        // Two figures for "written": say what each counts.
+        tile(
+            o,
+            "Written by the processes",
+            &bytes_u(own),
+            "their own data (write_bytes, /proc/PID/io, live processes); the disk tile counts \
+             block-layer bytes, journal and metadata included",
+        );
+    }
     tile(
         o,
         "Network sent / received",

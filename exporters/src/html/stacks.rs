@@ -61,7 +61,7 @@ pub(super) fn where_in_code(o: &mut String, t: &TreeSnapshot) {
         .filter_map(|p| p.gpu.as_ref())
         .flat_map(|g| &g.call_sites)
         .collect();
-    kernel.sort_by(|a, b| b.total.cmp(&a.total));
+    kernel.sort_by_key(|c| std::cmp::Reverse(c.total));
     let sample = t.stack_sample.as_ref();
     if kernel.is_empty() && sample.is_none() {
         return;

@@ -252,6 +252,28 @@ pub struct MetricSpec {
     pub(crate) sources: Vec<(&'static Metric, Part)>,
 }
 
+/// Points per batch of a metric that is neither per process nor per cgroup (node, device:
+/// tens of points), the SDK's default.
+pub const FIXED_POINTS_LIMIT: usize = 2_000;
+
+impl MetricSpec {
+    /// Most points this metric carries per batch: `per_selection` where their number grows
+    /// with the selected processes or the cgroups, else [`FIXED_POINTS_LIMIT`]. (The SDK
+    /// reserves a table of that many entries per metric: one limit for all would cost
+    /// megabytes for nothing.)
+    pub fn points_limit(&self, per_selection: usize) -> usize {
+        if self
+            .sources
+            .iter()
+            .any(|(m, _)| matches!(m.per, Per::Process | Per::Cgroup))
+        {
+            per_selection.max(1)
+        } else {
+            FIXED_POINTS_LIMIT
+        }
+    }
+}
+
 /// Which part of a catalog entry's samples an OTLP metric carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Part {
@@ -368,7 +390,7 @@ pub const METRICS: Metrics = Metrics;
 #[derive(Clone, Copy, Debug)]
 pub struct Metrics;
 
-static SPECS: LazyLock<Vec<MetricSpec>> = LazyLock::new(|| from_catalog());
+static SPECS: LazyLock<Vec<MetricSpec>> = LazyLock::new(from_catalog);
 
 impl Metrics {
     pub fn iter(self) -> std::slice::Iter<'static, MetricSpec> {
@@ -469,13 +491,12 @@ pub static NOT_EXPORTED: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock:
         })
 });
 
-/// Builds the observable instrument of `m`; its callback reads the current view.
+/// Builds the observable instrument of `m`; its callback observes what `points` returns.
 pub(crate) fn register(
     meter: &Meter,
     m: &'static MetricSpec,
-    view: impl Fn() -> Arc<View> + Send + Sync + 'static,
+    points: impl Fn() -> Points + Send + Sync + 'static,
 ) -> Box<dyn Any + Send + Sync> {
-    let points = move || m.points(&view());
     match (m.kind, m.num) {
         (Kind::Counter, Num::Int) => Box::new(
             meter

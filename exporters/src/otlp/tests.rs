@@ -464,6 +464,7 @@ fn resource_has_identity_and_overrides() {
         node_name: Some("k8s-node-7".into()),
         service_version: "9.9.9".into(),
         selection: options().selection,
+        max_points_per_metric: 20_000,
     });
     let get = |k: &'static str| {
         r.get(&opentelemetry::Key::from_static_str(k))
@@ -500,6 +501,7 @@ fn unreachable_endpoint_retries_within_the_interval_then_drops() {
             node_name: None,
             service_version: "0".into(),
             selection: options().selection,
+            max_points_per_metric: 20_000,
         };
         let stats = Arc::new(OtlpStats::default());
         let source = Arc::new(Source {

@@ -52,6 +52,13 @@ pub struct Comparison {
     /// The tree totals, window and derived metrics matched by name (before's order, then
     /// the ones only after has), then the `rate.*` rows.
     pub rows: Vec<ComparedRow>,
+    /// What the tree got done, before and after: the diagnosis signals of each snapshot
+    /// that measure throughput (cores used, GPU busy, I/O and network rates, syncs and
+    /// collectives per second), computed as the snapshot's findings compute them, so a
+    /// figure here is the one its findings quote. Filled by the caller that computes signals
+    /// (`ethand compare`); empty otherwise. Shown first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outcomes: Vec<ComparedRow>,
     /// Findings of `before` whose id `after` does not have (before's rank order).
     pub findings_resolved: Vec<Finding>,
     /// Findings of `after` whose id `before` does not have (after's rank order).
@@ -200,7 +207,9 @@ impl Side<'_> {
     }
 }
 
-pub(super) fn compared(
+/// One row: both sides, the change and the ratio after / before (None where either side
+/// is unmeasured, or before is 0).
+pub fn compared(
     scope: &str,
     metric: &str,
     unit: &str,
@@ -345,6 +354,7 @@ pub fn compare(before: &TreeSnapshot, after: &TreeSnapshot) -> Comparison {
         before: b.meta(),
         after: a.meta(),
         rows,
+        outcomes: Vec::new(),
         findings_resolved,
         findings_new,
         findings_remaining,
@@ -371,7 +381,7 @@ pub fn comparison_to_csv(c: &Comparison) -> String {
             ],
         )
     };
-    for r in &c.rows {
+    for r in c.outcomes.iter().chain(&c.rows) {
         line(r);
     }
     for f in &c.findings_resolved {
@@ -482,11 +492,59 @@ pub fn render_comparison(c: &Comparison, color: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "{} {}", paint.p("1", "before:"), describe(&c.before));
     let _ = writeln!(o, "{} {}", paint.p("1", "after: "), describe(&c.after));
-    most_changed(&mut o, c, &paint);
-    not_compared(&mut o, c);
+    outcomes(&mut o, c, &paint);
     let _ = writeln!(o);
     findings(&mut o, c, &paint);
+    most_changed(&mut o, c, &paint);
+    not_compared(&mut o, c);
     o
+}
+
+/// "Outcomes": what the tree got done, before and after, each with its ratio.
+fn outcomes(o: &mut String, c: &Comparison, paint: &Paint) {
+    if c.outcomes.is_empty() {
+        return;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{}",
+        paint.p(
+            "1",
+            "Outcomes (what the tree got done, as its findings measure it)"
+        )
+    );
+    let width = c
+        .outcomes
+        .iter()
+        .map(|r| r.metric.chars().count())
+        .max()
+        .unwrap_or(6)
+        .clamp(6, 64);
+    let _ = writeln!(
+        o,
+        "{}",
+        paint.p(
+            "1",
+            &format!(
+                "{:<width$}  {:>14}  {:>14}  {:>12}",
+                "OUTCOME", "BEFORE", "AFTER", "AFTER/BEFORE"
+            )
+        )
+    );
+    let show =
+        |v: Option<f64>, unit: &str| v.map_or("unmeasured".to_string(), |v| in_unit(v, unit));
+    for r in &c.outcomes {
+        let ratio = r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        let _ = writeln!(
+            o,
+            "{:<width$}  {:>14}  {:>14}  {:>12}",
+            for_terminal(&r.metric),
+            show(r.before, &r.unit),
+            show(r.after, &r.unit),
+            ratio
+        );
+    }
 }
 
 /// The [`RENDER_TOP`] metrics that changed most, by relative change.

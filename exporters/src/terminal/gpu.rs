@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use ethand_snapshot::{
-    TreeSnapshot,
+    GpuLevel, TreeSnapshot,
     gpu::{GpuDerived, GpuProcessStats, LaunchSample},
 };
 
@@ -13,7 +13,7 @@ use crate::format::{bytes_u, seconds_fixed};
 /// The tree's runtime calls (`g`, its totals), then the device side.
 pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot, g: &GpuProcessStats) {
     let _ = writeln!(o, "\nGPU / NPU RUNTIME (uprobes)");
-    launches(o, g, t.gpu_level.as_deref());
+    launches(o, g, t.gpu_level);
     if let Some(d) = &t.total.gpu_derived {
         window(o, d);
     }
@@ -26,12 +26,12 @@ pub(super) fn gpu_section(o: &mut String, t: &TreeSnapshot, g: &GpuProcessStats)
 }
 
 /// Launches, or why they were not counted (never a 0 that means "not counted").
-fn launches(o: &mut String, g: &GpuProcessStats, level: Option<&str>) {
+fn launches(o: &mut String, g: &GpuProcessStats, level: Option<GpuLevel>) {
     match g.launches {
         None => {
             let at = level.map_or_else(
                 || "the GPU level in force".to_string(),
-                |l| format!("level {}", clean(l)),
+                |l| format!("level {l}"),
             );
             let _ = writeln!(
                 o,

@@ -12,8 +12,9 @@ fn rate_bytes(b: u64, secs: f64) -> String {
     bytes_per_second(b as f64 / secs)
 }
 
-/// What a live process's threads are doing now: "running", "2 running, 3 blocked", or the
-/// longest wait when all are blocked ("blocked in read() on pipe:[1] for 15.2 s").
+/// What a live process's threads are doing now: "running", "2 running, 3 waiting", "1 idle",
+/// with the longest wait (an idle one only when there is no other): "(longest: read() on
+/// pipe:[1] for 15.2 s)", "1 idle (in clock_nanosleep() for 8.0 s)". Idle: a timed sleep or an event loop's wait (`InFlightSyscall::idle`).
 fn threads_now(p: &ProcessSnapshot) -> String {
     let live: Vec<_> = p
         .threads
@@ -25,21 +26,32 @@ fn threads_now(p: &ProcessSnapshot) -> String {
         return String::new();
     }
     let running = live.iter().filter(|n| n.state == "running").count();
-    let longest = live
-        .iter()
-        .filter_map(|n| n.syscall.as_ref())
-        .filter_map(|s| Some((s.blocked_ns()?, s)))
-        .max_by_key(|(ns, _)| *ns);
-    let waiting = live.len() - running;
-    let mut out = match (running, waiting) {
-        (r, 0) => format!("{r} running"),
-        (0, w) => format!("{w} waiting"),
-        (r, w) => format!("{r} running, {w} waiting"),
+    let is_idle = |n: &ethand_snapshot::ThreadNow| {
+        n.state != "running" && n.syscall.as_ref().is_some_and(|s| s.idle)
     };
-    if let Some((ns, sc)) = longest {
+    let idle = live.iter().filter(|n| is_idle(n)).count();
+    let longest = |idle_ones: bool| {
+        live.iter()
+            .filter(|n| is_idle(n) == idle_ones)
+            .filter_map(|n| n.syscall.as_ref())
+            .filter_map(|s| Some((s.blocked_ns()?, s)))
+            .max_by_key(|(ns, _)| *ns)
+    };
+    let waiting = live.len() - running - idle;
+    let parts: Vec<String> = [(running, "running"), (waiting, "waiting"), (idle, "idle")]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    let mut out = parts.join(", ");
+    let (label, pick) = match longest(false) {
+        Some(w) => ("longest: ", Some(w)),
+        None => ("in ", longest(true)),
+    };
+    if let Some((ns, sc)) = pick {
         let _ = write!(
             out,
-            " (longest: {} for {}{:.1} s)",
+            " ({label}{} for {}{:.1} s)",
             clean(&sc.describe()),
             if sc.elapsed_ns.is_none() {
                 "at least "
@@ -99,7 +111,14 @@ pub(super) fn now_section(o: &mut String, t: &TreeSnapshot) {
         return;
     };
     let secs = w.duration_ms as f64 / 1000.0;
-    let _ = writeln!(o, "NOW (last {secs:.1} s)");
+    match &t.window_note {
+        Some(why) => {
+            let _ = writeln!(o, "NOW (last {secs:.1} s; {})", clean(why));
+        }
+        None => {
+            let _ = writeln!(o, "NOW (last {secs:.1} s)");
+        }
+    }
     let _ = writeln!(
         o,
         "  cpu {:.2} cores, run-queue wait {:.2} s/s, blocked {:.2} s/s",
@@ -136,8 +155,11 @@ pub(super) fn now_section(o: &mut String, t: &TreeSnapshot) {
         );
     }
     let root = &t.processes[0];
-    for p in &t.processes {
+    for p in super::exited::listed(t) {
         now_line(o, p, usize::from(p.pid != root.pid));
+    }
+    if let Some(l) = super::exited::now_line(t, Some(secs)) {
+        let _ = writeln!(o, "{l}");
     }
     o.push('\n');
 }

@@ -85,7 +85,7 @@ pub(super) fn cpu_profile(o: &mut String, t: &TreeSnapshot) {
     if p.rate_hz > 0 {
         let _ = writeln!(
             o,
-            "  sampled {}/s on every CPU over {:.1}s, waits of at least {} caught where they block",
+            "  sampled {}/s on every CPU over {:.1}s; every wait summed, those of at least {} listed where they block",
             p.rate_hz,
             p.duration_ms as f64 / 1000.0,
             duration_ns_u(p.offcpu_min_ns)

@@ -1,7 +1,7 @@
 //! `ethand status`: the daemon's own state (probes, maps, program cost, losses).
 use std::fmt::Write as _;
 
-use ethand_snapshot::SelfStatus;
+use ethand_snapshot::{GpuLevel, SelfStatus};
 
 use super::clean;
 use crate::format::{bytes_u, duration_ns_u, seconds_fixed};
@@ -107,7 +107,11 @@ fn probes(o: &mut String, s: &SelfStatus) {
             p.detail
         );
     }
-    let _ = writeln!(o, "\nGPU/NPU level: {}", s.gpu_level);
+    let _ = writeln!(
+        o,
+        "\nGPU/NPU level: {}",
+        s.gpu_level.map_or("", GpuLevel::as_str)
+    );
     for l in &s.gpu_libraries {
         let _ = writeln!(
             o,

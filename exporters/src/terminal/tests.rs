@@ -1,5 +1,5 @@
 use super::*;
-use ethand_snapshot::{DropCounter, SelfStatus};
+use ethand_snapshot::{DropCounter, GpuLevel, SelfStatus};
 
 fn fixture(name: &str) -> serde_json::Value {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -90,7 +90,7 @@ fn tree_at_calls() -> TreeSnapshot {
             }),
             ..Default::default()
         },
-        gpu_level: Some("calls".into()),
+        gpu_level: Some(GpuLevel::Calls),
         ..Default::default()
     }
 }
@@ -172,7 +172,7 @@ fn launches_not_counted_and_the_launch_sample() {
 
     // Counted (level process): a 0 is a 0.
     let mut t = tree_at_calls();
-    t.gpu_level = Some("process".into());
+    t.gpu_level = Some(GpuLevel::Process);
     for g in [&mut t.processes[0].gpu, &mut t.total.gpu] {
         let g = g.as_mut().unwrap();
         g.launches = Some(0);
@@ -266,4 +266,51 @@ fn the_workload_line() {
     w.env.clear();
     assert!(workload(&w).ends_with(" rank 3 (rank from NCCL)"));
     assert_eq!(workload(&WorkloadIdentity::default()), "unknown");
+}
+
+/// A shell loop's short-lived children: one line per command in NOW and in LIFETIME, with
+/// their sums; the root and the live children keep their own lines.
+#[test]
+fn exited_children_collapse_per_command() {
+    use ethand_snapshot::{SchedStats, WindowStats};
+    let window = |oncpu_ns| {
+        Some(WindowStats {
+            duration_ms: 5000,
+            oncpu_ns,
+            ..Default::default()
+        })
+    };
+    let proc = |pid, comm: &str, alive, oncpu_ns| ProcessSnapshot {
+        pid,
+        comm: comm.into(),
+        alive,
+        sched: SchedStats {
+            oncpu_ns,
+            ..Default::default()
+        },
+        window: window(oncpu_ns),
+        ..Default::default()
+    };
+    let mut processes = vec![proc(10, "sh", true, 0), proc(11, "worker", true, 0)];
+    processes.extend((0..38).map(|i| proc(100 + i, "bash", false, 2_000_000)));
+    processes.extend((0..5).map(|i| proc(200 + i, "readlink", false, 2_000_000)));
+    processes.push(proc(300, "sed", false, 0));
+    let t = TreeSnapshot {
+        source: ethand_snapshot::SnapshotSource::Daemon,
+        root_pid: 10,
+        processes,
+        ..Default::default()
+    };
+    let out = snapshot(&t);
+    // 44 exited x 2 ms (but sed's 0) = 86 ms over 5 s.
+    assert!(
+        out.contains("  exited: 38 x bash, 5 x readlink, sed (pid 300): 0.02 cores\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  exited: 38 x bash, 5 x readlink, sed (pid 300): cpu 0.086s, syscalls 0\n"),
+        "{out}"
+    );
+    assert!(!out.contains("100     bash"), "{out}");
+    assert_eq!(out.matches("11      worker").count(), 2, "{out}");
 }

@@ -22,6 +22,10 @@
 //!   net-server UDP_N             (internal) the receiving side of `net`
 //!   spin-threads N BURN_US SLEEP_US  after `go`, N threads burning BURN_US, sleeping SLEEP_US, until `stop`
 //!   readloop FILE MIB MS direct|cached  1 MiB preads of a MIB MiB file for MS ms (O_DIRECT or page cache)
+//!   units THREADS                after `go`, THREADS threads do units of fixed CPU work until
+//!                                `stop`; `done units=U wall_ns=W`: the throughput
+//!   fsyncwrite FILE KIB MS       pairs of a KIB KiB pwrite (over 64 slots of the file) and an
+//!                                fsync, for MS ms; says how many pairs (the only fsyncs it makes)
 //!   sleeper N MS                 after `go`, a new thread makes N nanosleep()s of MS ms, then waits
 use std::{
     io::{BufRead, BufReader, Write},
@@ -59,6 +63,7 @@ fn main() {
         Some("getpid-exit") => getpid_exit(arg(1), arg(2), arg(3)),
         Some("slow-syscalls") => slow_syscalls(arg(1), arg(2), arg(3)),
         Some("spin-threads") => spin_threads(arg(1), arg(2), arg(3)),
+        Some("units") => units(arg(1)),
         Some("readloop") => readloop(
             args.get(1)
                 .unwrap_or_else(|| fail("readloop FILE MIB MS direct|cached")),
@@ -67,6 +72,12 @@ fn main() {
             args.get(4).map_or("", String::as_str),
         ),
         Some("sleeper") => sleeper(arg(1), arg(2)),
+        Some("fsyncwrite") => fsyncwrite(
+            args.get(1)
+                .unwrap_or_else(|| fail("fsyncwrite FILE KIB MS")),
+            arg(2) as usize * 1024,
+            arg(3),
+        ),
         _ => fail(&format!("unknown mode: {args:?}")),
     }
 }
@@ -602,6 +613,49 @@ fn spin_threads(n: u64, burn_us: u64, sleep_us: u64) {
     wait_release();
 }
 
+/// `units THREADS`: after `go`, THREADS threads each do units of a fixed amount of CPU work
+/// (2^20 multiply-adds, not timed by any clock: a unit costs the same CPU however the
+/// thread is scheduled) until `stop`. `done units=U wall_ns=W`: the throughput a fix of
+/// contention is measured by.
+fn units(threads: u64) {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    say("ready");
+    wait_go();
+    let t0 = clock_ns(libc::CLOCK_MONOTONIC);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut done = 0u64;
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for i in 0..(1u64 << 20) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(i),
+                        );
+                    }
+                    done += 1;
+                }
+                std::hint::black_box(x);
+                done
+            })
+        })
+        .collect();
+    wait_go(); // consume the `stop` byte
+    stop.store(true, Ordering::Relaxed);
+    let wall = clock_ns(libc::CLOCK_MONOTONIC) - t0;
+    let units: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("unit thread"))
+        .sum();
+    say(&format!("done units={units} wall_ns={wall}"));
+    wait_release();
+}
+
 /// `readloop FILE MIB MS direct|cached` (diagnosis tests). Setup: a file of MIB MiB written
 /// with O_DIRECT and fsynced; `cached` then reads it once through the page cache, so that
 /// its later reads are cache hits. Measured: for MS ms, sequential 1 MiB pread()s of the file,
@@ -718,4 +772,46 @@ fn sleeper(n: u64, ms: u64) {
     wait_release();
     drop(stop_tx);
     handle.join().expect("sleeper thread");
+}
+
+/// Durable small writes, as a checkpoint or log writer makes them: each pair dirties `size`
+/// bytes of the page cache and waits for them (and the journal) to reach the disk.
+fn fsyncwrite(file: &str, size: usize, ms: u64) {
+    let path = std::ffi::CString::new(file).expect("path without NUL");
+    let buf = vec![0x5au8; size];
+    // SAFETY: valid path.
+    let fd = check(
+        unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY,
+                0o600,
+            )
+        } as libc::c_long,
+        "open for writing",
+    ) as i32;
+    say("ready");
+    wait_go();
+    let t0 = clock_ns(libc::CLOCK_MONOTONIC);
+    let mut pairs = 0u64;
+    while clock_ns(libc::CLOCK_MONOTONIC) - t0 < ms * 1_000_000 {
+        let at = (pairs % 64) as usize * size;
+        // SAFETY: buf holds size bytes; valid fd.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), size, at as libc::off_t) };
+        if n != size as isize {
+            fail(&format!("pwrite: {n} {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: valid fd.
+        check(unsafe { libc::fsync(fd) } as libc::c_long, "fsync");
+        pairs += 1;
+    }
+    let took = clock_ns(libc::CLOCK_MONOTONIC) - t0;
+    say(&format!(
+        "done pairs={pairs} bytes={} took_ns={took}",
+        pairs * size as u64
+    ));
+    wait_release();
+    // SAFETY: valid fd.
+    unsafe { libc::close(fd) };
+    let _ = std::fs::remove_file(file);
 }

@@ -2,7 +2,7 @@
 use std::path::Path;
 
 use ethand_tests::{
-    Daemon, ProbeState, ProcessSnapshot, RemoveOnDrop, disk_of, measure, probe, serial,
+    Daemon, ProbeState, ProcessSnapshot, RemoveOnDrop, ScratchDisk, disk_of, measure, probe, serial,
 };
 
 use crate::workload;
@@ -16,9 +16,10 @@ fn block_sum(p: &ProcessSnapshot, device: &str, op: &str) -> (u64, u64) {
 }
 
 /// 8 MiB written with O_DIRECT in 1 MiB writes and read back with O_DIRECT: exactly 8 MiB each
-/// way on the disk behind /var/tmp, at least 8 requests each, and every request in the queue
-/// and service histograms. (The workload overwrites a file it wrote and fsynced during setup
-/// and does not fsync in the measured phase: see `blockio` in the workload for why.)
+/// way on a loop device only the workload uses (`ScratchDisk`), at least 8 requests each, and
+/// every request in the queue and service histograms. (The workload overwrites what it wrote
+/// and fsynced during setup and does not fsync in the measured phase: see `blockio` in the
+/// workload for why.)
 ///
 /// Run with the BTF block programs (the default, which key requests by address) here, and
 /// with the classic tracepoints in `probes::classic_tracepoints_when_btf_is_not_preferred`.
@@ -52,14 +53,17 @@ fn direct_io_bytes_are_exact() {
 /// whole request per direction (at most 1 MiB, the workload's size per syscall) may be
 /// missing from the workload's bytes; never more, and never extra bytes.
 pub fn assert_direct_io_exact(d: &Daemon, tag: &str, classic: bool) {
-    let dir = Path::new("/var/tmp");
-    let dev = disk_of(dir);
-    let file = dir.join(format!(
+    let mib = 8u64;
+    // The workload's own device (see ScratchDisk); it opens it by a link, which it removes.
+    let disk = ScratchDisk::new(tag, 2 * mib);
+    let dev = disk.dev.clone();
+    let file = Path::new("/var/tmp").join(format!(
         "ethand-test-blockio-{tag}-{}.dat",
         std::process::id()
     ));
+    let _ = std::fs::remove_file(&file);
+    std::os::unix::fs::symlink(&disk.node, &file).expect("link to the scratch device");
     let _cleanup = RemoveOnDrop(file.clone());
-    let mib = 8u64;
     let mut w = workload(&["blockio", file.to_str().expect("utf-8"), &mib.to_string()]);
     let m = measure(d, &mut w);
     let total = mib << 20;
@@ -77,9 +81,16 @@ pub fn assert_direct_io_exact(d: &Daemon, tag: &str, classic: bool) {
     };
     let (wops, wbytes) = delta("write");
     let (rops, rbytes) = delta("read");
+    let dropped: Vec<(String, u64)> = d
+        .status()
+        .dropped
+        .iter()
+        .filter(|c| c.reason.starts_with("blk_") && c.count > 0)
+        .map(|c| (c.reason.clone(), c.count))
+        .collect();
     eprintln!(
         "observed on {dev}: write {wbytes} bytes in {wops} ops, read {rbytes} bytes in {rops} ops (expected {total} bytes each); \
-         entries: {:?}",
+         entries: {:?}; daemon's block drops: {dropped:?}",
         a.block
             .iter()
             .map(|e| (e.device.as_str(), e.op.as_str(), e.ops, e.bytes))

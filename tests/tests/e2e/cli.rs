@@ -804,3 +804,40 @@ fn rules_naming_unknown_signals_stop_run_and_diagnose() {
     let _ = fs::remove_dir_all(&dir);
     let _ = fs::remove_file(&cfg);
 }
+
+/// `status`'s program costs count only while ethand's own BPF statistics were on (what
+/// "counted during" says): the kernel's figures also grow while anyone else has them on
+/// (another ethand, `bpftool prog profile`, the sysctl, on here). With ethand's sampled
+/// window not yet open, the programs ran (a workload switched and called) but none of it
+/// was counted by ethand.
+#[test]
+fn program_costs_count_only_during_ethands_own_statistics() {
+    const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = fs::write(SYSCTL, self.0.trim());
+        }
+    }
+    let _serial = serial();
+    let _restore = Restore(fs::read_to_string(SYSCTL).expect("read the sysctl"));
+    fs::write(SYSCTL, "1").expect("turn the kernel's BPF statistics on");
+    // The default sampled statistics: on for 2 s at the end of each 60 s.
+    let d = Daemon::start("status-own-stats", "");
+    for _ in 0..20 {
+        let _ = Command::new("true").status();
+    }
+    thread::sleep(Duration::from_millis(600));
+    let s = d.status();
+    let txt = text(&d.cli(&["status"]).stdout);
+    let runs: u64 = s.programs.iter().map(|p| p.run_count).sum();
+    eprintln!(
+        "observed: bpf_stats {} on {} ms, runs counted {runs}",
+        s.bpf_stats, s.bpf_stats_enabled_ms
+    );
+    assert_eq!(s.bpf_stats, "sampled");
+    assert_eq!(s.bpf_stats_enabled_ms, 0, "the first window opens at 58 s");
+    assert!(!s.programs.is_empty(), "programs listed");
+    assert_eq!(runs, 0, "runs counted while ethand's statistics were off");
+    assert!(txt.contains("counted during 0.0s"), "{txt}");
+}

@@ -143,6 +143,16 @@ fn share(t: &CpuThreadProfile, pick: impl Fn(&ethand_snapshot::stacks::Frame) ->
     n as f64 / t.samples as f64
 }
 
+/// Time thread `tid` of `pid` has run on a CPU (ns), from the scheduler's own accounting.
+fn on_cpu_ns(pid: u32, tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .expect("schedstat")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("the run time in schedstat")
+}
+
 #[test]
 fn cpu_profile_shares_and_waits_match_the_program() {
     let _serial = serial();
@@ -158,22 +168,46 @@ fn cpu_profile_shares_and_waits_match_the_program() {
     let pid = child.0.id();
     // The daemon knows the tree once a round has seen it.
     thread::sleep(Duration::from_millis(1500));
+    let sleeper_tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|t| *t != pid)
+        .expect("the sleeper thread");
+    let sleeper_ran_before = on_cpu_ns(pid, sleeper_tid);
+    let main_ran_before = on_cpu_ns(pid, pid);
     let t = profiled(&d, pid);
+    let sleeper_ran_ns = on_cpu_ns(pid, sleeper_tid) - sleeper_ran_before;
+    let main_ran_ns = on_cpu_ns(pid, pid) - main_ran_before;
     let p = t.cpu_profile.as_ref().expect("a CPU profile");
-    println!("method: {}\nnotes: {:?}", p.method, p.notes);
-    assert!(p.notes.is_empty(), "notes: {:?}", p.notes);
+    println!(
+        "method: {}\nnotes: {:?}\nstolen: {:?} ms",
+        p.method, p.notes, p.stolen_ms
+    );
+    // On a VM whose host was busy the profile says how much steal it saw, and nothing else.
+    let stolen_samples = p.stolen_ms.unwrap_or(0) * RATE_HZ / 1000;
+    assert!(
+        p.notes
+            .iter()
+            .all(|n| stolen_samples > 0 && n.starts_with("the hypervisor ran something else")),
+        "notes: {:?}",
+        p.notes
+    );
     assert_eq!(p.rate_hz as u64, RATE_HZ);
     assert_eq!(p.lost_stacks, Some(0));
     assert_eq!(p.lost_samples, Some(0));
 
-    // The main thread runs the whole window: rate x window samples, within 15 %.
+    // The main thread spins through the window: rate x window samples, within 15 %, or
+    // fewer where other work on this machine kept it off its CPU (its time on a CPU over the
+    // snapshot, a little longer than the window, says how much it ran).
     let main = thread_of(p, pid, true);
     println!("main: {:?} {:?}", main.by_module, main.top_functions);
-    let full = p.full_samples();
+    let full = p
+        .full_samples()
+        .min(main_ran_ns as f64 * RATE_HZ as f64 / 1e9);
     let n = main.samples as f64;
     assert!(
         (n - full).abs() <= 0.15 * full,
-        "main thread samples {n}, expected ~{full}"
+        "main thread samples {n}, expected ~{full} (on a CPU {main_ran_ns} ns)"
     );
     let a = share(main, |f| f.function.as_deref() == Some("spin_a"));
     let b = share(main, |f| f.function.as_deref() == Some("spin_b"));
@@ -218,13 +252,34 @@ fn cpu_profile_shares_and_waits_match_the_program() {
         (waited_ms - window).abs() <= 0.1 * window,
         "sleeper waited {waited_ms:.0} ms of a {window} ms window"
     );
+    println!(
+        "sleeper: {} samples, ran {:.2} ms on a CPU during the snapshot (schedstat), {} waits",
+        sl.samples,
+        sleeper_ran_ns as f64 / 1e6,
+        sl.waits
+    );
+    // The sleeper runs 8-13 ms of the window (its schedstat, measured here), about one
+    // sample's worth at 99 Hz. It runs in 50 short bursts a second, each right after a timer
+    // interrupt, and this VM's CPU-clock samples land there more often than its share: 0 to 5
+    // here over 9 runs, 15 once in CI. A sample due while the
+    // host ran something else also lands on the thread the VM paused. A profile that counted
+    // the sleeper as running would give it hundreds: the bound is 5 % of the window's
+    // samples, plus the steal the profile measured.
+    let bound = (0.05 * full).ceil() as u64 + stolen_samples;
     assert!(
-        sl.samples <= 3,
-        "the sleeper is not on a CPU: {}",
-        sl.samples
+        sl.samples <= bound,
+        "the sleeper is not on a CPU: {} samples, at most {bound} ({stolen_samples} of them for \
+         steal): {:?}",
+        sl.samples,
+        sl.top_functions
     );
     let site = &sl.wait_sites[0];
-    assert_eq!(site.count, sl.waits, "one wait site: {:#?}", sl.wait_sites);
+    assert_eq!(
+        Some(site.count),
+        sl.long_waits,
+        "one wait site: {:#?}",
+        sl.wait_sites
+    );
     let names: Vec<&str> = site
         .frames
         .iter()

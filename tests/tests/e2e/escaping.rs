@@ -333,7 +333,8 @@ fn hostile_process_names_are_escaped_in_every_output() {
 
         // record: the Chrome trace names the process.
         let trace = temp_path(&format!("escaping-{pid}"), "json");
-        let _rm_trace = RemoveOnDrop(trace.clone());
+        let pf = temp_path(&format!("escaping-{pid}"), "pftrace");
+        let _rm_trace = (RemoveOnDrop(trace.clone()), RemoveOnDrop(pf.clone()));
         let out = d.cli(&[
             "record",
             "--pid",
@@ -342,6 +343,8 @@ fn hostile_process_names_are_escaped_in_every_output() {
             "1s",
             "-o",
             trace.to_str().expect("utf-8"),
+            "-o",
+            pf.to_str().expect("utf-8"),
         ]);
         assert!(out.status.success(), "record: {}", text(&out.stderr));
         let tr = fs::read(&trace).expect("trace");
@@ -353,6 +356,16 @@ fn hostile_process_names_are_escaped_in_every_output() {
             .filter_map(|e| e["args"]["name"].as_str())
             .collect();
         assert_eq!(named, [want.as_str()], "record process_name of {pid}");
+        // The Perfetto trace: the process track's name, as a protobuf string.
+        let d = ethand_perfetto::decode::decode(&fs::read(&pf).expect("pftrace"))
+            .unwrap_or_else(|e| panic!("import rules: {e}"));
+        let tracks: Vec<&str> = d
+            .tracks
+            .values()
+            .filter(|t| t.pid == Some(pid as i32) && t.tid.is_none())
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(tracks, [want.as_str()], "Perfetto process track of {pid}");
     }
     // The exec'd one: argv[0] and exe read back.
     let last = procs.last().expect("exec'd");

@@ -738,6 +738,10 @@ fn otlp_long_outage_bounded_memory_then_exact_recovery() {
         q4 / 1024.0
     );
     assert_eq!(down.exports_ok, 0, "nothing listened on {port}: {down:?}");
+    assert_eq!(
+        down.overflow_points, 0,
+        "hundreds of processes fit otlp.max_points_per_metric: {down:?}"
+    );
     assert!(
         down.dropped_batches >= 100,
         "40 s at 200 ms: about 200 batches, each dropped: {down:?}"

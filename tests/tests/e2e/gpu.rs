@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ethand_snapshot::{GpuLibraryStatus, gpu::GpuProcessStats};
+use ethand_snapshot::{GpuLevel, GpuLibraryStatus, gpu::GpuProcessStats};
 use ethand_tests::{
     Daemon, INTERVAL_MS, ProbeState, SETTLE, SelfStatus, find_proc, probe, promtool_check, serial,
     standins::{self, CATALOG_RS, Driver, GroundTruth, Lib, MEM_KINDS, catalog, plan_every_symbol},
@@ -1144,7 +1144,7 @@ fn level_switch_live() {
     );
     drv.wait_for("waiting");
     let (st, _) = wait_attached(&d, &[&s.cuda]);
-    assert_eq!(st.gpu_level, "process");
+    assert_eq!(st.gpu_level, Some(GpuLevel::Process));
     let step = |drv: &mut Driver| {
         drv.resume();
         drv.wait_for("waiting");
@@ -1165,9 +1165,13 @@ fn level_switch_live() {
     );
 
     set_level(&d, "op");
-    let (st, lag) = status_when(&d, |st| st.gpu_level == "op");
+    let (st, lag) = status_when(&d, |st| st.gpu_level == Some(GpuLevel::Op));
     eprintln!("observed: status shows level op {lag:?} after `ethand level` returned");
-    mm.eq("gpu_level after `level op`", st.gpu_level.as_str(), "op");
+    mm.eq(
+        "gpu_level after `level op`",
+        st.gpu_level,
+        Some(GpuLevel::Op),
+    );
     mm.eq(
         "libcuda state at op",
         lib_entries(&st, &s.cuda).first().map(|l| l.state),
@@ -1201,12 +1205,12 @@ fn level_switch_live() {
     );
 
     set_level(&d, "system");
-    let (st, lag) = status_when(&d, |st| st.gpu_level == "system");
+    let (st, lag) = status_when(&d, |st| st.gpu_level == Some(GpuLevel::System));
     eprintln!("observed: status shows level system {lag:?} after `ethand level` returned");
     mm.eq(
         "gpu_level after `level system`",
-        st.gpu_level.as_str(),
-        "system",
+        st.gpu_level,
+        Some(GpuLevel::System),
     );
     for name in UPROBES {
         let p = probe(&st.probes, name);
@@ -1230,12 +1234,12 @@ fn level_switch_live() {
     );
 
     set_level(&d, "process");
-    let (st, lag) = status_when(&d, |st| st.gpu_level == "process");
+    let (st, lag) = status_when(&d, |st| st.gpu_level == Some(GpuLevel::Process));
     eprintln!("observed: status shows level process {lag:?} after `ethand level` returned");
     mm.eq(
         "gpu_level after `level process`",
-        st.gpu_level.as_str(),
-        "process",
+        st.gpu_level,
+        Some(GpuLevel::Process),
     );
     mm.eq(
         "uprobe_cuda at process",
@@ -1266,12 +1270,12 @@ fn level_switch_live() {
     );
 
     set_level(&d, "calls");
-    let (st, lag) = status_when(&d, |st| st.gpu_level == "calls");
+    let (st, lag) = status_when(&d, |st| st.gpu_level == Some(GpuLevel::Calls));
     eprintln!("observed: status shows level calls {lag:?} after `ethand level` returned");
     mm.eq(
         "gpu_level after `level calls`",
-        st.gpu_level.as_str(),
-        "calls",
+        st.gpu_level,
+        Some(GpuLevel::Calls),
     );
     let lib = lib_entries(&st, &s.cuda).first().cloned().cloned();
     mm.eq(
@@ -1312,8 +1316,8 @@ fn level_switch_live() {
     let snap = d.snapshot(drv.pid);
     mm.eq(
         "E: snapshot gpu_level",
-        snap.gpu_level.as_deref(),
-        Some("calls"),
+        snap.gpu_level,
+        Some(GpuLevel::Calls),
     );
     let text_out = text(&d.cli(&["snapshot", "--pid", &drv.pid.to_string()]).stdout);
     mm.ok(

@@ -462,3 +462,119 @@ fn otlp_endpoint_down_counts_drops_then_recovers() {
     );
     w.finish();
 }
+
+/// The keyed points and the overflow point (`otel.metric.overflow = true`) of `metric` in `r`.
+fn keyed_and_overflow(
+    r: &ExportMetricsServiceRequest,
+    metric: &str,
+) -> (Vec<Vec<(String, String)>>, bool) {
+    let mut keyed = Vec::new();
+    let mut overflow = false;
+    for m in r
+        .resource_metrics
+        .iter()
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+        .filter(|m| m.name == metric)
+    {
+        let points = match &m.data {
+            Some(metric::Data::Sum(s)) => &s.data_points,
+            Some(metric::Data::Gauge(g)) => &g.data_points,
+            _ => continue,
+        };
+        for p in points {
+            let attrs: Vec<(String, String)> = p
+                .attributes
+                .iter()
+                .map(|kv| (kv.key.clone(), text(kv)))
+                .collect();
+            if attrs
+                .iter()
+                .any(|(k, v)| k == "otel.metric.overflow" && v == "true")
+            {
+                overflow = true;
+            } else {
+                keyed.push(attrs);
+            }
+        }
+    }
+    (keyed, overflow)
+}
+
+/// 30 processes named in `prometheus.comms`, each with 8 syscalls plus `other` (270 points of
+/// `ethand.process.syscalls` at least). At the default `otlp.max_points_per_metric` every one of
+/// them arrives with its 9 points and nothing overflows (the SDK's own default, 2,000
+/// points, dropped processes of a few hundred silently); at a limit of 100 a batch carries
+/// exactly 100 keyed points plus the overflow point, and the overflow is counted (status, and
+/// `ethand.otlp.overflow_points` in a later batch).
+#[test]
+fn otlp_points_over_the_limit_are_counted_not_lost_silently() {
+    let _serial = serial();
+    const PROCS: usize = 30;
+    for limit in [None, Some(100usize)] {
+        let port = free_port();
+        let r = GrpcReceiver::start(port);
+        let extra = limit.map_or(String::new(), |l| format!("max_points_per_metric = {l}\n"));
+        let toml = otlp_toml(&format!("http://127.0.0.1:{port}"), "grpc", 400).replacen(
+            "[otlp.resource_attributes]",
+            &format!("{extra}[otlp.resource_attributes]"),
+            1,
+        );
+        let d = Daemon::start("otlp-limit", &toml);
+        let mut ws: Vec<_> = (0..PROCS)
+            .map(|_| workload(&["syscalls", "100", "0"]))
+            .collect();
+        for w in &mut ws {
+            w.go();
+        }
+        thread::sleep(SETTLE);
+        r.store.wait_for(r.store.len(), 3);
+        let reqs = r.store.0.lock().unwrap().clone();
+        let last = reqs.last().expect("a batch");
+        let (keyed, overflow) = keyed_and_overflow(last, "ethand.process.syscalls");
+        let st = d.status().otlp.expect("status has otlp");
+        // Points per workload: its 8 syscalls with the most time plus `other`.
+        let per_pid: Vec<usize> = ws
+            .iter()
+            .map(|w| {
+                let pid = w.pid.to_string();
+                keyed
+                    .iter()
+                    .filter(|a| a.iter().any(|(k, v)| k == "process.pid" && *v == pid))
+                    .count()
+            })
+            .collect();
+        let whole = per_pid.iter().filter(|&&n| n == 9).count();
+        let counted = point(last, "ethand.otlp.overflow_points", &[]);
+        eprintln!(
+            "observed: limit {limit:?}: {} keyed points of ethand.process.syscalls, overflow \
+             point {overflow}, points per workload {per_pid:?}, \
+             status overflow_points {}, ethand.otlp.overflow_points in the last batch {counted:?}",
+            keyed.len(),
+            st.overflow_points
+        );
+        match limit {
+            None => {
+                assert_eq!(
+                    whole, PROCS,
+                    "every named process arrives with its 9 points"
+                );
+                assert!(!overflow, "nothing overflows at the default");
+                assert_eq!(st.overflow_points, 0);
+                assert!(keyed.len() >= PROCS * 9, "{} points", keyed.len());
+            }
+            Some(l) => {
+                assert_eq!(keyed.len(), l, "exactly the limit keyed");
+                assert!(overflow, "the rest summed in the overflow point");
+                assert!(st.overflow_points >= (PROCS * 9 - l) as u64, "{st:?}");
+                assert!(
+                    counted.is_some_and(|c| c >= (PROCS * 9 - l) as f64),
+                    "{counted:?}"
+                );
+            }
+        }
+        for w in ws {
+            w.finish();
+        }
+    }
+}

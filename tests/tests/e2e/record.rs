@@ -18,8 +18,8 @@ use std::{
 
 use ethand_tests::{
     RemoveOnDrop, disk_of, ethand_bin, serial,
-    standins::{self, Driver, Lib, SYNC_ENV},
-    temp_path,
+    standins::{self, COLL_ENV, Driver, Lib, SYNC_ENV},
+    temp_path, text,
 };
 use serde_json::Value;
 
@@ -96,6 +96,24 @@ impl Recorder {
                     "ethand record did not start recording ({e}); exit {:?}; stderr:\n{}",
                     r.child.try_wait(),
                     r.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for a line of its stderr holding `text`; returns it.
+    fn wait_for(&mut self, text: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.log.iter().find(|l| l.contains(text)) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(l) => self.log.push(l),
+                Err(e) => panic!(
+                    "ethand record never said {text:?} ({e}); stderr:\n{}",
+                    self.log.join("\n")
                 ),
             }
         }
@@ -806,6 +824,11 @@ fn record_cpu_samples_follow_the_program() {
     let (a, b) = (named("spin_a"), named("spin_b"));
     assert!((a - 0.70).abs() <= 0.08, "spin_a {a:.3}");
     assert!((b - 0.30).abs() <= 0.08, "spin_b {b:.3}");
+    // A sample on spin_a's first two instructions or its `ret` (its frame not yet made or
+    // already gone) skips `main`: the frame-pointer walk's known hole, a few instructions in
+    // each 0.5 ms call. Such a stack must go straight to main's caller in libc; a few of them
+    // are allowed, a walk that loses main often is not.
+    let (mut spin_a, mut without_main) = (0, Vec::new());
     for e in &samples {
         assert_eq!(e["ph"], "i");
         assert_eq!(e["s"], "t");
@@ -817,9 +840,22 @@ fn record_cpu_samples_follow_the_program() {
             .collect();
         assert_eq!(Some(&e["name"].as_str().unwrap()), stack.first());
         if e["name"] == "spin_a" {
-            assert!(stack.contains(&"main"), "{stack:?}");
+            spin_a += 1;
+            if !stack.contains(&"main") {
+                assert!(
+                    stack.get(1).is_some_and(|f| f.starts_with("libc.so.6")),
+                    "{stack:?}"
+                );
+                without_main.push(stack);
+            }
         }
     }
+    eprintln!("observed: {spin_a} spin_a samples, without main: {without_main:?}");
+    assert!(
+        without_main.len() * 50 <= spin_a,
+        "{} of {spin_a} spin_a stacks lost main",
+        without_main.len()
+    );
 }
 
 /// Python samples: the script of the stack-sample test (e2e/stacks.rs) spends 25 % of its main
@@ -936,5 +972,624 @@ fn record_python_samples_name_the_lines() {
     assert!(events(&trace).iter().all(|e| e["cat"] != "python_sample"));
     assert_eq!(trace["metadata"]["python_processes"], serde_json::json!([]));
     assert_eq!(trace["metadata"]["python_samples"], 0);
+    fs::remove_dir_all(&dir).ok();
+}
+
+/// A shell runs 40 short children of a known binary (each burns ~60 ms of CPU in
+/// `burn_here`, then exits): their CPU samples must be symbolized although the children are
+/// gone long before the recording ends (≥ 90 % of them with a function name).
+#[test]
+fn record_symbolizes_short_lived_children() {
+    use std::io::Write as _;
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-record-children-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("mkdir");
+    let src = dir.join("burn.c");
+    fs::write(
+        &src,
+        "#include <time.h>\nvolatile unsigned long sink;\n\
+         __attribute__((noinline)) void burn_here(void) {\n\
+           struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);\n\
+           double end = t.tv_sec + t.tv_nsec * 1e-9 + 0.06, now;\n\
+           do { for (int i = 0; i < 20000; i++) sink++; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);\n\
+                now = t.tv_sec + t.tv_nsec * 1e-9; } while (now < end);\n\
+         }\nint main(void) { burn_here(); return 0; }\n",
+    )
+    .expect("write the source");
+    let bin = dir.join("burn");
+    let o = Command::new("gcc")
+        .args(["-O1", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(o.status.success(), "gcc: {}", text(&o.stderr));
+    let script = format!("read x; for i in $(seq 40); do {}; done", bin.display());
+    let mut sh = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let pid = sh.id();
+    let out = temp_path("record-children", "json");
+    let _rm = RemoveOnDrop(out.clone());
+    let rec = Recorder::start(pid, "60s", &out, 100_000);
+    sh.stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("start the loop");
+    // Reaped first (a zombie still has its /proc entry); the recording then ends as the
+    // tree has exited.
+    let _ = sh.wait();
+    rec.finish();
+    let trace = load(&out);
+    let children: Vec<&Value> = events(&trace)
+        .iter()
+        .filter(|e| e["cat"] == "cpu_sample" && u(e, "pid") != u64::from(pid))
+        .collect();
+    let named = children
+        .iter()
+        .filter(|e| {
+            let n = e["name"].as_str().unwrap_or("?");
+            !n.starts_with('?') && n != "(no stack)"
+        })
+        .count();
+    let burn = children.iter().filter(|e| e["name"] == "burn_here").count();
+    let pids: std::collections::BTreeSet<u64> = children.iter().map(|e| u(e, "pid")).collect();
+    eprintln!(
+        "observed: {} samples of {} children, {named} with a function name, {burn} in burn_here",
+        children.len(),
+        pids.len()
+    );
+    // 40 x 60 ms at 99 Hz: ~240 samples; well over half the children sampled.
+    assert!(children.len() >= 100, "{} child samples", children.len());
+    assert!(pids.len() >= 20, "{} children sampled", pids.len());
+    assert!(
+        named as f64 >= 0.9 * children.len() as f64,
+        "{named} of {} child samples symbolized",
+        children.len()
+    );
+    fs::remove_dir_all(&dir).ok();
+}
+
+/// The default output, Perfetto's protobuf, next to JSON from the same recording (`-o` twice):
+/// 100 launches, 3 copies of 4 KiB and 5 syncs through the stand-in libcuda, and 20 slow
+/// nanosleeps of a second process are in the decoded Perfetto trace exactly (Perfetto's own
+/// definitions, import rules checked: tracks and interned names resolve, every sequence in
+/// timestamp order, every slice closed), on the thread's track, with the same times as in
+/// the JSON, and the file is a small fraction of the JSON's.
+#[test]
+fn record_perfetto_holds_exactly_the_calls_and_the_json_s_events() {
+    let _serial = serial();
+    let s = standins::shared();
+    let mut drv = Driver::spawn(
+        s.command(
+            &[Lib::Cuda],
+            &[
+                "wait_stdin",
+                "launches 100",
+                "htod 4K x 3",
+                "sync stream 5",
+                "wait_stdin",
+            ],
+        )
+        .env(SYNC_ENV, "3000"),
+    );
+    drv.wait_for("waiting");
+    let pf = temp_path("record-pf", "pftrace");
+    let js = temp_path("record-pf", "json");
+    let _rm = (RemoveOnDrop(pf.clone()), RemoveOnDrop(js.clone()));
+    let rec = Recorder::start_with(drv.pid, "3s", &pf, 1000, &["-o", js.to_str().unwrap()]);
+    drv.resume();
+    drv.wait_for("waiting");
+    let stdout = rec.finish();
+    let pid = drv.pid as i32;
+    drv.finish();
+    eprintln!("observed: ethand record: {}", stdout.trim());
+    let bytes = fs::read(&pf).expect("the Perfetto trace");
+    let d = ethand_perfetto::decode::decode(&bytes).unwrap_or_else(|e| panic!("import rules: {e}"));
+    let gpu: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| e.category == "gpu" && d.thread_of(e.track).is_some_and(|(p, _)| p == pid))
+        .collect();
+    let cat = |c: &str| {
+        gpu.iter()
+            .filter(|e| {
+                e.args.iter().any(|(k, v)| {
+                    k == "category" && *v == ethand_perfetto::decode::Value::Str(c.into())
+                })
+            })
+            .count()
+    };
+    let jb = fs::metadata(&js).unwrap().len();
+    let json = load(&js);
+    let json_gpu = events(&json)
+        .iter()
+        .filter(|e| e["cat"] == "gpu" && e["pid"].as_i64() == Some(pid.into()))
+        .count();
+    eprintln!(
+        "observed: Perfetto {} bytes ({} packets, {} chunks, {} sequences), JSON {jb} bytes; GPU \
+         slices {} (launch {}, copy {}, sync {}), JSON {json_gpu}",
+        bytes.len(),
+        d.packets,
+        d.compressed_chunks,
+        d.sequences,
+        gpu.len(),
+        cat("launch"),
+        cat("copy"),
+        cat("sync")
+    );
+    assert_eq!((cat("launch"), cat("copy"), cat("sync")), (100, 3, 5));
+    assert_eq!(gpu.len(), 108, "no other GPU events");
+    assert_eq!(json_gpu, 108, "the JSON of the same recording");
+    for e in gpu
+        .iter()
+        .filter(|e| e.args.iter().any(|(k, _)| k == "bytes"))
+    {
+        assert!(
+            e.args
+                .contains(&("bytes".into(), ethand_perfetto::decode::Value::Uint(4096)))
+        );
+    }
+    // Same start and end as the JSON, to the ns, for every GPU call.
+    let t0 = json["metadata"]["start_monotonic_ns"].as_u64().unwrap();
+    let mut from_json: Vec<(u64, u64)> = events(&json)
+        .iter()
+        .filter(|e| e["cat"] == "gpu" && e["pid"].as_i64() == Some(pid.into()))
+        .map(|e| {
+            let s = (t0 as f64 + f(e, "ts") * 1000.0).round() as u64;
+            (s, s + (f(e, "dur") * 1000.0).round() as u64)
+        })
+        .collect();
+    let mut from_pf: Vec<(u64, u64)> = gpu
+        .iter()
+        .map(|e| (e.start_ns, e.end_ns.expect("a slice")))
+        .collect();
+    from_json.sort();
+    from_pf.sort();
+    assert_eq!(from_pf, from_json);
+    // Every JSON event is in the Perfetto trace (counted per category).
+    let count_pf = |c: &str| d.events.iter().filter(|e| e.category == c).count();
+    let count_js = |c: &str| {
+        events(&json)
+            .iter()
+            .filter(|e| e["cat"] == c && e["ph"] != "e")
+            .count()
+    };
+    for c in ["sched", "syscall", "gpu", "cpu_sample"] {
+        assert_eq!(count_pf(c), count_js(c), "{c} events");
+    }
+    assert!(
+        bytes.len() as u64 * 4 < jb,
+        "Perfetto {} vs JSON {jb} bytes",
+        bytes.len()
+    );
+}
+
+/// `--max-size` ends a recording once the output reaches it, and the trace is complete.
+#[test]
+fn record_max_size_ends_the_recording_with_a_whole_trace() {
+    let _serial = serial();
+    let mut w = workload(&["syscalls", "3000000", "0"]);
+    let pf = temp_path("record-max", "pftrace");
+    let _rm = RemoveOnDrop(pf.clone());
+    let rec = Recorder::start_with(w.pid, "60s", &pf, 0, &["--max-size", "256k"]);
+    let t0 = Instant::now();
+    let _ = w.go();
+    let stdout = rec.finish();
+    let took = t0.elapsed();
+    w.finish();
+    let len = fs::metadata(&pf).unwrap().len();
+    eprintln!("observed: {} in {took:?}, {len} bytes", stdout.trim());
+    assert!(
+        took < Duration::from_secs(30),
+        "it did not stop at the size: {took:?}"
+    );
+    assert!(len >= 256 << 10, "{len} bytes");
+    let d = ethand_perfetto::decode::decode(&fs::read(&pf).unwrap()).expect("a whole trace");
+    let summary = d
+        .events
+        .iter()
+        .find(|e| e.name == "ethand record")
+        .expect("the summary");
+    assert!(
+        summary.args.contains(&(
+            "ended".into(),
+            ethand_perfetto::decode::Value::Str("max_size".into())
+        )),
+        "{:?}",
+        summary.args
+    );
+}
+
+/// A million getpid() recorded to the default output, Perfetto: the recorder's memory stays
+/// bounded (the reorder window holds at most 200,000 events), every getpid is a slice of the
+/// decoded trace or counted as dropped, and the summary's count is the trace's.
+#[test]
+fn record_a_million_events_to_perfetto_in_bounded_memory() {
+    let _serial = serial();
+    let n = 1_000_000u64;
+    let mut w = workload(&["slow-syscalls", "0", "0", &n.to_string()]);
+    let out = temp_path("record-bounded", "pftrace");
+    let _rm = RemoveOnDrop(out.clone());
+    let rec = Recorder::start(w.pid, "600s", &out, 0);
+    let done = w.go();
+    assert_eq!(done.u64("getpid"), n);
+    thread::sleep(Duration::from_millis(300));
+    let (code, stdout, stderr, peak_kb) = rec.interrupt();
+    let pid = w.pid as i32;
+    w.finish();
+    assert_eq!(code, 0, "ethand record failed; stderr:\n{stderr}");
+    let (events, dropped) = recorded_line(&stdout);
+    let bytes = fs::read(&out).expect("the trace");
+    let d = ethand_perfetto::decode::decode(&bytes).unwrap_or_else(|e| panic!("import rules: {e}"));
+    let getpids = d
+        .events
+        .iter()
+        .filter(|e| {
+            e.category == "syscall"
+                && e.name == "getpid"
+                && d.thread_of(e.track).is_some_and(|(p, _)| p == pid)
+        })
+        .count() as u64;
+    let total = d.events.iter().filter(|e| e.category != "ethand").count() as u64;
+    eprintln!(
+        "observed: {}; {} bytes ({:.2} B/event), {} sequences; peak RSS {} MiB; {getpids} getpid \
+         slices, {total} events in the trace",
+        stdout.trim(),
+        bytes.len(),
+        bytes.len() as f64 / events.max(1) as f64,
+        d.sequences,
+        peak_kb / 1024
+    );
+    assert!(
+        peak_kb < 100 * 1024,
+        "peak RSS {peak_kb} kB for {events} events"
+    );
+    assert_eq!(total, events, "events in the trace vs the recorded line");
+    assert!(
+        getpids <= n && n - getpids <= dropped,
+        "{getpids} of {n}, {dropped} dropped"
+    );
+    if dropped == 0 {
+        assert_eq!(getpids, n, "no drops: every getpid");
+    }
+}
+
+/// `--ring 2s`: a recording left on keeps only its last two seconds. The stand-in libcuda
+/// makes 1,000 launches, waits 3 s, then 37 launches and 5 syncs; stopped 0.3 s later, the
+/// trace holds exactly the 37 launches and 5 syncs (none of the 1,000), decodes under
+/// Perfetto's rules (the read the stand-in was blocked in across the ring's start is begun
+/// again at its true start), and the summary accounts for every event: those in the trace
+/// plus those the ring dropped, less the slices begun again, are the recorded count. The
+/// segments' directory is gone after.
+#[test]
+fn record_ring_keeps_exactly_the_last_seconds() {
+    let _serial = serial();
+    let s = standins::shared();
+    let mut drv = Driver::spawn(
+        s.command(
+            &[Lib::Cuda],
+            &[
+                "wait_stdin",
+                "launches 1000",
+                "wait_stdin",
+                "launches 37",
+                "sync stream 5",
+                "wait_stdin",
+            ],
+        )
+        .env(SYNC_ENV, "3000"),
+    );
+    drv.wait_for("waiting");
+    let pf = temp_path("record-ring", "pftrace");
+    let _rm = RemoveOnDrop(pf.clone());
+    let rec = Recorder::start_with(drv.pid, "60s", &pf, 1000, &["--ring", "2s"]);
+    drv.resume();
+    drv.wait_for("waiting");
+    thread::sleep(Duration::from_secs(3));
+    drv.resume();
+    drv.wait_for("waiting");
+    thread::sleep(Duration::from_millis(300));
+    let (code, stdout, stderr, _) = rec.interrupt();
+    let pid = drv.pid as i32;
+    drv.finish();
+    assert_eq!(code, 0, "ethand record failed; stderr:\n{stderr}");
+    eprintln!("observed: {}", stdout.trim());
+    let (events, dropped) = recorded_line(&stdout);
+    assert_eq!(dropped, 0);
+    let bytes = fs::read(&pf).expect("the trace");
+    let d = ethand_perfetto::decode::decode(&bytes).unwrap_or_else(|e| panic!("import rules: {e}"));
+    let of_pid =
+        |e: &&ethand_perfetto::decode::Event| d.thread_of(e.track).is_some_and(|(p, _)| p == pid);
+    let cat = |c: &str| {
+        d.events
+            .iter()
+            .filter(of_pid)
+            .filter(|e| {
+                e.category == "gpu"
+                    && e.args.iter().any(|(k, v)| {
+                        k == "category" && *v == ethand_perfetto::decode::Value::Str(c.into())
+                    })
+            })
+            .count()
+    };
+    assert_eq!(
+        (cat("launch"), cat("sync")),
+        (37, 5),
+        "only the last phase's calls"
+    );
+    let summary = d
+        .events
+        .iter()
+        .find(|e| e.name == "ethand record")
+        .expect("the summary");
+    let arg = |k: &str| {
+        summary
+            .args
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| match v {
+                ethand_perfetto::decode::Value::Uint(u) => *u,
+                other => panic!("{k}: {other:?}"),
+            })
+    };
+    let ring_dropped = arg("ring_events_dropped").expect("ring_events_dropped");
+    let again = arg("ring_slices_begun_again").expect("ring_slices_begun_again");
+    let from = arg("ring_kept_from_monotonic_ns").expect("ring_kept_from_monotonic_ns");
+    let in_trace = d.events.iter().filter(|e| e.category != "ethand").count() as u64;
+    eprintln!(
+        "observed: {in_trace} events in the trace, {ring_dropped} dropped by the ring, {again} \
+         slices begun again, {} segments dropped, {} bytes",
+        arg("ring_segments_dropped").unwrap_or(0),
+        bytes.len()
+    );
+    assert!(
+        ring_dropped >= 1000,
+        "the first phase's launches: {ring_dropped}"
+    );
+    assert_eq!(
+        in_trace + ring_dropped - again,
+        events,
+        "every event accounted for"
+    );
+    assert!(again >= 1, "the blocked read spans the ring's start");
+    for e in d.events.iter().filter(|e| e.category != "ethand") {
+        assert!(
+            e.start_ns >= from || e.end_ns.is_some_and(|x| x >= from),
+            "before the kept range and not open in it: {e:?}"
+        );
+    }
+    // No segment or directory left beside the trace.
+    let prefix = format!(".{}.", pf.file_name().unwrap().to_str().unwrap());
+    let left: Vec<_> = fs::read_dir(pf.parent().unwrap())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// `--ring` keeps Perfetto segments: a JSON output is refused before anything is recorded.
+#[test]
+fn record_ring_refuses_json() {
+    let _serial = serial();
+    let pid = std::process::id().to_string();
+    let out = ethand_tests::ethand(&["record", "--pid", &pid, "--ring", "5s", "-o", "/tmp/x.json"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--ring") && err.contains(".pftrace"), "{err}");
+}
+
+/// Issue 41: each recorded GPU call carries the Python frames of its calling thread, walked
+/// in the kernel at the call. The program of the pyframes test (3,000 syncs from `f()`, 1,000
+/// from `g()`, one 61 frames deep, then 50 on native threads) is recorded to both formats:
+/// exactly 3,000 and 1,000 calls carry `f`'s and `g`'s lines, in each, and the native
+/// threads' 50 carry none.
+#[test]
+fn record_gpu_calls_carry_their_python_frames() {
+    use crate::pyframes::{Prompted, SCRIPT, line_of};
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-record-pyframes-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("dir");
+    let script = dir.join("lines.py");
+    fs::write(&script, SCRIPT).expect("script");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script)
+        .arg(standins::shared().path(Lib::Cuda))
+        .arg("50");
+    let mut py = Prompted::start(cmd);
+    let pid = py.pid();
+    let js = temp_path("record-pyframes", "json");
+    let pf = temp_path("record-pyframes", "pftrace");
+    let _rm = (RemoveOnDrop(js.clone()), RemoveOnDrop(pf.clone()));
+    let mut rec = Recorder::start_with(pid, "60s", &js, 1_000_000, &["-o", pf.to_str().unwrap()]);
+    let said = rec.wait_for(
+        "Python frames of its GPU calls are",
+        Duration::from_secs(30),
+    );
+    assert!(said.contains("are walked (CPython 3."), "{said}");
+    py.go();
+    // The last stacks' code objects are read at the drains that follow (every 20 ms).
+    thread::sleep(Duration::from_millis(500));
+    py.exit();
+    let stdout = rec.finish();
+    eprintln!("observed: ethand record: {}", stdout.trim());
+    let label =
+        |marker: &str, function: &str| format!("lines.py:{} in {function}()", line_of(marker));
+    let (f_line, g_line, deep_line) = (
+        label("F_LINE", "f"),
+        label("G_LINE", "g"),
+        label("DEEP_LINE", "deeper"),
+    );
+    // JSON: the frames as an array.
+    let trace = load(&js);
+    let syncs: Vec<&Value> = events(&trace)
+        .iter()
+        .filter(|e| {
+            e["cat"] == "gpu" && e["name"] == "cuStreamSynchronize" && u(e, "pid") == u64::from(pid)
+        })
+        .collect();
+    let python = |e: &Value| -> Vec<String> {
+        e["args"]["python"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().expect("a label").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let innermost = |l: &str| {
+        syncs
+            .iter()
+            .filter(|e| python(e).first().map(String::as_str) == Some(l))
+            .count()
+    };
+    let native = syncs
+        .iter()
+        .filter(|e| u(e, "tid") != u64::from(pid))
+        .collect::<Vec<_>>();
+    let meta = &trace["metadata"];
+    eprintln!(
+        "observed: JSON syncs {} (f {}, g {}, deep {}, native threads {}); walks {}; with frames {}, partly read {}",
+        syncs.len(),
+        innermost(&f_line),
+        innermost(&g_line),
+        innermost(&deep_line),
+        native.len(),
+        meta["python_walks"],
+        meta["gpu_calls_with_python_frames"],
+        meta["gpu_calls_with_python_frames_partly_read"]
+    );
+    assert_eq!(
+        (
+            innermost(&f_line),
+            innermost(&g_line),
+            innermost(&deep_line)
+        ),
+        (3000, 1000, 1)
+    );
+    let deep = syncs
+        .iter()
+        .find(|e| python(e).first() == Some(&deep_line))
+        .expect("the deep call");
+    assert_eq!(python(deep).len(), 32, "the walk keeps 32 frames");
+    let f_call = syncs
+        .iter()
+        .find(|e| python(e).first() == Some(&f_line))
+        .expect("f's call");
+    assert_eq!(
+        python(f_call).last().map(String::as_str),
+        Some(label("FOR_F", "<module>").as_str())
+    );
+    assert_eq!(native.len(), 50, "calls on native threads");
+    assert!(
+        native.iter().all(|e| python(e).is_empty()),
+        "native threads have no Python frames"
+    );
+    assert_eq!(meta["gpu_calls_with_python_frames_partly_read"], 0);
+    assert!(
+        meta["python_walks"][pid.to_string()]
+            .as_str()
+            .is_some_and(|w| w.contains("walked"))
+    );
+    // Perfetto: the frames as one string, innermost first, the same counts.
+    let bytes = fs::read(&pf).expect("the Perfetto trace");
+    let d = ethand_perfetto::decode::decode(&bytes).unwrap_or_else(|e| panic!("import rules: {e}"));
+    let first_frame = |e: &ethand_perfetto::decode::Event| {
+        e.args.iter().find_map(|(k, v)| match v {
+            ethand_perfetto::decode::Value::Str(s) if k == "python" => {
+                s.lines().next().map(str::to_string)
+            }
+            _ => None,
+        })
+    };
+    let pf_syncs: Vec<_> = d
+        .events
+        .iter()
+        .filter(|e| {
+            e.category == "gpu"
+                && e.name == "cuStreamSynchronize"
+                && d.thread_of(e.track).is_some_and(|(p, _)| p == pid as i32)
+        })
+        .collect();
+    let pf_count = |l: &str| {
+        pf_syncs
+            .iter()
+            .filter(|e| first_frame(e).as_deref() == Some(l))
+            .count()
+    };
+    assert_eq!(
+        (pf_count(&f_line), pf_count(&g_line), pf_count(&deep_line)),
+        (3000, 1000, 1)
+    );
+    assert_eq!(
+        pf_syncs.len(),
+        syncs.len(),
+        "the same calls in both outputs"
+    );
+    fs::remove_dir_all(&dir).ok();
+}
+
+/// A GPU call longer than the recording's clean-ups of Python stacks (every 1.2 s) keeps its
+/// frames: the stack is stored at the call's entry and the event comes at its return, 2.5 s
+/// later (the stand-in `ncclAllReduce` blocks for `ETHAND_STANDIN_COLL_US`).
+#[test]
+fn record_a_long_gpu_call_keeps_its_python_frames() {
+    const SCRIPT: &str = "import ctypes, sys\n\
+nccl = ctypes.CDLL(sys.argv[1])\n\
+def slow():\n    nccl.ncclAllReduce(None, None, 1, 7, 0, None, None)  # SLOW_LINE\n\
+print('ready', flush=True)\n\
+sys.stdin.readline()\n\
+slow()\n\
+print('done', flush=True)\n\
+sys.stdin.readline()\n";
+    use crate::pyframes::Prompted;
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("ethand-record-slow-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("dir");
+    let script = dir.join("slow.py");
+    fs::write(&script, SCRIPT).expect("script");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script)
+        .arg(standins::shared().path(Lib::Nccl))
+        .env(COLL_ENV, "2500000");
+    let mut py = Prompted::start(cmd);
+    let pid = py.pid();
+    let js = temp_path("record-slow", "json");
+    let _rm = RemoveOnDrop(js.clone());
+    let mut rec = Recorder::start(pid, "60s", &js, 1_000_000);
+    let said = rec.wait_for(
+        "Python frames of its GPU calls are",
+        Duration::from_secs(30),
+    );
+    assert!(said.contains("are walked (CPython 3."), "{said}");
+    py.go();
+    py.exit();
+    rec.finish();
+    let slow_line = SCRIPT
+        .lines()
+        .position(|l| l.contains("SLOW_LINE"))
+        .expect("marker")
+        + 1;
+    let trace = load(&js);
+    let calls: Vec<&Value> = events(&trace)
+        .iter()
+        .filter(|e| {
+            e["cat"] == "gpu" && e["name"] == "ncclAllReduce" && u(e, "pid") == u64::from(pid)
+        })
+        .collect();
+    eprintln!("observed: {calls:?}");
+    assert_eq!(calls.len(), 1, "one collective");
+    let c = calls[0];
+    assert!(f(c, "dur") >= 2_500_000.0, "it blocked 2.5 s: {c}");
+    assert_eq!(
+        c["args"]["python"][0].as_str(),
+        Some(format!("slow.py:{slow_line} in slow()").as_str()),
+        "{c}"
+    );
     fs::remove_dir_all(&dir).ok();
 }

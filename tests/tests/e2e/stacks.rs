@@ -173,5 +173,24 @@ fn python_call_sites_and_line_shares_match_the_program() {
         )),
         "text snapshot does not name the sync's line"
     );
+    // The Python reader's crates (py-spy, remoteprocess) read the process for every snapshot
+    // above: none of their INFO lines reach the daemon's log at the default `daemon.log`.
+    if std::env::var_os("RUST_LOG").is_none() {
+        let log = d.log_text();
+        let foreign: Vec<&str> = log
+            .lines()
+            .filter_map(|l| Some((l, l.split_once(" INFO ")?.1)))
+            .filter(|(_, rest)| {
+                // The target: the first word ending in ':' past any span ("name{...}:").
+                let target = rest
+                    .split_whitespace()
+                    .find(|w| w.ends_with(':') && !w.contains('{'))
+                    .unwrap_or("");
+                !target.starts_with("ethand")
+            })
+            .map(|(l, _)| l)
+            .collect();
+        assert!(foreign.is_empty(), "third-party INFO lines: {foreign:#?}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -13,6 +13,7 @@ pub mod floor;
 mod gpu_results;
 pub mod map_read;
 mod modes;
+mod pyframes;
 mod record;
 mod report;
 pub mod scale;
@@ -101,16 +102,19 @@ pub enum Suite {
     /// Call-site stacks of probed GPU calls, per call; the snapshot's CPU profile, as the
     /// slowdown of a busy and a launch-bound loop during its window.
     Stacks,
+    /// The in-kernel walk of a CPython caller's frames at a GPU call, per call, at two depths.
+    Pyframes,
 }
 
 impl Suite {
-    pub const ALL: [Suite; 6] = [
+    pub const ALL: [Suite; 7] = [
         Suite::Events,
         Suite::Scale,
         Suite::Serving,
         Suite::Record,
         Suite::Series,
         Suite::Stacks,
+        Suite::Pyframes,
     ];
 }
 
@@ -379,6 +383,14 @@ fn run_suites(suites: &[Suite], ctx: &SuiteCtx, perf: bool) -> Result<Vec<report
                 sections.push(stacks::run(ctx).unwrap_or_else(|e| scale::failed("stacks", e)))
             }
             None => eprintln!("[bench] stacks suite skipped: ethand not run (--modes)"),
+        }
+    }
+    if suites.contains(&Suite::Pyframes) {
+        match ctx.ethand {
+            Some(_) => {
+                sections.push(pyframes::run(ctx).unwrap_or_else(|e| scale::failed("pyframes", e)))
+            }
+            None => eprintln!("[bench] pyframes suite skipped: ethand not run (--modes)"),
         }
     }
     Ok(sections)

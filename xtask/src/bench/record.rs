@@ -174,7 +174,7 @@ pub fn run(ctx: &SuiteCtx) -> Result<Section> {
             calls,
             level.offered()
         );
-        let r = run_recorded(ethand, &dir, *level, calls)?;
+        let r = run_recorded(ethand, &dir, *level, calls, Format::Perfetto)?;
         eprintln!(
             "[bench]   {:.0} calls/s generated, {} getpid events recorded, {} events, {} dropped",
             r.rate(r.generated()),
@@ -192,7 +192,7 @@ pub fn run(ctx: &SuiteCtx) -> Result<Section> {
     for round in 0..sizes.cost_rounds {
         for with in [round.is_multiple_of(2), !round.is_multiple_of(2)] {
             if with {
-                let r = run_recorded(ethand, &dir, unpaced, sizes.cost_calls)?;
+                let r = run_recorded(ethand, &dir, unpaced, sizes.cost_calls, Format::Perfetto)?;
                 rec_ns.push(r.m.ns_per_event());
             } else {
                 let m = run_plain(unpaced, sizes.cost_calls)?;
@@ -207,7 +207,104 @@ pub fn run(ctx: &SuiteCtx) -> Result<Section> {
             rec_ns.last().unwrap_or(&0.0)
         );
     }
-    Ok(section(ethand, &levels, &none_ns, &rec_ns, sizes))
+    // The two output formats side by side: the same load, alternating.
+    let side = level(1, FORMAT_RATE);
+    let calls = (FORMAT_RATE as f64 * sizes.secs * 2.0) as u64;
+    let mut formats: Vec<(Format, Recorded)> = Vec::new();
+    for round in 0..sizes.cost_rounds.min(3) {
+        let order = if round % 2 == 0 {
+            [Format::Perfetto, Format::Json]
+        } else {
+            [Format::Json, Format::Perfetto]
+        };
+        for f in order {
+            let r = run_recorded(ethand, &dir, side, calls, f)?;
+            eprintln!(
+                "[bench] record format {f:?}: {} events, {} bytes ({:.1} B/event), peak RSS {} kB",
+                r.events,
+                r.file_bytes,
+                r.file_bytes as f64 / r.events.max(1) as f64,
+                r.peak_rss_kb
+            );
+            formats.push((f, r));
+        }
+    }
+    let mut s = section(ethand, &levels, &none_ns, &rec_ns, sizes);
+    let (md, text) = formats_table(&formats, side, calls);
+    s.markdown.push_str(&md);
+    s.text.push_str(&text);
+    Ok(s)
+}
+
+/// getpid calls/s of the formats' comparison (about a busy GPU job's event rate).
+const FORMAT_RATE: u64 = 250_000;
+
+/// Perfetto and JSON of the same load: bytes per event, recorder CPU and memory, ratios.
+fn formats_table(runs: &[(Format, Recorded)], level: Level, calls: u64) -> (String, String) {
+    let med = |f: Format, g: &dyn Fn(&Recorded) -> f64| {
+        median(
+            runs.iter()
+                .filter(|(x, _)| *x == f)
+                .map(|(_, r)| g(r))
+                .collect(),
+        )
+    };
+    let per_event = |r: &Recorded| r.file_bytes as f64 / r.events.max(1) as f64;
+    let cpu = |r: &Recorded| r.cpu_ns_recording as f64 / r.events.max(1) as f64;
+    let peak = |r: &Recorded| r.peak_rss_kb as f64 / 1024.0;
+    let finish = |r: &Recorded| r.finish_ns as f64 / 1e6;
+    let lost = runs.iter().map(|(_, r)| r.lost()).max().unwrap_or(0);
+    let mut md = format!(
+        "\n### Output formats side by side\n\nThe same load ({calls} getpid calls offered at {}, \
+         `--syscall-threshold-us 0`), recorded to `trace.pftrace` (Perfetto protobuf, the \
+         default) and to `trace.json` alternately, {} runs each; medians. getpid slices \
+         counted in the decoded Perfetto trace (its import rules checked) and in the JSON: most \
+         missing in any run {lost} (each counted as dropped).\n\n\
+         | format | bytes/event | record CPU ns/event | peak RSS MiB | write after stop ms |\n\
+         |---|---|---|---|---|\n",
+        level.offered(),
+        runs.len() / 2
+    );
+    let mut text = String::new();
+    let mut cells = Vec::new();
+    for f in [Format::Perfetto, Format::Json] {
+        let v = [
+            med(f, &per_event),
+            med(f, &cpu),
+            med(f, &peak),
+            med(f, &finish),
+        ];
+        let show = |x: Option<f64>, p: usize| x.map_or("-".into(), |x| format!("{x:.p$}"));
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            f.file(),
+            show(v[0], 1),
+            show(v[1], 0),
+            show(v[2], 1),
+            show(v[3], 0)
+        ));
+        text.push_str(&format!(
+            "{:<14} {} B/event, {} CPU ns/event, peak RSS {} MiB\n",
+            f.file(),
+            show(v[0], 1),
+            show(v[1], 0),
+            show(v[2], 1)
+        ));
+        cells.push(v);
+    }
+    let ratio = |i: usize| match (cells[0][i], cells[1][i]) {
+        (Some(p), Some(j)) if j > 0.0 => format!("{:.2}", p / j),
+        _ => "-".into(),
+    };
+    let line = format!(
+        "Perfetto / JSON: bytes {} , record CPU {}, peak RSS {}",
+        ratio(0),
+        ratio(1),
+        ratio(2)
+    );
+    md.push_str(&format!("\n{line}\n"));
+    text.push_str(&format!("{line}\n"));
+    (md, text)
 }
 
 /// The generator alone.
@@ -233,10 +330,32 @@ fn level_args(level: Level) -> Vec<String> {
     ]
 }
 
+/// `ethand record`'s two output formats (chosen by the file's name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Perfetto,
+    Json,
+}
+
+impl Format {
+    fn file(self) -> &'static str {
+        match self {
+            Self::Perfetto => "trace.pftrace",
+            Self::Json => "trace.json",
+        }
+    }
+}
+
 /// The generator under `ethand record --pid GENERATOR --syscall-threshold-us 0`, started
 /// once the generator is set up and stopped (SIGINT) once it has made its calls.
-fn run_recorded(ethand: &Path, dir: &Path, level: Level, calls: u64) -> Result<Recorded> {
-    let trace = dir.join("trace.json");
+fn run_recorded(
+    ethand: &Path,
+    dir: &Path,
+    level: Level,
+    calls: u64,
+    format: Format,
+) -> Result<Recorded> {
+    let trace = dir.join(format.file());
     let log = dir.join("record.log");
     let out = dir.join("record.out");
     let proc: RefCell<Option<RecordProc>> = RefCell::new(None);
@@ -273,7 +392,10 @@ fn run_recorded(ethand: &Path, dir: &Path, level: Level, calls: u64) -> Result<R
     r.m = m;
     let text = fs::read(&trace).with_context(|| format!("reading {}", trace.display()))?;
     r.file_bytes = text.len() as u64;
-    r.getpid_events = count_getpid_events(&text);
+    r.getpid_events = match format {
+        Format::Json => count_getpid_events(&text),
+        Format::Perfetto => count_getpid_slices(&text)?,
+    };
     let _ = fs::remove_file(&trace);
     Ok(r)
 }
@@ -286,6 +408,17 @@ fn count_getpid_events(trace: &[u8]) -> u64 {
     let pat = format!("\"nr\":{},\"ret\":", libc::SYS_getpid);
     let pat = pat.as_bytes();
     trace.windows(pat.len()).filter(|w| *w == pat).count() as u64
+}
+
+/// getpid slices in a Perfetto trace of `ethand record`, decoded with Perfetto's own
+/// definitions (the import rules checked on the way: a trace that breaks one fails the run).
+fn count_getpid_slices(trace: &[u8]) -> Result<u64> {
+    let d = ethand_perfetto::decode::decode(trace)
+        .map_err(|e| anyhow::anyhow!("the Perfetto trace does not decode: {e}"))?;
+    Ok(d.events
+        .iter()
+        .filter(|e| e.category == "syscall" && e.name == "getpid")
+        .count() as u64)
 }
 
 /// A running `ethand record`, killed if dropped before [`RecordProc::stop`].
@@ -578,7 +711,7 @@ fn section(
         _ => "Cost per recorded event: not measured".into(),
     };
     let command = format!(
-        "{} record --pid GENERATOR --duration 600s --syscall-threshold-us 0 -o trace.json \
+        "{} record --pid GENERATOR --duration 600s --syscall-threshold-us 0 -o trace.pftrace \
          (stopped with SIGINT once the generator is done)",
         ethand.display()
     );
@@ -590,7 +723,7 @@ fn section(
          drained every 20 ms, and counts what the kernel could not reserve room for \
          (`dropped`). Load: `xtask workload paced` (getpid calls, paced in batches of 64 on \
          one CPU per thread), started under `{command}`. Per level, the getpid events in the \
-         written trace (`args.nr` = {}) are compared with the calls made: every missing one must \
+         written trace (syscall slices named getpid, decoded; `args.nr` = {}) are compared with the calls made: every missing one must \
          be counted as dropped (other drops are scheduler slices or other syscalls). The last \
          level stops the recorder (SIGSTOP) while the calls are made, so that the ring buffer \
          fills up and drops must happen; it continues it (SIGCONT) before stopping it. Calls \
@@ -611,9 +744,9 @@ fn section(
     md.push_str(
         "\n*record CPU ns/event (drain)*: CPU time (utime + stime, clock ticks) of the `ethand \
          record` process while recording, per event recorded: draining the ring buffer and \
-         converting and writing each event to the trace file as it comes (streamed). *write \
-         after stop*: from SIGINT to its exit: the last drain, closing the JSON, fsync and \
-         rename. *RSS*: VmRSS just before SIGINT, and the peak (VmHWM until exit); bounded, not \
+         converting and writing each event to the trace file as it comes (streamed, through \
+         the reorder window and the compressor). *write after stop*: from SIGINT to its exit: \
+         the last drain, the window and the last chunk, fsync and rename. *RSS*: VmRSS just before SIGINT, and the peak (VmHWM until exit); bounded, not \
          growing with the number of events.\n\n",
     );
     md.push_str(&format!("{cost_line}\n\n"));

@@ -1,46 +1,31 @@
 //! `ethand record --pid PID --duration 10s -o FILE`: a timeline of one process tree, written
-//! in the Chrome JSON trace format (Perfetto and chrome://tracing open it).
+//! as Perfetto's native protobuf trace (`perfetto.rs`; the default: any FILE not ending in
+//! .json, e.g. trace.pftrace) or as a Chrome JSON trace (`json.rs`: FILE.json). `-o` may be
+//! given twice: both files are written from the same events.
 //!
 //! Standalone, like `ethand survey`: it loads the embedded object with every probe family
 //! off and attaches only the recording programs (ebpf/ethand-ebpf/src/record.rs) for the
 //! duration, so they cost nothing when nobody records. The kernel sends one `RecordEvent`
 //! per scheduler slice, slow syscall, block request and GPU/NPU runtime call of the tree
-//! through a ring buffer; this drains it every 20 ms and streams it to disk.
+//! through a ring buffer; this drains it every 20 ms, decodes each event once (`trace.rs`)
+//! and streams it to every output.
 //!
-//! Streaming: each drained event is converted and appended at once to FILE.tmp through a
-//! 4 MiB buffer, so memory stays bounded (~50 MB resident, mostly the loaded object and the
-//! ring buffer) whatever the duration or the event rate, and stopping costs only the last
-//! drain, the closing bytes and an fsync. On stop: the drop marker, `metadata` (counts known
-//! only then) and the closing bracket, fsync, then FILE.tmp is renamed to FILE. If writing
-//! fails (a full disk, say), recording stops, the error names FILE.tmp and how many events
-//! were written, FILE.tmp is removed and FILE is not created (exit 1): a trace under FILE's
-//! name is always complete. While recording, FILE.tmp holds one trace event per line.
+//! Streaming: each output writes to FILE.tmp as it goes, with bounded memory (JSON: a 4 MiB
+//! buffer; Perfetto: a reorder window and one compressed chunk), whatever the duration or
+//! the event rate, and stopping costs only the last drain, the closing bytes and an fsync. On
+//! stop: the drop marker and the summary (counts known only then), fsync, then FILE.tmp is
+//! renamed to FILE. If writing fails (a full disk, say), recording stops, the error names
+//! FILE.tmp and how many events were written, FILE.tmp is removed and FILE is not created
+//! (exit 1): a trace under FILE's name is always complete. `--max-size` ends the recording
+//! once an output has reached that many bytes on disk.
 //!
-//! Trace layout (`{"traceEvents":[...],"displayTimeUnit":"ns","metadata":{...}}`; times in
-//! µs from the start of the recording, exact to the ns: three decimals):
-//! - events in the order the kernel emitted them, i.e. as each ended, not sorted by start
-//!   (Perfetto and chrome://tracing sort on import): a thread's scheduler slices come in
-//!   order, but a runtime call comes after the syscalls it contains;
-//! - one `pid` per process, one `tid` per thread, named from /proc (`ph: "M"`), written when
-//!   the process or thread is first seen (those of the tree at the start come first);
-//! - syscalls and GPU/NPU calls: complete events (`ph: "X"`) on the thread's own track
-//!   (they nest: a runtime call contains the syscalls it makes);
-//! - scheduler slices: complete events on a companion track of each thread,
-//!   `tid = SCHED_TID_BASE + tid`, named "<thread> (sched)", placed right after the thread;
-//!   `args.tid` gives the real thread id;
-//! - block requests: async slices (`ph: "b"`/`"e"`, `cat: "block"`) of the submitting
-//!   process (requests overlap, which complete events on one track cannot);
-//! - CPU samples (`--cpu-sample-hz`, a CPU-clock perf event on every CPU): thread-scoped
-//!   instant events (`ph: "i"`, `cat: "cpu_sample"`) on the thread's own track, named by the
-//!   innermost frame, `args.stack` the user and kernel frames, innermost first. They are
-//!   symbolized every half second while the processes are alive (a process that exits
-//!   takes its maps with it) and written then, so memory stays bounded;
-//! - Python samples (`--python-sample-hz`, the stacks of the tree's Python threads read from
-//!   outside the processes, `python_samples.rs`): thread-scoped instants (`cat:
-//!   "python_sample"`) on the thread's own track, named by the innermost Python frame
-//!   ("train.py:41 in step()"), `args.stack` the Python frames innermost first, `args.active`
-//!   (on a CPU or runnable) and `args.gil`;
-//! - drops: in `metadata.dropped` and, when non-zero, a global instant event.
+//! What is recorded (both formats): scheduler slices of each thread (running on a CPU,
+//! blocked, preempted; the slice each thread was in at the end, cut there), syscalls at least
+//! `--syscall-threshold-us` long, GPU/NPU runtime calls (nested around the syscalls they
+//! make), block requests of the tree, CPU samples (`--cpu-sample-hz`: a CPU-clock perf event
+//! on every CPU, user and kernel frames symbolized at every drain while the processes live: a
+//! short-lived child's maps go with it) and Python samples (`--python-sample-hz`, the stacks
+//! of the tree's Python threads read from outside, `python_samples.rs`), drops counted.
 use std::{
     collections::BTreeSet,
     fs,
@@ -64,10 +49,16 @@ use crate::{
 };
 
 mod attach;
+mod gpu_python;
+mod json;
+mod perfetto;
 mod samples;
 mod trace;
 
 use attach::*;
+use gpu_python::GpuPython;
+#[cfg(test)]
+use json::{push_i64, push_ts, push_u64, push_us};
 use samples::*;
 use trace::*;
 
@@ -77,10 +68,33 @@ const POLL: Duration = Duration::from_millis(20);
 /// How often the recording checks whether any process of its tree is still alive.
 const TREE_CHECK: Duration = Duration::from_millis(500);
 
+/// The output's format, from its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Perfetto's TracePacket protobuf: any name not ending in .json (trace.pftrace).
+    Perfetto,
+    /// Chrome JSON trace events: a name ending in .json.
+    Json,
+}
+
+impl Format {
+    pub fn of(path: &Path) -> Self {
+        match path.extension() {
+            Some(e) if e.eq_ignore_ascii_case("json") => Self::Json,
+            _ => Self::Perfetto,
+        }
+    }
+}
+
 pub struct Options<'a> {
     pub pid: u32,
     pub duration: Duration,
-    pub output: &'a Path,
+    /// Ring mode: keep the last this long (Perfetto outputs only).
+    pub ring: Option<Duration>,
+    /// One or two outputs (formats from their names).
+    pub outputs: &'a [std::path::PathBuf],
+    /// Stop once an output has this many bytes on disk.
+    pub max_size: Option<u64>,
     pub syscall_threshold_us: u64,
     pub cpu_sample_hz: u32,
     pub python_sample_hz: u32,
@@ -99,24 +113,120 @@ pub async fn run(cfg: &Config, o: Options<'_>) -> anyhow::Result<u8> {
         ))
         .into());
     }
-    // Fail before recording if the output cannot be written. A random name beside FILE,
+    if o.outputs.is_empty() {
+        return Err(crate::UsageError("record needs an output: -o trace.pftrace".into()).into());
+    }
+    if o.ring.is_some()
+        && let Some(j) = o.outputs.iter().find(|p| Format::of(p) == Format::Json)
+    {
+        return Err(crate::UsageError(format!(
+            "--ring keeps Perfetto segments and drops the oldest; a JSON trace cannot lose its \
+             beginning: write a .pftrace instead of {}",
+            j.display()
+        ))
+        .into());
+    }
+    // Fail before recording if an output cannot be written. A random name beside FILE,
     // created exclusively: nothing planted there is followed (outfile.rs).
-    let out = crate::commands::outfile::OutFile::create(o.output)
-        .with_context(|| format!("cannot create a file beside {}", o.output.display()))?;
-    let file = out
-        .file()
-        .try_clone()
-        .context("duplicating the output file descriptor")?;
-    let tmp = out.tmp_path().to_path_buf();
-    // An error drops `out`, which removes the partial file.
-    let code = record(cfg, &o, file, &tmp).await?;
-    out.commit()
-        .with_context(|| format!("cannot complete {}", o.output.display()))?;
+    let mut files = Vec::new();
+    for path in o.outputs {
+        let out = crate::commands::outfile::OutFile::create(path)
+            .with_context(|| format!("cannot create a file beside {}", path.display()))?;
+        files.push(out);
+    }
+    let mut sinks = Vec::new();
+    // Ring segments: a private directory beside each output, removed at the end.
+    let mut ring_dirs = Vec::new();
+    for (out, path) in files.iter().zip(o.outputs) {
+        let file = out
+            .file()
+            .try_clone()
+            .context("duplicating the output file descriptor")?;
+        let ring = match o.ring {
+            Some(keep) => {
+                let dir = crate::commands::outfile::ring_dir(path).with_context(|| {
+                    format!(
+                        "cannot create a directory for the ring beside {}",
+                        path.display()
+                    )
+                })?;
+                let r = ethand_perfetto::RingOptions {
+                    dir: dir.path().to_path_buf(),
+                    keep_ns: keep.as_nanos() as u64,
+                    max_bytes: o.max_size,
+                };
+                ring_dirs.push(dir);
+                Some(r)
+            }
+            None => None,
+        };
+        sinks.push(Sink {
+            format: Format::of(path),
+            file,
+            tmp: out.tmp_path().to_path_buf(),
+            ring,
+        });
+    }
+    // An error drops the files (and the rings' directories), which removes the partial ones.
+    let code = record(cfg, &o, sinks).await?;
+    drop(ring_dirs);
+    for (out, path) in files.into_iter().zip(o.outputs) {
+        out.commit()
+            .with_context(|| format!("cannot complete {}", path.display()))?;
+    }
     Ok(code)
+}
+
+/// "100M", "2G", "512k", "1000000" (bytes; k, M, G are powers of 1024); at least 64 KiB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                _ => return Err(format!("{t:?} is not a size like 100M, 2G or 512k")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{t:?} is not a size like 100M, 2G or 512k"))?;
+    let bytes = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{t:?} is too large"))?;
+    if bytes < 64 << 10 {
+        return Err(format!("{t:?} is below 64k: no trace fits"));
+    }
+    Ok(bytes)
 }
 
 /// Longest recording: a timeline of hours is gigabytes no viewer opens.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+
+/// How long to record when `--duration` is not given: 10 s, or with a ring until stopped
+/// (at most [`MAX_DURATION`]).
+pub fn duration_or_default(given: Option<Duration>, ring: Option<Duration>) -> Duration {
+    match (given, ring) {
+        (Some(d), _) => d,
+        (None, Some(_)) => MAX_DURATION,
+        (None, None) => Duration::from_secs(10),
+    }
+}
+
+/// An output and how it is written.
+struct Sink {
+    format: Format,
+    file: fs::File,
+    /// FILE.tmp, for error messages.
+    tmp: std::path::PathBuf,
+    /// Ring mode (Perfetto only).
+    ring: Option<ethand_perfetto::RingOptions>,
+}
 
 /// Why `--duration` was refused; `text` is the value as given, trimmed.
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +386,8 @@ enum Ended {
     Interrupted,
     /// Every process of the tree exited.
     TreeExited,
+    /// An output reached `--max-size`.
+    MaxSize,
 }
 
 /// Drains the ring buffer and the samples into the trace until the duration passes, a
@@ -285,6 +397,7 @@ async fn record_until_done(
     maps: &mut RecordMaps,
     tw: &mut TraceWriter,
     samples: &mut Samples,
+    gpu_python: &mut GpuPython,
     python: Option<&PythonSampler>,
     python_written: &mut u64,
 ) -> anyhow::Result<Ended> {
@@ -299,8 +412,19 @@ async fn record_until_done(
     let mut next_tree_check = Instant::now() + TREE_CHECK;
     loop {
         tw.drain(&mut maps.ring).map_err(|e| tw.error(e))?;
+        gpu_python.write(tw).map_err(|e| tw.error(e))?;
+        // Symbolized at each drain (20 ms), while their processes still live: a short-lived
+        // child's /proc/PID/maps is gone soon after, and its samples would stay addresses.
+        // New stacks only (cached per process and stack id): one reader call per process
+        // with new stacks.
+        samples.write(tw, &maps.stacks).map_err(|e| tw.error(e))?;
         if let Some(p) = python {
             *python_written += write_python(tw, p.samples.try_iter()).map_err(|e| tw.error(e))?;
+        }
+        // A ring keeps itself under --max-size by dropping its oldest segments.
+        if o.ring.is_none() && o.max_size.is_some_and(|m| tw.written_bytes() >= m) {
+            eprintln!("ethand: the output reached --max-size: recording ends");
+            return Ok(Ended::MaxSize);
         }
         let now = Instant::now();
         if now >= deadline {
@@ -309,7 +433,6 @@ async fn record_until_done(
         // Nothing more can happen once the whole tree has exited.
         if now >= next_tree_check {
             next_tree_check = now + TREE_CHECK;
-            samples.write(tw, &maps.stacks).map_err(|e| tw.error(e))?;
             let alive = maps
                 .pids
                 .keys()
@@ -329,16 +452,18 @@ async fn record_until_done(
     }
 }
 
-async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> anyhow::Result<u8> {
+async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Result<u8> {
     // Symbols, Python frames and library files of the tree are read by the reader, as each
     // process's owner.
-    let reader = ReaderHandle::start(cfg);
     let mut c = cfg.clone();
     c.probes.turn_families_off();
     // Samples of a whole recording keep their stacks: room for many more than a snapshot's.
     c.maps.profile_stacks = RECORD_STACKS;
-    let mut loaded = loader::load_with(&c, ethand_common::RECORD_RINGBUF_BYTES)?;
+    let plan = crate::config::Plan::resolve(&c);
+    let reader = ReaderHandle::start(&plan.reader);
+    let mut loaded = loader::load_with(&plan, ethand_common::RECORD_RINGBUF_BYTES)?;
     let mut maps = RecordMaps::take(&mut loaded.ebpf, o)?;
+    let mut gpu_python = GpuPython::new(&mut loaded.ebpf, plan.gpu.python_frames, reader.clone());
     let btf = Btf::from_sys_fs().context("kernel BTF (needed for the recording programs)")?;
     let t0 = monotonic_ns();
     let Attached {
@@ -365,7 +490,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
             }
         },
     };
-    let mut tw = TraceWriter::new(file, tmp, t0);
+    let mut tw = trace_writer(sinks, t0)?;
     let mut samples = Samples::new(reader.clone());
     let mut python_written = 0u64;
     for p in &tree {
@@ -376,6 +501,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         &mut maps,
         &mut tw,
         &mut samples,
+        &mut gpu_python,
         python.as_ref(),
         &mut python_written,
     )
@@ -394,6 +520,7 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     tw.drain(&mut maps.ring).map_err(|e| tw.error(e))?;
     tw.close_open_slices(&maps.threads, t_end)
         .map_err(|e| tw.error(e))?;
+    gpu_python.finish(&mut tw).map_err(|e| tw.error(e))?;
     samples
         .write(&mut tw, &maps.stacks)
         .map_err(|e| tw.error(e))?;
@@ -403,6 +530,8 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
     // Processes that joined the tree while recording.
     let recorded_pids: BTreeSet<u32> = maps.pids.keys().filter_map(Result::ok).collect();
     let events = tw.events;
+    // What the ring kept, fixed from here on (the summary says it).
+    let ring = tw.stop_rotating(t_end)?;
     let meta = json!({
         "tool": "ethand record",
         "ethand_version": env!("CARGO_PKG_VERSION"),
@@ -410,7 +539,15 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "pids": recorded_pids,
         "duration_s": (t_end - t0) as f64 / 1e9,
         "interrupted": ended == Ended::Interrupted,
+        "max_size": o.max_size,
         "ended": ended,
+        // Ring mode: what was kept of the recording; absent without a ring.
+        "ring_s": o.ring.map(|r| r.as_secs_f64()),
+        "ring_kept_from_monotonic_ns": ring.and_then(|r| r.kept_from_ns),
+        "ring_segments_kept": ring.map(|r| r.segments_kept),
+        "ring_segments_dropped": ring.map(|r| r.segments_dropped),
+        "ring_events_dropped": ring.map(|r| r.events_dropped),
+        "ring_slices_begun_again": ring.map(|r| r.slices_begun_again),
         "syscall_threshold_us": o.syscall_threshold_us,
         "clock": "CLOCK_MONOTONIC",
         "start_monotonic_ns": t0,
@@ -433,15 +570,19 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         "python_processes": python_stats.as_ref().map(|s| s.processes.clone()),
         "python_notes": python_stats.as_ref().map(|s| s.notes.clone()),
         "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
+        // Python frames walked at the GPU probes: per process, whether (and why not).
+        "python_walks": gpu_python.walks(),
+        "gpu_calls_with_python_frames": gpu_python.with_frames,
+        "gpu_calls_with_python_frames_partly_read": gpu_python.partly_read,
         "warnings": warnings,
     });
-    tw.finish(o.pid, t_end, dropped, &meta)?;
-    crate::write_stdout(format!(
-        "recorded {} events ({} dropped) to {}\n",
-        events,
+    tw.finish(&Ending {
+        root: o.pid,
+        t_end,
         dropped,
-        o.output.display()
-    ))?;
+        meta: &meta,
+    })?;
+    say_recorded(o, events, dropped, ring)?;
     if threads_full + inflight_full > 0 {
         eprintln!(
             "ethand: warning: {} thread(s) and {} block/GPU call(s) not recorded: tables full",
@@ -449,6 +590,53 @@ async fn record(cfg: &Config, o: &Options<'_>, file: fs::File, tmp: &Path) -> an
         );
     }
     Ok(0)
+}
+
+/// An encoder per output, streaming to its file.
+fn trace_writer(sinks: Vec<Sink>, t0: u64) -> anyhow::Result<TraceWriter> {
+    let mut outputs: Vec<Box<dyn Encoder>> = Vec::new();
+    let mut tmps = Vec::new();
+    for Sink {
+        format,
+        file,
+        tmp,
+        ring,
+    } in sinks
+    {
+        outputs.push(match format {
+            Format::Json => Box::new(json::JsonEncoder::new(file, t0)),
+            Format::Perfetto => Box::new(
+                perfetto::PerfettoEncoder::new(file, ring)
+                    .with_context(|| format!("cannot write {}", tmp.display()))?,
+            ),
+        });
+        tmps.push(tmp);
+    }
+    Ok(TraceWriter::new(outputs, tmps))
+}
+
+/// "recorded N events (D dropped) to FILE", and what a ring left out.
+fn say_recorded(
+    o: &Options<'_>,
+    events: u64,
+    dropped: u64,
+    ring: Option<ethand_perfetto::RingStats>,
+) -> anyhow::Result<()> {
+    let names: Vec<String> = o.outputs.iter().map(|p| p.display().to_string()).collect();
+    let kept = match (ring, o.ring) {
+        (Some(r), Some(keep)) if r.segments_dropped > 0 => format!(
+            "; the ring kept the last {:.1}s, {} events before them left out",
+            keep.as_secs_f64(),
+            r.events_dropped
+        ),
+        _ => String::new(),
+    };
+    crate::write_stdout(format!(
+        "recorded {} events ({} dropped) to {}{kept}\n",
+        events,
+        dropped,
+        names.join(" and ")
+    ))
 }
 
 #[cfg(test)]

@@ -3,14 +3,13 @@
 use std::collections::HashMap;
 
 use aya::maps::{MapData, PerCpuArray, StackTraceMap};
-use serde_json::json;
 
 use crate::{
     commands::python_samples::PySample,
     pipeline::{reader::ReaderHandle, symbols},
 };
 
-use super::trace::TraceWriter;
+use super::trace::{TraceEvent, TraceWriter};
 
 /// Symbolizes the pending CPU samples and writes them as instants on their threads' tracks.
 /// Frames are cached per (process, stack id): ids are stable for the recording (a stack
@@ -94,14 +93,12 @@ impl Samples {
             if let Some(u) = self.user_labels.get(&(e.tgid, e.arg0 as i64)) {
                 stack.extend(u.iter().map(String::as_str));
             }
-            let name = stack.first().copied().unwrap_or("(no stack)");
-            let ts = tw.rel(e.start_ns);
-            let v = json!({
-                "name": name, "cat": "cpu_sample", "ph": "i", "s": "t", "ts": ts,
-                "pid": e.tgid, "tid": e.tid, "args": {"stack": stack},
-            });
-            tw.value(&v)?;
-            tw.events += 1;
+            tw.emit(&TraceEvent::CpuSample {
+                pid: e.tgid,
+                tid: e.tid,
+                ts: e.start_ns,
+                stack: &stack,
+            })?;
             self.written += 1;
         }
         Ok(())
@@ -116,14 +113,14 @@ pub(super) fn write_python(
     let mut n = 0;
     for s in samples {
         tw.learn_thread(s.pid, s.tid)?;
-        let name = s.frames.first().map_or("(no Python frame)", String::as_str);
-        let v = json!({
-            "name": name, "cat": "python_sample", "ph": "i", "s": "t", "ts": tw.rel(s.ns),
-            "pid": s.pid, "tid": s.tid,
-            "args": {"stack": s.frames, "active": s.active, "gil": s.owns_gil},
-        });
-        tw.value(&v)?;
-        tw.events += 1;
+        tw.emit(&TraceEvent::PythonSample {
+            pid: s.pid,
+            tid: s.tid,
+            ts: s.ns,
+            frames: &s.frames,
+            active: s.active,
+            gil: s.owns_gil,
+        })?;
         n += 1;
     }
     Ok(n)

@@ -1,19 +1,17 @@
-//! The trace file: Chrome JSON trace events streamed to FILE.tmp through a bounded buffer.
-use std::{
-    collections::{HashMap, HashSet},
-    fs,
-    io::{BufWriter, Write as _},
-    path::{Path, PathBuf},
-};
+//! What a recording writes, whatever the format: each kernel `RecordEvent` (and each sample)
+//! decoded once into a [`TraceEvent`], processes and threads named once from /proc, and both
+//! handed to every output's [`Encoder`] (`json.rs`, `perfetto.rs`), which streams it to its
+//! FILE.tmp with bounded memory.
+use std::{collections::HashMap, fs, io, path::PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use ethand_common::{
-    GpuOpDesc, RecordEvent, RecordThread, gpu_dtype, gpu_kind, record_kind, record_off,
+    GpuOpDesc, RecordEvent, RecordThread, gpu_dtype, gpu_kind, record_gpu_op_ret, record_kind,
+    record_off,
 };
 use ethand_userspace_probes::catalog::CATALOG;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::SCHED_TID_BASE;
 use crate::pipeline::syscalls_table;
 
 /// Process and thread names, read from /proc when first seen (a thread that exits before
@@ -44,138 +42,218 @@ pub(super) fn rwbs_str(v: u64) -> String {
         .collect()
 }
 
-/// A syscall's name as a JSON string.
-pub(super) fn quoted_syscall(nr: u64) -> String {
-    serde_json::to_string(&syscalls_table::name(nr as u32)).unwrap_or_default()
+/// A thread's scheduler state over a slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SchedState {
+    Running,
+    Blocked,
+    Preempted,
+    /// Off the CPU for a reason the kernel did not tell.
+    OffCpu,
 }
 
-/// Decimal digits of `v` (the hot path formats integers without `fmt`).
-pub(super) fn push_u64(l: &mut Vec<u8>, mut v: u64) {
-    let mut d = [0u8; 20];
-    let mut i = d.len();
-    loop {
-        i -= 1;
-        d[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
+impl SchedState {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Blocked => "blocked",
+            Self::Preempted => "preempted",
+            Self::OffCpu => "off-cpu",
         }
     }
-    l.extend_from_slice(&d[i..]);
 }
 
-pub(super) fn push_i64(l: &mut Vec<u8>, v: i64) {
-    if v < 0 {
-        l.push(b'-');
+/// A GPU/NPU runtime call's catalog entry, when the op is known.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GpuOpInfo {
+    pub library: &'static str,
+    pub category: &'static str,
+}
+
+/// One recorded event as every output sees it (times: CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum TraceEvent<'a> {
+    /// `cpu`: where it ran (running) or was woken (off the CPU); None: still in this state
+    /// when recording stopped, cut at the end.
+    Sched {
+        pid: u32,
+        tid: u32,
+        state: SchedState,
+        start: u64,
+        dur: u64,
+        cpu: Option<u32>,
+    },
+    Syscall {
+        pid: u32,
+        tid: u32,
+        nr: u64,
+        name: &'a str,
+        start: u64,
+        dur: u64,
+        ret: i64,
+        cpu: u32,
+    },
+    Gpu {
+        pid: u32,
+        tid: u32,
+        op: u64,
+        name: &'a str,
+        info: Option<GpuOpInfo>,
+        ret: i32,
+        bytes: Option<u64>,
+        start: u64,
+        dur: u64,
+        cpu: u32,
+        /// The calling thread's Python frames, innermost first (empty: none walked).
+        python: &'a [String],
+    },
+    /// `id`: the request's number in this recording (from 1).
+    Block {
+        pid: u32,
+        tid: u32,
+        id: u64,
+        op: &'static str,
+        dev: u32,
+        sector: u64,
+        bytes: u64,
+        rwbs: &'a str,
+        start: u64,
+        dur: u64,
+    },
+    /// Frames innermost first, kernel then user.
+    CpuSample {
+        pid: u32,
+        tid: u32,
+        ts: u64,
+        stack: &'a [&'a str],
+    },
+    /// Python frames innermost first.
+    PythonSample {
+        pid: u32,
+        tid: u32,
+        ts: u64,
+        frames: &'a [String],
+        active: bool,
+        gil: bool,
+    },
+}
+
+/// How a recording ends, for the closing part of each output.
+pub(super) struct Ending<'a> {
+    pub root: u32,
+    pub t_end: u64,
+    /// Events the kernel could not put in the ring buffer.
+    pub dropped: u64,
+    pub meta: &'a Value,
+}
+
+/// One output format, streaming to its file.
+pub(super) trait Encoder {
+    fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
+    /// After the thread's process.
+    fn thread(&mut self, pid: u32, tid: u32, name: &str) -> io::Result<()>;
+    fn event(&mut self, e: &TraceEvent<'_>) -> io::Result<()>;
+    /// The closing part, flushed and synced to disk.
+    fn finish(self: Box<Self>, end: &Ending<'_>) -> io::Result<()>;
+    /// Bytes on disk so far.
+    fn written_bytes(&self) -> u64;
+    /// A ring output: the recording ends at `end_ns`; no more segments started or
+    /// dropped; what it kept. None: no ring.
+    fn stop_rotating(&mut self, _end_ns: u64) -> io::Result<Option<ethand_perfetto::RingStats>> {
+        Ok(None)
     }
-    push_u64(l, v.unsigned_abs());
 }
 
-/// ns as µs, exact (three decimals).
-pub(super) fn push_us(l: &mut Vec<u8>, ns: u64) {
-    push_u64(l, ns / 1000);
-    let f = (ns % 1000) as u16;
-    l.extend_from_slice(&[
-        b'.',
-        b'0' + (f / 100) as u8,
-        b'0' + (f / 10 % 10) as u8,
-        b'0' + (f % 10) as u8,
-    ]);
+/// Counts what passes to the file (for `--max-size` and the summary).
+pub(super) struct Counting<W> {
+    pub inner: W,
+    pub written: u64,
 }
 
-/// µs from the start of the recording (negative for what started before).
-pub(super) fn push_ts(l: &mut Vec<u8>, ns: u64, t0: u64) {
-    if ns < t0 {
-        l.push(b'-');
-        push_us(l, t0 - ns);
-    } else {
-        push_us(l, ns - t0);
+impl<W: io::Write> io::Write for Counting<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(b)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 
 /// CPU samples held between two symbolization rounds (half a second): 99 samples a second
 /// of 1,000 busy threads fit.
 pub(super) const MAX_PENDING_SAMPLES: usize = 100_000;
+/// GPU calls held until their Python frames are read (`gpu_python.rs`); past it a call is
+/// written at once, with no Python frames.
+pub(super) const MAX_PENDING_GPU: usize = 100_000;
 
-/// Size of the output buffer: few large writes.
-pub(super) const WRITE_BUF: usize = 4 << 20;
-
-/// Writes the trace to FILE.tmp while recording: each drained event is converted and
-/// appended at once (one trace event per line), so memory stays bounded by the per-thread
-/// state (names, which tracks were named), whatever the duration. Metadata records (`ph:
-/// "M"`) are written when a process, thread or scheduler track is first seen; the closing
-/// part (drop marker, `metadata`) at the end. Events are in the order the kernel emitted
-/// them (when each ended), not sorted: trace viewers sort on import.
+/// Decodes the recording and feeds every output.
 pub(super) struct TraceWriter {
-    pub(super) w: BufWriter<fs::File>,
-    pub(super) tmp: PathBuf,
-    t0: u64,
-    /// Trace events written so far (a block request is two).
-    pub(super) entries: u64,
+    pub(super) outputs: Vec<Box<dyn Encoder>>,
+    /// The outputs' FILE.tmp, for error messages.
+    pub(super) tmp: Vec<PathBuf>,
     /// Recorded events written so far (what `recorded N events` says).
     pub(super) events: u64,
     pub(super) block_id: u64,
     pub(super) procs: HashMap<u32, String>,
     pub(super) threads: HashMap<(u32, u32), String>,
-    pub(super) sched_threads: HashSet<(u32, u32)>,
-    /// Syscall names by number as JSON strings, looked up once.
-    pub(super) syscall_names: Vec<Option<String>>,
-    /// The event being formatted.
-    pub(super) line: Vec<u8>,
-    /// CPU samples waiting for their stacks to be symbolized (see [`Samples`]), and those
+    /// CPU samples waiting for their stacks to be symbolized (see `Samples`), and those
     /// lost with it full.
     pub(super) pending: Vec<RecordEvent>,
     pub(super) pending_dropped: u64,
+    /// GPU calls with a Python stack, waiting for its frames (see `GpuPython`).
+    pub(super) pending_gpu: Vec<RecordEvent>,
+    /// Syscall names by number, looked up once (the table is a list).
+    syscall_names: Vec<Option<String>>,
 }
 
 impl TraceWriter {
-    pub(super) fn new(file: fs::File, tmp: &Path, t0: u64) -> Self {
+    pub(super) fn new(outputs: Vec<Box<dyn Encoder>>, tmp: Vec<PathBuf>) -> Self {
         Self {
-            w: BufWriter::with_capacity(WRITE_BUF, file),
-            tmp: tmp.to_path_buf(),
-            t0,
-            entries: 0,
+            outputs,
+            tmp,
             events: 0,
             block_id: 0,
             procs: HashMap::new(),
             threads: HashMap::new(),
-            sched_threads: HashSet::new(),
-            syscall_names: Vec::new(),
-            line: Vec::with_capacity(512),
             pending: Vec::new(),
             pending_dropped: 0,
+            pending_gpu: Vec::new(),
+            syscall_names: Vec::new(),
         }
     }
 
-    /// What went wrong while writing, naming the file and what it had written. The caller
-    /// removes FILE.tmp: nothing half-written is left behind under FILE's name.
-    pub(super) fn error(&self, e: std::io::Error) -> anyhow::Error {
+    /// What went wrong while writing, naming the files and what they had. The caller
+    /// removes each FILE.tmp: nothing half-written is left behind under FILE's name.
+    pub(super) fn error(&self, e: io::Error) -> anyhow::Error {
+        let files: Vec<String> = self.tmp.iter().map(|p| p.display().to_string()).collect();
         anyhow::anyhow!(
             "cannot write {}: {e} ({} events written before the error; recording stopped, \
              the partial file removed)",
-            self.tmp.display(),
+            files.join(" and "),
             self.events
         )
     }
 
-    /// Separator and start of the next trace event.
-    pub(super) fn begin(&mut self) -> std::io::Result<()> {
-        let sep: &[u8] = if self.entries == 0 {
-            b"{\"traceEvents\":[\n"
-        } else {
-            b",\n"
-        };
-        self.entries += 1;
-        self.w.write_all(sep)
+    /// Bytes on disk so far, the largest output's.
+    pub(super) fn written_bytes(&self) -> u64 {
+        self.outputs
+            .iter()
+            .map(|o| o.written_bytes())
+            .max()
+            .unwrap_or(0)
     }
 
-    pub(super) fn value(&mut self, v: &Value) -> std::io::Result<()> {
-        self.begin()?;
-        serde_json::to_writer(&mut self.w, v)?;
+    pub(super) fn emit(&mut self, e: &TraceEvent<'_>) -> io::Result<()> {
+        self.events += 1;
+        for o in &mut self.outputs {
+            o.event(e)?;
+        }
         Ok(())
     }
 
-    pub(super) fn learn_process(&mut self, pid: u32) -> std::io::Result<()> {
+    pub(super) fn learn_process(&mut self, pid: u32) -> io::Result<()> {
         if !self.procs.contains_key(&pid)
             && let Some(n) = comm(&format!("/proc/{pid}/comm"))
         {
@@ -191,16 +269,15 @@ impl TraceWriter {
         Ok(())
     }
 
-    pub(super) fn new_process(&mut self, pid: u32, name: String) -> std::io::Result<()> {
-        self.value(
-            &json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": name}}),
-        )?;
-        self.value(&json!({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": pid, "args": {"sort_index": pid}}))?;
+    fn new_process(&mut self, pid: u32, name: String) -> io::Result<()> {
+        for o in &mut self.outputs {
+            o.process(pid, &name)?;
+        }
         self.procs.insert(pid, name);
         Ok(())
     }
 
-    pub(super) fn learn_thread(&mut self, pid: u32, tid: u32) -> std::io::Result<()> {
+    pub(super) fn learn_thread(&mut self, pid: u32, tid: u32) -> io::Result<()> {
         if self.threads.contains_key(&(pid, tid)) {
             return Ok(());
         }
@@ -210,29 +287,15 @@ impl TraceWriter {
         }
         let n =
             comm(&format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_else(|| format!("tid {tid}"));
-        self.value(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": format!("{n} ({tid})")}}))?;
-        self.value(&json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": 2 * u64::from(tid)}}))?;
+        for o in &mut self.outputs {
+            o.thread(pid, tid, &n)?;
+        }
         self.threads.insert((pid, tid), n);
         Ok(())
     }
 
-    /// Names the scheduler track of a thread, placed right after the thread.
-    pub(super) fn learn_sched(&mut self, pid: u32, tid: u32) -> std::io::Result<()> {
-        if !self.sched_threads.insert((pid, tid)) {
-            return Ok(());
-        }
-        let n = self
-            .threads
-            .get(&(pid, tid))
-            .cloned()
-            .unwrap_or_else(|| format!("tid {tid}"));
-        let st = SCHED_TID_BASE + u64::from(tid);
-        self.value(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": st, "args": {"name": format!("{n} ({tid}) sched")}}))?;
-        self.value(&json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": st, "args": {"sort_index": 2 * u64::from(tid) + 1}}))
-    }
-
     /// Takes every event the ring buffer holds and writes it.
-    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> std::io::Result<()> {
+    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> io::Result<()> {
         while let Some(item) = ring.next() {
             if item.len() < size_of::<RecordEvent>() {
                 continue;
@@ -245,8 +308,8 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// One recorded event: one trace event (two for a block request).
-    pub(super) fn event(&mut self, e: &RecordEvent) -> std::io::Result<()> {
+    /// One recorded event.
+    pub(super) fn event(&mut self, e: &RecordEvent) -> io::Result<()> {
         if e.kind == record_kind::CPU_SAMPLE {
             // Written once symbolized, by `Samples::write` (at most half a second later).
             if self.pending.len() < MAX_PENDING_SAMPLES {
@@ -257,110 +320,62 @@ impl TraceWriter {
             return Ok(());
         }
         self.learn_thread(e.tgid, e.tid)?;
-        self.events += 1;
+        let (pid, tid, start, dur) = (e.tgid, e.tid, e.start_ns, e.dur_ns);
         match e.kind {
             record_kind::ON_CPU | record_kind::OFF_CPU => {
-                self.learn_sched(e.tgid, e.tid)?;
-                let name: &[u8] = match (e.kind, e.arg0) {
-                    (record_kind::ON_CPU, _) => b"running",
-                    (_, record_off::BLOCKED) => b"blocked",
-                    (_, record_off::PREEMPTED) => b"preempted",
-                    _ => b"off-cpu",
+                let state = match (e.kind, e.arg0) {
+                    (record_kind::ON_CPU, _) => SchedState::Running,
+                    (_, record_off::BLOCKED) => SchedState::Blocked,
+                    (_, record_off::PREEMPTED) => SchedState::Preempted,
+                    _ => SchedState::OffCpu,
                 };
-                let l = &mut self.line;
-                l.clear();
-                l.extend_from_slice(b"{\"name\":\"");
-                l.extend_from_slice(name);
-                l.extend_from_slice(b"\",\"cat\":\"sched\",\"ph\":\"X\",\"ts\":");
-                push_ts(l, e.start_ns, self.t0);
-                l.extend_from_slice(b",\"dur\":");
-                push_us(l, e.dur_ns);
-                l.extend_from_slice(b",\"pid\":");
-                push_u64(l, e.tgid.into());
-                l.extend_from_slice(b",\"tid\":");
-                push_u64(l, SCHED_TID_BASE + u64::from(e.tid));
-                l.extend_from_slice(b",\"args\":{\"tid\":");
-                push_u64(l, e.tid.into());
-                if e.cpu == u32::MAX {
-                    // Still in this state when recording stopped: cut at the end.
-                    l.extend_from_slice(b",\"cut_at_end\":true}}");
-                } else {
-                    l.extend_from_slice(if e.kind == record_kind::ON_CPU {
-                        b",\"cpu\":"
-                    } else {
-                        b",\"woken_on_cpu\":"
-                    });
-                    push_u64(l, e.cpu.into());
-                    l.extend_from_slice(b"}}");
-                }
-                self.begin()?;
-                self.w.write_all(&self.line)
+                let cpu = (e.cpu != u32::MAX).then_some(e.cpu);
+                self.emit(&TraceEvent::Sched {
+                    pid,
+                    tid,
+                    state,
+                    start,
+                    dur,
+                    cpu,
+                })
             }
             record_kind::SYSCALL => {
-                let ret = e.arg1 as i64;
-                let l = &mut self.line;
-                l.clear();
-                l.extend_from_slice(b"{\"name\":");
                 let nr = e.arg0;
-                if nr < 4096 {
-                    let i = nr as usize;
-                    if i >= self.syscall_names.len() {
-                        self.syscall_names.resize(i + 1, None);
-                    }
-                    let n = self.syscall_names[i].get_or_insert_with(|| quoted_syscall(nr));
-                    l.extend_from_slice(n.as_bytes());
-                } else {
-                    l.extend_from_slice(quoted_syscall(nr).as_bytes());
+                let i = usize::try_from(nr).unwrap_or(usize::MAX).min(4096);
+                if i >= self.syscall_names.len() {
+                    self.syscall_names.resize(i + 1, None);
                 }
-                l.extend_from_slice(b",\"cat\":\"syscall\",\"ph\":\"X\",\"ts\":");
-                push_ts(l, e.start_ns, self.t0);
-                l.extend_from_slice(b",\"dur\":");
-                push_us(l, e.dur_ns);
-                l.extend_from_slice(b",\"pid\":");
-                push_u64(l, e.tgid.into());
-                l.extend_from_slice(b",\"tid\":");
-                push_u64(l, e.tid.into());
-                // "nr" right before "ret": the bench counts `"nr":39,"ret":`.
-                l.extend_from_slice(b",\"args\":{\"nr\":");
-                push_u64(l, nr);
-                l.extend_from_slice(b",\"ret\":");
-                push_i64(l, ret);
-                l.extend_from_slice(b",\"cpu\":");
-                push_u64(l, e.cpu.into());
-                if (-4095..0).contains(&ret) {
-                    l.extend_from_slice(b",\"errno\":");
-                    push_i64(l, -ret);
+                // Taken out while the event is written (it borrows the writer); numbers past
+                // 4096 share the last slot, looked up each time.
+                let name = match self.syscall_names[i].take() {
+                    Some(n) if i < 4096 => n,
+                    _ => syscalls_table::name(nr as u32),
+                };
+                let r = self.emit(&TraceEvent::Syscall {
+                    pid,
+                    tid,
+                    nr,
+                    name: &name,
+                    start,
+                    dur,
+                    ret: e.arg1 as i64,
+                    cpu: e.cpu,
+                });
+                if i < 4096 {
+                    self.syscall_names[i] = Some(name);
                 }
-                l.extend_from_slice(b"}}");
-                self.begin()?;
-                self.w.write_all(&self.line)
+                r
             }
             record_kind::GPU => {
-                let op = e.arg0 as usize;
-                let (name, mut args) = match CATALOG.get(op) {
-                    Some(s) => {
-                        let mut a = json!({
-                            "op": op, "library": s.runtime.library(),
-                            "category": s.category.as_str(), "ret": e.arg3 as i64 as i32,
-                        });
-                        if let Some(b) = gpu_bytes(&s.desc, e.arg1, e.arg2) {
-                            a["bytes"] = json!(b);
-                        }
-                        (s.name.to_string(), a)
-                    }
-                    None => (format!("op {op}"), json!({"op": op})),
-                };
-                args["cpu"] = json!(e.cpu);
-                let rel = self.rel(e.start_ns);
-                self.value(&json!({
-                    "name": name, "cat": "gpu", "ph": "X", "ts": rel,
-                    "dur": e.dur_ns as f64 / 1000.0,
-                    "pid": e.tgid, "tid": e.tid, "args": args,
-                }))
+                // Written once its Python frames are read, by `GpuPython::write`.
+                if e.arg3 != 0 && self.pending_gpu.len() < MAX_PENDING_GPU {
+                    self.pending_gpu.push(*e);
+                    return Ok(());
+                }
+                self.gpu(e, &[])
             }
             record_kind::BLOCK => {
                 self.block_id += 1;
-                let dev = e.arg0 as u32;
                 let rwbs = rwbs_str(e.arg3);
                 let op = if rwbs.contains('D') {
                     "discard"
@@ -373,29 +388,44 @@ impl TraceWriter {
                 } else {
                     "other"
                 };
-                let dur = e.dur_ns as f64 / 1000.0;
-                let ts = self.rel(e.start_ns);
-                let args = json!({
-                    "dev": format!("{}:{}", dev >> 20, dev & 0xfffff), "sector": e.arg1,
-                    "bytes": e.arg2, "rwbs": rwbs, "tid": e.tid, "dur_us": dur,
-                });
-                let name = format!("block {op}");
-                let id = self.block_id;
-                self.value(&json!({
-                    "name": name, "cat": "block", "ph": "b", "id": id, "ts": ts,
-                    "pid": e.tgid, "tid": e.tid, "args": args,
-                }))?;
-                self.value(&json!({
-                    "name": name, "cat": "block", "ph": "e", "id": id, "ts": self.rel(e.start_ns + e.dur_ns),
-                    "pid": e.tgid, "tid": e.tid,
-                }))
+                self.emit(&TraceEvent::Block {
+                    pid,
+                    tid,
+                    id: self.block_id,
+                    op,
+                    dev: e.arg0 as u32,
+                    sector: e.arg1,
+                    bytes: e.arg2,
+                    rwbs: &rwbs,
+                    start,
+                    dur,
+                })
             }
             _ => Ok(()),
         }
     }
 
-    pub(super) fn rel(&self, ns: u64) -> f64 {
-        (i128::from(ns) - i128::from(self.t0)) as f64 / 1000.0
+    /// A GPU/NPU runtime call, with the calling thread's Python frames.
+    pub(super) fn gpu(&mut self, e: &RecordEvent, python: &[String]) -> io::Result<()> {
+        let (op, ret) = record_gpu_op_ret(e.arg0);
+        let spec = CATALOG.get(op as usize);
+        let fallback = format!("op {op}");
+        self.emit(&TraceEvent::Gpu {
+            pid: e.tgid,
+            tid: e.tid,
+            op,
+            name: spec.map_or(fallback.as_str(), |s| s.name),
+            info: spec.map(|s| GpuOpInfo {
+                library: s.runtime.library(),
+                category: s.category.as_str(),
+            }),
+            ret,
+            bytes: spec.and_then(|s| gpu_bytes(&s.desc, e.arg1, e.arg2)),
+            start: e.start_ns,
+            dur: e.dur_ns,
+            cpu: e.cpu,
+            python,
+        })
     }
 
     /// The slice each live recorded thread was in when recording stopped (running, or off
@@ -404,9 +434,9 @@ impl TraceWriter {
         &mut self,
         threads: &BpfHashMap<MapData, u32, RecordThread>,
         t_end: u64,
-    ) -> std::io::Result<()> {
+    ) -> io::Result<()> {
         for (tid, t) in threads.iter().filter_map(Result::ok) {
-            if !Path::new(&format!("/proc/{}/task/{tid}", t.tgid)).exists() {
+            if !std::path::Path::new(&format!("/proc/{}/task/{tid}", t.tgid)).exists() {
                 continue; // exited: its last slice was emitted at its last switch-out
             }
             let (kind, start, arg0) = if t.on_ns != 0 {
@@ -433,33 +463,40 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Closes the trace (drop marker, metadata) and flushes it; the caller renames it.
-    pub(super) fn finish(
-        mut self,
-        root: u32,
-        t_end: u64,
-        dropped: u64,
-        meta: &Value,
-    ) -> anyhow::Result<()> {
-        let r = (|| -> std::io::Result<()> {
-            if dropped > 0 {
-                let ts = self.rel(t_end);
-                self.value(&json!({
-                    "name": format!("ethand: {dropped} events dropped (ring buffer full)"),
-                    "cat": "ethand", "ph": "i", "s": "g", "ts": ts, "pid": root, "tid": root,
-                    "args": {"dropped": dropped},
-                }))?;
-            }
-            if self.entries == 0 {
-                self.w.write_all(b"{\"traceEvents\":[")?;
-            }
-            self.w
-                .write_all(b"\n],\"displayTimeUnit\":\"ns\",\"metadata\":")?;
-            serde_json::to_writer(&mut self.w, meta)?;
-            self.w.write_all(b"}\n")?;
-            self.w.flush()?;
-            self.w.get_ref().sync_all()
-        })();
-        r.map_err(|e| self.error(e))
+    /// Closes every output (drop marker, metadata), flushed and synced; the caller renames.
+    /// The rings' figures (one ring: `--ring` allows Perfetto outputs only, and two of
+    /// them keep the same events).
+    pub(super) fn stop_rotating(
+        &mut self,
+        end_ns: u64,
+    ) -> anyhow::Result<Option<ethand_perfetto::RingStats>> {
+        let mut first = None;
+        for i in 0..self.outputs.len() {
+            let r = self.outputs[i]
+                .stop_rotating(end_ns)
+                .map_err(|e| self.error(e))?;
+            first = first.or(r);
+        }
+        Ok(first)
+    }
+
+    pub(super) fn finish(self, end: &Ending<'_>) -> anyhow::Result<()> {
+        let Self {
+            outputs,
+            tmp,
+            events,
+            ..
+        } = self;
+        for o in outputs {
+            o.finish(end).map_err(|e| {
+                let files: Vec<String> = tmp.iter().map(|p| p.display().to_string()).collect();
+                anyhow::anyhow!(
+                    "cannot write {}: {e} ({events} events written before the error; \
+                     recording stopped, the partial file removed)",
+                    files.join(" and ")
+                )
+            })?;
+        }
+        Ok(())
     }
 }

@@ -26,13 +26,9 @@ pub(super) const SIGNALS: &[Signal] = &[
     Signal {
         name: "state.stalled_seconds",
         unit: Unit::Seconds,
-        doc: "the shortest time any live thread has been blocked in its current syscall (0 when one is running or asleep outside a syscall). From /proc's state and `syscall` files when the snapshot was taken, timed from the probes' syscall entry (a thread blocked since before ethand first saw its process counts as at least that long); absent for a tree with no live thread or a file without thread states",
+        doc: "the shortest time any live thread has been blocked in its current syscall (0 when one is running or asleep outside a syscall), leaving out the waits that are no stall: timed sleeps and event loops' waits (idle), waits for children (wait4), and futex waits in a process with an idle thread (0 when only those remain). From /proc's state and `syscall` files when the snapshot was taken, timed from the probes' syscall entry (a thread blocked since before ethand first saw its process counts as at least that long); absent for a tree with no live thread or a file without thread states",
         how_to_get: HowToGet::Measured,
-        compute: |c| {
-            tree::live_threads(c.t)
-                .map(|(_, th)| tree::blocked_seconds(th))
-                .reduce(f64::min)
-        },
+        compute: |c| tree::stalled_seconds(c.t),
     },
     Signal {
         name: "state.threads",
@@ -91,6 +87,53 @@ pub(super) const SIGNALS: &[Signal] = &[
             let oncpu = c.sum(|x| x.oncpu_ns);
             (c.w > 0.0 && oncpu > 0.0).then(|| c.sum(|x| x.runq_wait_ns) / oncpu)
         },
+    },
+    Signal {
+        name: "cpu.allowed_cores",
+        unit: Unit::Count,
+        doc: "the cores the tree may use: per live process the fewest of its affinity's CPUs (a cpuset bounds it), its cgroups' CFS quota (v1 or v2) and the node's CPUs; the widest of the tree's busy processes",
+        how_to_get: HowToGet::Measured,
+        compute: allowed_cores,
+    },
+    Signal {
+        name: "cpu.demand_cores",
+        unit: Unit::Count,
+        doc: "cores the tree would have used had it never waited for a CPU: on-CPU time plus run-queue wait per second of the window",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.per_second((c.sum(|x| x.oncpu_ns) + c.sum(|x| x.runq_wait_ns)) / 1e9),
+    },
+    Signal {
+        name: "cpu.neighbour_speedup",
+        unit: Unit::Count,
+        doc: "how much faster the tree would run with the cores it may use to itself: min(cpu.demand_cores, cpu.allowed_cores) / cpu.cores_used; about 1 when its own threads fill its cores (more of them cannot run at once)",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let used = c.per_second(c.sum(|x| x.oncpu_ns) / 1e9)?;
+            let demand = c.per_second((c.sum(|x| x.oncpu_ns) + c.sum(|x| x.runq_wait_ns)) / 1e9)?;
+            let allowed = allowed_cores(c)?;
+            (used > 0.0).then(|| (demand.min(allowed) / used).max(1.0))
+        },
+    },
+    Signal {
+        name: "cpu.contention_speedup",
+        unit: Unit::Count,
+        doc: "the estimated speed-up of removing the neighbours: cpu.neighbour_speedup, at most 1 / gpu.sm_busy_ratio for a tree whose GPU work sets its pace",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let cpu = super::find("cpu.neighbour_speedup").and_then(|s| (s.compute)(c))?;
+            let gpu = super::find("gpu.sm_busy_ratio")
+                .and_then(|s| (s.compute)(c))
+                .filter(|b| *b > 0.0)
+                .map_or(f64::INFINITY, |b| 1.0 / b);
+            Some(cpu.min(gpu).max(1.0))
+        },
+    },
+    Signal {
+        name: "cpu.neighbours_cores",
+        unit: Unit::Count,
+        doc: "CPU used by every process outside the tree over the same window, in cores (the busiest are named in the finding)",
+        how_to_get: HowToGet::Measured,
+        compute: |c| c.t.neighbours_cores,
     },
     Signal {
         name: "cpu.threads",
@@ -199,4 +242,23 @@ fn workers_cores_used(c: &Ctx) -> Option<f64> {
             .sum::<f64>()
             / 1e9,
     )
+}
+
+/// The cores the tree may use (see `cpu.allowed_cores`): the widest of its processes that ran
+/// in the window; the node's CPUs when none was read (an older file).
+fn allowed_cores(c: &Ctx) -> Option<f64> {
+    let node = c.cpus?;
+    let widest =
+        c.t.processes
+            .iter()
+            .filter(|p| p.alive && p.window.as_ref().is_some_and(|w| w.oncpu_ns > 0))
+            .filter(|p| p.cpus_allowed.is_some() || p.cpu_quota_cores.is_some())
+            .map(|p| {
+                let affinity = p.cpus_allowed.map_or(node, f64::from);
+                affinity
+                    .min(p.cpu_quota_cores.unwrap_or(f64::INFINITY))
+                    .min(node)
+            })
+            .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    Some(widest.unwrap_or(node))
 }

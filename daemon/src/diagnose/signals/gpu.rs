@@ -74,6 +74,16 @@ pub(super) const SIGNALS: &[Signal] = &[
         },
     },
     Signal {
+        name: "gpu.host_copy_bytes_per_second",
+        unit: Unit::BytesPerSecond,
+        doc: "bytes copied between host and device (both ways) per second of the window",
+        how_to_get: HowToGet::RuntimeCalls,
+        compute: |c| {
+            c.gpu_window()
+                .map(|w| (c.sum(|x| x.gpu_copy_h2d_bytes) + c.sum(|x| x.gpu_copy_d2h_bytes)) / w)
+        },
+    },
+    Signal {
         name: "gpu.syncs_per_h2d_copy",
         unit: Unit::Count,
         doc: "synchronizations per host-to-device copy",
@@ -146,7 +156,7 @@ pub(super) const SIGNALS: &[Signal] = &[
     },
     Signal {
         name: "gpu.memory_growth_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "growth of runtime-allocated memory over the window",
         how_to_get: HowToGet::RuntimeCalls,
         compute: |c| {

@@ -23,6 +23,46 @@ const RW_SYSCALLS: &[&str] = &[
     "io_uring_enter",
 ];
 
+/// The write family with the syncs, as `syscalls_table::io_direction` (the daemon's window
+/// figures) names them: read by name here for files without those figures.
+const WRITE_SYSCALLS: &[&str] = &[
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "pwritev2",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+];
+const READ_SYSCALLS: &[&str] = &["read", "pread64", "readv", "preadv", "preadv2"];
+
+/// (read, write-and-sync) syscall time of the tree: over the window where the processes'
+/// windows have it, else over the processes' counted life (a standalone snapshot, an older
+/// file).
+fn read_write_syscall_ns(c: &super::Ctx) -> (u64, u64) {
+    let windowed: Vec<(u64, u64)> = c
+        .windows
+        .iter()
+        .filter_map(|w| Some((w.io_read_syscall_ns?, w.io_write_syscall_ns?)))
+        .collect();
+    if !windowed.is_empty() {
+        return windowed
+            .into_iter()
+            .fold((0, 0), |(r, w), (a, b)| (r + a, w + b));
+    }
+    let rows = c.t.processes.iter().flat_map(|p| p.syscalls.by_nr.iter());
+    rows.fold((0, 0), |(r, w), row| {
+        if READ_SYSCALLS.contains(&row.name.as_str()) {
+            (r + row.time_ns, w)
+        } else if WRITE_SYSCALLS.contains(&row.name.as_str()) {
+            (r, w + row.time_ns)
+        } else {
+            (r, w)
+        }
+    })
+}
+
 pub(super) const SIGNALS: &[Signal] = &[
     Signal {
         name: "io.wait_ratio",
@@ -43,24 +83,47 @@ pub(super) const SIGNALS: &[Signal] = &[
     },
     Signal {
         name: "io.block_read_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "block reads submitted by the tree",
         how_to_get: HowToGet::Measured,
         compute: |c| c.per_second(c.sum(|x| x.block_read_bytes)),
     },
     Signal {
         name: "io.block_write_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "block writes submitted by the tree",
         how_to_get: HowToGet::Measured,
         compute: |c| c.per_second(c.sum(|x| x.block_write_bytes)),
     },
     Signal {
         name: "io.block_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "block reads and writes submitted by the tree",
         how_to_get: HowToGet::Measured,
         compute: |c| c.per_second(c.sum(|x| x.block_read_bytes) + c.sum(|x| x.block_write_bytes)),
+    },
+    Signal {
+        name: "io.write_wait_share",
+        unit: Unit::Ratio,
+        doc: "of the tree's time in file read and write syscalls, the share in the write family and the syncs (write, pwrite64, writev, pwritev, pwritev2, fsync, fdatasync, sync_file_range) against the read family (read, pread64, readv, preadv, preadv2); over the window (the daemon), else the counted life; absent when the tree spent no time in either. Tells a writer waiting on its writes and fsyncs from a reader",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let (r, w) = read_write_syscall_ns(c);
+            (r + w > 0).then(|| w as f64 / (r + w) as f64)
+        },
+    },
+    Signal {
+        name: "io.block_write_share",
+        unit: Unit::Ratio,
+        doc: "of the block bytes the tree submitted in the window, the share written (journal and metadata included); absent when it moved none",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let (r, w) = (
+                c.sum(|x| x.block_read_bytes),
+                c.sum(|x| x.block_write_bytes),
+            );
+            (r + w > 0.0).then(|| w / (r + w))
+        },
     },
     Signal {
         name: "io.block_service_seconds_per_op",
@@ -91,14 +154,14 @@ pub(super) const SIGNALS: &[Signal] = &[
     },
     Signal {
         name: "net.tx_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "TCP and UDP bytes sent",
         how_to_get: HowToGet::Measured,
         compute: |c| c.per_second(c.sum(|x| x.net_tx_bytes)),
     },
     Signal {
         name: "net.rx_bytes_per_second",
-        unit: Unit::PerSecond,
+        unit: Unit::BytesPerSecond,
         doc: "TCP and UDP bytes received",
         how_to_get: HowToGet::Measured,
         compute: |c| c.per_second(c.sum(|x| x.net_rx_bytes)),

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use ethand_snapshot::{
-    ProcessSnapshot, ThreadSnapshot, TreeSnapshot, WindowStats, devices::GpuDevice,
+    GpuLevel, ProcessSnapshot, ThreadSnapshot, TreeSnapshot, WindowStats, devices::GpuDevice,
 };
 
 use super::tree;
@@ -20,9 +20,18 @@ mod cpu;
 mod device;
 mod gpu;
 mod io;
+mod main_thread;
+mod memory;
 
 /// The areas, in the order of docs/diagnosis.md's table.
-const AREAS: &[&[Signal]] = &[cpu::SIGNALS, io::SIGNALS, gpu::SIGNALS, device::SIGNALS];
+const AREAS: &[&[Signal]] = &[
+    cpu::SIGNALS,
+    io::SIGNALS,
+    memory::SIGNALS,
+    gpu::SIGNALS,
+    main_thread::SIGNALS,
+    device::SIGNALS,
+];
 
 /// One signal.
 pub struct Signal {
@@ -43,6 +52,7 @@ pub enum Unit {
     Ratio,
     PerSecond,
     Bytes,
+    BytesPerSecond,
     Seconds,
     Celsius,
     Watts,
@@ -55,6 +65,7 @@ impl Unit {
             Unit::Ratio => "ratio",
             Unit::PerSecond => "per_second",
             Unit::Bytes => "bytes",
+            Unit::BytesPerSecond => "bytes_per_second",
             Unit::Seconds => "seconds",
             Unit::Celsius => "celsius",
             Unit::Watts => "watts",
@@ -78,6 +89,10 @@ pub enum HowToGet {
     RuntimeCalls,
     /// The main thread's CPU time.
     MainThread,
+    /// The native CPU profile of the snapshot (`diagnosis.cpu_profile_hz`).
+    CpuProfile,
+    /// The Python stack sample of the snapshot (`diagnosis.stack_sample_ms`).
+    StackSample,
     /// Nothing to do but measure the tree (a window, a process that does the thing).
     Measured,
 }
@@ -113,7 +128,7 @@ pub fn compute(t: &TreeSnapshot) -> BTreeMap<String, f64> {
 
 /// How to get a signal the tree lacks: one sentence for the snapshot's reader.
 pub fn how_to_get(name: &str, t: &TreeSnapshot) -> String {
-    let level = t.gpu_level.as_deref().unwrap_or("unknown");
+    let level = t.gpu_level.map_or("unknown", GpuLevel::as_str);
     let how = find(name).map_or(HowToGet::Measured, |s| s.how_to_get);
     match how {
         HowToGet::Launches => match &t.launch_sample {
@@ -133,6 +148,16 @@ pub fn how_to_get(name: &str, t: &TreeSnapshot) -> String {
             "GPU runtime calls: none probed for this tree (GPU level {level}; `ethand status` lists the probed libraries)."
         ),
         HowToGet::MainThread => "The main thread's CPU time: the tree's root or GPU process has no main thread the probes saw in the window.".into(),
+        HowToGet::CpuProfile => match &t.cpu_profile {
+            Some(p) if !p.notes.is_empty() => format!("The CPU profile has no main thread of the GPU process: {}.", p.notes.join("; ")),
+            Some(_) => "The CPU profile caught no main thread of the GPU process.".into(),
+            None => "No CPU profile was taken: snapshot with diagnosis.cpu_profile_hz and diagnosis.stack_sample_ms above 0 (the defaults), as root or with the daemon.".into(),
+        },
+        HowToGet::StackSample => match &t.stack_sample {
+            Some(s) if !s.notes.is_empty() => format!("The stack sample has no main thread of the GPU process: {}.", s.notes.join("; ")),
+            Some(_) => "The stack sample caught no Python main thread of the GPU process (not a Python program?).".into(),
+            None => "No stack sample was taken: snapshot with diagnosis.stack_sample_ms above 0 (the default).".into(),
+        },
         HowToGet::Measured => format!("{name} was not measured for this tree."),
     }
 }
@@ -313,6 +338,32 @@ impl<'t> Ctx<'t> {
             })
             .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
     }
+}
+
+/// The signals a text names as `{area.signal}` (a rule's explanation quotes its figures so).
+pub fn quoted(text: &str) -> impl Iterator<Item = &str> {
+    text.split('{').skip(1).filter_map(|rest| {
+        let name = rest.split_once('}')?.0;
+        let plain = name.contains('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
+        plain.then_some(name)
+    })
+}
+
+/// `text` with each `{area.signal}` replaced by the signal's value in its unit ("62.0 %",
+/// "4.6 GiB/s"), or "unmeasured" where the tree lacks it.
+pub fn quote(text: &str, values: &BTreeMap<String, f64>) -> String {
+    let mut out = text.to_string();
+    for name in quoted(text).collect::<std::collections::BTreeSet<_>>() {
+        let value = match (find(name), values.get(name)) {
+            (Some(s), Some(v)) => ethand_exporters::format::in_unit(*v, s.unit.as_str()),
+            _ => "unmeasured".to_string(),
+        };
+        out = out.replace(&format!("{{{name}}}"), &value);
+    }
+    out
 }
 
 /// docs/diagnosis.md's signal table, from the catalog.

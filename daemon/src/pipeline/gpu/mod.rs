@@ -28,7 +28,7 @@ use ethand_userspace_probes::{
 use tracing::{info, warn};
 
 use crate::{
-    config::{Config, GpuLevel},
+    config::{GpuLevel, GpuPlan},
     pipeline::{
         bpf_error::{error_chain, take_map},
         reader::ReaderHandle,
@@ -39,6 +39,7 @@ use crate::{
 pub use crate::pipeline::uprobes::Progs;
 
 mod libraries;
+pub mod python;
 mod resolver;
 pub mod sites;
 mod stats;
@@ -115,22 +116,18 @@ pub struct GpuProbes {
 
 impl GpuProbes {
     /// Loads the uprobe programs and fills the op table. Failures are recorded, not fatal.
-    pub fn new(ebpf: &mut Ebpf, cfg: &Config, reader: ReaderHandle) -> Self {
-        let runtimes = Runtime::ALL
-            .into_iter()
-            .filter(|r| cfg.gpu.runtimes.iter().any(|n| n == r.as_str()))
-            .collect();
+    pub fn new(ebpf: &mut Ebpf, plan: &GpuPlan, reader: ReaderHandle) -> Self {
         let mut me = Self {
-            level: cfg.gpu.level,
-            runtimes,
-            rescan: Duration::from_millis(cfg.gpu.rescan_interval_ms),
+            level: plan.level,
+            runtimes: plan.runtimes.clone(),
+            rescan: plan.rescan,
             last_scan: None,
             libs: BTreeMap::new(),
             load_error: None,
             progs: Progs::detect(),
             scanner: MapsScanner::default(),
             scans: 0,
-            driver_libraries: cfg.gpu.driver_libraries.clone(),
+            driver_libraries: plan.driver_libraries.clone(),
             preloaded: 0,
             resolver: resolver::Resolver::start(reader),
             opened: HashMap::new(),

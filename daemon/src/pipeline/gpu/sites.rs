@@ -12,7 +12,11 @@ use ethand_common::{GPU_STACK_UNATTRIBUTED, GpuSiteStats, ProcKey};
 use ethand_snapshot::stacks::{CallSite, CallSites, Frame, MAX_FRAMES, MAX_SITES, SiteBasis};
 use ethand_userspace_probes::catalog::CATALOG;
 
-use crate::pipeline::reader::ReaderHandle;
+use crate::pipeline::{gpu::python::PyFrames, reader::ReaderHandle};
+
+/// One call site as the kernel keys it: (op id, `GPU_STACKS` id, the caller's return
+/// address, the `PY_STACKS` key of the calling thread's Python frames or 0).
+pub type SiteId = (u16, u32, u64, u64);
 
 /// The instruction pointers of one user stack, innermost first (the probed function's entry,
 /// then return addresses).
@@ -48,7 +52,7 @@ pub struct SiteInputs {
     pub key: ProcKey,
     /// /proc's start time (clock ticks), so that the reader refuses a reused pid.
     pub start_ticks: Option<u64>,
-    pub sites: BTreeMap<(u16, u32, u64), GpuSiteStats>,
+    pub sites: BTreeMap<SiteId, GpuSiteStats>,
     /// The stacks `sites` refers to.
     pub stacks: HashMap<u32, Stack>,
 }
@@ -57,7 +61,7 @@ impl SiteInputs {
     pub fn new(
         key: ProcKey,
         start_ticks: Option<u64>,
-        sites: &BTreeMap<(u16, u32, u64), GpuSiteStats>,
+        sites: &BTreeMap<SiteId, GpuSiteStats>,
         all_stacks: &HashMap<u32, Stack>,
     ) -> Option<Self> {
         if sites.is_empty() {
@@ -65,7 +69,7 @@ impl SiteInputs {
         }
         let stacks = sites
             .keys()
-            .filter_map(|(_, id, _)| Some((*id, all_stacks.get(id)?.clone())))
+            .filter_map(|(_, id, _, _)| Some((*id, all_stacks.get(id)?.clone())))
             .collect();
         Some(Self {
             key,
@@ -79,6 +83,7 @@ impl SiteInputs {
 /// The call sites of one process's probed calls, per symbol (busiest symbol first).
 pub fn call_sites(
     cache: &Mutex<SiteCache>,
+    py: &Mutex<PyFrames>,
     reader: &ReaderHandle,
     inputs: &SiteInputs,
 ) -> Vec<CallSites> {
@@ -89,7 +94,7 @@ pub fn call_sites(
         let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
         sites
             .keys()
-            .filter_map(|(_, id, caller)| Some(((*id, *caller), stacks.get(id)?.clone())))
+            .filter_map(|(_, id, caller, _)| Some(((*id, *caller), stacks.get(id)?.clone())))
             .filter(|((id, caller), st)| {
                 cache
                     .entries
@@ -119,9 +124,10 @@ pub fn call_sites(
         }
     }
     let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    let py = py.lock().unwrap_or_else(PoisonError::into_inner);
     let mut by_op: BTreeMap<u16, CallSites> = BTreeMap::new();
     let mut merged: BTreeMap<u16, Vec<CallSite>> = BTreeMap::new();
-    for (&(op, id, caller), s) in sites {
+    for (&(op, id, caller, py_stack), s) in sites {
         let Some(spec) = CATALOG.get(op as usize) else {
             continue;
         };
@@ -145,14 +151,22 @@ pub fn call_sites(
                 })
             })
             .flatten();
-        let Some(r) = resolved else {
-            *cs.unattributed.get_or_insert(0) += s.calls;
-            continue;
+        let python = (py_stack != 0).then(|| py.frames(&key, py_stack)).flatten();
+        let (frames, source) = match (resolved, python) {
+            (None, None) => {
+                *cs.unattributed.get_or_insert(0) += s.calls;
+                continue;
+            }
+            (Some(r), None) => (r.frames.clone(), r.source.clone()),
+            (r, Some(python)) => (
+                with_python(r.map(|r| r.frames.as_slice()).unwrap_or(&[]), python),
+                None,
+            ),
         };
         let time_ns = (s.timed_calls > 0).then_some(s.time_ns);
         let list = merged.entry(op).or_default();
         // Two stacks that differ only inside the runtime library are one call site.
-        match list.iter_mut().find(|c| c.frames == r.frames) {
+        match list.iter_mut().find(|c| c.frames == frames) {
             Some(c) => {
                 c.count += s.calls;
                 c.time_ns = match (c.time_ns, time_ns) {
@@ -161,10 +175,10 @@ pub fn call_sites(
                 };
             }
             None => list.push(CallSite {
-                frames: r.frames.clone(),
+                frames,
                 count: s.calls,
                 time_ns,
-                source: r.source.clone(),
+                source,
             }),
         }
     }
@@ -177,7 +191,73 @@ pub fn call_sites(
     }
     let mut out: Vec<CallSites> = by_op.into_values().collect();
     out.sort_by(|a, b| b.total.cmp(&a.total).then(a.call.cmp(&b.call)));
+    drop((cache, py));
+    python_sources(reader, inputs, &mut out);
     out
+}
+
+/// The (file, line) of a site named by a Python frame and still without its source text.
+fn python_line(s: &CallSite) -> Option<(String, u32)> {
+    let f = s
+        .key_frame()
+        .filter(|f| f.kind == ethand_snapshot::stacks::FrameKind::Python)?;
+    Some((f.file.clone()?, f.line?))
+}
+
+/// The source text of the sites the kernel's Python walk named, read as the process's owner
+/// in one request (none where the process is gone or the file cannot be read).
+fn python_sources(reader: &ReaderHandle, inputs: &SiteInputs, out: &mut [CallSites]) {
+    let mut want: Vec<(String, u32)> = out
+        .iter()
+        .flat_map(|cs| &cs.sites)
+        .filter(|s| s.source.is_none())
+        .filter_map(python_line)
+        .collect();
+    want.sort();
+    want.dedup();
+    if want.is_empty() {
+        return;
+    }
+    let (pid, start) = (inputs.key.tgid, inputs.start_ticks);
+    let Ok(r) = reader.reader.as_ref() else {
+        return;
+    };
+    let texts = r
+        .session(pid, start)
+        .and_then(|mut s| s.source_lines(pid, start, &want, reader.symbolize_timeout));
+    let Ok(texts) = texts else {
+        return;
+    };
+    let found: HashMap<(String, u32), String> = want
+        .into_iter()
+        .zip(texts)
+        .filter_map(|(k, t)| Some((k, t?)))
+        .collect();
+    for s in out.iter_mut().flat_map(|cs| cs.sites.iter_mut()) {
+        if s.source.is_none() {
+            s.source = python_line(s).and_then(|k| found.get(&k).cloned());
+        }
+    }
+}
+
+/// A call's native frames up to the interpreter's own (the python executable or libpython:
+/// its C frames say only that Python code ran), then its Python frames, at most
+/// [`MAX_FRAMES`].
+fn with_python(native: &[Frame], python: Vec<Frame>) -> Vec<Frame> {
+    let interpreter = |f: &Frame| {
+        f.module.as_deref().is_some_and(|m| {
+            let name = m.rsplit('/').next().unwrap_or(m);
+            name.starts_with("python") || name.starts_with("libpython")
+        })
+    };
+    let mut frames: Vec<Frame> = native
+        .iter()
+        .take_while(|f| !interpreter(f))
+        .cloned()
+        .collect();
+    frames.extend(python);
+    frames.truncate(MAX_FRAMES);
+    frames
 }
 
 /// The stack with the caller's return address as its second frame, unless the kernel put it
@@ -239,13 +319,15 @@ mod tests {
         for id in 0..(MAX_SITES as u32 + 2) {
             // A first frame outside any mapping, then distinct addresses in this binary.
             stacks.insert(id, Stack::from(vec![1, here + 1 + u64::from(id) * 64]));
-            sites.insert((op, id, 0), st(100 - u64::from(id)));
+            sites.insert((op, id, 0, 0), st(100 - u64::from(id)));
         }
-        sites.insert((op, GPU_STACK_UNATTRIBUTED, 0), st(5));
+        sites.insert((op, GPU_STACK_UNATTRIBUTED, 0, 0), st(5));
         let cache = Mutex::new(SiteCache::default());
-        let reader = ReaderHandle::unavailable(&crate::config::Config::defaults(), "test".into());
+        let reader =
+            ReaderHandle::unavailable(&crate::config::Plan::defaults().reader, "test".into());
         let inputs = SiteInputs::new(key, None, &sites, &stacks).unwrap();
-        let out = call_sites(&cache, &reader, &inputs);
+        let py = Mutex::new(PyFrames::default());
+        let out = call_sites(&cache, &py, &reader, &inputs);
         assert_eq!(out.len(), 1);
         let cs = &out[0];
         assert_eq!(cs.call, "cuStreamSynchronize");
@@ -262,7 +344,45 @@ mod tests {
         );
         // Not cached (asked again once there is a reader), the same answer.
         assert!(cache.lock().unwrap().entries.is_empty());
-        assert_eq!(call_sites(&cache, &reader, &inputs), out);
+        assert_eq!(call_sites(&cache, &py, &reader, &inputs), out);
+    }
+
+    #[test]
+    fn python_frames_replace_the_interpreters_own() {
+        let native = |function: &str, module: &str| Frame {
+            function: Some(function.into()),
+            module: Some(module.into()),
+            ..Frame::default()
+        };
+        let py = Frame {
+            kind: ethand_snapshot::stacks::FrameKind::Python,
+            function: Some("f".into()),
+            line: Some(5),
+            ..Frame::default()
+        };
+        let frames = with_python(
+            &[
+                native("ffi_call", "/usr/lib/x86_64-linux-gnu/libffi.so.8"),
+                native(
+                    "_ctypes_callproc",
+                    "/usr/lib/python3.11/lib-dynload/_ctypes.so",
+                ),
+                native("_PyEval_EvalFrameDefault", "/usr/bin/python3.11"),
+                native("main", "/usr/bin/python3.11"),
+            ],
+            vec![py.clone()],
+        );
+        let names: Vec<_> = frames
+            .iter()
+            .filter_map(|f| f.function.as_deref())
+            .collect();
+        assert_eq!(names, ["ffi_call", "_ctypes_callproc", "f"]);
+        // A shared libpython is the interpreter too.
+        let frames = with_python(
+            &[native("PyObject_Call", "/opt/py/lib/libpython3.12.so.1.0")],
+            vec![py],
+        );
+        assert_eq!(frames.len(), 1);
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub struct Totals {
     pub gpu_copy_d2h_calls: u64,
     /// The main thread's on-CPU time: is the thread that drives the GPU busy now?
     pub main_thread_oncpu_ns: u64,
+    /// Time in the read family of syscalls, and in the write family with the syncs
+    /// (`syscalls_table::io_direction`): is the tree waiting on reads or on writes?
+    pub io_read_syscall_ns: u64,
+    pub io_write_syscall_ns: u64,
 }
 
 impl Totals {
@@ -58,6 +62,8 @@ impl Totals {
             gpu_copy_h2d_calls: f(self.gpu_copy_h2d_calls, o.gpu_copy_h2d_calls),
             gpu_copy_d2h_calls: f(self.gpu_copy_d2h_calls, o.gpu_copy_d2h_calls),
             main_thread_oncpu_ns: f(self.main_thread_oncpu_ns, o.main_thread_oncpu_ns),
+            io_read_syscall_ns: f(self.io_read_syscall_ns, o.io_read_syscall_ns),
+            io_write_syscall_ns: f(self.io_write_syscall_ns, o.io_write_syscall_ns),
         }
     }
 

@@ -17,13 +17,14 @@ use ethand_snapshot as snap;
 use crate::pipeline::{procinfo, syscalls_table};
 
 mod history;
+pub mod memory;
 mod process;
 #[cfg(test)]
 mod tests;
 mod view;
 
 pub use history::Totals;
-use history::{COARSE_MS, History, Thinned};
+use history::{COARSE_MS, FINE_MS, History, Thinned};
 use process::*;
 pub use process::{Proc, SchedAcc, ThreadAcc};
 pub use view::{TreeNode, block_device_names, dev_string, tree_order_of};
@@ -52,6 +53,8 @@ pub struct RawRead {
     /// kernel charges a run at its switch-out, and a thread alone on its CPU may not be
     /// switched out for seconds.
     pub running_oncpu: HashMap<u32, u64>,
+    /// The threads on a CPU at the read (`CPU_CTX.running_tid`, one per CPU).
+    pub running: HashSet<u32>,
 }
 
 /// What the collector must delete from the kernel maps after an ingest.
@@ -131,6 +134,11 @@ pub struct Model {
     pub gpu_stacks: HashMap<u32, crate::pipeline::gpu::sites::Stack>,
     /// Call sites symbolized when a snapshot was built, kept per (process, stack).
     pub site_cache: std::sync::Arc<std::sync::Mutex<crate::pipeline::gpu::sites::SiteCache>>,
+    /// The Python frames of GPU calls (stacks and code objects), shared with the walker.
+    pub py_frames: std::sync::Arc<std::sync::Mutex<crate::pipeline::gpu::python::PyFrames>>,
+    /// Processes whose on-CPU time moved in the last ingest: due a memory sample
+    /// (`memory.rs`).
+    memory_ran: Vec<ProcKey>,
 }
 
 /// One cgroup's series: the totals of its processes that left the model, when it last had a
@@ -176,6 +184,8 @@ impl Model {
             launches_counted: false,
             gpu_stacks: HashMap::new(),
             site_cache: Default::default(),
+            py_frames: Default::default(),
+            memory_ran: Vec::new(),
             rounds: Thinned::default(),
             history_ms: (history_seconds * 1000).max(2 * interval_ms),
             round: 0,
@@ -335,6 +345,10 @@ impl Model {
             p.thread_comms.clear();
         }
         self.maps_changed.insert(key);
+        self.py_frames
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .on_exec(key);
     }
 
     /// A process exited (all its threads). `kernel`: what the exit event recorded, which
@@ -435,6 +449,8 @@ impl Model {
     fn ingest_threads(&mut self, raw: &RawRead, reclaim: &mut Reclaim) -> Vec<(ProcKey, u32)> {
         let mut untracked_exited = HashSet::new();
         let mut new_threads: Vec<(ProcKey, u32)> = Vec::new();
+        let prev_round_ms = self.rounds.last().map_or(0, |(t, _)| *t);
+        let now_ms = self.now_unix_ms;
         // Entries come sorted by process (Collector::read): one model lookup per process.
         for group in raw
             .threads
@@ -461,7 +477,9 @@ impl Model {
                         e.insert(Default::default())
                     }
                 };
+                let out_before = acc.last.switch_out_ns;
                 acc.update(t, raw.running_oncpu.get(tid).copied().unwrap_or(0));
+                acc.note_read(out_before, raw.running.contains(tid), now_ms, prev_round_ms);
                 // Deleted once seen exited twice: by then its final switch-out has been
                 // counted.
                 if acc.exited_reads >= 2 {
@@ -555,7 +573,8 @@ impl Model {
         }
         for &(k, v) in &raw.gpu_sites {
             if let Some(p) = self.proc_mut(proc_key(k.tgid, k.proc_start_ns)) {
-                p.gpu_sites.insert((k.op as u16, k.stack_id, k.caller), v);
+                p.gpu_sites
+                    .insert((k.op as u16, k.stack_id, k.caller, k.py_stack), v);
             }
         }
         if raw.gpu_stacks_changed {
@@ -567,6 +586,11 @@ impl Model {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .retain(|pid, start| procs.contains_key(&proc_key(pid, start)));
+            // Kept after an exit as long as the process is (its sites still name them).
+            self.py_frames
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|k| procs.contains_key(k));
         }
     }
 
@@ -633,6 +657,13 @@ impl Model {
             // read and a batch flushed after its release are recorded like any other.
             if std::mem::take(&mut p.read_this_round) || p.history.last().is_none() {
                 let totals = p.totals();
+                if p.alive
+                    && p.history
+                        .last()
+                        .is_none_or(|(_, v)| v.oncpu_ns != totals.oncpu_ns)
+                {
+                    self.memory_ran.push(p.key);
+                }
                 if p.history.last().is_none_or(|(_, v)| *v != totals) {
                     p.history.push(now_unix_ms, totals);
                 }

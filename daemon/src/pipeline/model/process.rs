@@ -2,6 +2,7 @@
 //! histogram wrap), syscalls, block IO, network and GPU counters, its [`Totals`], and what it
 //! adds to its name's, cgroup's and block devices' sums.
 use super::*;
+use crate::pipeline::syscalls_table::IoDirection;
 
 /// What a process has added to its name's totals (`Model::comms`) so far.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,6 +67,12 @@ pub struct ThreadAcc {
     pub exited: bool,
     /// Consecutive reads that found the entry marked exited.
     pub(super) exited_reads: u32,
+    /// Wall clock (ms) of the read that first held the current `last.switch_out_ns`, and of
+    /// the read before it: the switch-out happened between the two.
+    out_seen_ms: u64,
+    out_prev_ms: u64,
+    /// On a CPU at the last read (`CPU_CTX.running_tid`).
+    running: bool,
 }
 
 impl ThreadAcc {
@@ -103,6 +110,31 @@ impl ThreadAcc {
         } else {
             0
         };
+    }
+
+    /// Notes when this read found the entry (`out_before`: its switch-out time at the
+    /// previous read; `prev_ms`: that read's wall clock) and whether the thread was on a CPU.
+    pub(super) fn note_read(&mut self, out_before: u64, running: bool, now_ms: u64, prev_ms: u64) {
+        if self.last.switch_out_ns != out_before || self.out_seen_ms == 0 {
+            self.out_seen_ms = now_ms;
+            self.out_prev_ms = prev_ms;
+        }
+        self.running = running;
+    }
+
+    /// The off-CPU span in progress at the last read, which the kernel accounts only when
+    /// the thread next runs: when it began (wall ms) and whether it began with the thread
+    /// blocking (else a preemption). None for a thread on a CPU or exited. The switch-out
+    /// is stamped by the run queue's clock, which may drift from CLOCK_MONOTONIC
+    /// (`unix_minus_mono_ms`): the estimate is held between the two reads it fell between.
+    pub(super) fn off_cpu_since_ms(&self, unix_minus_mono_ms: i64) -> Option<(u64, bool)> {
+        let out = self.last.switch_out_ns;
+        if self.exited || self.running || out == 0 || self.last.switch_in_ns != 0 {
+            return None;
+        }
+        let est = (unix_minus_mono_ms + (out / 1_000_000) as i64).max(0) as u64;
+        let since = est.clamp(self.out_prev_ms, self.out_seen_ms.max(self.out_prev_ms));
+        Some((since, self.last.flags & thread_flags::BLOCKED != 0))
     }
 
     /// Totals of this thread: earlier incarnations plus the current entry.
@@ -144,9 +176,9 @@ pub struct Proc {
     /// Per (op id, copy direction): cumulative kernel counters.
     pub gpu_calls: BTreeMap<(u16, u16), GpuCallStats>,
     pub gpu_state: Option<GpuProcState>,
-    /// Per (op id, `GPU_STACKS` id, caller's return address): calls from each call site
+    /// Per call site (see [`SiteId`](crate::pipeline::gpu::sites::SiteId)): calls from each
     /// (cumulative).
-    pub gpu_sites: BTreeMap<(u16, u32, u64), ethand_common::GpuSiteStats>,
+    pub gpu_sites: BTreeMap<crate::pipeline::gpu::sites::SiteId, ethand_common::GpuSiteStats>,
     /// Metadata must be (re)read: first sight or exec.
     pub meta_stale: bool,
     /// Totals over time, for the snapshot windows and timelines.
@@ -161,6 +193,8 @@ pub struct Proc {
     /// each round adds what came since, so a name's totals only grow, even when exec renames
     /// the process.
     comm_charged: CommCharged,
+    /// Host memory readings and samples (`memory.rs`); None until first sampled.
+    pub(super) memory: Option<Box<super::memory::ProcMemory>>,
 }
 
 impl Proc {
@@ -187,6 +221,7 @@ impl Proc {
             read_this_round: false,
             meta_stale: true,
             comm_charged: CommCharged::default(),
+            memory: None,
         }
     }
 
@@ -232,9 +267,14 @@ impl Proc {
                 .map_or(0, |t| t.current().oncpu_ns),
             ..Totals::default()
         };
-        for v in self.syscalls.values() {
+        for (nr, v) in &self.syscalls {
             t.syscalls += v.count;
             t.syscall_time_ns += v.time_ns;
+            match crate::pipeline::syscalls_table::io_direction(*nr) {
+                Some(IoDirection::Read) => t.io_read_syscall_ns += v.time_ns,
+                Some(IoDirection::Write) => t.io_write_syscall_ns += v.time_ns,
+                None => {}
+            }
         }
         for ((_, op), v) in &self.blk {
             match *op {

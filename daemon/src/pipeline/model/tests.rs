@@ -501,3 +501,109 @@ fn totals_add_and_subtract_field_by_field() {
         "a total that went down changes by 0"
     );
 }
+
+/// A thread blocked since before the window counts the whole window as blocked, though the
+/// kernel accounts its wait only when it ends; a running thread counts no open span; the
+/// window starts at the round nearest to what was asked.
+#[test]
+fn a_wait_in_progress_counts_in_windows_only() {
+    let mut m = Model::new(1000, 60, 30, 100);
+    // A live process (this one; start time unknown, so never matched to /proc's), and no
+    // /proc liveness check in these few rounds.
+    m.exit_events = true;
+    let me = std::process::id();
+    let key = ProcKey {
+        tgid: me,
+        _pad0: 0,
+        proc_start_ns: 0,
+    };
+    let mut t = th(100, 1, 0);
+    (t.tgid, t.proc_start_ns) = (me, 0);
+    t.flags = thread_flags::BLOCKED;
+    t.switch_out_ns = 1;
+    // Rounds with jitter: 0, 1003, 2006, ...
+    for r in 0..=10u64 {
+        m.ingest(
+            &RawRead {
+                threads: vec![(me, t)],
+                ..Default::default()
+            },
+            r * 1003,
+        );
+    }
+    let w = m.window(&key, 5000).expect("window");
+    assert_eq!(w.duration_ms, 5015, "the round nearest 5 s before");
+    assert_eq!(
+        w.offcpu_blocked_ns,
+        5015 * 1_000_000,
+        "blocked all the window"
+    );
+    assert_eq!(
+        m.procs[&key].sched().offcpu_blocked_ns,
+        0,
+        "counters hold what ended"
+    );
+    assert_eq!(m.window_note(&[key], 5000), None);
+    // On a CPU now: the span has ended (the kernel adds it at the switch-out).
+    m.ingest(
+        &RawRead {
+            threads: vec![(me, t)],
+            running: [me].into_iter().collect(),
+            ..Default::default()
+        },
+        11 * 1003,
+    );
+    assert_eq!(m.window(&key, 5000).expect("window").offcpu_blocked_ns, 0);
+    // Preempted: waiting for a CPU since its switch-out, seen first at the last round.
+    t.flags = 0;
+    t.switch_out_ns = 2;
+    m.ingest(
+        &RawRead {
+            threads: vec![(me, t)],
+            ..Default::default()
+        },
+        12 * 1003,
+    );
+    let w = m.window(&key, 5000).expect("window");
+    assert_eq!(
+        w.offcpu_preempted_ns,
+        1003 * 1_000_000,
+        "since the round before"
+    );
+    assert_eq!(w.runq_wait_ns, 1003 * 1_000_000);
+    // Longer than the history: says so.
+    let note = m.window_note(&[key], 60_000).expect("short");
+    assert!(note.contains("60.0 s asked"), "{note}");
+}
+
+/// The timeline's intervals each hold their part of a wait in progress.
+#[test]
+fn a_wait_in_progress_fills_the_timeline() {
+    let mut m = Model::new(1000, 60, 30, 100);
+    m.exit_events = true;
+    let me = std::process::id();
+    let key = ProcKey {
+        tgid: me,
+        _pad0: 0,
+        proc_start_ns: 0,
+    };
+    let mut t = th(100, 1, 0);
+    (t.tgid, t.proc_start_ns) = (me, 0);
+    t.flags = thread_flags::BLOCKED;
+    t.switch_out_ns = 1;
+    for r in 0..=4u64 {
+        m.ingest(
+            &RawRead {
+                threads: vec![(me, t)],
+                ..Default::default()
+            },
+            r * 1000,
+        );
+    }
+    let tl = m.timeline(&[key], 3000);
+    assert_eq!(tl.len(), 3);
+    assert!(
+        tl.iter().all(|p| p.offcpu_blocked_ns == 1_000_000_000),
+        "{tl:?}"
+    );
+}

@@ -106,17 +106,85 @@ impl Model {
         self.now_unix_ms.saturating_sub(p.first_seen_unix_ms)
     }
 
-    /// Change of the totals of `key` over the last `window_ms` (None without history).
+    /// The round whose point starts the window of `window_ms` ending at `now_ms`: the one
+    /// nearest to `now_ms - window_ms` (rounds come once per interval, with jitter; beyond
+    /// FINE_MS only one per COARSE_MS is kept), else the earliest one there is.
+    fn window_start_ms(&self, now_ms: u64, window_ms: u64) -> Option<u64> {
+        let target = now_ms.saturating_sub(window_ms);
+        let pts = &self.rounds.points;
+        let after = pts.partition_point(|(t, _)| *t < target);
+        let before = after.checked_sub(1).map(|i| pts[i].0);
+        let at_or_after = pts.get(after).map(|(t, _)| *t);
+        match (before, at_or_after) {
+            (Some(b), Some(a)) if target - b <= a - target => Some(b),
+            (_, Some(a)) => Some(a),
+            (b, None) => b,
+        }
+    }
+
+    /// The off-CPU spans of `p`'s threads in progress at the last read, from `from_ms` to
+    /// `to_ms` (ns): blocked, and preempted (waiting for a CPU). The kernel accounts an
+    /// off-CPU span when the thread runs again, so a thread blocked through the whole window
+    /// would otherwise show none of it. Added to windows only, never to the history or the
+    /// counters: when the wait ends the kernel's figure covers it exactly.
+    fn open_off_cpu_ns(&self, p: &Proc, from_ms: u64, to_ms: u64) -> (u64, u64) {
+        let mut open = (0, 0);
+        for t in p.threads.values() {
+            let Some((since, blocked)) = t.off_cpu_since_ms(self.unix_minus_mono_ms) else {
+                continue;
+            };
+            let ns = to_ms.saturating_sub(since.max(from_ms)) * 1_000_000;
+            if blocked {
+                open.0 += ns;
+            } else {
+                open.1 += ns;
+            }
+        }
+        open
+    }
+
+    /// How long the window of the snapshot of `keys` falls short of `window_ms` and why, when
+    /// it does by more than a round's jitter (None when it is what was asked).
+    pub fn window_note(&self, keys: &[ProcKey], window_ms: u64) -> Option<String> {
+        let &(now_ms, _) = self.rounds.last()?;
+        let then_ms = self.window_start_ms(now_ms, window_ms)?;
+        let born_ms = keys
+            .iter()
+            .filter_map(|k| self.unix_ms_of_mono_ns(k.proc_start_ns))
+            .min()
+            .unwrap_or(0);
+        let span = now_ms - then_ms.max(born_ms.min(now_ms));
+        let asked = format!("{:.1} s asked", window_ms as f64 / 1000.0);
+        let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+        let first = self.rounds.points.front().map_or(now_ms, |(t, _)| *t);
+        if span.abs_diff(window_ms) < 100 {
+            None
+        } else if born_ms > then_ms && born_ms > now_ms.saturating_sub(window_ms) {
+            Some(format!(
+                "{asked}: the tree's processes started {} ago",
+                secs(now_ms - born_ms)
+            ))
+        } else if first >= now_ms.saturating_sub(window_ms) {
+            Some(format!(
+                "{asked}: ethand has collected for {}",
+                secs(now_ms - first)
+            ))
+        } else {
+            Some(format!(
+                "{asked}: beyond {} s ethand keeps one point per {} s",
+                FINE_MS / 1000,
+                COARSE_MS / 1000
+            ))
+        }
+    }
+
+    /// Change of the totals of `key` over the last `window_ms` (None without history), with
+    /// the off-CPU spans in progress added.
     pub(super) fn window(&self, key: &ProcKey, window_ms: u64) -> Option<snap::WindowStats> {
         let (now_ms, _) = *self.rounds.last()?;
         let p = self.procs.get(key)?;
         let cur = p.history.at(now_ms)?;
-        let then_ms = self
-            .rounds
-            .points
-            .iter()
-            .find(|(t, _)| now_ms.saturating_sub(*t) <= window_ms)
-            .map(|(t, _)| *t)?;
+        let then_ms = self.window_start_ms(now_ms, window_ms)?;
         // A process first seen after the window started counts from zero, and its window
         // starts at its birth: rates over a span before it was born would be diluted.
         let old = p.history.at(then_ms).copied().unwrap_or_default();
@@ -125,13 +193,19 @@ impl Model {
             Some(b) if b > then_ms => b.min(now_ms),
             _ => then_ms,
         };
+        let (open_blocked, open_preempted) = if p.alive {
+            self.open_off_cpu_ns(p, then_ms, now_ms)
+        } else {
+            (0, 0)
+        };
         let d = cur.since(&old);
         Some(snap::WindowStats {
             duration_ms: now_ms - then_ms,
             oncpu_ns: d.oncpu_ns,
-            offcpu_blocked_ns: d.offcpu_blocked_ns,
-            offcpu_preempted_ns: d.offcpu_preempted_ns,
-            runq_wait_ns: d.runq_wait_ns,
+            offcpu_blocked_ns: d.offcpu_blocked_ns + open_blocked,
+            offcpu_preempted_ns: d.offcpu_preempted_ns + open_preempted,
+            // A preempted thread off its CPU is waiting for one throughout.
+            runq_wait_ns: d.runq_wait_ns + open_preempted,
             syscalls: d.syscalls,
             syscall_time_ns: d.syscall_time_ns,
             block_read_bytes: d.block_read_bytes,
@@ -144,6 +218,8 @@ impl Model {
             gpu_copy_h2d_calls: d.gpu_copy_h2d_calls,
             gpu_copy_d2h_calls: d.gpu_copy_d2h_calls,
             main_thread_oncpu_ns: Some(d.main_thread_oncpu_ns),
+            io_read_syscall_ns: Some(d.io_read_syscall_ns),
+            io_write_syscall_ns: Some(d.io_write_syscall_ns),
             gpu_copy_h2d_bytes: d.gpu_copy_h2d_bytes,
             gpu_copy_d2h_bytes: d.gpu_copy_d2h_bytes,
             gpu_copy_other_bytes: d.gpu_copy_other_bytes,
@@ -166,6 +242,20 @@ impl Model {
             .iter()
             .filter_map(|k| self.procs.get(k).map(|p| &p.history))
             .collect();
+        // Off-CPU spans in progress (see `open_off_cpu_ns`): each interval holds its part.
+        let open: Vec<(u64, bool)> = keys
+            .iter()
+            .filter_map(|k| self.procs.get(k))
+            .filter(|p| p.alive)
+            .flat_map(|p| p.threads.values())
+            .filter_map(|t| t.off_cpu_since_ms(self.unix_minus_mono_ms))
+            .collect();
+        let open_in = |t0: u64, t1: u64, blocked: bool| -> u64 {
+            open.iter()
+                .filter(|(_, b)| *b == blocked)
+                .map(|(since, _)| t1.saturating_sub((*since).max(t0)) * 1_000_000)
+                .sum()
+        };
         let points: Vec<(u64, Totals)> = self
             .rounds
             .points
@@ -191,8 +281,8 @@ impl Model {
                     t_unix_ms: t1,
                     interval_ms: t1.saturating_sub(t0),
                     oncpu_ns: d.oncpu_ns,
-                    offcpu_blocked_ns: d.offcpu_blocked_ns,
-                    runq_wait_ns: d.runq_wait_ns,
+                    offcpu_blocked_ns: d.offcpu_blocked_ns + open_in(t0, t1, true),
+                    runq_wait_ns: d.runq_wait_ns + open_in(t0, t1, false),
                     syscalls: d.syscalls,
                     block_read_bytes: d.block_read_bytes,
                     block_write_bytes: d.block_write_bytes,
@@ -348,7 +438,58 @@ impl Model {
             window: self.window(&p.key, window_ms),
             swap_bytes: None,
             major_faults: None,
+            cpus_allowed: None,
+            cpu_quota_cores: None,
+            proc_write_bytes: None,
+            memory: self.memory_snapshot(p, window_ms),
         }
+    }
+
+    /// A live process's memory as last sampled, with its window; None when never sampled or
+    /// exited (its last figures are no longer true).
+    fn memory_snapshot(&self, p: &Proc, window_ms: u64) -> Option<snap::memory::ProcessMemory> {
+        let (now_ms, _) = *self.rounds.last()?;
+        let m = p.memory.as_ref().filter(|_| p.alive)?;
+        Some(m.snapshot(now_ms.saturating_sub(window_ms), now_ms))
+    }
+
+    /// The processes outside `tree` that used the most CPU over the window (busiest first,
+    /// at most `MAX_NEIGHBOURS`), and all of them together in cores. One pass over the
+    /// model's processes, for a tree snapshot.
+    pub fn neighbours(&self, tree: &[ProcKey], window_ms: u64) -> (Vec<snap::CpuNeighbour>, f64) {
+        let secs = window_ms as f64 / 1000.0;
+        if secs <= 0.0 {
+            return (Vec::new(), 0.0);
+        }
+        let mut all: Vec<(f64, &Proc)> = self
+            .procs
+            .values()
+            .filter(|p| !tree.contains(&p.key))
+            .filter_map(|p| {
+                let w = self.window(&p.key, window_ms)?;
+                (w.oncpu_ns > 0).then(|| (w.oncpu_ns as f64 / 1e9 / secs, &**p))
+            })
+            .collect();
+        let total = all.iter().map(|(c, _)| c).sum();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let top = all
+            .into_iter()
+            .take(snap::MAX_NEIGHBOURS)
+            .map(|(cores, p)| {
+                let meta = p.meta.as_ref();
+                snap::CpuNeighbour {
+                    pid: p.key.tgid,
+                    comm: match meta {
+                        Some(m) if !m.comm.is_empty() => m.comm.clone(),
+                        _ => p.comm_fallback.clone(),
+                    },
+                    cgroup: meta.map(|m| m.cgroup.clone()).unwrap_or_default(),
+                    cores,
+                    cpus_allowed: None,
+                }
+            })
+            .collect();
+        (top, total)
     }
 
     /// A live process the probes never saw over `measured_ms` (asleep throughout): its

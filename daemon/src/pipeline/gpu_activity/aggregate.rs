@@ -1,0 +1,516 @@
+//! One process's window: the library's events as they arrive from the ring buffer, summed
+//! into the snapshot's kernel view. Everything here comes from the recorded process (its
+//! library, or anything it maps at the probe functions' addresses): sizes are bounded and
+//! nothing is trusted beyond being counted for that process.
+use std::collections::HashMap;
+
+use super::idle::{self, KernelSpan};
+use ethand_common::{
+    CUPTI_BATCH, CUPTI_NAME_MAX, CUPTI_NONE, CuptiEventHeader, CuptiRec, CuptiWindowEvent,
+    cupti_event, cupti_rec_kind, cupti_window_state,
+};
+use ethand_snapshot::kernels::{
+    ActivityState, CopyKind, CopyStat, DeviceActivity, GpuActivityProcess, KernelStat, MemoryKind,
+    SyncKind, SyncStat, TOP_KERNELS, TimedCount,
+};
+
+/// Kernel names kept per window (the library gives at most 4,096 ids).
+const MAX_NAMES: usize = 4096;
+
+#[derive(Default)]
+struct Kernel {
+    count: u64,
+    ns: u64,
+    max_ns: u64,
+}
+
+#[derive(Default)]
+struct Timeline {
+    kernels: Vec<KernelSpan>,
+    /// Copies and memsets: (start, end).
+    copies: Vec<(u64, u64)>,
+}
+
+#[derive(Default)]
+pub struct Window {
+    /// Records beyond this are counted, not summed (the window's share of the budget).
+    pub max_records: u64,
+    pub received: u64,
+    pub ignored: u64,
+    /// Entries the probes could not read whole.
+    pub partial: u64,
+    names: HashMap<u32, String>,
+    kernels: HashMap<u32, Kernel>,
+    /// Per device: what ran when, for the union and the idle split.
+    timelines: HashMap<u32, Timeline>,
+    copies: HashMap<(u8, u8, u8), (u64, u64, u64)>,
+    memsets: TimedCount,
+    syncs: HashMap<u32, (u64, u64)>,
+    opened: Option<CuptiWindowEvent>,
+    closed: Option<CuptiWindowEvent>,
+    /// REFUSED or FAILED.
+    ended: Option<CuptiWindowEvent>,
+}
+
+fn span(r: &CuptiRec) -> u64 {
+    // CUPTI may leave 0 timestamps (no device memory for them): no time.
+    if r.start == 0 || r.end < r.start {
+        0
+    } else {
+        r.end - r.start
+    }
+}
+
+impl Window {
+    pub fn new(max_records: u64) -> Self {
+        Self {
+            max_records,
+            ..Self::default()
+        }
+    }
+
+    /// The library said the window is over (closed, refused or failed): nothing more comes.
+    pub fn done(&self) -> bool {
+        self.closed.is_some() || self.ended.is_some()
+    }
+
+    pub fn records(&mut self, recs: &[CuptiRec]) {
+        for r in recs {
+            if self.received >= self.max_records {
+                self.ignored += 1;
+                continue;
+            }
+            self.received += 1;
+            self.record(r);
+        }
+    }
+
+    fn record(&mut self, r: &CuptiRec) {
+        let ns = span(r);
+        match r.kind {
+            cupti_rec_kind::KERNEL => {
+                let k = self.kernels.entry(r.name_id).or_default();
+                k.count += 1;
+                k.ns += ns;
+                k.max_ns = k.max_ns.max(ns);
+                if ns > 0 {
+                    self.timelines
+                        .entry(r.device)
+                        .or_default()
+                        .kernels
+                        .push(KernelSpan {
+                            start: r.start,
+                            end: r.end,
+                            queued: r.queued,
+                        });
+                }
+            }
+            cupti_rec_kind::MEMCPY => {
+                let c = self
+                    .copies
+                    .entry((r.copy_kind, r.src_kind, r.dst_kind))
+                    .or_default();
+                c.0 += 1;
+                c.1 += r.bytes;
+                c.2 += ns;
+                self.copy_span(r, ns);
+            }
+            cupti_rec_kind::MEMSET => {
+                self.memsets.count += 1;
+                self.memsets.bytes += r.bytes;
+                self.memsets.gpu_ns += ns;
+                self.copy_span(r, ns);
+            }
+            cupti_rec_kind::SYNC => {
+                let s = self.syncs.entry(r.sync_type).or_default();
+                s.0 += 1;
+                s.1 += ns;
+            }
+            _ => self.ignored += 1,
+        }
+    }
+
+    fn copy_span(&mut self, r: &CuptiRec, ns: u64) {
+        if ns > 0 {
+            let t = self.timelines.entry(r.device).or_default();
+            t.copies.push((r.start, r.end));
+        }
+    }
+
+    pub fn name(&mut self, id: u32, bytes: &[u8]) {
+        if (id as usize) >= MAX_NAMES
+            || (self.names.len() >= MAX_NAMES && !self.names.contains_key(&id))
+        {
+            return;
+        }
+        let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+        self.names
+            .insert(id, String::from_utf8_lossy(&bytes[..end]).into_owned());
+    }
+
+    pub fn event(&mut self, e: CuptiWindowEvent) {
+        match e.state {
+            cupti_window_state::OPENED => self.opened = Some(e),
+            cupti_window_state::CLOSED => self.closed = Some(e),
+            cupti_window_state::REFUSED | cupti_window_state::FAILED => self.ended = Some(e),
+            _ => {}
+        }
+    }
+
+    /// The process's part of the snapshot.
+    pub fn finish(self, pid: u32) -> GpuActivityProcess {
+        let mut p = GpuActivityProcess {
+            pid,
+            state: ActivityState::NoAnswer,
+            cupti_version: [self.opened, self.closed, self.ended]
+                .iter()
+                .flatten()
+                .map(|e| e.cupti_version)
+                .find(|v| *v != 0),
+            records: self.received,
+            ..Default::default()
+        };
+        if let Some(e) = self.ended {
+            (p.state, p.detail) = match e.state {
+                cupti_window_state::REFUSED => (
+                    ActivityState::Refused,
+                    Some("another tool holds CUPTI (torch.profiler, Nsight, a debugger): ethand stepped aside".into()),
+                ),
+                _ => (ActivityState::Failed, Some(failure(&e))),
+            };
+            return p;
+        }
+        let (Some(open), Some(close)) = (self.opened, self.closed) else {
+            if self.opened.is_some() {
+                p.detail = Some("the window opened but its end never arrived".into());
+            }
+            return p;
+        };
+        p.state = ActivityState::Recorded;
+        let window_ns = close.clock_mono.saturating_sub(open.clock_mono);
+        p.window_ns = Some(window_ns);
+        p.records_dropped_by_cupti = close.dropped;
+        p.records_lost_by_ethand =
+            close.records.saturating_sub(self.received + self.ignored) + self.partial;
+        if self.ignored > 0 {
+            p.detail = Some(format!(
+                "{} records over the window's budget of {} were counted, not summed",
+                self.ignored, self.max_records
+            ));
+        }
+        // The window on CUPTI's clock: busy and idle are counted within it.
+        let (open_c, close_c) = (open.clock_cupti, close.clock_cupti.max(open.clock_cupti));
+        p.devices = self
+            .timelines
+            .into_iter()
+            .filter(|(_, t)| !t.kernels.is_empty())
+            .map(|(device, mut t)| {
+                let busy = union_ns(
+                    t.kernels
+                        .iter()
+                        .map(|k| (k.start.clamp(open_c, close_c), k.end.clamp(open_c, close_c)))
+                        .collect(),
+                );
+                let kernel_ns = t.kernels.iter().map(|k| k.end - k.start).sum();
+                DeviceActivity {
+                    device,
+                    kernels: t.kernels.len() as u64,
+                    kernel_ns,
+                    busy_ns: busy,
+                    busy_fraction: (window_ns > 0).then(|| busy as f64 / window_ns as f64),
+                    idle: Some(idle::split(&mut t.kernels, t.copies, open_c, close_c)),
+                }
+            })
+            .collect();
+        p.devices.sort_by_key(|d| d.device);
+        let names = self.names;
+        let mut kernels: Vec<KernelStat> = self
+            .kernels
+            .into_iter()
+            .map(|(id, k)| KernelStat {
+                name: (id != CUPTI_NONE)
+                    .then(|| names.get(&id).cloned())
+                    .flatten(),
+                count: k.count,
+                gpu_ns: k.ns,
+                max_ns: k.max_ns,
+            })
+            .collect();
+        kernels.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
+        if kernels.len() > TOP_KERNELS {
+            let rest = kernels.split_off(TOP_KERNELS);
+            p.kernels_other = Some(rest.into_iter().fold(KernelStat::default(), |mut o, k| {
+                o.count += k.count;
+                o.gpu_ns += k.gpu_ns;
+                o.max_ns = o.max_ns.max(k.max_ns);
+                o
+            }));
+        }
+        p.kernels = kernels;
+        p.copies = self
+            .copies
+            .into_iter()
+            .map(|((kind, src, dst), (count, bytes, ns))| CopyStat {
+                kind: CopyKind::from_cupti(kind),
+                src: MemoryKind::from_cupti(src),
+                dst: MemoryKind::from_cupti(dst),
+                count,
+                bytes,
+                gpu_ns: ns,
+            })
+            .collect();
+        p.copies
+            .sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
+        p.memsets = (self.memsets.count > 0).then_some(self.memsets);
+        p.syncs = self
+            .syncs
+            .into_iter()
+            .map(|(t, (count, ns))| SyncStat {
+                kind: SyncKind::from_cupti(t),
+                count,
+                wait_ns: ns,
+            })
+            .collect();
+        p.syncs.sort_by_key(|s| s.kind);
+        p
+    }
+}
+
+/// One `CUPTI_EVENTS` entry, to the window `window_of(tgid, window_id)` gives; an entry of
+/// no open window, too short for what it says it holds, or of an unknown kind is dropped.
+pub fn apply<'a>(bytes: &[u8], window_of: impl FnOnce(u32, u64) -> Option<&'a mut Window>) {
+    let Some(h) = read::<CuptiEventHeader>(bytes, 0) else {
+        return;
+    };
+    let Some(w) = window_of(h.tgid, h.window_id) else {
+        return;
+    };
+    w.partial += u64::from(h.partial != 0);
+    let body = size_of::<CuptiEventHeader>();
+    match h.what {
+        cupti_event::BATCH => {
+            let n = (h.n as usize).min(CUPTI_BATCH as usize);
+            let recs: Vec<CuptiRec> = (0..n)
+                .map_while(|i| read::<CuptiRec>(bytes, body + i * size_of::<CuptiRec>()))
+                .collect();
+            w.records(&recs);
+        }
+        cupti_event::NAME => {
+            let end = (body + CUPTI_NAME_MAX).min(bytes.len());
+            if let Some(name) = bytes.get(body..end) {
+                w.name(h.n, name);
+            }
+        }
+        cupti_event::WINDOW => {
+            if let Some(e) = read::<CuptiWindowEvent>(bytes, body) {
+                w.event(e);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A `T` (repr(C), integers only) at `off` of a ring-buffer entry, if the entry holds it.
+fn read<T: Copy>(bytes: &[u8], off: usize) -> Option<T> {
+    let b = bytes.get(off..off.checked_add(size_of::<T>())?)?;
+    // SAFETY: `b` holds size_of::<T>() bytes; T is repr(C) and valid for any bit pattern.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast()) })
+}
+
+/// Why the library could not record (`ethand_cupti_window_event::reason` of FAILED).
+fn failure(e: &CuptiWindowEvent) -> String {
+    match e.reason {
+        1 => "no libcupti found in the process (set ETHAND_CUPTI_LIB, or install the CUDA toolkit's or the nvidia-cuda-cupti wheel's)".into(),
+        2 => "the libcupti found lacks a function the library needs (too old a CUDA)".into(),
+        3 => format!("cuptiSubscribe failed (CUPTI error {})", e.result),
+        4 => format!("cuptiActivityRegisterCallbacks failed (CUPTI error {})", e.result),
+        5 => format!("cuptiActivityEnable failed (CUPTI error {})", e.result),
+        r => format!("failed at step {r} (CUPTI error {})", e.result),
+    }
+}
+
+/// Time covered by at least one of `iv`.
+pub fn union_ns(mut iv: Vec<(u64, u64)>) -> u64 {
+    iv.sort_unstable();
+    let mut total = 0;
+    let mut cur: Option<(u64, u64)> = None;
+    for (s, e) in iv {
+        match cur {
+            Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
+            Some((cs, ce)) => {
+                total += ce - cs;
+                cur = Some((s, e));
+            }
+            None => cur = Some((s, e)),
+        }
+    }
+    total + cur.map_or(0, |(s, e)| e - s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn union_of_overlapping_and_apart_intervals() {
+        assert_eq!(union_ns(vec![]), 0);
+        assert_eq!(
+            union_ns(vec![(10, 20), (15, 30), (40, 50), (0, 5)]),
+            5 + 20 + 10
+        );
+        assert_eq!(union_ns(vec![(10, 20), (20, 30)]), 20);
+        assert_eq!(union_ns(vec![(10, 100), (20, 30)]), 90);
+    }
+
+    fn kernel(name_id: u32, start: u64, end: u64) -> CuptiRec {
+        CuptiRec {
+            kind: cupti_rec_kind::KERNEL,
+            name_id,
+            device: 0,
+            start,
+            end,
+            ..Default::default()
+        }
+    }
+
+    fn ev(state: u32, mono: u64, records: u64) -> CuptiWindowEvent {
+        CuptiWindowEvent {
+            state,
+            clock_mono: mono,
+            // The test's kernels are on the same clock.
+            clock_cupti: mono - 1_000,
+            records,
+            cupti_version: 130500,
+            ..Default::default()
+        }
+    }
+
+    /// Budget, hostile ids and names, losses: what a process sends cannot grow the window
+    /// past its bounds, and what went missing is counted.
+    #[test]
+    fn a_window_is_bounded_and_counts_its_losses() {
+        let mut w = Window::new(3);
+        w.event(ev(cupti_window_state::OPENED, 1_000, 0));
+        w.name(7, b"gemm\0junk");
+        w.name(u32::MAX - 1, b"out of range");
+        w.records(&[
+            kernel(7, 100, 200),
+            kernel(7, 150, 250),
+            kernel(CUPTI_NONE, 300, 310),
+            kernel(7, 400, 500),
+        ]);
+        assert!(!w.done());
+        w.event(ev(cupti_window_state::CLOSED, 2_000, 6));
+        assert!(w.done());
+        let p = w.finish(42);
+        assert_eq!(p.state, ActivityState::Recorded);
+        assert_eq!(p.records, 3);
+        // 6 handed over, 3 summed, 1 over the budget: 2 lost on the way.
+        assert_eq!(p.records_lost_by_ethand, 2);
+        assert_eq!(p.window_ns, Some(1_000));
+        assert_eq!(p.devices[0].busy_ns, 150 + 10);
+        assert_eq!(p.devices[0].kernel_ns, 210);
+        assert_eq!(p.kernels[0].name.as_deref(), Some("gemm"));
+        assert_eq!(p.kernels[0].count, 2);
+        assert_eq!(p.kernels[1].name, None);
+        assert!(p.detail.unwrap().contains("budget of 3"));
+    }
+
+    fn entry(h: CuptiEventHeader, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        // SAFETY: the header is repr(C), integers only.
+        v.extend_from_slice(unsafe {
+            std::slice::from_raw_parts((&raw const h).cast::<u8>(), size_of::<CuptiEventHeader>())
+        });
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn rec_bytes(r: &CuptiRec) -> Vec<u8> {
+        // SAFETY: the record is repr(C), integers only.
+        unsafe {
+            std::slice::from_raw_parts((r as *const CuptiRec).cast::<u8>(), size_of::<CuptiRec>())
+        }
+        .to_vec()
+    }
+
+    /// Entries as a hostile process could make them (its own library replaced, or the probe
+    /// functions called by hand): a batch claiming more records than it holds, one of another
+    /// window, a name with no NUL, a short window event, an unknown kind. Nothing is read
+    /// past an entry and only the window the entry names is touched.
+    #[test]
+    fn hostile_entries_are_bounded() {
+        let mut w = Window::new(1000);
+        let mut other = Window::new(1000);
+        let hdr = |what, n, window_id| CuptiEventHeader {
+            what,
+            tgid: 7,
+            n,
+            partial: 0,
+            window_id,
+        };
+        let route = |bytes: &[u8], w: &mut Window, other: &mut Window| {
+            apply(bytes, |tgid, id| match (tgid, id) {
+                (7, 1) => Some(w),
+                (7, 2) => Some(other),
+                _ => None,
+            })
+        };
+        let k = rec_bytes(&kernel(3, 10, 20));
+        // Claims u32::MAX records, holds two (and a torn third).
+        let mut body = [k.clone(), k.clone(), k[..40].to_vec()].concat();
+        route(
+            &entry(hdr(cupti_event::BATCH, u32::MAX, 1), &body),
+            &mut w,
+            &mut other,
+        );
+        assert_eq!(w.received, 2);
+        // Another window's, and no window's: not this one.
+        route(
+            &entry(hdr(cupti_event::BATCH, 1, 2), &k),
+            &mut w,
+            &mut other,
+        );
+        route(
+            &entry(hdr(cupti_event::BATCH, 1, 9), &k),
+            &mut w,
+            &mut other,
+        );
+        assert_eq!((w.received, other.received), (2, 1));
+        // A name of 300 bytes without a NUL: cut at the entry's room.
+        body = vec![b'x'; 300];
+        route(
+            &entry(hdr(cupti_event::NAME, 3, 1), &body),
+            &mut w,
+            &mut other,
+        );
+        assert_eq!(w.names.get(&3).map(String::len), Some(CUPTI_NAME_MAX));
+        // A window event cut short, an unknown kind, a bare header, nothing.
+        route(
+            &entry(hdr(cupti_event::WINDOW, 0, 1), &[0u8; 10]),
+            &mut w,
+            &mut other,
+        );
+        route(&entry(hdr(99, 0, 1), &k), &mut w, &mut other);
+        route(
+            &entry(hdr(cupti_event::BATCH, 1, 1), &[]),
+            &mut w,
+            &mut other,
+        );
+        route(&[1, 2, 3], &mut w, &mut other);
+        assert!(!w.done());
+        assert_eq!(w.received, 2);
+    }
+
+    #[test]
+    fn refusal_and_silence_are_told_apart() {
+        let mut w = Window::new(10);
+        w.event(CuptiWindowEvent {
+            state: cupti_window_state::REFUSED,
+            result: 39,
+            ..Default::default()
+        });
+        assert_eq!(w.finish(1).state, ActivityState::Refused);
+        assert_eq!(Window::new(10).finish(1).state, ActivityState::NoAnswer);
+    }
+}

@@ -1,0 +1,345 @@
+//! What the GPU ran, recorded by libethand_cupti.so for a snapshot, against the stand-ins: the
+//! stand-in libcuda loads the library at cuInit as the driver does (CUDA_INJECTION64_PATH),
+//! the library loads the stand-in libcupti (ETHAND_CUPTI_LIB) only when the daemon opens a
+//! window, and the stand-in CUPTI records every kernel, copy and sync the driver program makes
+//! on an emulated serial GPU (10 us per kernel, 100 ns per KiB copied). The snapshot must give
+//! exactly those: counts by kernel name, GPU busy time, copies by kind, syncs; a process with
+//! CUPTI held by another tool must be told apart, one without the library named, and a
+//! process no snapshot asked about must never load CUPTI at all.
+use std::{
+    path::{Path, PathBuf},
+    thread,
+    time::Instant,
+};
+
+use ethand_snapshot::kernels::{ActivityState, CopyKind, GpuActivity, MemoryKind, SyncKind};
+use ethand_tests::{
+    Daemon, SETTLE, serial,
+    standins::{self, Driver, Lib},
+    text,
+};
+
+const KERNEL_NS: u64 = 10_000;
+const WINDOW_MS: u64 = 3000;
+/// The traced driver's kernels start this long after their launch call at the earliest.
+const LAUNCH_NS: u64 = 50_000;
+
+fn config() -> String {
+    // The launch sample as long as the window, as at the defaults (both 2 s).
+    format!(
+        "[gpu]\nrescan_interval_ms = 300\n[diagnosis]\ngpu_activity_ms = {WINDOW_MS}\nlaunch_sample_ms = {WINDOW_MS}\n"
+    )
+}
+
+/// The library the daemon `name` installed.
+fn library(name: &str) -> PathBuf {
+    let dir = ethand_tests::temp_path(name, "cupti");
+    let lib = dir.join("libethand_cupti.so");
+    assert!(lib.exists(), "the daemon did not install {}", lib.display());
+    lib
+}
+
+/// The driver with the library injected (or not) and the stand-in CUPTI to find.
+fn driver(lib: Option<&Path>, plan: &[&str], busy: bool) -> Driver {
+    driver_with(lib, plan, busy, &[])
+}
+
+fn driver_with(lib: Option<&Path>, plan: &[&str], busy: bool, env: &[(&str, &str)]) -> Driver {
+    let s = standins::shared();
+    let mut cmd = s.command(&[Lib::Cuda], plan);
+    cmd.envs(env.iter().copied());
+    if let Some(lib) = lib {
+        cmd.env("CUDA_INJECTION64_PATH", lib);
+    }
+    cmd.env("ETHAND_CUPTI_LIB", &s.cupti13);
+    if busy {
+        cmd.env("ETHAND_STANDIN_CUPTI_BUSY", "1");
+    }
+    Driver::spawn(&mut cmd)
+}
+
+fn activity(d: &Daemon, pid: u32) -> GpuActivity {
+    let p = pid.to_string();
+    let out = d.cli(&["snapshot", "--pid", &p, "--json", "--window", "5"]);
+    assert!(out.status.success(), "snapshot: {}", text(&out.stderr));
+    let t: ethand_tests::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
+    let a = t
+        .gpu_activity
+        .unwrap_or_else(|| panic!("no gpu_activity in the snapshot of {pid}"));
+    eprintln!("observed: {}", serde_json::to_string(&a).expect("json"));
+    a
+}
+
+#[test]
+fn a_snapshot_records_exactly_what_the_gpu_ran() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity", &config());
+    let lib = library("gpu-activity");
+    let plan = [
+        "cuinit",
+        "wait_stdin",
+        "wait_cupti_enabled",
+        // The copies queue behind the gemms; after the sleep (host wait) the adds (each
+        // LAUNCH_NS late at least: kernel wait). The last device work is a kernel: the idle
+        // split's ground truth then covers every gap between the window's first and last.
+        "kernel gemm_fp32 x 300",
+        "htod 1M x 4",
+        "sleep 20",
+        "kernel add x 100",
+        "sync ctx",
+        "wait_stdin",
+        // After the window: the call at whose exit the library detaches CUPTI.
+        "kernel add x 1",
+    ];
+    let launch = LAUNCH_NS.to_string();
+    let mut traced = driver_with(
+        Some(&lib),
+        &plan,
+        false,
+        &[("ETHAND_STANDIN_CUPTI_LAUNCH_NS", &launch)],
+    );
+    // Injected, never asked about: CUPTI is never loaded.
+    let mut dormant = driver(
+        Some(&lib),
+        &[
+            "cuinit",
+            "kernel gemm_fp32 x 50",
+            "wait_stdin",
+            "kernel add x 5",
+        ],
+        false,
+    );
+    let mut plain = driver(
+        None,
+        &["cuinit", "wait_stdin", "kernel add x 7", "wait_stdin"],
+        false,
+    );
+    traced.wait_for("waiting");
+    dormant.wait_for("waiting");
+    plain.wait_for("waiting");
+    thread::sleep(SETTLE);
+
+    let t0 = Instant::now();
+    let pid = traced.pid;
+    let a = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        // Released now, the driver waits until the window has CUPTI recording.
+        traced.resume();
+        traced.wait_for("cupti enabled");
+        traced.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    let took = t0.elapsed();
+    eprintln!("observed: the snapshot took {took:?}");
+    let truth = traced.finish();
+    assert_eq!(truth.kernels.get("gemm_fp32"), Some(&300));
+    assert_eq!(a.processes.len(), 1, "{a:?}");
+    let p = &a.processes[0];
+    assert_eq!(
+        (p.pid, p.state),
+        (truth.pid, ActivityState::Recorded),
+        "{p:?}"
+    );
+    assert_eq!(p.cupti_version, Some(130500));
+    assert_eq!(p.records_dropped_by_cupti, 0);
+    assert_eq!(p.records_lost_by_ethand, 0);
+    assert_eq!(p.incomplete, None, "{p:?}");
+    // 400 kernels, 4 copies, 1 sync: nothing else happened in the window.
+    assert_eq!(p.records, 405, "{p:?}");
+    let names: Vec<(Option<&str>, u64, u64)> = p
+        .kernels
+        .iter()
+        .map(|k| (k.name.as_deref(), k.count, k.gpu_ns))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (Some("gemm_fp32"), 300, 300 * KERNEL_NS),
+            (Some("add"), 100, 100 * KERNEL_NS)
+        ]
+    );
+    // Serial kernels: busy is their sum, on device 0, within the window.
+    assert_eq!(p.devices.len(), 1, "{p:?}");
+    let dev = &p.devices[0];
+    assert_eq!((dev.device, dev.kernels), (0, 400));
+    assert_eq!(dev.busy_ns, 400 * KERNEL_NS);
+    assert_eq!(dev.kernel_ns, 400 * KERNEL_NS);
+    let window_ns = p.window_ns.expect("window");
+    assert!(
+        (WINDOW_MS * 1_000_000 * 9 / 10..WINDOW_MS * 1_000_000 * 3 / 2).contains(&window_ns),
+        "window {window_ns} ns"
+    );
+    assert_eq!(
+        dev.busy_fraction,
+        Some(dev.busy_ns as f64 / window_ns as f64)
+    );
+    // The idle split against the stand-in's own account of every gap after the window's
+    // first kernel: host wait up to each launch call, launch latency after it; the copies
+    // ran alone between the gemms and the sleep.
+    let cupti = truth.cupti.clone().expect("the stand-in CUPTI was loaded");
+    let idle = dev.idle.as_ref().expect("idle split");
+    assert_eq!(
+        cupti["latency_timestamps"], 2,
+        "on at open, off at close: {cupti}"
+    );
+    assert_eq!(
+        Some(idle.host_wait_ns),
+        cupti["gap_host_ns"].as_u64(),
+        "{idle:?} {cupti}"
+    );
+    assert_eq!(
+        Some(idle.kernel_wait_ns),
+        cupti["gap_launch_ns"].as_u64(),
+        "{idle:?} {cupti}"
+    );
+    // The sleep less the work still queued when it began (the gemms and copies at most).
+    assert!(
+        idle.host_wait_ns >= 20_000_000 - 300 * KERNEL_NS - 4 * 1024 * 100,
+        "the sleep: {idle:?}"
+    );
+    assert!(idle.kernel_wait_ns >= LAUNCH_NS, "{idle:?}");
+    assert_eq!(idle.copy_ns, 4 * 1024 * 100, "{idle:?}");
+    assert!(idle.gaps >= 1, "{idle:?}");
+    // The parts and the busy time fill the window (CUPTI's clock against the monotonic one
+    // the window is timed on: the same rate, pairs read a few microseconds apart).
+    let filled =
+        dev.busy_ns + idle.host_wait_ns + idle.kernel_wait_ns + idle.copy_ns + idle.unattributed_ns;
+    assert!(
+        filled.abs_diff(window_ns) < 1_000_000,
+        "{filled} of {window_ns}: {idle:?}"
+    );
+    // The driver copies from ordinary (pageable) memory: 100 ns per KiB.
+    assert_eq!(p.copies.len(), 1, "{:?}", p.copies);
+    let c = &p.copies[0];
+    assert_eq!(
+        (c.kind, c.src, c.dst, c.count, c.bytes, c.gpu_ns),
+        (
+            CopyKind::HostToDevice,
+            MemoryKind::Pageable,
+            MemoryKind::Device,
+            4,
+            4 << 20,
+            4 * 1024 * 100
+        )
+    );
+    assert_eq!(p.syncs.len(), 1, "{:?}", p.syncs);
+    assert_eq!((p.syncs[0].kind, p.syncs[0].count), (SyncKind::Context, 1));
+    // The window closed: CUPTI was detached at the exit of the next CUDA call...
+    assert_eq!(truth.kernels.get("add"), Some(&101));
+    assert_eq!(cupti["subscribe"], 1, "{cupti}");
+    assert_eq!(cupti["finalize"], 1, "{cupti}");
+    assert_eq!(cupti["api_exit_callbacks"], 1, "{cupti}");
+    assert_eq!(cupti["records_dropped"], 0, "{cupti}");
+    // ... and nothing of the dormant process went near CUPTI.
+    dormant.resume();
+    let quiet = dormant.finish();
+    assert_eq!(quiet.kernels.get("add"), Some(&5));
+    assert!(
+        quiet.cupti.is_none(),
+        "CUPTI loaded without a window: {:?}",
+        quiet.cupti
+    );
+    // A process without the library is named as such, with what to set.
+    let a = activity(&d, plain.pid);
+    assert_eq!(a.processes.len(), 1, "{a:?}");
+    assert_eq!(a.processes[0].state, ActivityState::NotInjected);
+    let detail = a.processes[0].detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains(&format!("CUDA_INJECTION64_PATH={}", lib.display())),
+        "{detail}"
+    );
+    // The terminal view says it too.
+    let out = d.cli(&["snapshot", "--pid", &plain.pid.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("GPU ACTIVITY") && shown.contains("not started with libethand_cupti.so"),
+        "{shown}"
+    );
+    plain.resume();
+    plain.resume();
+    let _ = plain.finish();
+}
+
+/// CUPTI held by another tool (torch.profiler, Nsight): the library steps aside and the
+/// snapshot says so; the process carries on.
+#[test]
+fn a_process_whose_cupti_is_taken_is_told_apart() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-busy", &config());
+    let lib = library("gpu-activity-busy");
+    let mut busy = driver(
+        Some(&lib),
+        &["cuinit", "wait_stdin", "kernel add x 10", "wait_stdin"],
+        true,
+    );
+    busy.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let a = activity(&d, busy.pid);
+    assert_eq!(a.processes.len(), 1, "{a:?}");
+    let p = &a.processes[0];
+    assert_eq!(p.state, ActivityState::Refused, "{p:?}");
+    assert!(
+        p.detail.as_deref().unwrap_or("").contains("stepped aside"),
+        "{p:?}"
+    );
+    assert_eq!(p.records, 0);
+    busy.resume();
+    busy.resume();
+    let truth = busy.finish();
+    assert_eq!(truth.kernels.get("add"), Some(&10));
+    let cupti = truth.cupti.expect("loaded for the window");
+    assert_eq!(cupti["subscribe_refused"], 1, "{cupti}");
+    // Answered as soon as the library said so, not at the window's end.
+    assert!(a.duration_ms < WINDOW_MS, "{a:?}");
+}
+
+/// Another tool registers its own activity buffers with CUPTI inside a window: the library's
+/// records stop once its current buffer is full, and the snapshot must not pass the rest off
+/// as the whole window: the launches the uprobes counted over the same time show the records
+/// fell short.
+#[test]
+fn records_cut_short_by_another_tool_are_called_incomplete() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-taken", &config());
+    let lib = library("gpu-activity-taken");
+    let mut job = driver(
+        Some(&lib),
+        &[
+            "cuinit",
+            "wait_stdin",
+            "wait_cupti_enabled",
+            "kernel add x 200",
+            "cupti_take_buffers",
+            // Past the library's buffer (1 MiB: 4,228 kernel records of CUPTI 13).
+            "kernel add x 20000",
+            "wait_stdin",
+        ],
+        false,
+    );
+    job.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let pid = job.pid;
+    let a = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        job.resume();
+        job.wait_for("cupti buffers taken");
+        job.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    job.resume();
+    let truth = job.finish();
+    assert_eq!(truth.kernels.get("add"), Some(&20_200));
+    let p = &a.processes[0];
+    assert_eq!(p.state, ActivityState::Recorded, "{p:?}");
+    let recorded = p.devices.iter().map(|d| d.kernels).sum::<u64>();
+    assert!(
+        (200..20_200).contains(&recorded),
+        "{recorded} of 20,200 kernels recorded"
+    );
+    let why = p
+        .incomplete
+        .as_deref()
+        .unwrap_or_else(|| panic!("not called incomplete: {p:?}"));
+    assert!(why.contains("launches/s counted by the uprobes"), "{why}");
+}
