@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -360,8 +361,67 @@ static void api_callback(void *userdata, int domain, uint32_t cbid, const void *
     atomic_store(&finalize_state, FIN_DONE);
 }
 
+/* Directories of the CUDA libraries the process has loaded (a wheel's nvidia/.../lib, the
+ * toolkit's lib64), gathered under the loader's lock and tried after it is released. */
+#define CUDA_DIRS 16
+struct cuda_dirs {
+    char dir[CUDA_DIRS][PATH_MAX];
+    int n;
+};
+
+static int note_cuda_dir(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    struct cuda_dirs *d = arg;
+    const char *name = info->dlpi_name;
+    const char *slash = name ? strrchr(name, '/') : NULL;
+    if (!slash || d->n >= CUDA_DIRS || (size_t)(slash - name) >= PATH_MAX)
+        return d->n >= CUDA_DIRS;
+    /* libcudart, libcublas, libcudnn, libnccl, libnvrtc and the like, or a wheel's own. */
+    if (strncmp(slash + 1, "libcu", 5) != 0 && strncmp(slash + 1, "libnv", 5) != 0 &&
+        !strstr(name, "/nvidia/"))
+        return 0;
+    size_t len = (size_t)(slash - name);
+    for (int i = 0; i < d->n; i++)
+        if (strlen(d->dir[i]) == len && memcmp(d->dir[i], name, len) == 0)
+            return 0;
+    memcpy(d->dir[d->n], name, len);
+    d->dir[d->n][len] = 0;
+    d->n++;
+    return 0;
+}
+
+/* libcupti beside the CUDA libraries the job loaded: the same directory (the CUDA 13 wheels'
+ * nvidia/cu13/lib, the toolkit's lib64 where CUPTI was copied), the CUDA 12 wheels' sibling
+ * nvidia/cuda_cupti/lib, the toolkit's extras/CUPTI/lib64. JAX loads its wheels' libraries
+ * by path, so the loader's search alone does not find theirs. */
+static void *cupti_beside_cuda(void) {
+    static struct cuda_dirs dirs;
+    dirs.n = 0;
+    dl_iterate_phdr(note_cuda_dir, &dirs);
+    static const char *const rel[] = {
+        "libcupti.so.13",
+        "libcupti.so.12",
+        "../../cuda_cupti/lib/libcupti.so.13",
+        "../../cuda_cupti/lib/libcupti.so.12",
+        "../extras/CUPTI/lib64/libcupti.so",
+    };
+    char path[PATH_MAX];
+    for (int i = 0; i < dirs.n; i++) {
+        for (size_t j = 0; j < sizeof rel / sizeof *rel; j++) {
+            int n = snprintf(path, sizeof path, "%s/%s", dirs.dir[i], rel[j]);
+            if (n <= 0 || (size_t)n >= sizeof path || access(path, R_OK) != 0)
+                continue;
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h)
+                return h;
+        }
+    }
+    return NULL;
+}
+
 /* libcupti: ETHAND_CUPTI_LIB, else one the process has loaded already (PyTorch's), else the
- * loader's search (the job's LD_LIBRARY_PATH, the wheels' RPATHs do not apply here). */
+ * loader's search (the job's LD_LIBRARY_PATH; the wheels' RPATHs do not apply here), else
+ * one beside the CUDA libraries the process loaded. */
 static int load_cupti(void) {
     if (cupti_handle)
         return 1;
@@ -374,6 +434,8 @@ static int load_cupti(void) {
         h = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     for (size_t i = 0; !h && i < sizeof sonames / sizeof *sonames; i++)
         h = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = cupti_beside_cuda();
     if (!h)
         return 0;
 #define SYM(field, name)                                                                       \

@@ -20,6 +20,7 @@ macro_rules! w {
 
 mod charts;
 mod gpu;
+mod kernels;
 mod memory;
 mod sections;
 mod stacks;
@@ -245,6 +246,7 @@ pub fn render_html(t: &TreeSnapshot) -> String {
     threads_and_syscalls(&mut o, t);
     disks(&mut o, t);
     gpu_section(&mut o, t);
+    kernels::gpu_activity(&mut o, t);
     where_in_code(&mut o, t);
     cpu_profile(&mut o, t);
     devices(&mut o, &t.devices, t);

@@ -623,3 +623,103 @@ fn where_in_the_code_with_a_flame_graph() {
     );
     assert!(!h.contains(EVIL), "unescaped process text in the report");
 }
+
+/// The GPU activity section: kernel names are the job's to choose (escaped, raw name kept
+/// in the title), the type breakdown, the idle split, collectives and copy bandwidth.
+#[test]
+fn gpu_activity_section_escapes_kernel_names() {
+    use ethand_snapshot::kernels::{
+        ActivityState, CommOverlap, CopyKind, CopyStat, DeviceActivity, GpuActivity,
+        GpuActivityProcess, IdleSplit, KernelClass, KernelClassStat, KernelStat, MemoryKind,
+    };
+    let mut t = tree();
+    t.gpu_activity = Some(GpuActivity {
+        duration_ms: 2000,
+        processes: vec![
+            GpuActivityProcess {
+                pid: 4242,
+                state: ActivityState::Recorded,
+                window_ns: Some(2_000_000_000),
+                records: 3,
+                devices: vec![DeviceActivity {
+                    device: 0,
+                    kernels: 3,
+                    kernel_ns: 1_500_000_000,
+                    busy_ns: 1_000_000_000,
+                    busy_fraction: Some(0.5),
+                    idle: Some(IdleSplit {
+                        host_wait_ns: 600_000_000,
+                        kernel_wait_ns: 300_000_000,
+                        copy_ns: 100_000_000,
+                        unattributed_ns: 0,
+                        gaps: 2,
+                    }),
+                    communication: Some(CommOverlap {
+                        communication_ns: 400_000_000,
+                        overlapped_ns: 100_000_000,
+                    }),
+                }],
+                kernels: vec![KernelStat {
+                    name: Some(format!("_Z{EVIL}")),
+                    demangled: Some(format!("ns::k<{EVIL}>")),
+                    class: KernelClass::Gemm,
+                    count: 2,
+                    gpu_ns: 1_100_000_000,
+                    max_ns: 600_000_000,
+                }],
+                kernels_other: Some(KernelStat {
+                    count: 1,
+                    gpu_ns: 400_000_000,
+                    ..Default::default()
+                }),
+                kernel_classes: vec![
+                    KernelClassStat {
+                        class: KernelClass::Gemm,
+                        count: 2,
+                        gpu_ns: 1_100_000_000,
+                    },
+                    KernelClassStat {
+                        class: KernelClass::Communication,
+                        count: 1,
+                        gpu_ns: 400_000_000,
+                    },
+                ],
+                copies: vec![CopyStat {
+                    kind: CopyKind::HostToDevice,
+                    src: MemoryKind::Pageable,
+                    dst: MemoryKind::Device,
+                    count: 4,
+                    bytes: 4 << 30,
+                    gpu_ns: 1_000_000_000,
+                    bytes_per_s: Some((4u64 << 30) as f64),
+                }],
+                ..Default::default()
+            },
+            GpuActivityProcess {
+                pid: 4300,
+                state: ActivityState::Refused,
+                detail: Some(format!("held by {EVIL}")),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    });
+    let h = render_html(&t);
+    assert_self_contained(&h);
+    assert!(h.contains("<h2>GPU activity</h2>"), "{h}");
+    assert!(
+        h.contains("ns::k&lt;&lt;script&gt;alert(1)&lt;/script&gt;&gt;")
+            && h.contains("title=\"_Z&lt;script&gt;"),
+        "kernel names escaped"
+    );
+    assert!(
+        h.contains("<td class=\"l\">gemm</td>") && h.contains("<td class=\"l\">communication</td>")
+    );
+    assert!(h.contains("HostToDevice") && h.contains("Pageable") && h.contains("4.0 GiB/s"));
+    assert!(
+        h.contains("400.0 ms (100.0 ms)"),
+        "collectives and their overlap"
+    );
+    assert!(h.contains("pid 4300: not recorded: CUPTI in use by another tool"));
+    assert!(h.contains("<i>the other kernels</i>"));
+}

@@ -498,6 +498,25 @@ impl Session {
         }
     }
 
+    /// See [`Request::Demangle`]: one answer per name, in order.
+    pub fn demangle(
+        &mut self,
+        pid: u32,
+        names: &[String],
+        deadline: Duration,
+    ) -> Result<Vec<Option<String>>, ReaderError> {
+        let names = &names[..names.len().min(crate::demangle::MAX_NAMES)];
+        let req = Request::Demangle {
+            pid,
+            names: names.to_vec(),
+            deadline_ms: deadline.as_millis() as u64,
+        };
+        match self.call(&req, deadline)? {
+            Reply::Demangled(v) if v.len() == names.len() => Ok(v),
+            other => Err(ReaderError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
     /// Every Python thread's stack of `pid` (opened before) now.
     pub fn python_stacks(
         &mut self,

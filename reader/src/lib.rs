@@ -13,6 +13,8 @@
 //! docs/security.md ("What ethand reads of other users") states the whole boundary.
 pub mod client;
 mod creds;
+/// C++ names a process gave (CUDA kernel names), demangled in the worker.
+pub mod demangle;
 mod elf;
 pub mod owner;
 pub mod proto;

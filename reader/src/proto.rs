@@ -124,6 +124,13 @@ pub enum Request {
         codes: Vec<u64>,
         deadline_ms: u64,
     },
+    /// C++ names `pid` gave (CUDA kernel names CUPTI reported in it), demangled without
+    /// their parameters; at most [`crate::demangle::MAX_NAMES`].
+    Demangle {
+        pid: u32,
+        names: Vec<String>,
+        deadline_ms: u64,
+    },
     /// The catalog's symbols of `runtime` in the library file a process maps (its raw path
     /// inside the root of `pid`, or of the host with pid 0; only the file with that device
     /// and inode), for uprobes.
@@ -152,6 +159,8 @@ pub enum Reply {
         notes: Vec<String>,
     },
     Lines(Vec<Option<String>>),
+    /// One per name asked, in order: None for a name that is not mangled or not valid.
+    Demangled(Vec<Option<String>>),
     PythonOpened {
         version: String,
     },

@@ -197,6 +197,21 @@ fn serve(
                 functions,
             })
         }
+        Request::Demangle {
+            pid,
+            names,
+            deadline_ms,
+        } => {
+            arm(deadline_ms);
+            check(pid, None, owner)?;
+            Ok(Reply::Demangled(
+                names
+                    .iter()
+                    .take(crate::demangle::MAX_NAMES)
+                    .map(|n| crate::demangle::short(n))
+                    .collect(),
+            ))
+        }
         Request::PythonStacks { pid, deadline_ms } => {
             arm(deadline_ms);
             Ok(Reply::PythonStacks(pythons.stacks(pid)?))

@@ -66,6 +66,9 @@ pub struct GpuActivityProcess {
     pub kernels: Vec<KernelStat>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels_other: Option<KernelStat>,
+    /// All kernels of the window by class, most GPU time first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_classes: Vec<KernelClassStat>,
     /// Copies by direction and memory kinds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<CopyStat>,
@@ -93,6 +96,9 @@ pub struct DeviceActivity {
     /// The rest of the window, by what the GPU waited for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleSplit>,
+    /// Collectives against computation; absent: no communication kernel ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub communication: Option<CommOverlap>,
 }
 
 /// The time of a window with no kernel running on a device, by why; the parts add up to the
@@ -119,9 +125,182 @@ pub struct KernelStat {
     /// As CUPTI names it (mangled C++ names as they are); None: the name was lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A mangled C++ name demangled by the sandboxed reader, without its parameters; absent
+    /// for a name that is not mangled (Triton's, XLA's, cuBLAS's own) or could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demangled: Option<String>,
+    #[serde(default)]
+    pub class: KernelClass,
     pub count: u64,
     pub gpu_ns: u64,
     pub max_ns: u64,
+}
+
+/// What a kernel does, told from its name (HTA's and Nsight's kernel breakdown).
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelClass {
+    /// Collectives: NCCL's and HCCL's kernels.
+    Communication,
+    /// Fused attention (FlashAttention, cuDNN's and PyTorch's SDPA, FMHA).
+    Attention,
+    /// Convolutions, their data and weight gradients included.
+    Convolution,
+    /// Matrix multiplies: cuBLAS, cuBLASLt, CUTLASS, Triton and XLA GEMMs.
+    Gemm,
+    /// Reductions and normalizations: sums, softmax, layer/batch/RMS norm, top-k, scans.
+    Reduction,
+    /// Element by element: activations, arithmetic, Inductor's pointwise and XLA's loop
+    /// fusions.
+    Elementwise,
+    /// Moving data inside the GPU: copies, fills, concatenations, transposes.
+    Memory,
+    /// None of the above.
+    #[default]
+    Other,
+}
+
+impl KernelClass {
+    /// Told from a kernel's name, mangled or not: the identifiers a mangled name holds are
+    /// in it as they are. First match wins, the most specific first (a convolution's
+    /// implicit GEMM is a convolution; an NCCL kernel's reduction is communication).
+    pub fn of(name: &str) -> Self {
+        const RULES: &[(KernelClass, &[&str])] = &[
+            (KernelClass::Communication, &["nccl", "hccl"]),
+            (
+                KernelClass::Attention,
+                &["flash", "fmha", "attention", "attn", "sdpa", "mha_"],
+            ),
+            (
+                KernelClass::Convolution,
+                &[
+                    "convol", "conv1d", "conv2d", "conv3d", "fprop", "dgrad", "wgrad", "winograd",
+                ],
+            ),
+            (
+                KernelClass::Gemm,
+                &[
+                    "gemm",
+                    "matmul",
+                    "cutlass",
+                    "xmma",
+                    "nvjet",
+                    "cublas",
+                    "triton_mm",
+                    "_mm_",
+                    "bmm",
+                    "dot_fusion",
+                    "_dot",
+                    "wgmma",
+                ],
+            ),
+            (
+                KernelClass::Reduction,
+                &[
+                    "reduce",
+                    "reduction",
+                    "softmax",
+                    "layer_norm",
+                    "layernorm",
+                    "batch_norm",
+                    "batchnorm",
+                    "group_norm",
+                    "rms_norm",
+                    "rmsnorm",
+                    "bn_fw",
+                    "bn_bw",
+                    "topk",
+                    "argmax",
+                    "argmin",
+                    "cumsum",
+                    "scan",
+                    "triton_red_",
+                    "triton_per_",
+                ],
+            ),
+            (
+                KernelClass::Memory,
+                &[
+                    "memcpy",
+                    "memset",
+                    "copy",
+                    "fill",
+                    "catarray",
+                    "transpose",
+                    "concat",
+                ],
+            ),
+            (
+                KernelClass::Elementwise,
+                &[
+                    "elementwise",
+                    "pointwise",
+                    "triton_poi_",
+                    "loop_",
+                    "relu",
+                    "gelu",
+                    "silu",
+                    "sigmoid",
+                    "tanh",
+                    "dropout",
+                    "activation",
+                    "unary",
+                    "binary",
+                ],
+            ),
+        ];
+        let lower = name.to_ascii_lowercase();
+        RULES
+            .iter()
+            .find(|(_, words)| words.iter().any(|w| lower.contains(w)))
+            .map_or(Self::Other, |(class, _)| *class)
+    }
+
+    /// Every class, in the order outputs list them.
+    pub const ALL: [Self; 8] = [
+        Self::Gemm,
+        Self::Attention,
+        Self::Convolution,
+        Self::Communication,
+        Self::Reduction,
+        Self::Elementwise,
+        Self::Memory,
+        Self::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Communication => "communication",
+            Self::Attention => "attention",
+            Self::Convolution => "convolution",
+            Self::Gemm => "gemm",
+            Self::Reduction => "reduction",
+            Self::Elementwise => "elementwise",
+            Self::Memory => "memory",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Kernels of one class: all of the window's, not only the top ones.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelClassStat {
+    pub class: KernelClass,
+    pub count: u64,
+    pub gpu_ns: u64,
+}
+
+/// Collectives against computation on one device: how much of the communication kernels'
+/// time ran while a computing kernel ran too (NCCL on its own stream overlapping the
+/// backward pass). Low overlap: the collectives are on the step's critical path.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CommOverlap {
+    /// Time with at least one communication kernel running (the union).
+    pub communication_ns: u64,
+    /// The part of it with a kernel of another class running too.
+    pub overlapped_ns: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -203,7 +382,7 @@ impl CopyKind {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CopyStat {
     pub kind: CopyKind,
     pub src: MemoryKind,
@@ -211,6 +390,9 @@ pub struct CopyStat {
     pub count: u64,
     pub bytes: u64,
     pub gpu_ns: u64,
+    /// `bytes` over `gpu_ns`; absent when the copies took no measured time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<f64>,
 }
 
 /// CUPTI's synchronization kinds.
@@ -254,6 +436,96 @@ mod tests {
     /// A fraction the daemon computed is the same number after the CLI reads it
     /// back (CI once saw 0.0013334712876053923 read as ...925 without
     /// serde_json's `float_roundtrip`).
+    /// Names as PyTorch 2.x, cuBLAS, cuDNN, FlashAttention, Triton, XLA and NCCL give them
+    /// (mangled where they are).
+    #[test]
+    fn kernel_classes_of_real_names() {
+        use KernelClass::*;
+        for (name, class) in [
+            (
+                "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+                Gemm,
+            ),
+            ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", Gemm),
+            ("ampere_sgemm_128x64_nn", Gemm),
+            (
+                "_ZN7cutlass7Kernel2I56cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8EEvNT_6ParamsE",
+                Gemm,
+            ),
+            ("gemm_fusion_dot_12", Gemm),
+            ("triton_tem_fused_mm_0", Gemm),
+            (
+                "_ZN5flash15flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128ELi128ELi64ELi4ELb0ELb0EN7cutlass6half_tELb0EEEvNS_16Flash_fwd_paramsE",
+                Attention,
+            ),
+            ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", Attention),
+            (
+                "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+                Attention,
+            ),
+            (
+                "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel",
+                Convolution,
+            ),
+            (
+                "_ZN5cudnn6detail25implicit_convolve_sgemmIffLi128ELi5ELi5ELi3ELi3ELi3ELi1ELb0ELb0ELb1EEEviiiPKT_iPS2_S4_18kernel_conv_paramsyifiiS4_S4_i",
+                Convolution,
+            ),
+            (
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                Communication,
+            ),
+            (
+                "_Z29ncclKernel_AllReduce_RING_LL_Sum_float14ncclWorkElem",
+                Communication,
+            ),
+            (
+                "_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_14func_wrapper_tIfNS0_15sum_functorIfffEEEEjfLi4EEEEEvT1_",
+                Reduction,
+            ),
+            (
+                "_ZN2at6native43_GLOBAL__N__ab6b1a5e_10_SoftMax_cu_9f978f6320cunn_SoftMaxForwardILi4EfffNS1_22SoftMaxForwardEpilogueEEEvPT2_PKT0_i",
+                Reduction,
+            ),
+            (
+                "_ZN2at6native53_GLOBAL__N__d8ceb000_21_layer_norm_kernel_cu_c3a4d3cf28vectorized_layer_norm_kernelIN3c108BFloat16EfEEviT0_PKT_SA_SA_PS7_S9_PS8_",
+                Reduction,
+            ),
+            (
+                "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0",
+                Reduction,
+            ),
+            ("triton_per_fused_native_layer_norm_1", Reduction),
+            ("input_reduce_fusion", Reduction),
+            (
+                "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_",
+                Elementwise,
+            ),
+            (
+                "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_",
+                Memory,
+            ),
+            (
+                "_ZN2at6native27unrolled_elementwise_kernelINS0_21direct_copy_kernel_cudaERNS_18TensorIteratorBaseEE",
+                Memory,
+            ),
+            (
+                "_ZN2at6native50_GLOBAL__N__e50ec5ae_19_Shape_cu_49f7391c19CatArrayBatchedCopyIfjLi1ELi64ELi64EEEvPT_NS1_25CatArrInputTensorMetadataIS3_jXT1_EXT2_EEENS1_16TensorSizeStrideIT0_Lj4EEEiS8_",
+                Memory,
+            ),
+            ("triton_poi_fused_add_gelu_2", Elementwise),
+            ("loop_multiply_fusion", Elementwise),
+            ("convert_fp32_to_bf16", Other),
+            (
+                "_ZN2at6native12_GLOBAL__N_121distribution_elementwise_grid_stride_kernelIfLi4EZNS0_9templates4cuda20normal_and_transformIffPNS_17CUDAGeneratorImplEZZZNS4_13normal_kernelIS7_EEvRKNS_10TensorBaseEddT_ENKUlvE_clEvENKUlvE0_clEvEUlfE_EEvRNS_18TensorIteratorBaseET1_T2_EUlP24curandStatePhilox4_32_10E0_EEvlNS_15PhiloxCudaStateET1_SH_",
+                Elementwise,
+            ),
+            ("", Other),
+        ] {
+            assert_eq!(KernelClass::of(name), class, "{name}");
+        }
+    }
+
     #[test]
     fn fractions_read_back_bit_for_bit() {
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;

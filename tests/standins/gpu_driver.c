@@ -1046,21 +1046,28 @@ static void other_tool_completed(void *ctx, uint32_t stream, uint8_t *buffer, si
     free(buffer);
 }
 
-static void do_cupti_take_buffers(void) {
+/* A stand-in CUPTI loaded in this process (by an injection library, by soname whatever its
+ * path): a handle to dlclose, or null when none is. */
+static void *loaded_cupti(void) {
     static const char *const sonames[] = {"libcupti.so.13", "libcupti.so.12"};
     for (size_t i = 0; i < sizeof sonames / sizeof sonames[0]; i++) {
         void *h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
-        if (!h)
-            continue;
-        int (*reg)(void *, void *) = (int (*)(void *, void *))dlsym(h, "cuptiActivityRegisterCallbacks");
-        int r = reg ? reg((void *)other_tool_requested, (void *)other_tool_completed) : -1;
-        dlclose(h);
-        if (r != 0)
-            die(1, "cupti_take_buffers: cuptiActivityRegisterCallbacks returned %d", r);
-        say("cupti buffers taken");
-        return;
+        if (h)
+            return h;
     }
-    die(1, "cupti_take_buffers: no CUPTI loaded");
+    return NULL;
+}
+
+static void do_cupti_take_buffers(void) {
+    void *h = loaded_cupti();
+    if (!h)
+        die(1, "cupti_take_buffers: no CUPTI loaded");
+    int (*reg)(void *, void *) = (int (*)(void *, void *))dlsym(h, "cuptiActivityRegisterCallbacks");
+    int r = reg ? reg((void *)other_tool_requested, (void *)other_tool_completed) : -1;
+    dlclose(h);
+    if (r != 0)
+        die(1, "cupti_take_buffers: cuptiActivityRegisterCallbacks returned %d", r);
+    say("cupti buffers taken");
 }
 
 static void do_wait_cupti_enabled(void) {
@@ -1078,20 +1085,15 @@ static void do_wait_cupti_enabled(void) {
 /* The counters of a stand-in CUPTI loaded in this process (by an injection library) into
  * `json`: 0 when none is loaded. */
 static int read_cupti_counts(char *json, size_t cap) {
-    static const char *const sonames[] = {"libcupti.so.13", "libcupti.so.12"};
-    for (size_t i = 0; i < sizeof sonames / sizeof sonames[0]; i++) {
-        void *h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
-        if (!h)
-            continue;
-        __typeof__(ethand_standin_cupti_counts) *counts = dlsym(h, "ethand_standin_cupti_counts");
-        json[0] = 0;
-        if (counts)
-            counts(json, cap);
-        dlclose(h);
-        if (json[0])
-            return 1;
-    }
-    return 0;
+    void *h = loaded_cupti();
+    if (!h)
+        return 0;
+    __typeof__(ethand_standin_cupti_counts) *counts = dlsym(h, "ethand_standin_cupti_counts");
+    json[0] = 0;
+    if (counts)
+        counts(json, cap);
+    dlclose(h);
+    return json[0] != 0;
 }
 
 /* The counters of a stand-in CUPTI loaded in this process, or null. */

@@ -51,3 +51,28 @@ fn a_real_window_is_whole_and_consistent() {
     };
     assert!(rate(MemoryKind::Pinned) > 3.0 * rate(MemoryKind::Pageable));
 }
+
+/// The kernels PyTorch and cuBLAS really launched, each told to be what the loop did: the fp32
+/// matmul (CUTLASS), the bf16 matmul (cuBLAS's nvjet), the add, and the cast (a copy kernel).
+#[test]
+fn real_kernel_names_get_their_type() {
+    use ethand_snapshot::kernels::KernelClass;
+    let t = fixture();
+    let p = &t.gpu_activity.expect("gpu_activity").processes[0];
+    let classes: Vec<KernelClass> = p
+        .kernels
+        .iter()
+        .map(|k| KernelClass::of(k.name.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        classes,
+        vec![
+            KernelClass::Gemm,
+            KernelClass::Gemm,
+            KernelClass::Elementwise,
+            KernelClass::Memory
+        ],
+        "{:?}",
+        p.kernels
+    );
+}

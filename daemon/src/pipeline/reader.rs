@@ -124,4 +124,26 @@ impl ReaderHandle {
             },
         }
     }
+
+    /// Mangled C++ names `pid` gave (CUDA kernel names), demangled by the reader as its
+    /// owner: one answer per name, None where not (not mangled, not valid, no reader, or the
+    /// worker failed on them).
+    pub fn demangle(&self, pid: u32, names: &[String]) -> Vec<Option<String>> {
+        let Ok(r) = &self.reader else {
+            return vec![None; names.len()];
+        };
+        match r
+            .session(pid, None)
+            .and_then(|mut s| s.demangle(pid, names, self.symbolize_timeout))
+        {
+            Ok(mut v) => {
+                v.resize(names.len(), None);
+                v
+            }
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "kernel names not demangled");
+                vec![None; names.len()]
+            }
+        }
+    }
 }

@@ -184,6 +184,7 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
     }
     crate::pipeline::inflight::name_peers(&mut processes);
+    crate::pipeline::gpu_activity::demangle_kernels(&mut gpu_activity, &shared.reader);
     // After what the threads are doing now was read: symbolizing may take a while.
     fill_call_sites(
         &mut processes,

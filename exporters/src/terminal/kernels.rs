@@ -9,6 +9,17 @@ use crate::format::{bytes_u, duration_ns_u, percent};
 
 /// Kernels shown per process in the terminal (the JSON has up to `TOP_KERNELS`).
 const SHOWN: usize = 10;
+/// A kernel's name is cut to this many characters in the terminal (template arguments run
+/// to thousands); the JSON has it whole.
+const NAME_CHARS: usize = 160;
+
+/// `name` cut to `max` characters, with an ellipsis where it was cut.
+fn shorten(name: &str, max: usize) -> String {
+    match name.char_indices().nth(max) {
+        Some((at, _)) => format!("{}...", &name[..at]),
+        None => name.to_string(),
+    }
+}
 
 pub(super) fn gpu_activity(o: &mut String, a: &GpuActivity) {
     let _ = writeln!(
@@ -74,13 +85,53 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
             );
         }
     }
+    for d in &p.devices {
+        if let Some(c) = &d.communication {
+            let share = (c.communication_ns > 0)
+                .then(|| {
+                    format!(
+                        " ({})",
+                        percent(c.overlapped_ns as f64 / c.communication_ns as f64)
+                    )
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "      collectives: {} running, {} of it overlapped by computation{share}",
+                duration_ns_u(c.communication_ns),
+                duration_ns_u(c.overlapped_ns)
+            );
+        }
+    }
+    let total: u64 = p.kernel_classes.iter().map(|c| c.gpu_ns).sum();
+    if total > 0 {
+        let by: Vec<String> = p
+            .kernel_classes
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} ({})",
+                    c.class.as_str(),
+                    duration_ns_u(c.gpu_ns),
+                    percent(c.gpu_ns as f64 / total as f64)
+                )
+            })
+            .collect();
+        let _ = writeln!(o, "    kernel time by type: {}", by.join(", "));
+    }
     for k in p.kernels.iter().take(SHOWN) {
+        let name = k
+            .demangled
+            .as_deref()
+            .or(k.name.as_deref())
+            .unwrap_or("(name lost)");
         let _ = writeln!(
             o,
-            "    {:>10} {:>7}x  {}",
+            "    {:>10} {:>7}x  [{}] {}",
             duration_ns_u(k.gpu_ns),
             k.count,
-            clean(k.name.as_deref().unwrap_or("(name lost)"))
+            k.class.as_str(),
+            clean(&shorten(name, NAME_CHARS))
         );
     }
     let more: u64 = p.kernels.iter().skip(SHOWN).map(|k| k.count).sum::<u64>()
@@ -89,13 +140,9 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
         let _ = writeln!(o, "    ... and {more} launches of other kernels");
     }
     for c in &p.copies {
-        let rate = (c.gpu_ns > 0)
-            .then(|| {
-                format!(
-                    ", {}/s",
-                    bytes_u((c.bytes as f64 * 1e9 / c.gpu_ns as f64) as u64)
-                )
-            })
+        let rate = c
+            .bytes_per_s
+            .map(|r| format!(", {}/s", bytes_u(r as u64)))
             .unwrap_or_default();
         let _ = writeln!(
             o,

@@ -314,3 +314,32 @@ fn exited_children_collapse_per_command() {
     assert!(!out.contains("100     bash"), "{out}");
     assert_eq!(out.matches("11      worker").count(), 2, "{out}");
 }
+
+/// The kernel view of a real recording (tests/fixtures/gpu-activity, a PyTorch loop on an
+/// H200): its kernels by type, each with its type, no raw control character.
+#[test]
+fn real_gpu_activity_on_the_terminal() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gpu-activity/h200-torch-injected.json");
+    let mut t: TreeSnapshot =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("tree");
+    // The recording predates the types: give its kernels theirs, as the daemon now does.
+    let a = t.gpu_activity.as_mut().expect("gpu_activity");
+    for k in a.processes[0].kernels.iter_mut() {
+        k.class = ethand_snapshot::kernels::KernelClass::of(k.name.as_deref().unwrap_or(""));
+    }
+    let out = snapshot(&t);
+    assert!(out.contains("GPU ACTIVITY"), "{out}");
+    assert!(
+        out.contains("[gemm] _ZN7cutlass7Kernel2I43cutlass_80_simt_sgemm")
+            && out.contains("[gemm] nvjet_sm90_tst")
+            && out.contains("[elementwise]")
+            && out.contains("[memory]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("GB/s") || out.contains("GiB/s"),
+        "copy bandwidth: {out}"
+    );
+    assert!(!out.chars().any(|c| c != '\n' && text::needs_escape(c)));
+}

@@ -12,7 +12,9 @@ use std::{
     time::Instant,
 };
 
-use ethand_snapshot::kernels::{ActivityState, CopyKind, GpuActivity, MemoryKind, SyncKind};
+use ethand_snapshot::kernels::{
+    ActivityState, CopyKind, GpuActivity, KernelClass, MemoryKind, SyncKind,
+};
 use ethand_tests::{
     Daemon, SETTLE, serial,
     standins::{self, Driver, Lib},
@@ -23,6 +25,8 @@ const KERNEL_NS: u64 = 10_000;
 const WINDOW_MS: u64 = 3000;
 /// The traced driver's kernels start this long after their launch call at the earliest.
 const LAUNCH_NS: u64 = 50_000;
+/// PyTorch's float add kernel, as CUPTI names it.
+const TORCH_ADD: &str = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIfEESt5arrayIPcLm3EEEEviT0_T1_";
 
 fn config() -> String {
     // The launch sample as long as the window, as at the defaults (both 2 s).
@@ -75,7 +79,8 @@ fn a_snapshot_records_exactly_what_the_gpu_ran() {
     let _serial = serial();
     let d = Daemon::start("gpu-activity", &config());
     let lib = library("gpu-activity");
-    let plan = [
+    let torch_add = format!("kernel {TORCH_ADD} x 50");
+    let plan: Vec<&str> = vec![
         "cuinit",
         "wait_stdin",
         "wait_cupti_enabled",
@@ -86,6 +91,10 @@ fn a_snapshot_records_exactly_what_the_gpu_ran() {
         "htod 1M x 4",
         "sleep 20",
         "kernel add x 100",
+        // As PyTorch and NCCL name theirs: a mangled C++ name (demangled by the reader) and
+        // a collective (communication; on the serial stand-in GPU never overlapped).
+        &torch_add,
+        "kernel ncclDevKernel_AllReduce_Sum_f32_RING_LL x 20",
         "sync ctx",
         "wait_stdin",
         // After the window: the call at whose exit the library detaches CUPTI.
@@ -144,26 +153,77 @@ fn a_snapshot_records_exactly_what_the_gpu_ran() {
     assert_eq!(p.records_dropped_by_cupti, 0);
     assert_eq!(p.records_lost_by_ethand, 0);
     assert_eq!(p.incomplete, None, "{p:?}");
-    // 400 kernels, 4 copies, 1 sync: nothing else happened in the window.
-    assert_eq!(p.records, 405, "{p:?}");
-    let names: Vec<(Option<&str>, u64, u64)> = p
+    // 470 kernels, 4 copies, 1 sync: nothing else happened in the window.
+    assert_eq!(p.records, 475, "{p:?}");
+    let names: Vec<(Option<&str>, Option<&str>, KernelClass, u64, u64)> = p
         .kernels
         .iter()
-        .map(|k| (k.name.as_deref(), k.count, k.gpu_ns))
+        .map(|k| {
+            (
+                k.name.as_deref(),
+                k.demangled.as_deref(),
+                k.class,
+                k.count,
+                k.gpu_ns,
+            )
+        })
         .collect();
+    let nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL";
     assert_eq!(
         names,
         vec![
-            (Some("gemm_fp32"), 300, 300 * KERNEL_NS),
-            (Some("add"), 100, 100 * KERNEL_NS)
+            (
+                Some("gemm_fp32"),
+                None,
+                KernelClass::Gemm,
+                300,
+                300 * KERNEL_NS
+            ),
+            (Some("add"), None, KernelClass::Other, 100, 100 * KERNEL_NS),
+            (
+                Some(TORCH_ADD),
+                Some(
+                    "at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3> >"
+                ),
+                KernelClass::Elementwise,
+                50,
+                50 * KERNEL_NS
+            ),
+            (
+                Some(nccl),
+                None,
+                KernelClass::Communication,
+                20,
+                20 * KERNEL_NS
+            ),
+        ]
+    );
+    let classes: Vec<(KernelClass, u64, u64)> = p
+        .kernel_classes
+        .iter()
+        .map(|c| (c.class, c.count, c.gpu_ns))
+        .collect();
+    assert_eq!(
+        classes,
+        vec![
+            (KernelClass::Gemm, 300, 300 * KERNEL_NS),
+            (KernelClass::Other, 100, 100 * KERNEL_NS),
+            (KernelClass::Elementwise, 50, 50 * KERNEL_NS),
+            (KernelClass::Communication, 20, 20 * KERNEL_NS),
         ]
     );
     // Serial kernels: busy is their sum, on device 0, within the window.
     assert_eq!(p.devices.len(), 1, "{p:?}");
     let dev = &p.devices[0];
-    assert_eq!((dev.device, dev.kernels), (0, 400));
-    assert_eq!(dev.busy_ns, 400 * KERNEL_NS);
-    assert_eq!(dev.kernel_ns, 400 * KERNEL_NS);
+    assert_eq!((dev.device, dev.kernels), (0, 470));
+    assert_eq!(dev.busy_ns, 470 * KERNEL_NS);
+    assert_eq!(dev.kernel_ns, 470 * KERNEL_NS);
+    // The collectives ran alone (one kernel at a time on the stand-in GPU).
+    let comm = dev.communication.as_ref().expect("collectives");
+    assert_eq!(
+        (comm.communication_ns, comm.overlapped_ns),
+        (20 * KERNEL_NS, 0)
+    );
     let window_ns = p.window_ns.expect("window");
     assert!(
         (WINDOW_MS * 1_000_000 * 9 / 10..WINDOW_MS * 1_000_000 * 3 / 2).contains(&window_ns),
@@ -221,6 +281,10 @@ fn a_snapshot_records_exactly_what_the_gpu_ran() {
             4 << 20,
             4 * 1024 * 100
         )
+    );
+    assert_eq!(
+        c.bytes_per_s,
+        Some((4u64 << 20) as f64 * 1e9 / (4 * 1024 * 100) as f64)
     );
     assert_eq!(p.syncs.len(), 1, "{:?}", p.syncs);
     assert_eq!((p.syncs[0].kind, p.syncs[0].count), (SyncKind::Context, 1));
@@ -342,4 +406,68 @@ fn records_cut_short_by_another_tool_are_called_incomplete() {
         .as_deref()
         .unwrap_or_else(|| panic!("not called incomplete: {p:?}"));
     assert!(why.contains("launches/s counted by the uprobes"), "{why}");
+}
+
+/// A job that loads its CUDA libraries by path from the wheels' directories (JAX does: its
+/// plugin opens nvidia/.../lib/... itself) and sets no ETHAND_CUPTI_LIB: the library finds
+/// the wheel's libcupti beside them and records. CUDA 13's wheels keep every library in
+/// nvidia/cu13/lib (a libcuda copied there stands for them); CUDA 12's each in its own
+/// nvidia/NAME/lib, CUPTI's in nvidia/cuda_cupti/lib (found from the stand-in NCCL's
+/// nvidia/nccl/lib).
+#[test]
+fn the_library_finds_cupti_beside_the_jobs_cuda_libraries() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-beside", &config());
+    let lib = library("gpu-activity-beside");
+    let s = standins::shared();
+    let wheel = ethand_tests::temp_path("gpu-activity-beside", "site");
+    let cu13 = wheel.join("nvidia/cu13/lib");
+    std::fs::create_dir_all(&cu13).expect("wheel dir");
+    let cuda13 = cu13.join("libcuda.so.1");
+    std::fs::copy(&s.cuda, &cuda13).expect("copy libcuda");
+    std::fs::copy(&s.cupti13, cu13.join("libcupti.so.13")).expect("copy libcupti");
+    let cases: [(&str, Vec<(&str, &Path)>, u32); 2] = [
+        ("CUDA 13 wheel", vec![("cuda", &cuda13)], 130500),
+        (
+            "CUDA 12 wheels",
+            vec![("cuda", &s.cuda), (Lib::Nccl.slot(), &s.nccl)],
+            28,
+        ),
+    ];
+    for (what, libs, version) in cases {
+        let mut cmd = std::process::Command::new(&s.driver);
+        for (slot, path) in libs {
+            cmd.arg(format!("--{slot}")).arg(path);
+        }
+        cmd.arg("--")
+            .args(
+                "cuinit wait_stdin wait_cupti_enabled kernel add x 10 wait_stdin kernel add x 1"
+                    .split(' '),
+            )
+            .env("CUDA_INJECTION64_PATH", &lib)
+            .env_remove("ETHAND_CUPTI_LIB");
+        let mut job = Driver::spawn(&mut cmd);
+        job.wait_for("waiting");
+        thread::sleep(SETTLE);
+        let pid = job.pid;
+        let a = thread::scope(|sc| {
+            let snap = sc.spawn(|| activity(&d, pid));
+            job.resume();
+            job.wait_for("cupti enabled");
+            job.wait_for("waiting");
+            snap.join().expect("snapshot thread")
+        });
+        job.resume();
+        let truth = job.finish();
+        assert_eq!(truth.kernels.get("add"), Some(&11), "{what}");
+        let p = &a.processes[0];
+        assert_eq!(p.state, ActivityState::Recorded, "{what}: {p:?}");
+        assert_eq!(p.cupti_version, Some(version), "{what}: {p:?}");
+        assert_eq!(
+            p.kernels.iter().map(|k| k.count).sum::<u64>(),
+            10,
+            "{what}: {p:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&wheel);
 }

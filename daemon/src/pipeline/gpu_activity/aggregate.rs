@@ -10,8 +10,9 @@ use ethand_common::{
     cupti_event, cupti_rec_kind, cupti_window_state,
 };
 use ethand_snapshot::kernels::{
-    ActivityState, CopyKind, CopyStat, DeviceActivity, GpuActivityProcess, KernelStat, MemoryKind,
-    SyncKind, SyncStat, TOP_KERNELS, TimedCount,
+    ActivityState, CommOverlap, CopyKind, CopyStat, DeviceActivity, GpuActivityProcess,
+    KernelClass, KernelClassStat, KernelStat, MemoryKind, SyncKind, SyncStat, TOP_KERNELS,
+    TimedCount,
 };
 
 /// Kernel names kept per window (the library gives at most 4,096 ids).
@@ -27,6 +28,8 @@ struct Kernel {
 #[derive(Default)]
 struct Timeline {
     kernels: Vec<KernelSpan>,
+    /// The name id of each of `kernels` (its class decides communication or computation).
+    name_ids: Vec<u32>,
     /// Copies and memsets: (start, end).
     copies: Vec<(u64, u64)>,
 }
@@ -94,15 +97,13 @@ impl Window {
                 k.ns += ns;
                 k.max_ns = k.max_ns.max(ns);
                 if ns > 0 {
-                    self.timelines
-                        .entry(r.device)
-                        .or_default()
-                        .kernels
-                        .push(KernelSpan {
-                            start: r.start,
-                            end: r.end,
-                            queued: r.queued,
-                        });
+                    let t = self.timelines.entry(r.device).or_default();
+                    t.kernels.push(KernelSpan {
+                        start: r.start,
+                        end: r.end,
+                        queued: r.queued,
+                    });
+                    t.name_ids.push(r.name_id);
                 }
             }
             cupti_rec_kind::MEMCPY => {
@@ -199,54 +200,21 @@ impl Window {
             ));
         }
         // The window on CUPTI's clock: busy and idle are counted within it.
-        let (open_c, close_c) = (open.clock_cupti, close.clock_cupti.max(open.clock_cupti));
+        let window_c = (open.clock_cupti, close.clock_cupti.max(open.clock_cupti));
+        let class_of = |id: u32| {
+            (id != CUPTI_NONE)
+                .then(|| self.names.get(&id))
+                .flatten()
+                .map_or(KernelClass::Other, |n| KernelClass::of(n))
+        };
         p.devices = self
             .timelines
             .into_iter()
             .filter(|(_, t)| !t.kernels.is_empty())
-            .map(|(device, mut t)| {
-                let busy = union_ns(
-                    t.kernels
-                        .iter()
-                        .map(|k| (k.start.clamp(open_c, close_c), k.end.clamp(open_c, close_c)))
-                        .collect(),
-                );
-                let kernel_ns = t.kernels.iter().map(|k| k.end - k.start).sum();
-                DeviceActivity {
-                    device,
-                    kernels: t.kernels.len() as u64,
-                    kernel_ns,
-                    busy_ns: busy,
-                    busy_fraction: (window_ns > 0).then(|| busy as f64 / window_ns as f64),
-                    idle: Some(idle::split(&mut t.kernels, t.copies, open_c, close_c)),
-                }
-            })
+            .map(|(device, t)| device_activity(device, t, window_c, window_ns, &class_of))
             .collect();
         p.devices.sort_by_key(|d| d.device);
-        let names = self.names;
-        let mut kernels: Vec<KernelStat> = self
-            .kernels
-            .into_iter()
-            .map(|(id, k)| KernelStat {
-                name: (id != CUPTI_NONE)
-                    .then(|| names.get(&id).cloned())
-                    .flatten(),
-                count: k.count,
-                gpu_ns: k.ns,
-                max_ns: k.max_ns,
-            })
-            .collect();
-        kernels.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
-        if kernels.len() > TOP_KERNELS {
-            let rest = kernels.split_off(TOP_KERNELS);
-            p.kernels_other = Some(rest.into_iter().fold(KernelStat::default(), |mut o, k| {
-                o.count += k.count;
-                o.gpu_ns += k.gpu_ns;
-                o.max_ns = o.max_ns.max(k.max_ns);
-                o
-            }));
-        }
-        p.kernels = kernels;
+        (p.kernels, p.kernels_other, p.kernel_classes) = kernel_stats(self.kernels, &self.names);
         p.copies = self
             .copies
             .into_iter()
@@ -257,6 +225,7 @@ impl Window {
                 count,
                 bytes,
                 gpu_ns: ns,
+                bytes_per_s: (ns > 0).then(|| bytes as f64 * 1e9 / ns as f64),
             })
             .collect();
         p.copies
@@ -274,6 +243,88 @@ impl Window {
         p.syncs.sort_by_key(|s| s.kind);
         p
     }
+}
+
+/// One device's busy time, idle split and collectives' overlap, within the window
+/// `(open, close)` on CUPTI's clock.
+fn device_activity(
+    device: u32,
+    mut t: Timeline,
+    (open, close): (u64, u64),
+    window_ns: u64,
+    class_of: &impl Fn(u32) -> KernelClass,
+) -> DeviceActivity {
+    let clamp = |k: &KernelSpan| (k.start.clamp(open, close), k.end.clamp(open, close));
+    let busy = union_ns(t.kernels.iter().map(clamp).collect());
+    let kernel_ns = t.kernels.iter().map(|k| k.end - k.start).sum();
+    let (mut comm, mut compute) = (Vec::new(), Vec::new());
+    for (k, id) in t.kernels.iter().zip(&t.name_ids) {
+        match class_of(*id) {
+            KernelClass::Communication => comm.push(clamp(k)),
+            _ => compute.push(clamp(k)),
+        }
+    }
+    let communication = (!comm.is_empty()).then(|| CommOverlap {
+        communication_ns: union_ns(comm.clone()),
+        overlapped_ns: intersection_ns(comm, compute),
+    });
+    DeviceActivity {
+        device,
+        kernels: t.kernels.len() as u64,
+        kernel_ns,
+        busy_ns: busy,
+        busy_fraction: (window_ns > 0).then(|| busy as f64 / window_ns as f64),
+        idle: Some(idle::split(&mut t.kernels, t.copies, open, close)),
+        communication,
+    }
+}
+
+/// Kernels by name, most GPU time first (the top [`TOP_KERNELS`], the rest summed), and by
+/// class (all of them).
+fn kernel_stats(
+    kernels: HashMap<u32, Kernel>,
+    names: &HashMap<u32, String>,
+) -> (Vec<KernelStat>, Option<KernelStat>, Vec<KernelClassStat>) {
+    let mut stats: Vec<KernelStat> = kernels
+        .into_iter()
+        .map(|(id, k)| {
+            let name = (id != CUPTI_NONE)
+                .then(|| names.get(&id).cloned())
+                .flatten();
+            KernelStat {
+                class: name.as_deref().map_or(KernelClass::Other, KernelClass::of),
+                name,
+                demangled: None,
+                count: k.count,
+                gpu_ns: k.ns,
+                max_ns: k.max_ns,
+            }
+        })
+        .collect();
+    let mut classes: HashMap<KernelClass, KernelClassStat> = HashMap::new();
+    for k in &stats {
+        let c = classes.entry(k.class).or_insert_with(|| KernelClassStat {
+            class: k.class,
+            ..Default::default()
+        });
+        c.count += k.count;
+        c.gpu_ns += k.gpu_ns;
+    }
+    let mut classes: Vec<KernelClassStat> = classes.into_values().collect();
+    classes.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.class.cmp(&b.class)));
+    stats.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
+    let other = (stats.len() > TOP_KERNELS).then(|| {
+        stats
+            .split_off(TOP_KERNELS)
+            .into_iter()
+            .fold(KernelStat::default(), |mut o, k| {
+                o.count += k.count;
+                o.gpu_ns += k.gpu_ns;
+                o.max_ns = o.max_ns.max(k.max_ns);
+                o
+            })
+    });
+    (stats, other, classes)
 }
 
 /// One `CUPTI_EVENTS` entry, to the window `window_of(tgid, window_id)` gives; an entry of
@@ -347,9 +398,70 @@ pub fn union_ns(mut iv: Vec<(u64, u64)>) -> u64 {
     total + cur.map_or(0, |(s, e)| e - s)
 }
 
+/// Intervals merged into disjoint ones, in order.
+fn merged(mut iv: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    iv.retain(|(s, e)| e > s);
+    iv.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(iv.len());
+    for (s, e) in iv {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// Time covered by at least one of `a` and at least one of `b`.
+pub fn intersection_ns(a: Vec<(u64, u64)>, b: Vec<(u64, u64)>) -> u64 {
+    let (a, b) = (merged(a), merged(b));
+    let (mut i, mut j, mut total) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        total += e.saturating_sub(s);
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn intersection_of_two_interval_sets() {
+        assert_eq!(intersection_ns(vec![], vec![(0, 10)]), 0);
+        assert_eq!(intersection_ns(vec![(0, 10)], vec![(5, 20)]), 5);
+        // Overlaps within a set count once.
+        assert_eq!(
+            intersection_ns(vec![(0, 10), (5, 15), (30, 40)], vec![(8, 32), (35, 36)]),
+            7 + 2 + 1
+        );
+        assert_eq!(intersection_ns(vec![(0, 10)], vec![(10, 20)]), 0);
+        // Against a brute force on a grid, hostile shapes included (empty and reversed).
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        for _ in 0..500 {
+            let mut set = |n: u64| -> Vec<(u64, u64)> {
+                (0..next(n)).map(|_| (next(200), next(200))).collect()
+            };
+            let (a, b) = (set(8), set(8));
+            let covered = |iv: &[(u64, u64)], t: u64| iv.iter().any(|(s, e)| *s <= t && t < *e);
+            let brute = (0..200)
+                .filter(|t| covered(&a, *t) && covered(&b, *t))
+                .count() as u64;
+            assert_eq!(intersection_ns(a.clone(), b.clone()), brute, "{a:?} {b:?}");
+        }
+    }
 
     #[test]
     fn union_of_overlapping_and_apart_intervals() {

@@ -361,6 +361,35 @@ const MIN_LAUNCHES: u64 = 100;
 /// different stretches of its work.
 const MAX_LENGTH_RATIO: f64 = 1.5;
 
+/// Demangles the recorded kernels' C++ names, in the reader as each process's owner (the
+/// names are the process's to choose); after the model lock is released.
+pub fn demangle_kernels(
+    activity: &mut Option<GpuActivity>,
+    reader: &crate::pipeline::reader::ReaderHandle,
+) {
+    let Some(a) = activity else { return };
+    for p in a.processes.iter_mut() {
+        let mangled: Vec<usize> = (0..p.kernels.len())
+            .filter(|i| {
+                p.kernels[*i]
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("_Z"))
+            })
+            .collect();
+        if mangled.is_empty() {
+            continue;
+        }
+        let names: Vec<String> = mangled
+            .iter()
+            .filter_map(|i| p.kernels[*i].name.clone())
+            .collect();
+        for (i, d) in mangled.iter().zip(reader.demangle(p.pid, &names)) {
+            p.kernels[*i].demangled = d;
+        }
+    }
+}
+
 /// Marks the processes whose records fell short of their launches, counted by the snapshot's
 /// launch sample over about the same time: a tool that registers its own CUPTI activity
 /// buffers during the window takes the records from the library's current buffer on (the
