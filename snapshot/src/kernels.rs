@@ -35,6 +35,19 @@ pub enum ActivityState {
     NoAnswer,
 }
 
+impl ActivityState {
+    /// What the outputs say of a process in this state.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Recorded => "recorded",
+            Self::Refused => "not recorded: CUPTI in use by another tool",
+            Self::Failed => "not recorded: failed",
+            Self::NotInjected => "not recorded: not started with libethand_cupti.so",
+            Self::NoAnswer => "not recorded: no answer from its library",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct GpuActivityProcess {
     pub pid: u32,

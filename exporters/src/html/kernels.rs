@@ -22,13 +22,7 @@ pub(super) fn gpu_activity(o: &mut String, t: &TreeSnapshot) {
 }
 
 fn process(o: &mut String, p: &GpuActivityProcess) {
-    let state = match p.state {
-        ActivityState::Recorded => "recorded",
-        ActivityState::Refused => "not recorded: CUPTI in use by another tool",
-        ActivityState::Failed => "not recorded: failed",
-        ActivityState::NotInjected => "not recorded: not started with libethand_cupti.so",
-        ActivityState::NoAnswer => "not recorded: no answer from its library",
-    };
+    let state = p.state.describe();
     w!(o, "<h3>pid {}: {state}</h3>", p.pid);
     if let Some(d) = &p.detail {
         w!(o, "<p class=\"dim\">{}</p>", escape(d));

@@ -36,13 +36,7 @@ pub(super) fn gpu_activity(o: &mut String, a: &GpuActivity) {
 }
 
 fn process(o: &mut String, p: &GpuActivityProcess) {
-    let state = match p.state {
-        ActivityState::Recorded => "recorded",
-        ActivityState::Refused => "not recorded: CUPTI in use by another tool",
-        ActivityState::Failed => "not recorded: failed",
-        ActivityState::NotInjected => "not recorded: not started with libethand_cupti.so",
-        ActivityState::NoAnswer => "not recorded: no answer from its library",
-    };
+    let state = p.state.describe();
     let _ = writeln!(o, "  pid {}: {state}", p.pid);
     if let Some(d) = &p.detail {
         let _ = writeln!(o, "    {}", clean(d));
