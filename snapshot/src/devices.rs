@@ -227,6 +227,17 @@ pub struct GpuDevice {
     /// the first interval after start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dram_bandwidth_ratio: Option<f64>,
+    /// Shares of time the SMs' FP64, FP32 and FP16 pipes (the non-tensor arithmetic units)
+    /// were busy, 0-1 (`NVML_GPM_METRIC_FP64_UTIL` / `_FP32_UTIL` / `_FP16_UTIL`;
+    /// `DCGM_FI_PROF_PIPE_FP64_ACTIVE` / `_FP32_` / `_FP16_`). GPM, over the last device
+    /// interval, as the four above. An FP32 pipe busy with the tensor pipes idle is a matrix
+    /// product computed without tensor cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp64_activity_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp32_activity_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp16_activity_ratio: Option<f64>,
     /// Graphics engine activity: share of time any engine of the graphics/compute context was
     /// busy, 0-1 (`NVML_GPM_METRIC_GRAPHICS_UTIL`; `DCGM_FI_PROF_GR_ENGINE_ACTIVE`). GPM, over
     /// the last device interval, as the four above.

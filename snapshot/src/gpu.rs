@@ -187,6 +187,12 @@ pub struct GpuDerived {
     pub tensor_activity_ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dram_bandwidth_ratio: Option<f64>,
+    /// NVML GPM FP32 and FP64 pipe activity over the window, mean of the tree's GPUs (see
+    /// `GpuDevice::fp32_activity_ratio`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp32_activity_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp64_activity_ratio: Option<f64>,
 }
 
 /// Sum of two counts either of which may not have been taken: known only if one was.

@@ -431,6 +431,12 @@ pub struct WindowStats {
     pub collective_ns: u64,
     /// Growth of live GPU/NPU memory over the window (0 when it shrank).
     pub gpu_memory_growth_bytes: u64,
+    /// Frees that hand device or pinned host memory back to the driver (cuMemFree_v2,
+    /// cuMemFreeHost, cuMemHostUnregister, aclrtFree, aclrtFreeHost; not the stream-ordered
+    /// cuMemFreeAsync, which returns it to a pool): each waits for the device, and a caching
+    /// allocator makes them rare. None in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_blocking_frees: Option<u64>,
 }
 
 /// What ethand measures and what it costs.

@@ -33,6 +33,13 @@ Modes (each has one bottleneck; the rule id the suite expects in brackets):
                    small GPU compute                                               [disk_io_bound]
   straggler        (torchrun, 2 ranks) all_reduce each step; rank 1 sleeps 40 ms before it
                                                                                   [straggler_rank]
+  fp32_matmul      8192x8192 FP32 matrix products at PyTorch's default precision (TF32 off): the
+                   CUDA cores busy, the tensor cores idle           [fp32_without_tensor_cores]
+  alloc_churn      an MLP training step followed by torch.cuda.empty_cache()  [allocator_churn]
+  memory_full      bf16 matrix products on a GPU filled to 97.5 % of its memory
+                                                                            [gpu_memory_near_full]
+The *_fixed, *_tf32, *_alone, *_pinned, async_* and memory_headroom modes are the same work done
+as the finding advises (or with headroom): the healthy counterparts.
 """
 import os
 import sys
@@ -44,7 +51,8 @@ MODES = (
     "healthy_resnet healthy_lm input_main input_workers sync_storm pageable_copies tiny_kernels "
     "leak cpu_contention disk_bound straggler bulk_copy bulk_copy_pinned sync_checkpoint "
     "async_checkpoint input_main_fixed sync_storm_fixed pageable_copies_fixed tiny_kernels_fixed "
-    "cpu_contention_alone"
+    "cpu_contention_alone fp32_matmul fp32_matmul_tf32 alloc_churn alloc_churn_fixed memory_full "
+    "memory_headroom"
 ).split()
 
 if len(sys.argv) != 3 or sys.argv[1] not in MODES:
@@ -721,6 +729,95 @@ def mode_tiny_kernels_fixed():
 def mode_cpu_contention_alone():
     # cpu_contention without the runner's hogs on its CPUs: what removing the neighbours gives.
     return mode_cpu_contention()
+
+
+def fp32_products(n):
+    """n products of 8192 x 8192 FP32 matrices, in the precision PyTorch's settings allow."""
+    size = 256 if SMOKE else 8192
+    a = torch.randn(size, size, device=DEV)
+    b = torch.randn(size, size, device=DEV) / size**0.5
+
+    def step(i):
+        c = a
+        for _ in range(n):
+            c = (c @ b).tanh_()
+        if i % 4 == 0:
+            sync()
+
+    return step, 2, None
+
+
+def mode_fp32_matmul():
+    # PyTorch's default float32 matmul precision is "highest": no TF32, no tensor cores.
+    return fp32_products(1 if SMOKE else 8)
+
+
+def mode_fp32_matmul_tf32():
+    # fp32_matmul fixed as the finding advises: TF32 tensor cores for FP32 matmuls.
+    torch.set_float32_matmul_precision("high")
+    return fp32_products(1 if SMOKE else 8)
+
+
+def mlp_training(empty_cache):
+    """A bf16 MLP training step (batch 4096, 4096 -> 8192 -> 4096); with empty_cache, the
+    caching allocator is emptied after every step, so its blocks go back to the driver and
+    are allocated again in the next."""
+    width, hidden, batch = (64, 128, 64) if SMOKE else (4096, 8192, 4096)
+    model = mlp(width, hidden, width)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, width, device=DEV)
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        if empty_cache and CUDA:
+            torch.cuda.empty_cache()
+        if i % 50 == 0:
+            loss.item()
+
+    return step, 3, None
+
+
+def mode_alloc_churn():
+    return mlp_training(True)
+
+
+def mode_alloc_churn_fixed():
+    return mlp_training(False)
+
+
+def filled(share):
+    """bf16 matrix products after the GPU's memory was filled to `share` of its total (the
+    work's own buffers allocated and used first, so that it never needs more)."""
+    work = matmul_work(1 if SMOKE else 10)
+    work()
+    sync()
+    filler = None
+    if CUDA:
+        free, total = torch.cuda.mem_get_info(DEV)
+        want = int(free - (1.0 - share) * total)
+        if want > 0:
+            filler = torch.empty(want, dtype=torch.uint8, device=DEV)
+
+    def step(i):
+        work()
+        if i % 4 == 0:
+            sync()
+
+    step.filler = filler
+    return step, 2, None
+
+
+def mode_memory_full():
+    return filled(0.975)
+
+
+def mode_memory_headroom():
+    # memory_full's work with 20 % of the GPU's memory free.
+    return filled(0.80)
 
 
 # ---------------------------------------------------------------------------- main

@@ -44,7 +44,8 @@
  *   GPM                     supported; every interval:   NVML_ERROR_NOT_SUPPORTED
  *                           SM util 50, occupancy 25,
  *                           any tensor 12.5, DRAM bw 75,
- *                           graphics 62.5 (percent),
+ *                           graphics 62.5, FP64 6.25,
+ *                           FP32 37.5, FP16 18.75 (percent),
  *                           PCIe tx 1024, rx 256 (MiB/s);
  *                           other metrics NOT_SUPPORTED
  *   XID events              supported                    not supported (no event types)
@@ -828,6 +829,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         case 3: v = 25.0; break;  /* SM_OCCUPANCY */
         case 5: v = 12.5; break;  /* ANY_TENSOR_UTIL */
         case 10: v = 75.0; break; /* DRAM_BW_UTIL */
+        case 11: v = 6.25; break; /* FP64_UTIL */
+        case 12: v = 37.5; break; /* FP32_UTIL */
+        case 13: v = 18.75; break; /* FP16_UTIL */
         case 20: v = 1024.0; unit = "MiB/sec"; break; /* PCIE_TX_PER_SEC */
         case 21: v = 256.0; unit = "MiB/sec"; break;  /* PCIE_RX_PER_SEC */
         default:

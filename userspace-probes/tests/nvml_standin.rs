@@ -128,6 +128,9 @@ fn gpu0() -> GpuDevice {
         graphics_activity_ratio: Some(0.625),
         pcie_tx_average_bytes_per_second: Some(1024.0 * MIB as f64),
         pcie_rx_average_bytes_per_second: Some(256.0 * MIB as f64),
+        fp64_activity_ratio: Some(0.0625),
+        fp32_activity_ratio: Some(0.375),
+        fp16_activity_ratio: Some(0.1875),
         memory_reserved_bytes: Some(512 * MIB),
         memory_temperature_celsius: Some(52),
         power_limit_watts: Some(700.0),
@@ -153,10 +156,13 @@ fn gpu0() -> GpuDevice {
 }
 
 /// What gpu1, the older GPU, does not have.
-const GPU1_UNSUPPORTED: [&str; 16] = [
+const GPU1_UNSUPPORTED: [&str; 19] = [
     "decoder_utilization_ratio",
     "dram_bandwidth_ratio",
     "encoder_utilization_ratio",
+    "fp16_activity_ratio",
+    "fp32_activity_ratio",
+    "fp64_activity_ratio",
     "graphics_activity_ratio",
     "memory_temperature_celsius",
     "nvlink_bytes_per_second",
@@ -236,8 +242,8 @@ fn reads_exactly_what_the_library_says() {
     };
     let (mut collectors, opened) = open(&lib, false);
     let open_detail = "XID events not supported on gpu1 (not supported); GPM metrics (SM \
-                       activity, occupancy, tensor, DRAM bandwidth, graphics, PCIe rates: \
-                       Hopper and newer) not supported on gpu1";
+                       activity, occupancy, tensor, DRAM bandwidth, graphics, FP pipes, PCIe \
+                       rates: Hopper and newer) not supported on gpu1";
     assert_eq!(opened[0].detail, open_detail);
 
     let before = unix_ns();
@@ -254,6 +260,9 @@ fn reads_exactly_what_the_library_says() {
         g0.graphics_activity_ratio,
         g0.pcie_tx_average_bytes_per_second,
         g0.pcie_rx_average_bytes_per_second,
+        g0.fp64_activity_ratio,
+        g0.fp32_activity_ratio,
+        g0.fp16_activity_ratio,
         g0.nvlink_bytes_per_second,
     ] {
         assert_eq!(v, None);
@@ -267,6 +276,9 @@ fn reads_exactly_what_the_library_says() {
             graphics_activity_ratio: None,
             pcie_tx_average_bytes_per_second: None,
             pcie_rx_average_bytes_per_second: None,
+            fp64_activity_ratio: None,
+            fp32_activity_ratio: None,
+            fp16_activity_ratio: None,
             nvlink_bytes_per_second: None,
             ..gpu0()
         },

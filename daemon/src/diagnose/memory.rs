@@ -146,6 +146,21 @@ mod tests {
     }
 
     #[test]
+    fn a_start_up_jump_is_not_extrapolated_to_the_limit() {
+        // JAX on the H100: 118 MiB to 2.9 GiB in the 9 s window while it compiled, a 128 GiB
+        // cgroup. At that rate the node's 48 GiB last 155 s, but that is 17 windows ahead.
+        let t = tree(vec![process(10, 2970, 118, 9)], Some(128 * 1024), 4800);
+        let s = signals(&t);
+        assert_eq!(s["mem.growth_window_seconds"], 9.0);
+        assert!(s["mem.seconds_to_limit"] > 12.0 * 9.0);
+        assert!(
+            !findings(&t).iter().any(|f| f.id == "near_oom"),
+            "{:?}",
+            findings(&t)
+        );
+    }
+
+    #[test]
     fn big_steady_process_far_from_its_limit_gets_nothing() {
         let t = tree(vec![process(10, 4000, 4000, 10)], Some(16 * 1024), 4100);
         let s = signals(&t);

@@ -64,10 +64,16 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
             not_evaluated.push(NotEvaluated {
                 rule: r.id.clone(),
                 title: r.title.clone(),
+                // Two signals of one source need one sentence.
                 how: missing
                     .iter()
                     .map(|m| signals::how_to_get(m, t))
-                    .collect::<Vec<_>>()
+                    .fold(Vec::<String>::new(), |mut v, h| {
+                        if !v.contains(&h) {
+                            v.push(h);
+                        }
+                        v
+                    })
                     .join(" "),
                 missing,
             });

@@ -139,7 +139,11 @@ fn calls_level(
         Some(0.9),
     );
     t.gpu_level = Some(GpuLevel::Calls);
-    t.total.gpu_derived.as_mut().unwrap().sm_activity_ratio = Some(sm);
+    let d = t.total.gpu_derived.as_mut().unwrap();
+    // A GPU with GPM (Hopper): its pipes too, bf16 work on the tensor cores.
+    d.sm_activity_ratio = Some(sm);
+    d.tensor_activity_ratio = Some(sm / 2.0);
+    d.fp32_activity_ratio = Some(sm / 10.0);
     t.launch_sample = launches_per_s.map(|r| ethand_snapshot::gpu::LaunchSample {
         duration_ms: 2000,
         launches: Some((r * 2.0) as u64),
@@ -188,6 +192,8 @@ fn rules_without_their_signals_are_listed_not_silent() {
     let mut blind = calls_level(0.95, 5, 0, 0.05, Some(1000.0));
     let d = blind.total.gpu_derived.as_mut().unwrap();
     d.sm_activity_ratio = None;
+    d.tensor_activity_ratio = None;
+    d.fp32_activity_ratio = None;
     d.device_utilization_ratio = None;
     d.device_idle_ratio = None;
     let (_, ne) = evaluate(&blind, &rules());
@@ -1137,4 +1143,117 @@ fn disk_write_bound() {
     (w.io_read_syscall_ns, w.io_write_syscall_ns) = (Some(S), Some(6 * S));
     (w.block_read_bytes, w.block_write_bytes) = (100 << 20, 1 << 20);
     assert_eq!(ids(&t), vec!["disk_io_bound"]);
+}
+
+/// A GPU process busy on its SMs (GPM) with the given FP32 and tensor pipe activity.
+fn pipes(fp32: Option<f64>, tensor: Option<f64>) -> TreeSnapshot {
+    let mut t = with_gpu(
+        healthy(),
+        GpuProcessStats::default(),
+        WindowStats::default(),
+        Some(1.0),
+    );
+    let d = t.total.gpu_derived.as_mut().unwrap();
+    d.sm_activity_ratio = Some(0.95);
+    d.fp32_activity_ratio = fp32;
+    d.tensor_activity_ratio = tensor;
+    t
+}
+
+#[test]
+fn fp32_without_tensor_cores() {
+    // SIMT sgemm: FP32 pipes busy, tensor cores idle.
+    let t = pipes(Some(0.6), Some(0.0));
+    assert_eq!(ids(&t), vec!["fp32_without_tensor_cores"]);
+    // bf16 under autocast (healthy_resnet on the H200: tensor 0.13) and TF32.
+    assert!(ids(&pipes(Some(0.3), Some(0.13))).is_empty());
+    assert!(ids(&pipes(Some(0.05), Some(0.7))).is_empty());
+    // Memory-bound FP32 element-wise work: the FP32 pipes barely busy.
+    assert!(ids(&pipes(Some(0.08), Some(0.0))).is_empty());
+    // An idle GPU is not computing in any precision.
+    let mut idle = pipes(Some(0.6), Some(0.0));
+    idle.total.gpu_derived.as_mut().unwrap().sm_activity_ratio = Some(0.2);
+    assert!(!ids(&idle).contains(&"fp32_without_tensor_cores".to_string()));
+    // Without the FP32 counter (no GPM, an older file) the rule cannot decide: it says so.
+    let blind = pipes(None, Some(0.0));
+    assert!(ids(&blind).is_empty());
+    let (_, not_evaluated) = evaluate(&blind, &rules());
+    assert!(
+        not_evaluated
+            .iter()
+            .any(|n| n.rule == "fp32_without_tensor_cores"),
+        "{not_evaluated:?}"
+    );
+}
+
+fn freeing(frees: Option<u64>) -> TreeSnapshot {
+    with_gpu(
+        healthy(),
+        GpuProcessStats {
+            memory: vec![GpuMemoryStats {
+                kind: "device".into(),
+                allocs: 5000,
+                frees: 4990,
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        WindowStats {
+            gpu_blocking_frees: frees,
+            ..Default::default()
+        },
+        None,
+    )
+}
+
+#[test]
+fn allocator_churn() {
+    // 10 s window: 2,000 frees back to the driver is 200/s.
+    let t = freeing(Some(2000));
+    assert_eq!(ids(&t), vec!["allocator_churn"]);
+    assert_eq!(
+        signals(&t).get("gpu.blocking_frees_per_second"),
+        Some(&200.0)
+    );
+    // A teardown's or an occasional empty_cache's frees: 30 in 10 s.
+    assert!(ids(&freeing(Some(30))).is_empty());
+    // An older file without the count: absent, never 0.
+    let old = freeing(None);
+    assert!(ids(&old).is_empty());
+    assert_eq!(signals(&old).get("gpu.blocking_frees_per_second"), None);
+}
+
+fn memory(used_gib: u64, total_gib: u64) -> TreeSnapshot {
+    let mut t = healthy();
+    t.devices = DevicesSnapshot {
+        gpus: vec![GpuDevice {
+            index: 0,
+            memory_used_bytes: Some(used_gib << 30),
+            memory_free_bytes: Some((total_gib - used_gib) << 30),
+            memory_total_bytes: Some(total_gib << 30),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    t
+}
+
+#[test]
+fn gpu_memory_near_full() {
+    let t = memory(78, 80);
+    assert_eq!(ids(&t), vec!["gpu_memory_near_full"]);
+    let s = signals(&t);
+    assert_eq!(s.get("gpu.memory_used_ratio"), Some(&(78.0 / 80.0)));
+    assert_eq!(
+        s.get("gpu.memory_free_bytes"),
+        Some(&(2.0 * (1u64 << 30) as f64))
+    );
+    // JAX's default preallocation (75 %), vLLM's (90 %).
+    assert!(ids(&memory(60, 80)).is_empty());
+    assert!(ids(&memory(72, 80)).is_empty());
+    // A GPU that reports no memory: absent.
+    let mut blind = memory(78, 80);
+    blind.devices.gpus[0].memory_total_bytes = None;
+    assert_eq!(signals(&blind).get("gpu.memory_used_ratio"), None);
+    assert!(ids(&blind).is_empty());
 }

@@ -121,6 +121,8 @@ struct Reading {
     sm_occupancy_ratio: Option<f64>,
     tensor_activity_ratio: Option<f64>,
     dram_bandwidth_ratio: Option<f64>,
+    fp32_activity_ratio: Option<f64>,
+    fp64_activity_ratio: Option<f64>,
 }
 
 /// Window means of the devices' readings (each over the rounds that had it).
@@ -131,6 +133,8 @@ pub struct DeviceMeans {
     pub sm_occupancy_ratio: Option<f64>,
     pub tensor_activity_ratio: Option<f64>,
     pub dram_bandwidth_ratio: Option<f64>,
+    pub fp32_activity_ratio: Option<f64>,
+    pub fp64_activity_ratio: Option<f64>,
 }
 
 /// The devices' readings per collection round, newest last, at most `cap` rounds: the
@@ -160,6 +164,8 @@ impl DeviceHistory {
             sm_occupancy_ratio: g.sm_occupancy_ratio,
             tensor_activity_ratio: g.tensor_activity_ratio,
             dram_bandwidth_ratio: g.dram_bandwidth_ratio,
+            fp32_activity_ratio: g.fp32_activity_ratio,
+            fp64_activity_ratio: g.fp64_activity_ratio,
         });
         let npus = d.npus.iter().map(|n| Reading {
             label: n.label(),
@@ -195,6 +201,8 @@ impl DeviceHistory {
             sm_occupancy_ratio: mean(|r| r.sm_occupancy_ratio),
             tensor_activity_ratio: mean(|r| r.tensor_activity_ratio),
             dram_bandwidth_ratio: mean(|r| r.dram_bandwidth_ratio),
+            fp32_activity_ratio: mean(|r| r.fp32_activity_ratio),
+            fp64_activity_ratio: mean(|r| r.fp64_activity_ratio),
         }
     }
 }

@@ -367,6 +367,8 @@ fn gpu_derived(
         sm_occupancy_ratio: means.sm_occupancy_ratio,
         tensor_activity_ratio: means.tensor_activity_ratio,
         dram_bandwidth_ratio: means.dram_bandwidth_ratio,
+        fp32_activity_ratio: means.fp32_activity_ratio,
+        fp64_activity_ratio: means.fp64_activity_ratio,
         sync_blocked_ratio: sum(|w| w.gpu_sync_ns) as f64 / wall_ns,
         collective_ratio: sum(|w| w.collective_ns) as f64 / wall_ns,
         copy_bytes_per_second: vec![

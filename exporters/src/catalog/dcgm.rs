@@ -265,6 +265,30 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     alias(
         gauge(
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of time the FP64 pipes were busy, 0-1; dcgm-exporter alias of \
+     ethand_gpu_fp64_activity_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.fp64_activity_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of time the FP32 pipes were busy, 0-1; dcgm-exporter alias of \
+     ethand_gpu_fp32_activity_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.fp32_activity_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of time the FP16 pipes were busy, 0-1; dcgm-exporter alias of \
+     ethand_gpu_fp16_activity_ratio (NVML GPM, not DCGM).",
+        ),
+        |s, o| each_dcgm(s, o, |g| g.fp16_activity_ratio.map(Sample::Float)),
+    ),
+    alias(
+        gauge(
             "DCGM_FI_PROF_DRAM_ACTIVE",
             "Ratio of the DRAM bandwidth in use, 0-1; dcgm-exporter alias of \
      ethand_gpu_dram_bandwidth_ratio (NVML GPM, not DCGM).",

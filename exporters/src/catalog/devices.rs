@@ -275,6 +275,39 @@ pub(crate) const METRICS: &[Metric] = &[
     ),
     Metric::new(
         gauge(
+            "ethand_gpu_fp64_activity_ratio",
+            "Share of time the GPU's FP64 pipes (not the tensor cores) were busy, over the last \
+     device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_FP64_UTIL).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.fp64.activity", "1", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.fp64_activity_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_fp32_activity_ratio",
+            "Share of time the GPU's FP32 pipes (not the tensor cores) were busy, over the last \
+     device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_FP32_UTIL).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.fp32.activity", "1", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.fp32_activity_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
+            "ethand_gpu_fp16_activity_ratio",
+            "Share of time the GPU's FP16 pipes (not the tensor cores) were busy, over the last \
+     device interval, 0-1; Hopper and newer, absent elsewhere (NVML GPM, \
+     NVML_GPM_METRIC_FP16_UTIL).",
+        ),
+        Per::Device,
+        Otel::Metric(otel("ethand.gpu.fp16.activity", "1", OtelKind::Gauge, Num::Float)),
+        |s, o| each_gpu(s, o, |g| g.fp16_activity_ratio.map(Sample::Float)),
+    ),
+    Metric::new(
+        gauge(
             "ethand_gpu_dram_bandwidth_ratio",
             "GPU memory (DRAM) bandwidth used as a share of its peak, over the last device interval, \
      0-1; Hopper and newer, absent elsewhere (NVML GPM, NVML_GPM_METRIC_DRAM_BW_UTIL).",

@@ -51,6 +51,9 @@ fn gpu0() -> GpuDevice {
         graphics_activity_ratio: Some(0.9375),
         pcie_tx_average_bytes_per_second: Some(3.5e9),
         pcie_rx_average_bytes_per_second: Some(1.5e9),
+        fp64_activity_ratio: Some(0.015625),
+        fp32_activity_ratio: Some(0.25),
+        fp16_activity_ratio: Some(0.125),
         memory_reserved_bytes: Some(512 << 20),
         memory_temperature_celsius: Some(81),
         power_limit_watts: Some(700.0),
@@ -175,6 +178,9 @@ fn gpu_values_and_labels() {
     assert_eq!(v("ethand_gpu_sm_activity_ratio"), 0.875);
     assert_eq!(v("ethand_gpu_sm_occupancy_ratio"), 0.375);
     assert_eq!(v("ethand_gpu_tensor_activity_ratio"), 0.5);
+    assert_eq!(v("ethand_gpu_fp32_activity_ratio"), 0.25);
+    assert_eq!(v("ethand_gpu_fp64_activity_ratio"), 0.015625);
+    assert_eq!(v("ethand_gpu_fp16_activity_ratio"), 0.125);
     assert_eq!(v("ethand_gpu_dram_bandwidth_ratio"), 0.0625);
     assert_eq!(v("ethand_gpu_memory_used_bytes"), (10u64 << 30) as f64);
     assert_eq!(v("ethand_gpu_memory_total_bytes"), (141u64 << 30) as f64);
@@ -287,18 +293,27 @@ fn gpm_ratios_are_absent_where_unmeasured() {
         "sm_occupancy",
         "tensor_activity",
         "dram_bandwidth",
+        "fp64_activity",
+        "fp32_activity",
+        "fp16_activity",
     ];
     let dcgm = [
         "DCGM_FI_PROF_SM_ACTIVE",
         "DCGM_FI_PROF_SM_OCCUPANCY",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
     ];
     let idle = GpuDevice {
         sm_activity_ratio: Some(0.0),
         sm_occupancy_ratio: Some(0.0),
         tensor_activity_ratio: Some(0.0),
         dram_bandwidth_ratio: Some(0.0),
+        fp64_activity_ratio: Some(0.0),
+        fp32_activity_ratio: Some(0.0),
+        fp16_activity_ratio: Some(0.0),
         ..gpu0()
     };
     let older = GpuDevice {
@@ -307,6 +322,9 @@ fn gpm_ratios_are_absent_where_unmeasured() {
         sm_occupancy_ratio: None,
         tensor_activity_ratio: None,
         dram_bandwidth_ratio: None,
+        fp64_activity_ratio: None,
+        fp32_activity_ratio: None,
+        fp16_activity_ratio: None,
         ..gpu0()
     };
     let first_interval = GpuDevice {
@@ -450,6 +468,7 @@ fn dcgm_aliases_use_dcgm_units_and_labels() {
     assert_eq!(v("DCGM_FI_PROF_SM_ACTIVE"), 0.875);
     assert_eq!(v("DCGM_FI_PROF_SM_OCCUPANCY"), 0.375);
     assert_eq!(v("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 0.5);
+    assert_eq!(v("DCGM_FI_PROF_PIPE_FP32_ACTIVE"), 0.25);
     assert_eq!(v("DCGM_FI_PROF_DRAM_ACTIVE"), 0.0625);
 }
 

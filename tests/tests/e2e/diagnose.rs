@@ -761,6 +761,47 @@ fn gpu_memory_growth_quiet_when_every_allocation_is_freed() {
     assert_not_fired(&t, "gpu_memory_growth");
 }
 
+/// 4 MiB blocks allocated and freed back to the driver 4 at a time, 100 times in about 1.5 s
+/// (a caching allocator emptied every step): allocator_churn fires, and the window counts
+/// every cuMemFree_v2 the driver made, no more.
+#[test]
+fn allocator_churn_counts_every_free_back_to_the_driver() {
+    let _serial = serial();
+    let d = Daemon::start("diag-churn", GPU_TOML);
+    let (drv, t, took) = gpu_plan(
+        &d,
+        1000,
+        "alloc 4M x 4 free all sleep 10",
+        100,
+        Duration::from_millis(2 * INTERVAL_MS),
+        4,
+    );
+    let truth = finish(drv);
+    let frees = truth.total("cuMemFree_v2").calls;
+    assert_eq!(frees, 400);
+    assert_eq!(truth.live("device"), 0);
+    let w = t
+        .processes
+        .iter()
+        .find(|p| p.pid == t.root_pid)
+        .and_then(|p| p.window.as_ref())
+        .expect("window");
+    eprintln!(
+        "observed: plan {took:?}, window {} ms: {:?} frees",
+        w.duration_ms, w.gpu_blocking_frees
+    );
+    assert_eq!(w.gpu_blocking_frees, Some(frees));
+    let f = fired(&t, "allocator_churn");
+    assert_near(
+        "frees in the window",
+        ev(f, "gpu.blocking_frees_per_second") * w.duration_ms as f64 / 1000.0,
+        frees as f64,
+        1e-9,
+    );
+    // Live memory swings by the step's blocks: no leak is reported.
+    assert_not_fired(&t, "gpu_memory_growth");
+}
+
 // ------------------------------------------------------------------ skipped
 
 /// 400 all-reduces of 1 Mi float32 whose host call takes 5 ms (the stand-in's

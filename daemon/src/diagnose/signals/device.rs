@@ -40,6 +40,20 @@ pub(super) const SIGNALS: &[Signal] = &[
         compute: |c| derived(c)?.tensor_activity_ratio,
     },
     Signal {
+        name: "gpu.fp32_activity_ratio",
+        unit: Unit::Ratio,
+        doc: "NVML GPM FP32 pipe activity (arithmetic outside the tensor cores), mean over the window",
+        how_to_get: HowToGet::Gpm,
+        compute: |c| derived(c)?.fp32_activity_ratio,
+    },
+    Signal {
+        name: "gpu.fp64_activity_ratio",
+        unit: Unit::Ratio,
+        doc: "NVML GPM FP64 pipe activity, mean over the window",
+        how_to_get: HowToGet::Gpm,
+        compute: |c| derived(c)?.fp64_activity_ratio,
+    },
+    Signal {
         name: "gpu.dram_bandwidth_ratio",
         unit: Unit::Ratio,
         doc: "NVML GPM DRAM bandwidth used",
@@ -54,6 +68,34 @@ pub(super) const SIGNALS: &[Signal] = &[
         compute: |c| {
             let d = derived(c)?;
             d.sm_activity_ratio.or(d.device_utilization_ratio)
+        },
+    },
+    Signal {
+        name: "gpu.memory_used_ratio",
+        unit: Unit::Ratio,
+        doc: "of the tree's GPUs, the largest share of device memory in use (NVML used / total: every process's and the driver's), at the snapshot",
+        how_to_get: HowToGet::DeviceHealth,
+        compute: |c| {
+            c.gpus
+                .iter()
+                .filter_map(|g| {
+                    let total = g.memory_total_bytes.filter(|t| *t > 0)?;
+                    Some(g.memory_used_bytes? as f64 / total as f64)
+                })
+                .reduce(f64::max)
+        },
+    },
+    Signal {
+        name: "gpu.memory_free_bytes",
+        unit: Unit::Bytes,
+        doc: "of the tree's GPUs, the least free device memory (NVML), at the snapshot",
+        how_to_get: HowToGet::DeviceHealth,
+        compute: |c| {
+            c.gpus
+                .iter()
+                .filter_map(|g| g.memory_free_bytes)
+                .min()
+                .map(|v| v as f64)
         },
     },
     Signal {

@@ -155,6 +155,18 @@ pub(super) const SIGNALS: &[Signal] = &[
         compute: |c| totals(c).map(|g| g.memory.iter().map(|m| m.allocs).sum::<u64>() as f64),
     },
     Signal {
+        name: "gpu.blocking_frees_per_second",
+        unit: Unit::PerSecond,
+        doc: "frees that hand memory back to the driver (cuMemFree_v2, cuMemFreeHost, aclrtFree; not the stream-ordered cuMemFreeAsync) per second of the window: each waits for the device",
+        how_to_get: HowToGet::RuntimeCalls,
+        compute: |c| {
+            let w = c.gpu_window()?;
+            // Older files lack the count: absent, not 0.
+            let frees: Option<u64> = c.windows.iter().map(|x| x.gpu_blocking_frees).sum();
+            frees.map(|n| n as f64 / w)
+        },
+    },
+    Signal {
         name: "gpu.memory_growth_bytes_per_second",
         unit: Unit::BytesPerSecond,
         doc: "growth of runtime-allocated memory over the window",

@@ -46,6 +46,16 @@ pub(super) const SIGNALS: &[Signal] = &[
         compute: fastest_growth,
     },
     Signal {
+        name: "mem.growth_window_seconds",
+        unit: Unit::Seconds,
+        doc: "the span over which `mem.rss_growth_bytes_per_second` was measured (the fastest-growing process's samples in the window): a rate over a few seconds says little about the next ten minutes",
+        how_to_get: HowToGet::Measured,
+        compute: |c| {
+            let (p, _) = c.t.memory_fastest_growth()?;
+            Some(p.memory_now()?.window.as_ref()?.duration_ms as f64 / 1000.0)
+        },
+    },
+    Signal {
         name: "mem.cgroup_limit_ratio",
         unit: Unit::Ratio,
         doc: "usage over the limit of the tree's memory cgroup nearest its limit (cgroup v2 memory.current / memory.max, v1 memory.usage_in_bytes / memory.limit_in_bytes, the lowest limit on the way up); absent without a limit",

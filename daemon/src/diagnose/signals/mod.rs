@@ -142,7 +142,7 @@ pub fn how_to_get(name: &str, t: &TreeSnapshot) -> String {
             ),
         },
         HowToGet::DeviceUtilization => "GPU utilization: no NVML/DCMI reading of the tree's devices in the window (`ethand status` shows the device collectors).".into(),
-        HowToGet::Gpm => "NVML GPM (SM activity) is read on Hopper and newer GPUs only; this GPU or driver does not offer it.".into(),
+        HowToGet::Gpm => "NVML GPM (SM and pipe activity) is read on Hopper and newer GPUs only; this GPU or driver does not offer it.".into(),
         HowToGet::DeviceHealth => "GPU health: the driver reports no such field for the tree's devices (`ethand status` shows the device collectors).".into(),
         HowToGet::RuntimeCalls => format!(
             "GPU runtime calls: none probed for this tree (GPU level {level}; `ethand status` lists the probed libraries)."

@@ -34,6 +34,8 @@ pub struct Totals {
     /// (`syscalls_table::io_direction`): is the tree waiting on reads or on writes?
     pub io_read_syscall_ns: u64,
     pub io_write_syscall_ns: u64,
+    /// Frees that return memory to the driver (`snap::WindowStats::gpu_blocking_frees`).
+    pub gpu_blocking_frees: u64,
 }
 
 impl Totals {
@@ -64,6 +66,7 @@ impl Totals {
             main_thread_oncpu_ns: f(self.main_thread_oncpu_ns, o.main_thread_oncpu_ns),
             io_read_syscall_ns: f(self.io_read_syscall_ns, o.io_read_syscall_ns),
             io_write_syscall_ns: f(self.io_write_syscall_ns, o.io_write_syscall_ns),
+            gpu_blocking_frees: f(self.gpu_blocking_frees, o.gpu_blocking_frees),
         }
     }
 

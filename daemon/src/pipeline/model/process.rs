@@ -309,6 +309,8 @@ impl Proc {
                     t.collective_calls += c.calls;
                     t.collective_ns += c.time_ns;
                 }
+                // Frees back to the driver; the stream-ordered ones return to a pool.
+                Category::Free if !spec.name.contains("Async") => t.gpu_blocking_frees += c.calls,
                 _ => {}
             }
         }

@@ -226,6 +226,7 @@ impl Model {
             collective_calls: d.collective_calls,
             collective_ns: d.collective_ns,
             gpu_memory_growth_bytes: d.gpu_memory_live_bytes,
+            gpu_blocking_frees: Some(d.gpu_blocking_frees),
         })
     }
 

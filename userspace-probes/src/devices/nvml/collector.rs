@@ -217,8 +217,8 @@ impl NvmlCollector {
         }
         if !without.is_empty() {
             let gpm = format!(
-                "GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth, graphics, PCIe \
-                 rates: Hopper and newer) not supported on {}",
+                "GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth, graphics, FP \
+                 pipes, PCIe rates: Hopper and newer) not supported on {}",
                 without.join(", ")
             );
             self.detail = if self.detail.is_empty() {

@@ -1,7 +1,8 @@
 //! GPM (GPU Performance Monitoring, Hopper and newer): SM activity, SM occupancy, tensor
-//! activity, DRAM bandwidth, graphics engine activity and the PCIe transmit and receive
-//! rates, each computed by NVML between two samples of the GPU's performance counters, all
-//! asked in one `nvmlGpmMetricsGet`. Units: the five utilizations are percent (made 0-1);
+//! activity, DRAM bandwidth, graphics engine activity, the PCIe transmit and receive rates
+//! and the FP64/FP32/FP16 pipes' activity, each computed by NVML between two samples of the
+//! GPU's performance counters, all asked in one `nvmlGpmMetricsGet`. Units: the
+//! utilizations are percent (made 0-1);
 //! the PCIe rates are MiB per second (nvml.h: "PCIe traffic from this GPU in MiB/sec"),
 //! made bytes per second. Read at every collection (one device interval apart), whatever the
 //! cadence: one nvmlGpmSampleGet costs ~42 µs on an H200.
@@ -14,7 +15,7 @@ use super::fields::{Fields, unsupported};
 use crate::devices::GpuDevice;
 
 /// The GPM metrics ethand reads, in the order of [`GpmRatios`]' fields.
-pub const GPM_METRICS: [GpmMetricId; 7] = [
+pub const GPM_METRICS: [GpmMetricId; 10] = [
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
     GpmMetricId::AnyTensorUtil,
@@ -22,10 +23,13 @@ pub const GPM_METRICS: [GpmMetricId; 7] = [
     GpmMetricId::GraphicsUtil,
     GpmMetricId::PcieTxPerSec,
     GpmMetricId::PcieRxPerSec,
+    GpmMetricId::Fp64Util,
+    GpmMetricId::Fp32Util,
+    GpmMetricId::Fp16Util,
 ];
 
 /// The [`GpuDevice`] field each of [`GPM_METRICS`] fills.
-pub const GPM_FIELDS: [&str; 7] = [
+pub const GPM_FIELDS: [&str; 10] = [
     "sm_activity_ratio",
     "sm_occupancy_ratio",
     "tensor_activity_ratio",
@@ -33,6 +37,9 @@ pub const GPM_FIELDS: [&str; 7] = [
     "graphics_activity_ratio",
     "pcie_tx_average_bytes_per_second",
     "pcie_rx_average_bytes_per_second",
+    "fp64_activity_ratio",
+    "fp32_activity_ratio",
+    "fp16_activity_ratio",
 ];
 
 /// One metric's value per [`GPM_METRICS`] entry, each on its own.
@@ -92,6 +99,9 @@ pub struct GpmRatios {
     pub graphics_activity: Option<f64>,
     pub pcie_tx_bytes_per_second: Option<f64>,
     pub pcie_rx_bytes_per_second: Option<f64>,
+    pub fp64_activity: Option<f64>,
+    pub fp32_activity: Option<f64>,
+    pub fp16_activity: Option<f64>,
 }
 
 /// One GPU's GPM reading: whether it has GPM, and the interval's metrics.
@@ -116,6 +126,9 @@ impl GpmReading {
         gpu.graphics_activity_ratio = self.ratios.graphics_activity;
         gpu.pcie_tx_average_bytes_per_second = self.ratios.pcie_tx_bytes_per_second;
         gpu.pcie_rx_average_bytes_per_second = self.ratios.pcie_rx_bytes_per_second;
+        gpu.fp64_activity_ratio = self.ratios.fp64_activity;
+        gpu.fp32_activity_ratio = self.ratios.fp32_activity;
+        gpu.fp16_activity_ratio = self.ratios.fp16_activity;
         if !self.unsupported.is_empty() {
             gpu.unsupported
                 .extend(self.unsupported.iter().map(|s| (*s).to_owned()));
@@ -233,6 +246,9 @@ pub fn read_gpm<G: GpmSource>(
         graphics_activity: next(),
         pcie_tx_bytes_per_second: next(),
         pcie_rx_bytes_per_second: next(),
+        fp64_activity: next(),
+        fp32_activity: next(),
+        fp16_activity: next(),
     };
     drop(v);
     reading.unsupported = f.unsupported.into_iter().collect();

@@ -567,6 +567,9 @@ impl GpmStandIn {
                     Ok(p + 4.0),
                     Ok(p * 100.0),
                     Ok(p * 100.0 + 0.5),
+                    Ok(p + 5.0),
+                    Ok(p + 6.0),
+                    Ok(p + 7.0),
                 ])
             },
             support_calls: Cell::new(0),
@@ -613,6 +616,9 @@ fn ratios(later: u32) -> GpmRatios {
         graphics_activity: Some((p + 4.0) / 100.0),
         pcie_tx_bytes_per_second: Some(p * 100.0 * MIB),
         pcie_rx_bytes_per_second: Some((p * 100.0 + 0.5) * MIB),
+        fp64_activity: Some((p + 5.0) / 100.0),
+        fp32_activity: Some((p + 6.0) / 100.0),
+        fp16_activity: Some((p + 7.0) / 100.0),
     }
 }
 
@@ -685,6 +691,9 @@ fn gpm_first_interval_is_none_then_each_interval_is_read() {
     assert_eq!(gpu.graphics_activity_ratio, Some(0.34));
     assert_eq!(gpu.pcie_tx_average_bytes_per_second, Some(3000.0 * MIB));
     assert_eq!(gpu.pcie_rx_average_bytes_per_second, Some(3000.5 * MIB));
+    assert_eq!(gpu.fp64_activity_ratio, Some(0.35));
+    assert_eq!(gpu.fp32_activity_ratio, Some(0.36));
+    assert_eq!(gpu.fp16_activity_ratio, Some(0.37));
     assert!(gpu.unsupported.is_empty());
 }
 
@@ -805,6 +814,9 @@ fn gpm_bad_metric_values_are_none() {
                 Ok(40.0),
                 Ok(-3.0),
                 Err(NvmlError::NotSupported),
+                Ok(12.5),
+                Err(NvmlError::NotSupported),
+                Ok(100.4),
             ])
         },
         ..GpmStandIn::hopper()
@@ -818,13 +830,20 @@ fn gpm_bad_metric_values_are_none() {
         r.ratios,
         GpmRatios {
             graphics_activity: Some(0.4),
+            fp64_activity: Some(0.125),
+            // Rounding past 100 %: clamped.
+            fp16_activity: Some(1.0),
             ..Default::default()
         }
     );
     // NOT_SUPPORTED for one metric is silent (and listed); the rest are noted.
     assert_eq!(
         r.unsupported,
-        ["pcie_rx_average_bytes_per_second", "sm_occupancy_ratio"]
+        [
+            "fp32_activity_ratio",
+            "pcie_rx_average_bytes_per_second",
+            "sm_occupancy_ratio"
+        ]
     );
     assert_eq!(
         notes,
