@@ -85,6 +85,8 @@ static struct {
     CUptiResult (*dropped)(void *, uint32_t, size_t *);
     /* Optional (NULL where missing): kernels' queued times, for the idle split. */
     CUptiResult (*latency_timestamps)(uint8_t);
+    /* Optional: one callback id on or off (the CUDA graph launches, below). */
+    CUptiResult (*enable_callback)(uint32_t, CUpti_SubscriberHandle, int, uint32_t);
 } cupti;
 static void *cupti_handle;
 static uint32_t cupti_version;
@@ -134,6 +136,10 @@ enum { FIN_NONE, FIN_PENDING, FIN_RUNNING, FIN_DONE };
 static _Atomic int finalize_state = FIN_NONE;
 static CUpti_SubscriberHandle subscriber;
 static int subscribed;
+/* Diagnosis knobs, read once at start-up (ETHAND_CUPTI_KEEP=1: never detach CUPTI after a
+ * window; ETHAND_CUPTI_NO_QUEUED=1: no latency timestamps): for finding which step of a
+ * window a job does not survive. */
+static int keep_attached, no_queued;
 
 static uint64_t now_mono(void) {
     struct timespec t;
@@ -342,23 +348,63 @@ static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t
             atomic_fetch_and(&buffers_busy, ~(1u << i));
 }
 
-/* At the exit of the job's next CUDA call after a window: CUPTI detached from the process,
- * so that nothing of it stays instrumented between windows. */
+/* CUDA graph launches (cupti_driver_cbid.h, cupti_runtime_cbid.h). A PyTorch job replaying a
+ * CUDA graph died ("unspecified launch failure", an Xid) as its window closed, twice, on an
+ * H100 with driver 580 and CUPTI 13.0 (2026-12-07); CUPTI's detach with graphs is a known
+ * crash (pytorch #112507, Kineto's TEARDOWN_CUPTI=0 for graphs). A process seen launching a
+ * graph is never detached: CUPTI stays loaded with every activity kind and callback off. */
+enum {
+    CBID_DRIVER_GRAPH_LAUNCH = 514,
+    CBID_DRIVER_GRAPH_LAUNCH_PTSZ = 515,
+    CBID_RUNTIME_GRAPH_LAUNCH = 311,
+    CBID_RUNTIME_GRAPH_LAUNCH_PTSZ = 312,
+};
+static _Atomic int graphs_seen;
+/* The API domains are on (for the detach at the next call's exit). */
+static _Atomic int domains_on;
+
+static int graph_launch(int domain, uint32_t cbid) {
+    return domain == CUPTI_CB_DOMAIN_DRIVER_API
+               ? cbid == CBID_DRIVER_GRAPH_LAUNCH || cbid == CBID_DRIVER_GRAPH_LAUNCH_PTSZ
+               : cbid == CBID_RUNTIME_GRAPH_LAUNCH || cbid == CBID_RUNTIME_GRAPH_LAUNCH_PTSZ;
+}
+
+/* Graph launches (their callbacks are on while a window is open), and at the exit of the
+ * job's next CUDA call after a window: CUPTI detached from the process, so that nothing of it
+ * stays instrumented between windows; not in a process that launches graphs. */
 static void api_callback(void *userdata, int domain, uint32_t cbid, const void *cbdata) {
     (void)userdata;
-    (void)cbid;
     if (domain != CUPTI_CB_DOMAIN_DRIVER_API && domain != CUPTI_CB_DOMAIN_RUNTIME_API)
         return;
+    if (graph_launch(domain, cbid)) {
+        atomic_store(&graphs_seen, 1);
+        /* A detach already asked for is called off (the control thread turns the domains
+         * off again). */
+        int pending = FIN_PENDING;
+        atomic_compare_exchange_strong(&finalize_state, &pending, FIN_NONE);
+        return;
+    }
     /* cbdata is a CUpti_CallbackData, whose first field is the callback site. */
     uint32_t site;
     memcpy(&site, cbdata, sizeof site);
-    if (site != CUPTI_API_EXIT)
+    if (site != CUPTI_API_EXIT || atomic_load(&graphs_seen))
         return;
     int expect = FIN_PENDING;
     if (!atomic_compare_exchange_strong(&finalize_state, &expect, FIN_RUNNING))
         return;
     cupti.finalize();
+    atomic_store(&domains_on, 0);
     atomic_store(&finalize_state, FIN_DONE);
+}
+
+/* The graph launch callbacks on or off. */
+static void graph_callbacks(uint32_t on) {
+    if (!cupti.enable_callback)
+        return;
+    cupti.enable_callback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, CBID_DRIVER_GRAPH_LAUNCH);
+    cupti.enable_callback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, CBID_DRIVER_GRAPH_LAUNCH_PTSZ);
+    cupti.enable_callback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CBID_RUNTIME_GRAPH_LAUNCH);
+    cupti.enable_callback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CBID_RUNTIME_GRAPH_LAUNCH_PTSZ);
 }
 
 /* Directories of the CUDA libraries the process has loaded (a wheel's nvidia/.../lib, the
@@ -461,6 +507,7 @@ static int load_cupti(void) {
     SYM(dropped, "cuptiActivityGetNumDroppedRecords");
 #undef SYM
     *(void **)(&cupti.latency_timestamps) = dlsym(h, "cuptiActivityEnableLatencyTimestamps");
+    *(void **)(&cupti.enable_callback) = dlsym(h, "cuptiEnableCallback");
     cupti_handle = h;
     if (cupti.get_version(&cupti_version) != CUPTI_SUCCESS)
         cupti_version = 0;
@@ -487,16 +534,21 @@ static void close_window(uint32_t reason) {
     for (size_t i = 0; i < NKINDS; i++)
         if (open_kinds & KINDS[i].bit)
             cupti.disable(KINDS[i].kind);
-    if ((open_kinds & ETHAND_CUPTI_KIND_KERNEL) && cupti.latency_timestamps)
+    if ((open_kinds & ETHAND_CUPTI_KIND_KERNEL) && cupti.latency_timestamps && !no_queued)
         cupti.latency_timestamps(0);
     /* Every buffer, complete or not, is handed back before this returns. */
     cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     window_event(open_id, ETHAND_CUPTI_CLOSED, 0, reason);
     /* Detach at the job's next CUDA call; a job that makes none keeps only the idle
      * subscription (the control thread never waits for it). */
-    atomic_store(&finalize_state, FIN_PENDING);
-    cupti.enable_domain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
-    cupti.enable_domain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+    if (!keep_attached && !atomic_load(&graphs_seen)) {
+        atomic_store(&finalize_state, FIN_PENDING);
+        atomic_store(&domains_on, 1);
+        cupti.enable_domain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+        cupti.enable_domain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+    } else {
+        graph_callbacks(0);
+    }
     open_id = 0;
 }
 
@@ -509,7 +561,9 @@ static void open_window(uint64_t id, uint64_t deadline, uint32_t kinds, uint32_t
     /* The previous window's finalize may not have run yet (no CUDA call since): take the
      * subscription back instead, or wait for a finalize already running. */
     int expect = FIN_PENDING;
-    if (atomic_compare_exchange_strong(&finalize_state, &expect, FIN_NONE)) {
+    if (atomic_compare_exchange_strong(&finalize_state, &expect, FIN_NONE) ||
+        (atomic_load(&finalize_state) == FIN_NONE && atomic_load(&domains_on))) {
+        atomic_store(&domains_on, 0);
         cupti.enable_domain(0, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
         cupti.enable_domain(0, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
     } else {
@@ -533,8 +587,9 @@ static void open_window(uint64_t id, uint64_t deadline, uint32_t kinds, uint32_t
             return;
         }
         subscribed = 1;
-        /* While a window is open no callback is wanted: the domains stay off. */
+        /* While a window is open only the graph launches call back: the domains stay off. */
     }
+    graph_callbacks(1);
     for (int i = 0; i < BUFFERS; i++)
         if (!buffers[i])
             buffers[i] = aligned_alloc(8, BUFFER_BYTES);
@@ -558,7 +613,7 @@ static void open_window(uint64_t id, uint64_t deadline, uint32_t kinds, uint32_t
     open_kinds = 0;
     /* Queued times cost CUPTI a timestamp per launch; without them (an error, or a CUPTI
      * that lacks the call) kernels come with queued 0 and their gaps stay unattributed. */
-    if ((kinds & ETHAND_CUPTI_KIND_KERNEL) && cupti.latency_timestamps)
+    if ((kinds & ETHAND_CUPTI_KIND_KERNEL) && cupti.latency_timestamps && !no_queued)
         cupti.latency_timestamps(1);
     for (size_t i = 0; i < NKINDS; i++) {
         if (!(kinds & KINDS[i].bit))
@@ -676,6 +731,13 @@ static void *control_thread(void *arg) {
             nanosleep(&t, NULL);
             continue;
         }
+        /* A graph launch called the detach off: the callbacks on every CUDA call go too. */
+        if (!open_id && atomic_load(&graphs_seen) && atomic_load(&finalize_state) == FIN_NONE &&
+            atomic_exchange(&domains_on, 0)) {
+            cupti.enable_domain(0, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+            cupti.enable_domain(0, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+            graph_callbacks(0);
+        }
         uint32_t seq = __atomic_load_n(&ctl->wake_seq, __ATOMIC_ACQUIRE);
         struct wish w = read_wish();
         now = now_mono();
@@ -743,6 +805,10 @@ EXPORT int InitializeInjection(void) {
                  ETHAND_CUPTI_CTL_NAME);
     }
     pid_namespace();
+    const char *knob = getenv("ETHAND_CUPTI_KEEP");
+    keep_attached = knob && *knob == '1';
+    knob = getenv("ETHAND_CUPTI_NO_QUEUED");
+    no_queued = knob && *knob == '1';
     pthread_atfork(NULL, NULL, after_fork_child);
     /* The thread takes no signal meant for the job. */
     sigset_t all, old;

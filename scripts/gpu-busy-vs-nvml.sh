@@ -4,8 +4,10 @@
 # window (tests/gpu/busy_vs_nvml.py), for PyTorch kernels only at three host duty cycles,
 # PyTorch with copies, and a JAX training step; torch.profiler holding CUPTI before a window
 # (the library must say `refused`); the dormant library's cost on the step rate, in rounds
-# against the same loop without it, the order alternating.
+# against the same loop without it, the order alternating: the training bench's model
+# (tests/gpu/dormant_train.py, DORMANT=train, the default) or the issue's loop (DORMANT=loop).
 # Run from the repository root as root with .device-bin/ethand; writes ${OUT:-/tmp/gpu-busy}.
+# VARIANTS=none skips the busy windows; PROF=0 the profiler case.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/gpu-busy}
@@ -15,6 +17,12 @@ WINDOW_MS=${WINDOW_MS:-3000}
 VARIANTS=${VARIANTS:-k0 k2 k8 c0 jax}
 ROUNDS=${ROUNDS:-6}
 ROUND_S=${ROUND_S:-4}
+DORMANT=${DORMANT:-train}
+PROF=${PROF:-1}
+case $DORMANT in
+    train) DORMANT_CMD="tests/gpu/dormant_train.py" ;;
+    *) DORMANT_CMD="tests/gpu/cupti_workload.py" ;;
+esac
 mkdir -p "$OUT"
 log() { echo "[busy] $(date +%T) $*" | tee -a "$OUT/log.txt"; }
 D=$(mktemp -d)
@@ -73,12 +81,14 @@ for v in $VARIANTS; do
         k*) start "$v" "CUDA_INJECTION64_PATH=$LIB" "$PY" tests/gpu/cupti_workload.py --kernels-only --sleep-ms "${v#k}" ;;
         c*) start "$v" "CUDA_INJECTION64_PATH=$LIB" "$PY" tests/gpu/cupti_workload.py --sleep-ms "${v#c}" ;;
         jax) start "$v" "CUDA_INJECTION64_PATH=$LIB" "$PY" tests/gpu/jax_workload.py ;;
+        *) continue ;;
     esac
     window "$v"
     stop "$v"
 done
 
 # torch.profiler first, then a window: the library steps aside and says so.
+if [ "$PROF" = 1 ]; then
 start prof "CUDA_INJECTION64_PATH=$LIB" "$PY" tests/gpu/cupti_workload.py --profile
 echo "run $(( WINDOW_MS / 1000 + 6 ))" >&"$(cat "$D/prof.fd")"
 for i in $(seq 1 300); do grep -q '^profiling' "$OUT/prof.out" && break; sleep 0.1; done
@@ -87,10 +97,12 @@ sleep 1
 for i in $(seq 1 300); do grep -q '^steps' "$OUT/prof.out" && break; sleep 0.1; done
 log "prof: $(tail -1 "$OUT/prof.out") $("$PY" -c 'import json,sys; a=json.load(open(sys.argv[1]))["gpu_activity"]; p=a["processes"][0]; print(p["state"], p.get("detail"), p.get("records"))' "$OUT/prof-snapshot.json")"
 stop prof
+fi
 
 # The dormant library's cost: the same loop with and without it, in alternating rounds.
-start plain "" "$PY" tests/gpu/cupti_workload.py
-start dormant "CUDA_INJECTION64_PATH=$LIB" "$PY" tests/gpu/cupti_workload.py
+log "dormant cost: $DORMANT_CMD, $ROUNDS rounds of ${ROUND_S}s per process"
+start plain "" "$PY" $DORMANT_CMD
+start dormant "CUDA_INJECTION64_PATH=$LIB" "$PY" $DORMANT_CMD
 for r in $(seq 1 "$ROUNDS"); do
     if [ $((r % 2)) = 1 ]; then order="plain dormant"; else order="dormant plain"; fi
     for n in $order; do

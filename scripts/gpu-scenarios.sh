@@ -17,6 +17,10 @@
 #   BUDGET_S=520      global deadline: a scenario that would end after it is skipped (and listed)
 #   READY_S=120       longest wait for a scenario's ready line
 #   NGPU              GPUs (default: nvidia-smi -L); scenarios needing more are skipped
+#   INJECT=1          start every scenario with CUDA_INJECTION64_PATH set to the daemon's
+#                     libethand_cupti.so (gpu.cupti_dir, default /var/lib/ethand/cupti), as a
+#                     cluster's job template would: the daemon snapshots then hold what the
+#                     GPU ran (gpu_activity); the standalone ones say the daemon owns it
 # Every command runs under a timeout; a failing scenario is logged and the run goes on.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -26,6 +30,8 @@ E=${ETHAND:-.device-bin/ethand}
 PY=${PY:-/opt/torch/.venv/bin/python}
 TORCHRUN=${TORCHRUN:-$(dirname "$PY")/torchrun}
 ONLY=${ONLY:-}
+INJECT=${INJECT:-}
+INJECT_LIB=${INJECT_LIB:-/var/lib/ethand/cupti/libethand_cupti.so}
 RUN_S=${RUN_S:-30}
 WARM_S=${WARM_S:-10}
 BUDGET_S=${BUDGET_S:-520}
@@ -78,8 +84,9 @@ trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
 # ------------------------------------------------------------------ environment and daemon
-log "gpu-scenarios: OUT=$OUT ETHAND=$E PY=$PY RUN_S=$RUN_S WARM_S=$WARM_S BUDGET_S=$BUDGET_S ONLY='${ONLY}'"
+log "gpu-scenarios: OUT=$OUT ETHAND=$E PY=$PY RUN_S=$RUN_S WARM_S=$WARM_S BUDGET_S=$BUDGET_S ONLY='${ONLY}' INJECT='${INJECT}'"
 {
+    echo "inject: ${INJECT:+CUDA_INJECTION64_PATH=$INJECT_LIB}"
     echo "date: $(date -u +%FT%TZ)"
     echo "uname: $(uname -a)"
     echo "cpus: $(nproc)"
@@ -245,6 +252,7 @@ run_one() {
     # Every scenario logs its steps: the step rate of a problem and of its fix is the measured
     # speed-up an estimate is checked against (tests/gpu/scenarios_report.py).
     envs+=("STEP_LOG=$D/steps.txt")
+    [ -n "$INJECT" ] && envs+=("CUDA_INJECTION64_PATH=$INJECT_LIB")
     case $name in *checkpoint) envs+=("CKPT_DIR=$(disk_dir || echo /tmp)") ;; esac
     if [ "$name" = disk_bound ]; then
         if ! make_data_file; then

@@ -33,6 +33,10 @@ pub enum ActivityState {
     /// The library is loaded but never answered within the window (an ABI mismatch, a
     /// process stopped, or the daemon's probes lost its events).
     NoAnswer,
+    /// A child forked from an injected process (a DataLoader worker): it maps the library
+    /// but its thread did not survive fork(), so nothing is asked of it (CUDA cannot be used
+    /// in a forked child anyway).
+    Forked,
 }
 
 impl ActivityState {
@@ -44,6 +48,7 @@ impl ActivityState {
             Self::Failed => "not recorded: failed",
             Self::NotInjected => "not recorded: not started with libethand_cupti.so",
             Self::NoAnswer => "not recorded: no answer from its library",
+            Self::Forked => "not recorded: forked from an injected process (no CUDA here)",
         }
     }
 }
@@ -271,6 +276,23 @@ impl KernelClass {
             .map_or(Self::Other, |(class, _)| *class)
     }
 
+    /// Whether a GEMM kernel, by its name, multiplies fp32 on the CUDA cores (FFMA) rather
+    /// than the tensor cores: cuBLAS's and CUTLASS's SIMT sgemm (`ampere_sgemm_128x64_nn`,
+    /// `cutlass_80_simt_sgemm_256x128_8x4_nn_align1`, `gemmSN_NN_kernel<float...`) and xmma
+    /// kernels of fp32 math (`sm80_xmma_gemm_f32f32_f32f32_f32_...`; the tensor cores' TF32
+    /// ones say `tf32`). Kernels named otherwise (Triton's, XLA's fusions, nvjet) are not
+    /// told: false.
+    pub fn fp32_simt_gemm(name: &str) -> bool {
+        let lower = name.to_ascii_lowercase();
+        if lower.contains("tf32") || lower.contains("tensorop") || lower.contains("wgmma") {
+            return false;
+        }
+        lower.contains("sgemm")
+            || lower.contains("simt_gemm")
+            || lower.contains("gemm_f32f32_f32f32_f32")
+            || (lower.contains("gemmsn") && lower.contains("float"))
+    }
+
     /// Every class, in the order outputs list them.
     pub const ALL: [Self; 8] = [
         Self::Gemm,
@@ -451,6 +473,39 @@ mod tests {
     /// serde_json's `float_roundtrip`).
     /// Names as PyTorch 2.x, cuBLAS, cuDNN, FlashAttention, Triton, XLA and NCCL give them
     /// (mangled where they are).
+    /// fp32 on the CUDA cores or on the tensor cores, as cuBLAS and CUTLASS name them on
+    /// Ampere and Hopper (the first two from an H100 and an H200 under PyTorch 2.11).
+    #[test]
+    fn fp32_gemms_on_the_cuda_cores_are_told_by_name() {
+        for (name, simt) in [
+            (
+                "_ZN7cutlass7Kernel2I43cutlass_80_simt_sgemm_256x128_8x4_nn_align1EEvNT_6ParamsE",
+                true,
+            ),
+            ("ampere_sgemm_128x64_nn", true),
+            (
+                "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__51a_cublas",
+                true,
+            ),
+            (
+                "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+                false,
+            ),
+            ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", false),
+            (
+                "_ZN7cutlass7Kernel2I56cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8EEvNT_6ParamsE",
+                false,
+            ),
+            (
+                "cutlass_80_tensorop_s1688gemm_128x128_16x4_nn_align4",
+                false,
+            ),
+            ("gemm_fusion_dot_12", false),
+        ] {
+            assert_eq!(KernelClass::fp32_simt_gemm(name), simt, "{name}");
+        }
+    }
+
     #[test]
     fn kernel_classes_of_real_names() {
         use KernelClass::*;

@@ -156,6 +156,35 @@ def section_table(out, scenarios):
 # ---------------------------------------------------------------------------- evidence
 
 
+def activity_line(ga):
+    """What the GPU ran (CUPTI, a job started with libethand_cupti.so), per process: state,
+    and per device kernel busy, the idle split, kernels per second and their mean length,
+    the top kernel class."""
+    parts = []
+    for p in ga.get("processes") or []:
+        head = f"pid {p.get('pid')} {p.get('state')}"
+        w = p.get("window_ns") or 0
+        if p.get("state") != "recorded" or not w:
+            parts.append(head + (f" ({compact(p.get('detail'), 120)})" if p.get("detail") else ""))
+            continue
+        for d in p.get("devices") or []:
+            idle = d.get("idle") or {}
+            k = d.get("kernels") or 0
+            mean = (d.get("kernel_ns") or 0) / k / 1e3 if k else 0
+            head += (f"; GPU {d.get('device')}: busy {d.get('busy_ns', 0) / w:.3f}, host wait "
+                     f"{idle.get('host_wait_ns', 0) / w:.3f}, kernel wait {idle.get('kernel_wait_ns', 0) / w:.3f}, "
+                     f"copies {idle.get('copy_ns', 0) / w:.3f}, unattributed {idle.get('unattributed_ns', 0) / w:.3f}; "
+                     f"{k * 1e9 / w:.0f} kernels/s of {mean:.1f} us")
+        classes = p.get("kernel_classes") or []
+        if classes:
+            head += f"; top class {classes[0].get('class')}"
+        if p.get("incomplete"):
+            head += f"; INCOMPLETE: {compact(p.get('incomplete'), 120)}"
+        parts.append(head)
+    notes = ga.get("notes") or []
+    return "; ".join(parts + [compact(n, 160) for n in notes]) or "no process"
+
+
 def section_evidence(out, scenarios):
     print("## Evidence per scenario")
     print()
@@ -227,6 +256,9 @@ def section_evidence(out, scenarios):
                 )
             if isinstance(t.get("launch_sample"), dict):
                 print(f"  - launch_sample: {compact(t['launch_sample'], 300)}")
+            ga = t.get("gpu_activity")
+            if isinstance(ga, dict):
+                print(f"  - gpu_activity: {activity_line(ga)}")
             drops = t.get("dropped_events")
             if drops:
                 print(f"  - dropped events: {compact(drops, 200)}")

@@ -359,6 +359,27 @@ impl Driver {
         }
     }
 
+    /// Waits for a stderr line starting with `prefix` and returns the rest of it.
+    pub fn wait_for_prefix(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + DRIVER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(prefix) {
+                        return rest.to_string();
+                    }
+                }
+                Err(e) => panic!(
+                    "{}: no line starting `{prefix}` on stderr ({e}); exit status {:?}; stderr:\n{}",
+                    self.what,
+                    self.child.try_wait(),
+                    self.stderr_text()
+                ),
+            }
+        }
+    }
+
     /// Releases one `wait_stdin` of the plan.
     pub fn resume(&mut self) {
         let stdin = self.stdin.as_mut().expect("stdin open");

@@ -248,8 +248,27 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { HIT(); report_launch_ex("cuLaunchKernelEx_ptsz", config, f); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel(CU_LAUNCH_ARGS) { HIT(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CU_LAUNCH_ARGS) { HIT(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) { HIT(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { HIT(); return CUDA_SUCCESS; }
+static void report_graph_launch(const char *api) {
+    activity_hook_fn hook = __atomic_load_n(&activity_hook, __ATOMIC_ACQUIRE);
+    if (!hook)
+        return;
+    struct standin_activity a = {
+        .kind = STANDIN_ACTIVITY_GRAPH_LAUNCH,
+        .api = api,
+        .call_start_ns = realtime_ns(),
+    };
+    hook(&a);
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    HIT();
+    report_graph_launch("cuGraphLaunch");
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    HIT();
+    report_graph_launch("cuGraphLaunch_ptsz");
+    return CUDA_SUCCESS;
+}
 
 /* ---- memory */
 static CUresult dev_alloc(CUdeviceptr *dptr, size_t bytesize) {

@@ -38,8 +38,10 @@
  * callback(userdata, 1 (or 2 if only RUNTIME is enabled), cbid 0, &data) where data is a
  * CUpti_CallbackData (layout of cupti_callbacks.h) with callbackSite 1 (exit), functionName (the
  * CUDA function), symbolName (kernels: the kernel name, else NULL), functionReturnValue (points
- * to CUDA_SUCCESS), contextUid 1 and correlationId; the rest is NULL. cuptiEnableCallback is
- * counted but does not route callbacks: the stand-in has no callback ids.
+ * to CUDA_SUCCESS), contextUid 1 and correlationId; the rest is NULL. cuptiEnableCallback routes
+ * one id: the driver's cuGraphLaunch (514, 515 for _ptsz): each graph launch of the stand-in
+ * libcuda calls back (1, 514, &data at exit) where it is on or the driver domain is; the other
+ * ids are counted only. "graph_callbacks" counts those calls.
  *
  * ethand_standin_cupti_counts(json, cap) writes the call counters as one JSON object (see
  * write_counts).
@@ -273,7 +275,7 @@ static int kind_index(int kind) {
 
 struct counters {
     unsigned long long subscribe, subscribe_refused, unsubscribe, finalize;
-    unsigned long long enable_domain, enable_callback, register_callbacks;
+    unsigned long long enable_domain, enable_callback, register_callbacks, graph_callbacks;
     unsigned long long enable[KI_N], enable_and_dump[KI_N], disable[KI_N];
     unsigned long long enable_driver_api, set_attribute, flush;
     unsigned long long buffers_requested, buffers_declined, buffers_completed;
@@ -296,6 +298,7 @@ struct CUpti_Subscriber_st {
     CUpti_CallbackFunc callback;
     void *userdata;
     uint32_t domains; /* bit (1 << domain) per enabled domain */
+    uint32_t graph_cbids; /* bit 0: driver cbid 514 on, bit 1: 515 */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -605,8 +608,40 @@ static void write_record(uint8_t *dst, int kind, const struct standin_activity *
     }
 }
 
+/* A graph launch: only its callback, where one is on. */
+static void on_graph_launch(const struct standin_activity *a) {
+    int ptsz = strcmp(a->api, "cuGraphLaunch_ptsz") == 0;
+    CUpti_CallbackFunc callback = NULL;
+    void *userdata = NULL;
+    pthread_mutex_lock(&mu);
+    if (subscribed && subscriber.callback &&
+        ((subscriber.graph_cbids & (ptsz ? 2u : 1u)) ||
+         (subscriber.domains & (1u << CUPTI_CB_DOMAIN_DRIVER_API)))) {
+        callback = subscriber.callback;
+        userdata = subscriber.userdata;
+        counts.graph_callbacks++;
+    }
+    uint32_t corr = ++last_correlation_id;
+    pthread_mutex_unlock(&mu);
+    if (callback) {
+        static CUresult success = CUDA_SUCCESS;
+        CUpti_CallbackData data = {
+            .callbackSite = CUPTI_API_EXIT,
+            .functionName = a->api,
+            .functionReturnValue = &success,
+            .contextUid = CONTEXT_ID,
+            .correlationId = corr,
+        };
+        callback(userdata, CUPTI_CB_DOMAIN_DRIVER_API, ptsz ? 515 : 514, &data);
+    }
+}
+
 /* The hook libcuda calls, from any application thread. */
 static void on_activity(const struct standin_activity *a) {
+    if (a->kind == STANDIN_ACTIVITY_GRAPH_LAUNCH) {
+        on_graph_launch(a);
+        return;
+    }
     uint64_t now_ns = realtime_ns();
     pthread_mutex_lock(&mu);
     counts.activities++;
@@ -836,6 +871,10 @@ EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle h
     counts.enable_callback++;
     if (!subscribed || handle != &subscriber)
         rc = CUPTI_ERROR_INVALID_PARAMETER;
+    else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && (cbid == 514 || cbid == 515)) {
+        uint32_t bit = cbid == 514 ? 1u : 2u;
+        subscriber.graph_cbids = enable ? subscriber.graph_cbids | bit : subscriber.graph_cbids & ~bit;
+    }
     pthread_mutex_unlock(&mu);
     return rc;
 }
@@ -1013,7 +1052,7 @@ static void json_kinds(char **at, size_t *left, const char *key, const unsigned 
 }
 
 /* One JSON object: {"version", "subscribe", "subscribe_refused", "unsubscribe", "finalize",
- * "enable_domain", "enable_callback", "register_callbacks", "enable_driver_api",
+ * "enable_domain", "enable_callback", "register_callbacks", "graph_callbacks", "enable_driver_api",
  * "set_attribute", "flush", "buffers_requested", "buffers_declined", "buffers_completed",
  * "activities" (hook calls), "records_made", "records_dropped", "api_exit_callbacks",
  * "attached" (0/1: the hook is registered in a libcuda), "latency_timestamps" (calls of
@@ -1033,7 +1072,7 @@ EXPORT void ethand_standin_cupti_counts(char *json, size_t cap) {
     int w = snprintf(at, left,
                      "{\"version\":%u,\"subscribe\":%llu,\"subscribe_refused\":%llu,"
                      "\"unsubscribe\":%llu,\"finalize\":%llu,\"enable_domain\":%llu,"
-                     "\"enable_callback\":%llu,\"register_callbacks\":%llu,"
+                     "\"enable_callback\":%llu,\"register_callbacks\":%llu,\"graph_callbacks\":%llu,"
                      "\"enable_driver_api\":%llu,\"set_attribute\":%llu,\"flush\":%llu,"
                      "\"buffers_requested\":%llu,\"buffers_declined\":%llu,"
                      "\"buffers_completed\":%llu,\"activities\":%llu,\"records_made\":%llu,"
@@ -1041,7 +1080,7 @@ EXPORT void ethand_standin_cupti_counts(char *json, size_t cap) {
                      "\"api_exit_callbacks\":%llu,\"attached\":%d,"
                      "\"latency_timestamps\":%llu,\"gap_host_ns\":%llu,\"gap_launch_ns\":%llu",
                      CUPTI_VERSION_NUMBER, c.subscribe, c.subscribe_refused, c.unsubscribe,
-                     c.finalize, c.enable_domain, c.enable_callback, c.register_callbacks,
+                     c.finalize, c.enable_domain, c.enable_callback, c.register_callbacks, c.graph_callbacks,
                      c.enable_driver_api, c.set_attribute, c.flush, c.buffers_requested,
                      c.buffers_declined, c.buffers_completed, c.activities, c.records_made, c.records_dropped,
                      c.api_exit_callbacks, __atomic_load_n(&attached, __ATOMIC_ACQUIRE),

@@ -14,7 +14,8 @@
  *
  * The plan (words may also be passed several to an argument, separated by blanks):
  *   control:  sleep MS | wait_stdin | mark NAME | use SLOT | dlopen_late SLOT PATH |
- *             dlclose SLOT
+ *             dlclose SLOT | fork_idle (a child that sleeps until the driver ends; prints
+ *             `forked PID` on stderr)
  *   counts:   OP [N] | OP x N                  launches, graphs, groups, executions, syncs
  *   sync:     sync stream|stream_ptsz|ctx|ctx_v2|event [N]
  *   allocs:   OP SIZE [x N]                     (SIZE > 1 TiB fails: an error, no bytes)
@@ -63,7 +64,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -885,6 +888,18 @@ static int find_sym(const char *w) {
 static void run_op(const char *w) {
     if (strcmp(w, "sleep") == 0) {
         sleep_ms(parse_num(next_word("MS"), "sleep"));
+    } else if (strcmp(w, "fork_idle") == 0) {
+        /* A child that only sleeps (a DataLoader worker forked after cuInit): it keeps every
+         * mapping, no thread but this one; it dies with the driver. */
+        pid_t c = fork();
+        if (c == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            for (;;)
+                pause();
+        }
+        if (c < 0)
+            die(1, "fork_idle: fork failed");
+        say("forked %d", (int)c);
     } else if (strcmp(w, "wait_stdin") == 0) {
         say("waiting");
         char line[256];

@@ -164,6 +164,9 @@ enum standin_activity_kind {
     STANDIN_ACTIVITY_MEMCPY = 2,
     STANDIN_ACTIVITY_MEMSET = 3,
     STANDIN_ACTIVITY_SYNC = 4,
+    /* cuGraphLaunch: no record of its own (the stand-in GPU runs nothing); the stand-in CUPTI
+     * calls back driver cbid 514 (515 for _ptsz) where cuptiEnableCallback turned it on. */
+    STANDIN_ACTIVITY_GRAPH_LAUNCH = 5,
 };
 /* CUpti_ActivityMemcpyKind */
 #define STANDIN_CUPTI_MEMCPY_HTOD 1

@@ -216,3 +216,21 @@ fn a_real_jax_step() {
         .collect();
     assert!(!ids.contains(&"near_oom"), "{ids:?}");
 }
+
+/// torch.profiler holding CUPTI when the daemon's window opened (H100, PyTorch 2.11, CUPTI
+/// 13.0, `scripts/gpu-busy-vs-nvml.sh`'s `prof` case): the library stepped aside, said so, and
+/// recorded nothing; the job ran on (its steps line came after the window).
+#[test]
+fn a_real_profiler_makes_the_library_step_aside() {
+    let t = h100_snapshot("h100-torch-profiler-refused.json");
+    let a = t.gpu_activity.expect("gpu_activity");
+    assert_eq!(a.processes.len(), 1, "{a:?}");
+    let p = &a.processes[0];
+    assert_eq!(p.state, ActivityState::Refused, "{p:?}");
+    assert!(
+        p.detail.as_deref().unwrap_or("").contains("stepped aside"),
+        "{p:?}"
+    );
+    assert_eq!((p.records, p.cupti_version), (0, Some(130001)), "{p:?}");
+    assert!(p.devices.is_empty() && p.kernels.is_empty(), "{p:?}");
+}

@@ -3,8 +3,11 @@
 //! its pid namespace and pid, and sleeps on the header's futex word until the slot changes.
 //!
 //! The file is replaced whole at creation (a new inode: libraries of a previous daemon notice
-//! and map the new one) and is world-readable and writable by its owner only: what it says
-//! is which processes the daemon wants traced, nothing secret.
+//! and map the new one within 5 s) and is world-readable and writable by its owner only: what
+//! it says is which processes the daemon wants traced, nothing secret. One writer per
+//! directory: whoever creates the file holds [`ControlLock`] first, for as long as it writes
+//! (a standalone `ethand snapshot` beside a running daemon must not replace the daemon's file,
+//! or every job started after it would follow a file nobody writes).
 use std::{
     fs::File,
     io,
@@ -55,6 +58,64 @@ pub enum ControlError {
     Create { path: PathBuf, source: io::Error },
     #[error("all {CUPTI_SLOTS} CUPTI window slots are in use")]
     Full,
+    #[error("cannot lock {}: {source}", path.display())]
+    Lock { path: PathBuf, source: io::Error },
+    #[error("{} is held by another ethand{}: it owns GPU activity recording in that directory", path.display(), holder.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Owned { path: PathBuf, holder: Option<u32> },
+}
+
+/// The name of the lock beside the control file.
+pub const LOCK_NAME: &str = "ethand-cupti.lock";
+
+/// The right to write a directory's control file: an exclusive `flock` on its lock file,
+/// held while this value lives (released by the kernel when the holder dies, however).
+pub struct ControlLock {
+    _file: File,
+}
+
+impl ControlLock {
+    /// Takes `dir`'s lock without waiting; [`ControlError::Owned`] names the holder's pid
+    /// (as it wrote it) when another process has it.
+    pub fn acquire(dir: &Path) -> Result<Self, ControlError> {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        let path = dir.join(LOCK_NAME);
+        let err = |source| ControlError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(err)?;
+        if !file.metadata().map_err(err)?.is_file() {
+            return Err(err(io::Error::other("not a regular file")));
+        }
+        // SAFETY: flock on an open descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err(e));
+            }
+            // The holder's pid, as it wrote it: a few digits, read bounded.
+            let mut text = String::new();
+            let _ = (&mut file).take(16).read_to_string(&mut text);
+            return Err(ControlError::Owned {
+                path: path.clone(),
+                holder: text.trim().parse().ok(),
+            });
+        }
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()))
+            .map_err(err)?;
+        Ok(Self { _file: file })
+    }
 }
 
 /// The control file, mapped read-write.
@@ -302,6 +363,32 @@ mod tests {
         drop(ctl);
         let _again = ControlFile::create(&path).unwrap();
         assert_ne!(std::fs::metadata(&path).unwrap().ino(), ino);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// One writer per directory: a second taker is told who holds it, and gets it once the
+    /// first lets go; a symlink planted as the lock is refused, not followed.
+    #[test]
+    fn the_lock_admits_one_writer() {
+        let dir = std::env::temp_dir().join(format!("ethand-cupti-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = ControlLock::acquire(&dir).unwrap();
+        match ControlLock::acquire(&dir) {
+            Err(ControlError::Owned { holder, .. }) => {
+                assert_eq!(holder, Some(std::process::id()))
+            }
+            other => panic!("a second writer admitted: {:?}", other.err()),
+        }
+        drop(first);
+        let again = ControlLock::acquire(&dir).unwrap();
+        drop(again);
+        std::fs::remove_file(dir.join(LOCK_NAME)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(LOCK_NAME)).unwrap();
+        assert!(matches!(
+            ControlLock::acquire(&dir),
+            Err(ControlError::Lock { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

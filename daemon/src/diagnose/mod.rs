@@ -48,16 +48,26 @@ pub fn evaluate(t: &TreeSnapshot, rules: &[Rule]) -> (Vec<Finding>, Vec<NotEvalu
     let runnable: Vec<&Rule> = rules
         .iter()
         .filter(|r| {
+            // An entry is met by any one of its signals; a missing one names them all.
             let missing: Vec<String> = r
                 .needs
                 .iter()
-                .filter(|n| !s.contains_key(n.as_str()))
-                .cloned()
-                .collect();
+                .filter(|alts| !alts.iter().any(|n| s.contains_key(n.as_str())))
+                .flatten()
+                .fold(Vec::new(), |mut v, n| {
+                    if !v.contains(n) {
+                        v.push(n.clone());
+                    }
+                    v
+                });
             if missing.is_empty() {
                 return true;
             }
-            let about_gpu = r.needs.iter().any(|n| signals::about_accelerator(n));
+            let about_gpu = r
+                .needs
+                .iter()
+                .flatten()
+                .any(|n| signals::about_accelerator(n));
             if about_gpu && !uses_gpu {
                 return false;
             }

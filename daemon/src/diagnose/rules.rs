@@ -67,7 +67,9 @@ pub struct Rule {
     pub suppressed_by: Vec<String>,
     /// Signals without which the rule cannot decide: when one is missing the rule is
     /// reported as not evaluated (with how to get the signal), never as "nothing found".
-    pub needs: Vec<String>,
+    /// Each entry is satisfied by any one of its signals (`"a | b"` in the file: a rule that
+    /// decides from either of two sources).
+    pub needs: Vec<Vec<String>>,
     /// Where it came from (built-in or a file), for error messages and `ethand status`.
     pub origin: String,
 }
@@ -142,7 +144,13 @@ pub fn parse_rules(
         {
             return Err(unknown("explanation", name));
         }
-        for (field, names) in [("evidence", &spec.evidence), ("needs", &spec.needs)] {
+        let needs: Vec<Vec<String>> = spec
+            .needs
+            .iter()
+            .map(|n| n.split('|').map(|a| a.trim().to_string()).collect())
+            .collect();
+        let needed: Vec<String> = needs.iter().flatten().cloned().collect();
+        for (field, names) in [("evidence", &spec.evidence), ("needs", &needed)] {
             if let Some(name) = names.iter().find(|n| signals::find(n).is_none()) {
                 return Err(unknown(field, name));
             }
@@ -160,7 +168,7 @@ pub fn parse_rules(
                 speedup,
                 impact,
                 suppressed_by: spec.suppressed_by,
-                needs: spec.needs,
+                needs,
                 origin: origin.into(),
             }),
         ));

@@ -1257,3 +1257,173 @@ fn gpu_memory_near_full() {
     assert_eq!(signals(&blind).get("gpu.memory_used_ratio"), None);
     assert!(ids(&blind).is_empty());
 }
+
+/// A GPU process whose kernels were recorded over a 2 s window (CUPTI): `kernels` of
+/// `kernel_ns` each, run serially, the idle rest split into host wait and launch latency as
+/// given, optionally collectives of `comm_ns` of which `overlapped_ns` beside computation.
+fn recorded(
+    kernels: u64,
+    kernel_ns: u64,
+    host_wait_ns: u64,
+    kernel_wait_ns: u64,
+    comm: Option<(u64, u64)>,
+) -> TreeSnapshot {
+    use ethand_snapshot::kernels::{
+        ActivityState, CommOverlap, DeviceActivity, GpuActivity, GpuActivityProcess, IdleSplit,
+    };
+    let window_ns = 2 * S;
+    let busy = kernels * kernel_ns;
+    let mut t = with_gpu(
+        healthy(),
+        GpuProcessStats::default(),
+        WindowStats::default(),
+        None,
+    );
+    t.gpu_activity = Some(GpuActivity {
+        processes: vec![GpuActivityProcess {
+            pid: 100,
+            state: ActivityState::Recorded,
+            window_ns: Some(window_ns),
+            records: kernels,
+            devices: vec![DeviceActivity {
+                device: 0,
+                kernels,
+                kernel_ns: busy,
+                busy_ns: busy,
+                busy_fraction: Some(busy as f64 / window_ns as f64),
+                idle: Some(IdleSplit {
+                    host_wait_ns,
+                    kernel_wait_ns,
+                    unattributed_ns: window_ns - busy - host_wait_ns - kernel_wait_ns,
+                    gaps: kernels.saturating_sub(1),
+                    ..Default::default()
+                }),
+                communication: comm.map(|(c, o)| CommOverlap {
+                    communication_ns: c,
+                    overlapped_ns: o,
+                }),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    t
+}
+
+/// The kernel-record signals are the recorded figures over the window, and absent where
+/// nothing was recorded or the records are incomplete (never 0).
+#[test]
+fn kernel_record_signals() {
+    let t = recorded(
+        40_000,
+        5_000,
+        S,
+        200_000_000,
+        Some((100_000_000, 25_000_000)),
+    );
+    let s = signals(&t);
+    let near = |n: &str, want: f64| {
+        let v = s[n];
+        assert!((v - want).abs() < 1e-9, "{n} = {v}, want {want}");
+    };
+    near("gpu.kernel_busy_ratio", 0.1);
+    near("gpu.host_wait_idle_ratio", 0.5);
+    near("gpu.kernel_wait_idle_ratio", 0.1);
+    near("gpu.kernels_per_second", 20_000.0);
+    near("gpu.kernel_mean_seconds", 5e-6);
+    near("gpu.communication_exposed_ratio", 0.0375);
+    near("gpu.communication_overlap_ratio", 0.25);
+    assert_eq!(s.get("gpu.fp32_simt_gemm_ratio"), Some(&0.0));
+    // No collective ran: nothing overlapped or not; none exposed.
+    let s = signals(&recorded(100, 1_000_000, 0, 0, None));
+    assert_eq!(s.get("gpu.communication_overlap_ratio"), None);
+    assert_eq!(s.get("gpu.communication_exposed_ratio"), Some(&0.0));
+    // Not recorded, or cut short by another tool: absent.
+    for t in [healthy(), {
+        let mut t = recorded(40_000, 5_000, S, 0, None);
+        t.gpu_activity.as_mut().unwrap().processes[0].incomplete = Some("cut short".into());
+        t
+    }] {
+        let s = signals(&t);
+        for n in [
+            "gpu.kernel_busy_ratio",
+            "gpu.host_wait_idle_ratio",
+            "gpu.kernels_per_second",
+            "gpu.kernel_mean_seconds",
+            "gpu.fp32_simt_gemm_ratio",
+        ] {
+            assert_eq!(s.get(n), None, "{n}");
+        }
+    }
+}
+
+/// Tiny kernels with the GPU waiting for the host between them: short_kernels, from the
+/// records alone (no GPM here, and NVML's utilization would call the GPU busy). Kernels of a
+/// millisecond with the same gaps are a host-bound job with no known cause instead; a GPU
+/// kept busy is neither.
+#[test]
+fn short_kernels_and_gpu_waits_for_host() {
+    assert_eq!(
+        ids(&recorded(40_000, 5_000, S, 200_000_000, None)),
+        vec!["short_kernels"]
+    );
+    assert_eq!(
+        ids(&recorded(900, 1_000_000, S, 0, None)),
+        vec!["gpu_waits_for_host"]
+    );
+    assert!(ids(&recorded(1_900, 1_000_000, 50_000_000, 0, None)).is_empty());
+    // Tiny kernels queued well ahead (a CUDA graph): the GPU never waits for the host.
+    assert!(ids(&recorded(300_000, 5_000, 0, 100_000_000, None)).is_empty());
+    // A known cause on the host explains the wait: only it is shown.
+    let mut t = recorded(900, 1_000_000, S, 0, None);
+    t.processes[0].window.as_mut().unwrap().gpu_blocking_frees = Some(5_000);
+    assert_eq!(ids(&t), vec!["allocator_churn"]);
+}
+
+#[test]
+fn collectives_not_overlapped() {
+    // 40 % of the window in collectives with nothing beside them.
+    let t = recorded(1_000, 1_000_000, 0, 0, Some((900_000_000, 100_000_000)));
+    assert_eq!(ids(&t), vec!["collectives_not_overlapped"]);
+    // Overlapped with the backward pass: healthy.
+    assert!(
+        ids(&recorded(
+            1_000,
+            1_000_000,
+            0,
+            0,
+            Some((900_000_000, 800_000_000))
+        ))
+        .is_empty()
+    );
+}
+
+/// fp32 GEMMs on the CUDA cores told by name where the kernels were recorded: on a GPU
+/// without GPM the rule decides from them, and the TF32 kernel of the same matmul is fine.
+#[test]
+fn fp32_gemms_by_name_without_gpm() {
+    use ethand_snapshot::kernels::{KernelClass, KernelStat};
+    let with = |name: &str| {
+        let mut t = recorded(1_000, 1_500_000, 0, 0, None);
+        let p = &mut t.gpu_activity.as_mut().unwrap().processes[0];
+        p.kernels = vec![KernelStat {
+            name: Some(name.into()),
+            class: KernelClass::of(name),
+            count: 1_000,
+            gpu_ns: 1_500_000_000,
+            max_ns: 1_500_000,
+            ..Default::default()
+        }];
+        t
+    };
+    let t = with("_ZN7cutlass7Kernel2I43cutlass_80_simt_sgemm_256x128_8x4_nn_align1EEvNT_6ParamsE");
+    assert_eq!(signals(&t).get("gpu.fp32_simt_gemm_ratio"), Some(&0.75));
+    assert_eq!(ids(&t), vec!["fp32_without_tensor_cores"]);
+    let (_, not_evaluated) = evaluate(&t, &rules());
+    assert!(
+        !not_evaluated
+            .iter()
+            .any(|n| n.rule == "fp32_without_tensor_cores")
+    );
+    assert!(ids(&with("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas")).is_empty());
+}

@@ -471,3 +471,353 @@ fn the_library_finds_cupti_beside_the_jobs_cuda_libraries() {
     }
     let _ = std::fs::remove_dir_all(&wheel);
 }
+
+/// The whole snapshot of `pid` (findings and all).
+fn snapshot(d: &Daemon, pid: u32) -> ethand_tests::TreeSnapshot {
+    let p = pid.to_string();
+    let out = d.cli(&["snapshot", "--pid", &p, "--json", "--window", "5"]);
+    assert!(out.status.success(), "snapshot: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("snapshot JSON")
+}
+
+/// A finding's evidence value.
+fn evidence(t: &ethand_tests::TreeSnapshot, rule: &str, signal: &str) -> f64 {
+    let f = t
+        .findings
+        .iter()
+        .find(|f| f.id == rule)
+        .unwrap_or_else(|| panic!("no {rule} among {:?}", t.findings));
+    f.evidence
+        .iter()
+        .find(|e| e.signal == signal)
+        .unwrap_or_else(|| panic!("{rule} shows no {signal}: {:?}", f.evidence))
+        .value
+}
+
+/// The rules that read the kernels themselves, on jobs the stand-ins make with known GPU
+/// time: a loop of tiny kernels (10 us each on the emulated GPU) with the host sleeping a
+/// millisecond after every 30 must be `short_kernels` (the uprobes' launch_bound cannot see
+/// it: the main thread mostly sleeps), with the kernels' mean duration and the host-wait
+/// share exactly the stand-in CUPTI's own account; the same loop with 2 ms kernels, one per
+/// 5 ms sleep, is a GPU waiting for the host for no known reason: `gpu_waits_for_host`; a
+/// 1 ms GEMM and a 1 ms all-reduce per 2 ms (the serial stand-in GPU never overlaps them)
+/// is `collectives_not_overlapped`.
+#[test]
+fn rules_on_the_recorded_kernels() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-rules", &config());
+    let lib = library("gpu-activity-rules");
+    let nccl = "kernel ncclDevKernel_AllReduce_Sum_f32_RING_LL x 1";
+    for (kernel_ns, step, sleep_ms, rounds, rule) in [
+        (
+            10_000u64,
+            &["kernel add x 30"][..],
+            1,
+            4000u64,
+            "short_kernels",
+        ),
+        (
+            2_000_000,
+            &["kernel add x 1"][..],
+            5,
+            900,
+            "gpu_waits_for_host",
+        ),
+        (
+            1_000_000,
+            &["kernel gemm x 1", nccl][..],
+            2,
+            1800,
+            "collectives_not_overlapped",
+        ),
+    ] {
+        let kernel_env = kernel_ns.to_string();
+        let pause = format!("sleep {sleep_ms}");
+        let mut plan: Vec<&str> = vec!["cuinit", "wait_stdin", "wait_cupti_enabled"];
+        for _ in 0..rounds {
+            plan.extend(step);
+            plan.push(&pause);
+        }
+        plan.push("wait_stdin");
+        let mut job = driver_with(
+            Some(&lib),
+            &plan,
+            false,
+            &[("ETHAND_STANDIN_CUPTI_KERNEL_NS", &kernel_env)],
+        );
+        job.wait_for("waiting");
+        thread::sleep(SETTLE);
+        let pid = job.pid;
+        let t = thread::scope(|s| {
+            let snap = s.spawn(|| snapshot(&d, pid));
+            job.resume();
+            job.wait_for("cupti enabled");
+            job.wait_for("waiting");
+            snap.join().expect("snapshot thread")
+        });
+        job.resume();
+        let truth = job.finish();
+        let launched: u64 = truth.kernels.values().sum();
+        assert_eq!(
+            launched,
+            step.len() as u64 * rounds * if rule == "short_kernels" { 30 } else { 1 },
+            "{rule}"
+        );
+        let ids: Vec<&str> = t.findings.iter().map(|f| f.id.as_str()).collect();
+        eprintln!("observed {rule}: findings {ids:?}");
+        let top = t
+            .findings
+            .iter()
+            .find(|f| f.severity != ethand_snapshot::diagnosis::Severity::Info)
+            .map(|f| f.id.as_str());
+        assert_eq!(top, Some(rule), "{:?}", t.findings);
+        let a = t.gpu_activity.as_ref().expect("gpu_activity");
+        let p = &a.processes[0];
+        assert_eq!(p.state, ActivityState::Recorded, "{p:?}");
+        let window_ns = p.window_ns.expect("window") as f64;
+        let dev = &p.devices[0];
+        if rule == "collectives_not_overlapped" {
+            // The collectives' time, all of it alone on the GPU: 1 ms per recorded one (less
+            // what of the first and last lies outside the window).
+            let comm = dev.communication.as_ref().expect("collectives");
+            assert_eq!(comm.overlapped_ns, 0, "{comm:?}");
+            let nccl_kernels = p
+                .kernels
+                .iter()
+                .filter(|k| k.class == KernelClass::Communication)
+                .map(|k| k.count)
+                .sum::<u64>();
+            let whole = nccl_kernels * kernel_ns;
+            assert!(
+                comm.communication_ns <= whole && whole - comm.communication_ns <= 2 * kernel_ns,
+                "{comm:?} against {nccl_kernels} collectives of {kernel_ns} ns"
+            );
+            let exposed = evidence(&t, rule, "gpu.communication_exposed_ratio");
+            assert!(
+                (exposed - comm.communication_ns as f64 / window_ns).abs() < 1e-9,
+                "{exposed}"
+            );
+            assert_eq!(evidence(&t, rule, "gpu.communication_overlap_ratio"), 0.0);
+            assert!(exposed > 0.15, "{exposed}");
+            continue;
+        }
+        let cupti = truth.cupti.clone().expect("the stand-in CUPTI was loaded");
+        let host_wait = cupti["gap_host_ns"].as_u64().expect("gap_host_ns") as f64;
+        let shown = evidence(&t, rule, "gpu.host_wait_idle_ratio");
+        assert!(
+            (shown - host_wait / window_ns).abs() < 1e-9,
+            "{rule}: host wait {shown} against the stand-in's {host_wait} ns of {window_ns}"
+        );
+        assert!(shown > 0.3, "{rule}: host wait {shown}");
+        if rule == "short_kernels" {
+            // Every kernel took exactly 10 us on the emulated GPU.
+            let mean = evidence(&t, rule, "gpu.kernel_mean_seconds");
+            assert!((mean - 1e-5).abs() < 1e-15, "mean kernel {mean} s");
+            let rate = evidence(&t, rule, "gpu.kernels_per_second");
+            assert!(
+                (rate - dev.kernels as f64 * 1e9 / window_ns).abs() < 1e-6,
+                "{rate}/s against {} kernels in {window_ns} ns",
+                dev.kernels
+            );
+            assert!(rate > 5000.0, "{rate}");
+        }
+    }
+}
+
+/// A standalone snapshot beside the running daemon leaves the daemon's control file alone
+/// (it once replaced it: every job started afterwards followed a file nobody wrote, and the
+/// daemon's windows never reached them) and says who records GPU activity here.
+#[test]
+fn a_standalone_snapshot_leaves_the_daemons_switch_alone() {
+    use std::os::unix::fs::MetadataExt;
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-owner", &config());
+    let lib = library("gpu-activity-owner");
+    let ctl = lib.with_file_name("ethand-cupti.ctl");
+    let ino = std::fs::metadata(&ctl).expect("control file").ino();
+    let mut early = driver(
+        Some(&lib),
+        &["cuinit", "wait_stdin", "kernel add x 5", "wait_stdin"],
+        false,
+    );
+    early.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let p = early.pid.to_string();
+    // The daemon's own config: the same gpu.cupti_dir.
+    let out = ethand_tests::ethand(&[
+        "--config",
+        d.config.to_str().expect("utf-8"),
+        "snapshot",
+        "--standalone",
+        "--pid",
+        &p,
+        "--duration",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "standalone: {}", text(&out.stderr));
+    let t: ethand_tests::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("JSON");
+    let notes = t.gpu_activity.map(|a| a.notes).unwrap_or_default();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("held by another ethand") && n.contains("without --standalone")),
+        "{notes:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(&ctl).expect("control file").ino(),
+        ino,
+        "the standalone snapshot replaced the daemon's control file"
+    );
+    // A job started after it is still recorded by the daemon.
+    let mut late = driver(
+        Some(&lib),
+        &[
+            "cuinit",
+            "wait_stdin",
+            "wait_cupti_enabled",
+            "kernel add x 7",
+            "wait_stdin",
+        ],
+        false,
+    );
+    late.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let pid = late.pid;
+    let a = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        late.resume();
+        late.wait_for("cupti enabled");
+        late.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    late.resume();
+    let _ = late.finish();
+    let p = &a.processes[0];
+    assert_eq!(p.state, ActivityState::Recorded, "{p:?}");
+    assert_eq!(p.devices.iter().map(|d| d.kernels).sum::<u64>(), 7, "{p:?}");
+    early.resume();
+    early.resume();
+    let _ = early.finish();
+}
+
+/// A job that replays CUDA graphs: on an H100 (driver 580, CUPTI 13.0) a PyTorch graph loop
+/// died as its window closed, and CUPTI's detach with graphs is a known crash. The library
+/// watches graph launches during a window and then never detaches CUPTI from that process:
+/// after the window no cuptiFinalize (the stand-in counts it), every activity kind off, and
+/// a second window records again on the CUPTI that stayed.
+#[test]
+fn a_job_that_launches_cuda_graphs_keeps_cupti_attached() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-graphs", &config());
+    let lib = library("gpu-activity-graphs");
+    let mut plan: Vec<&str> = vec!["cuinit", "wait_stdin", "wait_cupti_enabled"];
+    for _ in 0..400 {
+        plan.extend(["kernel add x 10", "graph 1", "sleep 1"]);
+    }
+    // After the first window: CUDA calls at whose exit a detach would happen.
+    plan.extend([
+        "wait_stdin",
+        "kernel add x 3",
+        "graph 1",
+        "sync ctx",
+        "wait_stdin",
+    ]);
+    plan.push("wait_cupti_enabled");
+    plan.extend(["kernel add x 7", "wait_stdin"]);
+    let mut job = driver(Some(&lib), &plan, false);
+    job.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let pid = job.pid;
+    let first = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        job.resume();
+        job.wait_for("cupti enabled");
+        job.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    assert_eq!(
+        first.processes[0].state,
+        ActivityState::Recorded,
+        "{first:?}"
+    );
+    job.resume();
+    job.wait_for("waiting");
+    // Let the library's control thread turn the callbacks off (it wakes every second).
+    thread::sleep(std::time::Duration::from_millis(1500));
+    let second = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        job.resume();
+        job.wait_for("cupti enabled");
+        job.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    job.resume();
+    let truth = job.finish();
+    let p = &second.processes[0];
+    assert_eq!(p.state, ActivityState::Recorded, "{p:?}");
+    assert_eq!(p.devices.iter().map(|d| d.kernels).sum::<u64>(), 7, "{p:?}");
+    let cupti = truth.cupti.clone().expect("the stand-in CUPTI was loaded");
+    assert_eq!(
+        cupti["finalize"], 0,
+        "CUPTI detached from a graph job: {cupti}"
+    );
+    assert_eq!(cupti["subscribe"], 1, "{cupti}");
+    assert!(
+        cupti["graph_callbacks"].as_u64().unwrap_or(0) >= 1,
+        "{cupti}"
+    );
+    // No callback on every CUDA call after the windows: none at API exit.
+    assert_eq!(cupti["api_exit_callbacks"], 0, "{cupti}");
+}
+
+/// A child forked from an injected job after cuInit (a DataLoader worker) maps the library
+/// but has no thread of it: the snapshot calls it `forked` at once instead of waiting out the
+/// window's grace for an answer that cannot come (on the H100 that made each snapshot of a
+/// job with four workers take 7 s), and the parent is recorded as usual.
+#[test]
+fn a_forked_child_is_named_not_waited_for() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-activity-forked", &config());
+    let lib = library("gpu-activity-forked");
+    let mut job = driver(
+        Some(&lib),
+        &[
+            "cuinit",
+            "fork_idle",
+            "wait_stdin",
+            "wait_cupti_enabled",
+            "kernel add x 5",
+            "wait_stdin",
+        ],
+        false,
+    );
+    let child: u32 = job.wait_for_prefix("forked ").parse().expect("child pid");
+    job.wait_for("waiting");
+    thread::sleep(SETTLE);
+    let pid = job.pid;
+    let a = thread::scope(|s| {
+        let snap = s.spawn(|| activity(&d, pid));
+        job.resume();
+        job.wait_for("cupti enabled");
+        job.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    });
+    job.resume();
+    let _ = job.finish();
+    let state = |p: u32| {
+        a.processes
+            .iter()
+            .find(|x| x.pid == p)
+            .unwrap_or_else(|| panic!("pid {p} not in {a:?}"))
+            .state
+    };
+    assert_eq!(state(pid), ActivityState::Recorded, "{a:?}");
+    assert_eq!(state(child), ActivityState::Forked, "{a:?}");
+    // Answered when the parent's window closed, not after the grace for the child.
+    assert!(
+        a.duration_ms < WINDOW_MS + 2000,
+        "the window was held {} ms",
+        a.duration_ms
+    );
+}

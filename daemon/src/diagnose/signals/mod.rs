@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use ethand_snapshot::{
     GpuLevel, ProcessSnapshot, ThreadSnapshot, TreeSnapshot, WindowStats, devices::GpuDevice,
+    kernels::ActivityState,
 };
 
 use super::tree;
@@ -20,6 +21,7 @@ mod cpu;
 mod device;
 mod gpu;
 mod io;
+mod kernels;
 mod main_thread;
 mod memory;
 
@@ -29,6 +31,7 @@ const AREAS: &[&[Signal]] = &[
     io::SIGNALS,
     memory::SIGNALS,
     gpu::SIGNALS,
+    kernels::SIGNALS,
     main_thread::SIGNALS,
     device::SIGNALS,
 ];
@@ -93,6 +96,8 @@ pub enum HowToGet {
     CpuProfile,
     /// The Python stack sample of the snapshot (`diagnosis.stack_sample_ms`).
     StackSample,
+    /// What the GPU ran: CUPTI records of processes started with libethand_cupti.so.
+    GpuActivity,
     /// Nothing to do but measure the tree (a window, a process that does the thing).
     Measured,
 }
@@ -157,6 +162,30 @@ pub fn how_to_get(name: &str, t: &TreeSnapshot) -> String {
             Some(s) if !s.notes.is_empty() => format!("The stack sample has no main thread of the GPU process: {}.", s.notes.join("; ")),
             Some(_) => "The stack sample caught no Python main thread of the GPU process (not a Python program?).".into(),
             None => "No stack sample was taken: snapshot with diagnosis.stack_sample_ms above 0 (the default).".into(),
+        },
+        HowToGet::GpuActivity => match &t.gpu_activity {
+            None => "What the GPU ran was not recorded: snapshot through the daemon with diagnosis.gpu_activity_ms above 0 (the default), of a job started with CUDA_INJECTION64_PATH=<gpu.cupti_dir>/libethand_cupti.so (docs/gpu-activity.md).".into(),
+            Some(a) => {
+                let mut why: Vec<String> = a
+                    .processes
+                    .iter()
+                    .map(|p| match (p.state, p.incomplete.as_deref()) {
+                        (ActivityState::Recorded, Some(i)) => format!("pid {}: incomplete ({i})", p.pid),
+                        (ActivityState::Recorded, None) => format!("pid {}: records lost", p.pid),
+                        (state, _) => format!(
+                            "pid {}: {}{}",
+                            p.pid,
+                            state.describe(),
+                            p.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+                        ),
+                    })
+                    .collect();
+                why.extend(a.notes.iter().cloned());
+                if why.is_empty() {
+                    why.push("no process of the tree maps a CUDA library".into());
+                }
+                format!("What the GPU ran: {} (docs/gpu-activity.md).", why.join("; "))
+            }
         },
         HowToGet::Measured => format!("{name} was not measured for this tree."),
     }

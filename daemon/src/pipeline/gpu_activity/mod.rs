@@ -31,7 +31,9 @@ use ethand_snapshot::{
     gpu::LaunchSample,
     kernels::{ActivityState, GpuActivity, GpuActivityProcess},
 };
-use ethand_userspace_probes::cupti::{ControlFile, ProcessKey, WindowRequest};
+use ethand_userspace_probes::cupti::{
+    ControlError, ControlFile, ControlLock, ProcessKey, WindowRequest,
+};
 use tracing::{debug, info, warn};
 
 use crate::pipeline::{
@@ -101,6 +103,8 @@ struct Active {
 pub struct ActivitySampler {
     installed: Option<Installed>,
     ctl: Option<ControlFile>,
+    /// The directory's one-writer lock, held while this sampler lives.
+    _lock: Option<ControlLock>,
     /// Why recording cannot work here.
     error: Option<String>,
     /// `CUPTI_EVENTS`, mapped only while windows are open: the mapping of its 8 MiB counts
@@ -120,6 +124,7 @@ impl ActivitySampler {
         let mut me = Self {
             installed: None,
             ctl: None,
+            _lock: None,
             error: None,
             events: None,
             open: None,
@@ -132,6 +137,25 @@ impl ActivitySampler {
             me.error = Some("off (gpu.cupti_dir is empty)".into());
             return me;
         };
+        // Before anything is written there: another ethand (the daemon, beside a standalone
+        // snapshot) may own the directory, and its jobs follow its files.
+        match prepare_dir(dir).and_then(|()| Ok(ControlLock::acquire(dir)?)) {
+            Ok(lock) => me._lock = Some(lock),
+            Err(e) => {
+                let owned = matches!(e.downcast_ref(), Some(ControlError::Owned { .. }));
+                let e = format!("{e:#}");
+                if owned {
+                    info!(error = %e, "GPU activity recording left to the other ethand");
+                    me.error = Some(format!(
+                        "{e}; `ethand snapshot` without --standalone records through it"
+                    ));
+                } else {
+                    warn!(error = %e, "GPU activity recording unavailable");
+                    me.error = Some(e);
+                }
+                return me;
+            }
+        }
         let r = (|| -> anyhow::Result<()> {
             for (prog, _) in PROGS {
                 uprobes::load(ebpf, prog)?;
@@ -236,6 +260,17 @@ impl ActivitySampler {
                 settled: None,
             };
             match injected(pid, &lib_path, lib_dev, lib_ino) {
+                // Forked after cuInit: the mapping came along, the library's thread did not.
+                // Waiting for its answer would hold the snapshot to the window's grace.
+                Ok(true) if control_thread(pid) == Some(false) => {
+                    p.settled = Some(settled(
+                        pid,
+                        ActivityState::Forked,
+                        "maps the library without its thread (a child forked after cuInit, such as a DataLoader worker): nothing to record".into(),
+                    ));
+                    a.processes.push(p);
+                    continue;
+                }
                 Ok(true) => {}
                 Ok(false) => {
                     p.settled = Some(settled(
@@ -464,13 +499,29 @@ fn injected(pid: u32, lib_path: &Path, lib_dev: u64, lib_ino: u64) -> Result<boo
     other.map_or(Ok(false), Err)
 }
 
-/// Writes the embedded library into `dir` (unless the same bytes are there) and finds its
-/// probe functions' offsets in those bytes.
-fn install(dir: &Path) -> anyhow::Result<Installed> {
-    use std::{
-        io::Read,
-        os::unix::fs::{DirBuilderExt, OpenOptionsExt},
-    };
+/// Whether `pid` runs the library's control thread (named `ethand-cupti`); None when its
+/// threads cannot be read. A thread name is the process's to set: a process naming one so
+/// only makes the daemon wait for an answer that does not come (`no_answer`).
+fn control_thread(pid: u32) -> Option<bool> {
+    /// Threads looked at, at most (a thread per task entry read: 16 bytes each).
+    const MAX_THREADS: usize = 16_384;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for t in tasks.take(MAX_THREADS) {
+        let Ok(t) = t else { continue };
+        let mut comm = [0u8; 32];
+        let n = std::fs::File::open(t.path().join("comm"))
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut comm))
+            .unwrap_or(0);
+        if comm[..n].trim_ascii_end() == b"ethand-cupti" {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// Creates `dir`, readable by every user's jobs.
+fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -478,7 +529,13 @@ fn install(dir: &Path) -> anyhow::Result<Installed> {
         .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
     // Jobs of every user read it; the daemon's umask (0077 in the unit) took those bits.
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .map_err(|e| anyhow::anyhow!("making {} readable: {e}", dir.display()))?;
+        .map_err(|e| anyhow::anyhow!("making {} readable: {e}", dir.display()))
+}
+
+/// Writes the embedded library into `dir` (unless the same bytes are there) and finds its
+/// probe functions' offsets in those bytes.
+fn install(dir: &Path) -> anyhow::Result<Installed> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let path = dir.join(LIBRARY_NAME);
     let same = std::fs::OpenOptions::new()
         .read(true)
