@@ -106,13 +106,7 @@ fn real_gpu_scenarios_get_their_expected_diagnosis() {
         let expected = s["expected"].as_str().map(String::from);
         // What NVML alone can support, where a scenario says it differs: one outcome, or a
         // list of those NVML's figures leave open (a reading at a rule's line).
-        let expected_nogpm: Vec<Option<String>> = match s.get("expected_without_gpm") {
-            Some(serde_json::Value::Array(a)) => {
-                a.iter().map(|e| e.as_str().map(String::from)).collect()
-            }
-            Some(e) => vec![e.as_str().map(String::from)],
-            None => vec![expected.clone()],
-        };
+        let expected_nogpm = expected_of(s, "expected_without_gpm", vec![expected.clone()]);
         let present: Vec<PathBuf> = VARIANTS
             .iter()
             .map(|v| dir.join(name).join(format!("{v}.json")))

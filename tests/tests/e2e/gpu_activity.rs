@@ -63,15 +63,34 @@ fn driver_with(lib: Option<&Path>, plan: &[&str], busy: bool, env: &[(&str, &str
 }
 
 fn activity(d: &Daemon, pid: u32) -> GpuActivity {
-    let p = pid.to_string();
-    let out = d.cli(&["snapshot", "--pid", &p, "--json", "--window", "5"]);
-    assert!(out.status.success(), "snapshot: {}", text(&out.stderr));
-    let t: ethand_tests::TreeSnapshot = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
+    activity_of(snapshot(d, pid), pid)
+}
+
+fn activity_of(t: ethand_tests::TreeSnapshot, pid: u32) -> GpuActivity {
     let a = t
         .gpu_activity
         .unwrap_or_else(|| panic!("no gpu_activity in the snapshot of {pid}"));
     eprintln!("observed: {}", serde_json::to_string(&a).expect("json"));
     a
+}
+
+/// The snapshot of `job`, taken while the job, released from its `wait_stdin`, runs on until
+/// the stderr line `mark` (the window is recording by then) and its next `wait_stdin`.
+fn snapshot_during(d: &Daemon, job: &mut Driver, mark: &str) -> ethand_tests::TreeSnapshot {
+    let pid = job.pid;
+    thread::scope(|s| {
+        let snap = s.spawn(|| snapshot(d, pid));
+        job.resume();
+        job.wait_for(mark);
+        job.wait_for("waiting");
+        snap.join().expect("snapshot thread")
+    })
+}
+
+/// The GPU activity of [`snapshot_during`].
+fn activity_during(d: &Daemon, job: &mut Driver, mark: &str) -> GpuActivity {
+    let pid = job.pid;
+    activity_of(snapshot_during(d, job, mark), pid)
 }
 
 #[test]
@@ -129,15 +148,8 @@ fn a_snapshot_records_exactly_what_the_gpu_ran() {
     thread::sleep(SETTLE);
 
     let t0 = Instant::now();
-    let pid = traced.pid;
-    let a = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        // Released now, the driver waits until the window has CUPTI recording.
-        traced.resume();
-        traced.wait_for("cupti enabled");
-        traced.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    // Released now, the driver waits until the window has CUPTI recording.
+    let a = activity_during(&d, &mut traced, "cupti enabled");
     let took = t0.elapsed();
     eprintln!("observed: the snapshot took {took:?}");
     let truth = traced.finish();
@@ -383,14 +395,7 @@ fn records_cut_short_by_another_tool_are_called_incomplete() {
     );
     job.wait_for("waiting");
     thread::sleep(SETTLE);
-    let pid = job.pid;
-    let a = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        job.resume();
-        job.wait_for("cupti buffers taken");
-        job.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    let a = activity_during(&d, &mut job, "cupti buffers taken");
     job.resume();
     let truth = job.finish();
     assert_eq!(truth.kernels.get("add"), Some(&20_200));
@@ -547,14 +552,7 @@ fn rules_on_the_recorded_kernels() {
         );
         job.wait_for("waiting");
         thread::sleep(SETTLE);
-        let pid = job.pid;
-        let t = thread::scope(|s| {
-            let snap = s.spawn(|| snapshot(&d, pid));
-            job.resume();
-            job.wait_for("cupti enabled");
-            job.wait_for("waiting");
-            snap.join().expect("snapshot thread")
-        });
+        let t = snapshot_during(&d, &mut job, "cupti enabled");
         job.resume();
         let truth = job.finish();
         let launched: u64 = truth.kernels.values().sum();
@@ -683,14 +681,7 @@ fn a_standalone_snapshot_leaves_the_daemons_switch_alone() {
     );
     late.wait_for("waiting");
     thread::sleep(SETTLE);
-    let pid = late.pid;
-    let a = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        late.resume();
-        late.wait_for("cupti enabled");
-        late.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    let a = activity_during(&d, &mut late, "cupti enabled");
     late.resume();
     let _ = late.finish();
     let p = &a.processes[0];
@@ -728,14 +719,7 @@ fn a_job_that_launches_cuda_graphs_keeps_cupti_attached() {
     let mut job = driver(Some(&lib), &plan, false);
     job.wait_for("waiting");
     thread::sleep(SETTLE);
-    let pid = job.pid;
-    let first = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        job.resume();
-        job.wait_for("cupti enabled");
-        job.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    let first = activity_during(&d, &mut job, "cupti enabled");
     assert_eq!(
         first.processes[0].state,
         ActivityState::Recorded,
@@ -745,13 +729,7 @@ fn a_job_that_launches_cuda_graphs_keeps_cupti_attached() {
     job.wait_for("waiting");
     // Let the library's control thread turn the callbacks off (it wakes every second).
     thread::sleep(std::time::Duration::from_millis(1500));
-    let second = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        job.resume();
-        job.wait_for("cupti enabled");
-        job.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    let second = activity_during(&d, &mut job, "cupti enabled");
     job.resume();
     let truth = job.finish();
     let p = &second.processes[0];
@@ -796,13 +774,7 @@ fn a_forked_child_is_named_not_waited_for() {
     job.wait_for("waiting");
     thread::sleep(SETTLE);
     let pid = job.pid;
-    let a = thread::scope(|s| {
-        let snap = s.spawn(|| activity(&d, pid));
-        job.resume();
-        job.wait_for("cupti enabled");
-        job.wait_for("waiting");
-        snap.join().expect("snapshot thread")
-    });
+    let a = activity_during(&d, &mut job, "cupti enabled");
     job.resume();
     let _ = job.finish();
     let state = |p: u32| {
