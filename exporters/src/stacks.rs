@@ -13,11 +13,61 @@ use crate::format;
 
 /// "train.py:41 in step(): `loss.item()`": where a site is, with its source text.
 pub fn site(s: &CallSite) -> String {
-    let mut o = s
-        .key_frame()
-        .map_or_else(|| "(no frame)".to_string(), |f| f.label());
-    if let Some(src) = &s.source {
+    place(s.key_frame(), s.source.as_deref())
+}
+
+/// The same phrase for a kernel launch site.
+pub fn launch_site(s: &ethand_snapshot::kernels::LaunchSite) -> String {
+    if s.frames.is_empty() {
+        return "(stack not taken)".into();
+    }
+    place(s.key_frame(), s.source.as_deref())
+}
+
+fn place(key: Option<&Frame>, source: Option<&str>) -> String {
+    let mut o = key.map_or_else(|| "(no frame)".to_string(), |f| f.label());
+    if let Some(src) = source {
         let _ = write!(o, ": `{src}`");
+    }
+    o
+}
+
+/// "7,538 of 7,540 kernels joined to their launch call (2 queued outside every traced
+/// launch)": how much of the window the launch sites cover.
+pub fn launch_coverage(ls: &ethand_snapshot::kernels::LaunchSites) -> String {
+    let mut apart = Vec::new();
+    for (n, what) in [
+        (
+            ls.kernels_without_queued_time,
+            "without a queued time (CUDA graphs)",
+        ),
+        (
+            ls.kernels_without_launch,
+            "queued outside every traced launch",
+        ),
+        (
+            ls.kernels_ambiguous,
+            "queued while two threads were launching",
+        ),
+    ] {
+        if n > 0 {
+            apart.push(format!("{} {what}", format::count(n)));
+        }
+    }
+    let mut o = format!(
+        "{} of {} joined to their launch call",
+        format::count(ls.kernels_joined),
+        format::plural(ls.kernels, "kernel")
+    );
+    if !apart.is_empty() {
+        let _ = write!(o, " ({})", apart.join(", "));
+    }
+    if ls.launches_over_budget > 0 {
+        let _ = write!(
+            o,
+            "; {} launches over the window's budget not kept",
+            format::count(ls.launches_over_budget)
+        );
     }
     o
 }

@@ -693,6 +693,32 @@ fn gpu_activity_section_escapes_kernel_names() {
                     gpu_ns: 1_000_000_000,
                     bytes_per_s: Some((4u64 << 30) as f64),
                 }],
+                launch_sites: Some(ethand_snapshot::kernels::LaunchSites {
+                    launches: 4,
+                    kernels: 3,
+                    kernels_joined: 2,
+                    kernels_ambiguous: 1,
+                    sites: vec![ethand_snapshot::kernels::LaunchSite {
+                        frames: vec![ethand_snapshot::stacks::Frame {
+                            kind: ethand_snapshot::stacks::FrameKind::Python,
+                            function: Some(EVIL.into()),
+                            file: Some("train.py".into()),
+                            line: Some(41),
+                            ..Default::default()
+                        }],
+                        source: Some(format!("y = {EVIL}")),
+                        kernels: 2,
+                        gpu_ns: 1_100_000_000,
+                        top: vec![KernelStat {
+                            name: Some(format!("_Z{EVIL}")),
+                            demangled: Some(format!("ns::k<{EVIL}>")),
+                            count: 2,
+                            gpu_ns: 1_100_000_000,
+                            ..Default::default()
+                        }],
+                    }],
+                    ..Default::default()
+                }),
                 ..Default::default()
             },
             GpuActivityProcess {
@@ -722,4 +748,17 @@ fn gpu_activity_section_escapes_kernel_names() {
     );
     assert!(h.contains("pid 4300: not recorded: CUPTI in use by another tool"));
     assert!(h.contains("<i>the other kernels</i>"));
+    // The launch sites: where, with the source line and its kernels, escaped.
+    assert!(
+        h.contains("Launched from: 2 of 3 kernels joined to their launch call (1 queued while two threads were launching)."),
+        "{h}"
+    );
+    assert!(
+        h.contains("train.py:41") && h.contains("`y = &lt;script&gt;alert(1)&lt;/script&gt;`"),
+        "{h}"
+    );
+    assert!(
+        h.contains("ns::k&lt;&lt;script&gt;alert(1)&lt;/script&gt;&gt; ×2"),
+        "{h}"
+    );
 }

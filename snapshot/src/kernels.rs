@@ -95,6 +95,72 @@ pub struct GpuActivityProcess {
     /// Synchronizations by kind, time the host waited in them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syncs: Vec<SyncStat>,
+    /// Where the window's kernels were launched from; absent where the launches were not
+    /// traced (not recorded, or see [`LaunchSites::unavailable`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_sites: Option<LaunchSites>,
+}
+
+/// Launch call sites listed; the others are summed.
+pub const TOP_LAUNCH_SITES: usize = 10;
+/// Kernels listed per launch call site.
+pub const KERNELS_PER_SITE: usize = 3;
+
+/// The window's kernels by the call that launched them: every launch call of the process
+/// inside the window (uprobes on the runtime's launch symbols) with its user stack and
+/// Python frames, and each kernel joined to the one launch call whose [entry, return] holds
+/// the time the host queued it (docs/gpu-activity.md, "Launch call sites"). A kernel is
+/// never guessed onto a site: where no call or more than one holds it, it is counted apart.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LaunchSites {
+    /// Why the launches could not be traced (the kernels are not joined); the counts below
+    /// are then 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+    /// Launch calls seen inside the window.
+    pub launches: u64,
+    /// Kernels (with a duration) of the window, and those joined to a launch call.
+    pub kernels: u64,
+    pub kernels_joined: u64,
+    /// Kernels CUPTI gave no queued time (a CUDA graph's, or latency timestamps off).
+    pub kernels_without_queued_time: u64,
+    /// Kernels queued inside no traced launch call (launched before the window or by a
+    /// symbol not probed, or the launch's event lost).
+    pub kernels_without_launch: u64,
+    /// Kernels queued inside two launch calls of different threads at once.
+    pub kernels_ambiguous: u64,
+    /// Launch events the daemon did not keep (over the window's budget).
+    #[serde(default)]
+    pub launches_over_budget: u64,
+    /// Most GPU time first, at most [`TOP_LAUNCH_SITES`]; launches whose stack could not be
+    /// taken and that have no Python frames are one site without frames.
+    pub sites: Vec<LaunchSite>,
+    /// The sites beyond the first [`TOP_LAUNCH_SITES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other: Option<TimedCount>,
+}
+
+impl LaunchSite {
+    /// The frame that names the site (as [`crate::stacks::CallSite::key_frame`]).
+    pub fn key_frame(&self) -> Option<&crate::stacks::Frame> {
+        crate::stacks::key_frame(&self.frames)
+    }
+}
+
+/// One call site that launched kernels in the window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LaunchSite {
+    /// The launching thread's stack above the runtime library, innermost first, its Python
+    /// frames in place of the interpreter's own (as the GPU call sites have them).
+    pub frames: Vec<crate::stacks::Frame>,
+    /// The source text of the innermost frame with a file and line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Kernels joined to launches from here, and their GPU time.
+    pub kernels: u64,
+    pub gpu_ns: u64,
+    /// Those kernels by name, most GPU time first (at most [`KERNELS_PER_SITE`]).
+    pub top: Vec<KernelStat>,
 }
 
 /// Kernels listed by name; the others are summed.

@@ -195,11 +195,17 @@ impl CallSite {
     /// The frame that names the site: the innermost Python frame where there is one (the
     /// script's line, not the framework's C++), else the innermost frame.
     pub fn key_frame(&self) -> Option<&Frame> {
-        self.frames
-            .iter()
-            .find(|f| f.kind == FrameKind::Python)
-            .or_else(|| self.frames.first())
+        key_frame(&self.frames)
     }
+}
+
+/// The frame that names a stack: the innermost Python frame where there is one (the script's
+/// line, not the framework's C++), else the innermost frame.
+pub fn key_frame(frames: &[Frame]) -> Option<&Frame> {
+    frames
+        .iter()
+        .find(|f| f.kind == FrameKind::Python)
+        .or_else(|| frames.first())
 }
 
 impl CallSites {

@@ -23,6 +23,8 @@ pub struct Plan {
     pub launch_sample: Option<Duration>,
     /// How long a snapshot records GPU activity (libethand_cupti.so); None when off.
     pub gpu_activity: Option<Duration>,
+    /// Whether a GPU activity window joins kernels to their launch call sites.
+    pub launch_sites: bool,
     pub probes: ProbePlan,
     pub maps: MapSizes,
     pub gpu: GpuPlan,
@@ -181,6 +183,7 @@ impl Plan {
             launch_sample,
             gpu_activity: (cfg.diagnosis.gpu_activity_ms > 0)
                 .then(|| Duration::from_millis(cfg.diagnosis.gpu_activity_ms)),
+            launch_sites: cfg.diagnosis.launch_sites,
             probes: ProbePlan {
                 families: ProbeFamily::ALL
                     .into_iter()

@@ -56,6 +56,9 @@ pub struct DiagnosisConfig {
     /// How long a snapshot records the GPU activity of the tree's processes started with
     /// libethand_cupti.so (at the same time as the launch sample); 0: never.
     pub gpu_activity_ms: u64,
+    /// Whether a GPU activity window joins each kernel to its launch call site (launch
+    /// uprobes on the recorded processes for the window's length).
+    pub launch_sites: bool,
     /// Stack samples per second per Python process.
     pub stack_sample_hz: u32,
     /// CPU-clock samples per second of the snapshot's native CPU profile (over

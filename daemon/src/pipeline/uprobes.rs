@@ -50,6 +50,23 @@ impl Progs {
         )
     }
 
+    /// The launch probes of GPU activity windows (`launch_trace`, `launch_trace_return`).
+    pub fn launch_trace(multi: bool) -> Self {
+        if multi {
+            Self {
+                entry: "launch_trace_multi",
+                ret: "launch_trace_return_multi",
+                multi: true,
+            }
+        } else {
+            Self {
+                entry: "launch_trace",
+                ret: "launch_trace_return",
+                multi: false,
+            }
+        }
+    }
+
     fn pick(single: (&'static str, &'static str), multi: (&'static str, &'static str)) -> Self {
         match aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation) {
             Ok(true) => Self {

@@ -89,6 +89,8 @@ impl Engine {
         let activity = crate::pipeline::gpu_activity::ActivitySampler::new(
             &mut loaded.ebpf,
             plan.gpu.cupti_dir.as_deref(),
+            plan.launch_sites,
+            progs.multi(),
         );
         for (prog, _) in crate::pipeline::gpu_activity::PROGS {
             loaded
@@ -185,7 +187,8 @@ impl Engine {
         let new = std::mem::take(&mut *self.shared.profile_requests.lock().expect("lock"));
         self.profiler.tick(&mut self.loaded.ebpf, new, force);
         let new = std::mem::take(&mut *self.shared.activity_requests.lock().expect("lock"));
-        self.activity.tick(new, force);
+        self.activity
+            .tick(&mut self.loaded.ebpf, &self.gpu, new, force);
     }
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.

@@ -275,7 +275,7 @@ impl Shared {
         &self,
         pid: u32,
         duration: std::time::Duration,
-    ) -> Option<ethand_snapshot::kernels::GpuActivity> {
+    ) -> Option<crate::pipeline::gpu_activity::Recorded> {
         // Opened at the next round, answered at a round after the windows' ends.
         ask_collector(&self.activity_requests, pid, duration, 8, |pids, reply| {
             crate::pipeline::gpu_activity::Request {

@@ -22,7 +22,7 @@ pub struct TreeRequest {
     /// The probes' status when the snapshot was taken.
     pub probes: Vec<snap::ProbeStatus>,
     pub launch_sample: Option<ethand_snapshot::gpu::LaunchSample>,
-    pub gpu_activity: Option<ethand_snapshot::kernels::GpuActivity>,
+    pub gpu_activity: Option<crate::pipeline::gpu_activity::Recorded>,
     pub code: CodeSample,
 }
 
@@ -109,9 +109,13 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         measured_ms,
         probes,
         launch_sample,
-        mut gpu_activity,
+        gpu_activity,
         code,
     } = req;
+    let (mut gpu_activity, launch_sites) = match gpu_activity {
+        Some(r) => (Some(r.activity), r.launch_sites),
+        None => (None, Vec::new()),
+    };
     // A thread id stands for its process.
     let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
     crate::pipeline::gpu_activity::check_against_launches(&mut gpu_activity, &launch_sample);
@@ -154,6 +158,16 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         .filter_map(|p| model.site_inputs(p))
         .collect();
     let site_cache = model.site_cache.clone();
+    // The launch sites' processes as the call sites key them (start time, /proc's ticks).
+    let launch_keys: HashMap<u32, (ethand_common::ProcKey, Option<u64>)> = keys
+        .iter()
+        .filter_map(|k| model.procs.get(k))
+        .filter(|p| launch_sites.iter().any(|l| l.pid == p.key.tgid))
+        .map(|p| {
+            let ticks = p.meta.as_ref().map(|m| m.start_ticks).filter(|t| *t > 0);
+            (p.key.tgid, (p.key, ticks))
+        })
+        .collect();
     let py_frames = model.py_frames.clone();
     let timeline = model.timeline(&keys, window_ms);
     let (mut neighbours, neighbours_cores) = model.neighbours(&keys, window_ms);
@@ -184,6 +198,13 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         crate::pipeline::inflight::fill(p, &e, mono_now_ns, known_ms, &mut budget);
     }
     crate::pipeline::inflight::name_peers(&mut processes);
+    crate::pipeline::gpu_activity::resolve_launch_sites(
+        &mut gpu_activity,
+        launch_sites,
+        &launch_keys,
+        &py_frames,
+        &shared.reader,
+    );
     crate::pipeline::gpu_activity::demangle_kernels(&mut gpu_activity, &shared.reader);
     // After what the threads are doing now was read: symbolizing may take a while.
     fill_call_sites(

@@ -18,6 +18,12 @@ pub const CUPTI_NAME_MAX: usize = 256;
 pub const CUPTI_NONE: u32 = u32::MAX;
 /// Size of the `CUPTI_EVENTS` ring buffer (a power of two, a multiple of the page).
 pub const CUPTI_RINGBUF_BYTES: u32 = 4 << 20;
+/// Size of the `LAUNCH_EVENTS` ring buffer: 64 bytes a launch, drained each collection round
+/// (a second at the defaults): room for 65,536 launches a round.
+pub const LAUNCH_RINGBUF_BYTES: u32 = 4 << 20;
+/// Entries of `LAUNCH_STACKS` (the user stacks of launches inside windows, cleared when no
+/// window is open).
+pub const LAUNCH_STACKS_MAX: u32 = 4096;
 
 /// `struct ethand_cupti_ctl_header`.
 #[repr(C)]
@@ -162,11 +168,51 @@ pub struct CuptiWindowEntry {
     pub event: CuptiWindowEvent,
 }
 
+/// One kernel launch call of a process inside its window (`LAUNCH_EVENTS`), made by the
+/// uprobe and uretprobe on the runtime's launch symbols (ebpf/ethand-ebpf/src/cupti.rs):
+/// which thread called, when it entered and returned (CLOCK_MONOTONIC), and its call site as
+/// the GPU call sites key it. The kernel a launch made is the one whose `queued` time (mapped
+/// to this clock) falls inside [entry_ns, return_ns].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchEvent {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The window `CUPTI_OPEN` names for the process at the return.
+    pub window_id: u64,
+    pub entry_ns: u64,
+    pub return_ns: u64,
+    /// A `LAUNCH_STACKS` id, or [`crate::GPU_STACK_UNATTRIBUTED`] where the stack could not
+    /// be taken.
+    pub stack_id: u32,
+    pub _pad0: u32,
+    /// The caller's return address (the stack's top at the entry).
+    pub caller: u64,
+    /// The `PY_STACKS` hash of the thread's Python frames, or 0.
+    pub py_stack: u64,
+}
+
+/// A launch between its entry and return (`LAUNCH_INFLIGHT`, by thread id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchInflight {
+    pub entry_ns: u64,
+    pub stack_id: u32,
+    pub _pad0: u32,
+    pub caller: u64,
+    pub py_stack: u64,
+}
+
 /// Indexes of the `CUPTI_DROPS` per-CPU counters.
 pub mod cupti_drop {
     /// The ring buffer was full: an entry lost.
     pub const RINGBUF_FULL: u32 = 0;
     /// A probe's arguments could not be read.
     pub const READ_FAILED: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// `LAUNCH_EVENTS` was full: a launch lost (its kernel is unattributed).
+    pub const LAUNCH_RINGBUF_FULL: u32 = 2;
+    /// A launch's user stack could not be taken (`LAUNCH_STACKS` full, or a stack it could
+    /// not walk): its kernels join a site without native frames.
+    pub const LAUNCH_STACK_LOST: u32 = 3;
+    pub const COUNT: u32 = 4;
 }

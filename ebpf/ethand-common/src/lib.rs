@@ -77,6 +77,8 @@ mod tests {
         assert_eq!(size_of::<CuptiBatchEvent>(), 24 + 88 * CUPTI_BATCH as usize);
         assert_eq!(size_of::<CuptiNameEvent>(), 24 + CUPTI_NAME_MAX);
         assert_eq!(size_of::<CuptiWindowEntry>(), 24 + 80);
+        assert_eq!(size_of::<LaunchEvent>(), 56);
+        assert_eq!(size_of::<LaunchInflight>(), 32);
     }
 
     /// Sizes are the sum of field sizes: no hidden padding may creep in.

@@ -39,3 +39,5 @@ unsafe impl aya::Pod for RecordGpuInflight {}
 unsafe impl aya::Pod for ProfileKey {}
 unsafe impl aya::Pod for ProfileCount {}
 unsafe impl aya::Pod for ProfileOff {}
+unsafe impl aya::Pod for LaunchEvent {}
+unsafe impl aya::Pod for LaunchInflight {}

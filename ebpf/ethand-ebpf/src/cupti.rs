@@ -3,16 +3,29 @@
 //! window event) into the `CUPTI_EVENTS` ring buffer, with the caller's tgid from the kernel,
 //! never from the arguments. Only processes the daemon opened a window for (`CUPTI_OPEN`,
 //! tgid -> window id) get through: another process calling the functions costs a lookup.
+//!
+//! The launch programs (`launch_trace*`) are attached by the daemon, for a window's length,
+//! to the launch symbols of the runtime libraries a recorded process maps (scoped to it): per
+//! launch of a process inside its window they take the user stack and Python frames at the
+//! entry and write one [`LaunchEvent`] at the return, so that each kernel can be joined to
+//! the call that launched it.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, bpf_probe_read_user_buf},
-    macros::{map, uprobe},
-    maps::{HashMap, PerCpuArray, RingBuf},
-    programs::ProbeContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use ethand_common::{
     CUPTI_RINGBUF_BYTES, CuptiBatchEvent, CuptiEventHeader, CuptiNameEvent, CuptiRec,
-    CuptiWindowEntry, CuptiWindowEvent, cupti_drop, cupti_event,
+    CuptiWindowEntry, CuptiWindowEvent, GPU_STACK_UNATTRIBUTED, LAUNCH_RINGBUF_BYTES,
+    LAUNCH_STACKS_MAX, LaunchEvent, LaunchInflight, cupti_drop, cupti_event,
 };
+
+use crate::context::current_ctx;
+use crate::python::python_stack;
 
 /// No preallocation: most nodes have no window open.
 const NO_PREALLOC: u32 = 1;
@@ -23,6 +36,15 @@ pub static CUPTI_OPEN: HashMap<u32, u64> = HashMap::with_max_entries(1024, NO_PR
 pub static CUPTI_EVENTS: RingBuf = RingBuf::with_byte_size(CUPTI_RINGBUF_BYTES, 0);
 #[map]
 pub static CUPTI_DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(cupti_drop::COUNT, 0);
+#[map]
+pub static LAUNCH_EVENTS: RingBuf = RingBuf::with_byte_size(LAUNCH_RINGBUF_BYTES, 0);
+/// LRU: a launch whose return never comes (thread killed) ages out.
+#[map]
+pub static LAUNCH_INFLIGHT: LruHashMap<u32, LaunchInflight> = LruHashMap::with_max_entries(4096, 0);
+/// Apart from `GPU_STACKS`: a window's launch stacks never take the room of the always-on
+/// call sites.
+#[map]
+pub static LAUNCH_STACKS: StackTrace = StackTrace::with_max_entries(LAUNCH_STACKS_MAX, 0);
 
 #[inline(always)]
 fn drop_count(idx: u32) {
@@ -147,6 +169,84 @@ fn on_window(ctx: &ProbeContext) -> Option<()> {
             window_id: event.window_id,
         },
         event,
+    });
+    e.submit(0);
+    Some(())
+}
+
+#[uprobe]
+pub fn launch_trace(ctx: ProbeContext) -> u32 {
+    let _ = on_launch_entry(&ctx);
+    0
+}
+
+#[uprobe(multi)]
+pub fn launch_trace_multi(ctx: ProbeContext) -> u32 {
+    let _ = on_launch_entry(&ctx);
+    0
+}
+
+#[uretprobe]
+pub fn launch_trace_return(_ctx: RetProbeContext) -> u32 {
+    let _ = on_launch_return();
+    0
+}
+
+#[uretprobe(multi)]
+pub fn launch_trace_return_multi(_ctx: RetProbeContext) -> u32 {
+    let _ = on_launch_return();
+    0
+}
+
+fn on_launch_entry(ctx: &ProbeContext) -> Option<()> {
+    // Outside a window (the links outlive it by up to a collection round): a lookup.
+    open_tgid()?;
+    let entry_ns = unsafe { bpf_ktime_get_ns() };
+    let c = current_ctx()?;
+    let (tid, tgid, proc_start_ns) = (c.tid, c.tgid, c.proc_start_ns);
+    // At the launch symbol's first instruction the return address is on top of the stack.
+    let sp = unsafe { core::ptr::read_volatile(&raw const (*ctx.regs).rsp) };
+    let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    let stack_id = match ctx.get_stackid(&LAUNCH_STACKS, u64::from(BPF_F_USER_STACK)) {
+        Ok(id) => id as u32,
+        Err(_) => {
+            drop_count(cupti_drop::LAUNCH_STACK_LOST);
+            GPU_STACK_UNATTRIBUTED
+        }
+    };
+    let v = LaunchInflight {
+        entry_ns,
+        stack_id,
+        _pad0: 0,
+        caller,
+        py_stack: python_stack(tgid, proc_start_ns),
+    };
+    let _ = LAUNCH_INFLIGHT.insert(&tid, &v, 0);
+    Some(())
+}
+
+fn on_launch_return() -> Option<()> {
+    let return_ns = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let inf: LaunchInflight = unsafe { *LAUNCH_INFLIGHT.get(&tid)? };
+    let _ = LAUNCH_INFLIGHT.remove(&tid);
+    let tgid = (pid_tgid >> 32) as u32;
+    let window_id = unsafe { *CUPTI_OPEN.get(&tgid)? };
+    let Some(mut e) = LAUNCH_EVENTS.reserve::<LaunchEvent>(0) else {
+        drop_count(cupti_drop::LAUNCH_RINGBUF_FULL);
+        return None;
+    };
+    e.write(LaunchEvent {
+        tgid,
+        tid,
+        window_id,
+        entry_ns: inf.entry_ns,
+        return_ns,
+        stack_id: inf.stack_id,
+        _pad0: 0,
+        caller: inf.caller,
+        py_stack: inf.py_stack,
     });
     e.submit(0);
     Some(())

@@ -89,7 +89,62 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
         o.push_str("</tbody></table>");
     }
     kernels(o, p);
+    launch_sites(o, p);
     copies(o, p);
+}
+
+fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
+    let Some(ls) = &p.launch_sites else {
+        return;
+    };
+    if let Some(why) = &ls.unavailable {
+        w!(
+            o,
+            "<p class=\"dim\">Launch call sites not traced: {}</p>",
+            escape(why)
+        );
+        return;
+    }
+    w!(
+        o,
+        "<p class=\"sub\">Launched from: {}.</p>",
+        escape(&crate::stacks::launch_coverage(ls))
+    );
+    if ls.sites.is_empty() {
+        return;
+    }
+    o.push_str("<table><thead><tr><th>GPU time</th><th>Kernels</th><th class=\"l\">Launched from</th><th class=\"l\">Its kernels</th></tr></thead><tbody>");
+    for s in &ls.sites {
+        let kernels: Vec<String> = s
+            .top
+            .iter()
+            .map(|k| {
+                let name = k
+                    .demangled
+                    .as_deref()
+                    .or(k.name.as_deref())
+                    .unwrap_or("(name lost)");
+                format!("{} ×{}", escape(name), count(k.count))
+            })
+            .collect();
+        w!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td class=\"l cmd\">{}</td><td class=\"l cmd\">{}</td></tr>",
+            duration_ns_u(s.gpu_ns),
+            count(s.kernels),
+            escape(&crate::stacks::launch_site(s)),
+            kernels.join("<br>")
+        );
+    }
+    if let Some(other) = &ls.other {
+        w!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td class=\"l\"><i>the other sites</i></td><td></td></tr>",
+            duration_ns_u(other.gpu_ns),
+            count(other.count)
+        );
+    }
+    o.push_str("</tbody></table>");
 }
 
 fn kernels(o: &mut String, p: &GpuActivityProcess) {

@@ -133,6 +133,7 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
     if more > 0 {
         let _ = writeln!(o, "    ... and {more} launches of other kernels");
     }
+    launch_sites(o, p);
     for c in &p.copies {
         let rate = c
             .bytes_per_s
@@ -173,6 +174,52 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
             o,
             "    records lost: {} by CUPTI, {} by ethand (figures above are low)",
             p.records_dropped_by_cupti, p.records_lost_by_ethand
+        );
+    }
+}
+
+/// Where the kernels were launched from.
+fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
+    let Some(ls) = &p.launch_sites else {
+        return;
+    };
+    if let Some(why) = &ls.unavailable {
+        let _ = writeln!(o, "    launch call sites: not traced: {}", clean(why));
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "    launched from ({}):",
+        clean(&crate::stacks::launch_coverage(ls))
+    );
+    for s in &ls.sites {
+        let kernels: Vec<String> = s
+            .top
+            .iter()
+            .map(|k| {
+                let name = k
+                    .demangled
+                    .as_deref()
+                    .or(k.name.as_deref())
+                    .unwrap_or("(name lost)");
+                format!("{} x{}", shorten(name, 60), k.count)
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "    {:>10} {:>7}x  {}  [{}]",
+            duration_ns_u(s.gpu_ns),
+            s.kernels,
+            clean(&crate::stacks::launch_site(s)),
+            clean(&kernels.join(", "))
+        );
+    }
+    if let Some(other) = &ls.other {
+        let _ = writeln!(
+            o,
+            "    {:>10} {:>7}x  (other sites)",
+            duration_ns_u(other.gpu_ns),
+            other.count
         );
     }
 }

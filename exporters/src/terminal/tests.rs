@@ -343,3 +343,58 @@ fn real_gpu_activity_on_the_terminal() {
     );
     assert!(!out.chars().any(|c| c != '\n' && text::needs_escape(c)));
 }
+
+/// Launch call sites: each with its place, source, kernels and GPU time; the kernels not
+/// joined said apart; names that are the process's escaped.
+#[test]
+fn launch_sites_on_the_terminal() {
+    use ethand_snapshot::{
+        kernels::{KernelStat, LaunchSite, LaunchSites},
+        stacks::{Frame, FrameKind},
+    };
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gpu-activity/h200-torch-injected.json");
+    let mut t: TreeSnapshot =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("tree");
+    let a = t.gpu_activity.as_mut().expect("gpu_activity");
+    a.processes[0].launch_sites = Some(LaunchSites {
+        launches: 9000,
+        kernels: 8010,
+        kernels_joined: 8000,
+        kernels_without_queued_time: 10,
+        sites: vec![LaunchSite {
+            frames: vec![Frame {
+                kind: FrameKind::Python,
+                function: Some("step\x1b[2J".into()),
+                file: Some("train.py".into()),
+                line: Some(41),
+                ..Frame::default()
+            }],
+            source: Some("y = model(x)".into()),
+            kernels: 8000,
+            gpu_ns: 35_000_000,
+            top: vec![KernelStat {
+                name: Some("ampere_sgemm_128x64_nn".into()),
+                count: 8000,
+                gpu_ns: 35_000_000,
+                ..KernelStat::default()
+            }],
+        }],
+        ..LaunchSites::default()
+    });
+    let out = snapshot(&t);
+    assert!(
+        out.contains("launched from (8,000 of 8,010 kernels joined to their launch call (10 without a queued time (CUDA graphs)))"),
+        "{out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.contains("train.py:41"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("35.0 ms") && line.contains("8000x") && line.contains("`y = model(x)`"),
+        "{line}"
+    );
+    assert!(line.contains("[ampere_sgemm_128x64_nn x8000]"), "{line}");
+    assert!(!out.chars().any(|c| c != '\n' && text::needs_escape(c)));
+}

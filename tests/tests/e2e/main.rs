@@ -27,6 +27,7 @@ mod gpu_sites;
 mod hostile;
 mod html;
 mod inflight;
+mod launch_sites;
 mod lifecycle;
 mod memory;
 mod metrics;

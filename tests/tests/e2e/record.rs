@@ -415,14 +415,19 @@ fn record_block_requests_carry_the_exact_bytes() {
     let total = mib << 20;
     let mut w = workload(&["blockio", file.to_str().expect("utf-8"), &mib.to_string()]);
     let out = temp_path("record-block", "json");
-    let rec = Recorder::start(w.pid, "3s", &out, 1_000_000);
+    // Ended once the workload is done, not after a fixed time: on a busy disk its 16 MiB of
+    // O_DIRECT IO has taken longer than a short recording (5 of 8 writes recorded, in CI).
+    let rec = Recorder::start(w.pid, "600s", &out, 1_000_000);
     let done = w.go();
     assert_eq!(
         (done.u64("written"), done.u64("read")),
         (total, total),
         "workload's own IO"
     );
-    let stdout = rec.finish();
+    // The last drains (every 20 ms).
+    thread::sleep(Duration::from_millis(300));
+    let (code, stdout, stderr, _) = rec.interrupt();
+    assert_eq!(code, 0, "ethand record failed; stderr:\n{stderr}");
     let pid = w.pid as u64;
     w.finish();
     eprintln!("observed: ethand record: {}", stdout.trim());

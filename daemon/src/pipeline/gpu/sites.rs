@@ -80,21 +80,30 @@ impl SiteInputs {
     }
 }
 
-/// The call sites of one process's probed calls, per symbol (busiest symbol first).
-pub fn call_sites(
+/// A site's frames as the snapshot shows them: the native stack above the runtime library,
+/// its Python frames in place of the interpreter's own, and the source line of its innermost
+/// native frame that has one.
+pub type SiteFrames = (Vec<Frame>, Option<String>);
+
+/// The frames of each of `wanted` ((stack id, caller, Python stack) of process `key`; a stack
+/// id `stacks` maps, or [`GPU_STACK_UNATTRIBUTED`]); None where neither a native stack nor
+/// Python frames could be had. Symbolizes what `cache` lacks in one request to the reader,
+/// without holding the cache's lock.
+pub fn resolve(
     cache: &Mutex<SiteCache>,
     py: &Mutex<PyFrames>,
     reader: &ReaderHandle,
-    inputs: &SiteInputs,
-) -> Vec<CallSites> {
-    let (key, sites, stacks) = (inputs.key, &inputs.sites, &inputs.stacks);
+    key: ProcKey,
+    start_ticks: Option<u64>,
+    wanted: &[(u32, u64, u64)],
+    stacks: &HashMap<u32, Stack>,
+) -> Vec<Option<SiteFrames>> {
     let (pid, start) = (key.tgid, key.proc_start_ns);
-    // What the cache lacks, symbolized in one request without holding the cache's lock.
     let mut missing: Vec<((u32, u64), Stack)> = {
         let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
-        sites
-            .keys()
-            .filter_map(|(_, id, caller, _)| Some(((*id, *caller), stacks.get(id)?.clone())))
+        wanted
+            .iter()
+            .filter_map(|(id, caller, _)| Some(((*id, *caller), stacks.get(id)?.clone())))
             .filter(|((id, caller), st)| {
                 cache
                     .entries
@@ -103,6 +112,7 @@ pub fn call_sites(
             })
             .collect()
     };
+    missing.sort_by_key(|(k, _)| *k);
     missing.dedup_by(|a, b| a.0 == b.0);
     // Answers not kept (a request that timed out is asked again by the next snapshot).
     let mut fresh: HashMap<(u32, u64), Resolved> = HashMap::new();
@@ -111,7 +121,7 @@ pub fn call_sites(
             .iter()
             .map(|((_, caller), st)| with_caller(st, *caller))
             .collect();
-        let answer = reader.symbolize(pid, inputs.start_ticks, &with_caller, true, true, true);
+        let answer = reader.symbolize(pid, start_ticks, &with_caller, true, true, true);
         let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
         for (((id, caller), st), s) in missing.into_iter().zip(answer.stacks) {
             let transient = ethand_reader::client::is_transient(&s);
@@ -125,14 +135,56 @@ pub fn call_sites(
     }
     let cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
     let py = py.lock().unwrap_or_else(PoisonError::into_inner);
+    wanted
+        .iter()
+        .map(|&(id, caller, py_stack)| {
+            let resolved = (id != GPU_STACK_UNATTRIBUTED)
+                .then(|| {
+                    fresh.get(&(id, caller)).or_else(|| {
+                        cache
+                            .entries
+                            .get(&(pid, start, id, caller))
+                            .filter(|(st, _)| {
+                                stacks.get(&id).is_some_and(|now| Arc::ptr_eq(now, st))
+                            })
+                            .map(|(_, r)| r)
+                    })
+                })
+                .flatten();
+            let python = (py_stack != 0).then(|| py.frames(&key, py_stack)).flatten();
+            match (resolved, python) {
+                (None, None) => None,
+                (Some(r), None) => Some((r.frames.clone(), r.source.clone())),
+                (r, Some(python)) => Some((
+                    with_python(r.map(|r| r.frames.as_slice()).unwrap_or(&[]), python),
+                    None,
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The call sites of one process's probed calls, per symbol (busiest symbol first).
+pub fn call_sites(
+    cache: &Mutex<SiteCache>,
+    py: &Mutex<PyFrames>,
+    reader: &ReaderHandle,
+    inputs: &SiteInputs,
+) -> Vec<CallSites> {
+    let (key, sites, stacks) = (inputs.key, &inputs.sites, &inputs.stacks);
+    let wanted: Vec<(u32, u64, u64)> = sites
+        .keys()
+        .map(|&(_, id, caller, py_stack)| (id, caller, py_stack))
+        .collect();
+    let resolved = resolve(cache, py, reader, key, inputs.start_ticks, &wanted, stacks);
     let mut by_op: BTreeMap<u16, CallSites> = BTreeMap::new();
     let mut merged: BTreeMap<u16, Vec<CallSite>> = BTreeMap::new();
-    for (&(op, id, caller, py_stack), s) in sites {
+    for ((&(op, _, _, _), s), frames) in sites.iter().zip(resolved) {
         let Some(spec) = CATALOG.get(op as usize) else {
             continue;
         };
         let cs = by_op.entry(op).or_insert_with(|| CallSites {
-            pid,
+            pid: key.tgid,
             call: spec.name.into(),
             category: spec.category.as_str().into(),
             basis: SiteBasis::Calls,
@@ -140,28 +192,9 @@ pub fn call_sites(
             ..CallSites::default()
         });
         cs.total += s.calls;
-        let resolved = (id != GPU_STACK_UNATTRIBUTED)
-            .then(|| {
-                fresh.get(&(id, caller)).or_else(|| {
-                    cache
-                        .entries
-                        .get(&(pid, start, id, caller))
-                        .filter(|(st, _)| stacks.get(&id).is_some_and(|now| Arc::ptr_eq(now, st)))
-                        .map(|(_, r)| r)
-                })
-            })
-            .flatten();
-        let python = (py_stack != 0).then(|| py.frames(&key, py_stack)).flatten();
-        let (frames, source) = match (resolved, python) {
-            (None, None) => {
-                *cs.unattributed.get_or_insert(0) += s.calls;
-                continue;
-            }
-            (Some(r), None) => (r.frames.clone(), r.source.clone()),
-            (r, Some(python)) => (
-                with_python(r.map(|r| r.frames.as_slice()).unwrap_or(&[]), python),
-                None,
-            ),
+        let Some((frames, source)) = frames else {
+            *cs.unattributed.get_or_insert(0) += s.calls;
+            continue;
         };
         let time_ns = (s.timed_calls > 0).then_some(s.time_ns);
         let list = merged.entry(op).or_default();
@@ -191,40 +224,49 @@ pub fn call_sites(
     }
     let mut out: Vec<CallSites> = by_op.into_values().collect();
     out.sort_by(|a, b| b.total.cmp(&a.total).then(a.call.cmp(&b.call)));
-    drop((cache, py));
-    python_sources(reader, inputs, &mut out);
+    python_sources(
+        reader,
+        key.tgid,
+        inputs.start_ticks,
+        out.iter_mut()
+            .flat_map(|cs| cs.sites.iter_mut())
+            .map(|s| (s.frames.as_slice(), &mut s.source)),
+    );
     out
 }
 
-/// The (file, line) of a site named by a Python frame and still without its source text.
-fn python_line(s: &CallSite) -> Option<(String, u32)> {
-    let f = s
-        .key_frame()
+/// The (file, line) of a site named by a Python frame.
+fn python_line(frames: &[Frame]) -> Option<(String, u32)> {
+    let f = ethand_snapshot::stacks::key_frame(frames)
         .filter(|f| f.kind == ethand_snapshot::stacks::FrameKind::Python)?;
     Some((f.file.clone()?, f.line?))
 }
 
-/// The source text of the sites the kernel's Python walk named, read as the process's owner
-/// in one request (none where the process is gone or the file cannot be read).
-fn python_sources(reader: &ReaderHandle, inputs: &SiteInputs, out: &mut [CallSites]) {
-    let mut want: Vec<(String, u32)> = out
-        .iter()
-        .flat_map(|cs| &cs.sites)
-        .filter(|s| s.source.is_none())
-        .filter_map(python_line)
+/// The source text of the sites (frames, source) the kernel's Python walk named and that
+/// have none yet, read as the process's owner in one request (none where the process is gone
+/// or the file cannot be read).
+pub fn python_sources<'a>(
+    reader: &ReaderHandle,
+    pid: u32,
+    start_ticks: Option<u64>,
+    sites: impl Iterator<Item = (&'a [Frame], &'a mut Option<String>)>,
+) {
+    let mut sites: Vec<((String, u32), &'a mut Option<String>)> = sites
+        .filter(|(_, source)| source.is_none())
+        .filter_map(|(frames, source)| Some((python_line(frames)?, source)))
         .collect();
+    let mut want: Vec<(String, u32)> = sites.iter().map(|(k, _)| k.clone()).collect();
     want.sort();
     want.dedup();
     if want.is_empty() {
         return;
     }
-    let (pid, start) = (inputs.key.tgid, inputs.start_ticks);
     let Ok(r) = reader.reader.as_ref() else {
         return;
     };
     let texts = r
-        .session(pid, start)
-        .and_then(|mut s| s.source_lines(pid, start, &want, reader.symbolize_timeout));
+        .session(pid, start_ticks)
+        .and_then(|mut s| s.source_lines(pid, start_ticks, &want, reader.symbolize_timeout));
     let Ok(texts) = texts else {
         return;
     };
@@ -233,10 +275,8 @@ fn python_sources(reader: &ReaderHandle, inputs: &SiteInputs, out: &mut [CallSit
         .zip(texts)
         .filter_map(|(k, t)| Some((k, t?)))
         .collect();
-    for s in out.iter_mut().flat_map(|cs| cs.sites.iter_mut()) {
-        if s.source.is_none() {
-            s.source = python_line(s).and_then(|k| found.get(&k).cloned());
-        }
+    for (k, source) in sites.iter_mut() {
+        **source = found.get(k).cloned();
     }
 }
 

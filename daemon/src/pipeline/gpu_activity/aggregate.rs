@@ -4,15 +4,18 @@
 //! nothing is trusted beyond being counted for that process.
 use std::collections::HashMap;
 
-use super::idle::{self, KernelSpan};
+use super::{
+    idle::{self, KernelSpan},
+    launches::{ClockMap, Joined, Launches},
+};
 use ethand_common::{
     CUPTI_BATCH, CUPTI_NAME_MAX, CUPTI_NONE, CuptiEventHeader, CuptiRec, CuptiWindowEvent,
-    cupti_event, cupti_rec_kind, cupti_window_state,
+    LaunchEvent, cupti_event, cupti_rec_kind, cupti_window_state,
 };
 use ethand_snapshot::kernels::{
     ActivityState, CommOverlap, CopyKind, CopyStat, DeviceActivity, GpuActivityProcess,
-    KernelClass, KernelClassStat, KernelStat, MemoryKind, SyncKind, SyncStat, TOP_KERNELS,
-    TimedCount,
+    KernelClass, KernelClassStat, KernelStat, LaunchSites, MemoryKind, SyncKind, SyncStat,
+    TOP_KERNELS, TimedCount,
 };
 
 /// Kernel names kept per window (the library gives at most 4,096 ids).
@@ -53,6 +56,8 @@ pub struct Window {
     closed: Option<CuptiWindowEvent>,
     /// REFUSED or FAILED.
     ended: Option<CuptiWindowEvent>,
+    /// The launch calls, where they are traced (Err: why not).
+    launches: Option<Result<Launches, String>>,
 }
 
 fn span(r: &CuptiRec) -> u64 {
@@ -69,6 +74,17 @@ impl Window {
         Self {
             max_records,
             ..Self::default()
+        }
+    }
+
+    /// Launch calls are traced for this window (or, with Err, could not be: why).
+    pub fn trace_launches(&mut self, traced: Result<(), String>) {
+        self.launches = Some(traced.map(|()| Launches::new(self.max_records)));
+    }
+
+    pub fn launch(&mut self, e: &LaunchEvent) {
+        if let Some(Ok(l)) = self.launches.as_mut() {
+            l.add(e);
         }
     }
 
@@ -158,8 +174,40 @@ impl Window {
         }
     }
 
-    /// The process's part of the snapshot.
-    pub fn finish(self, pid: u32) -> GpuActivityProcess {
+    /// The process's part of the snapshot, and its kernels joined to their launch calls
+    /// (where those were traced and the window was recorded).
+    pub fn finish(mut self, pid: u32) -> (GpuActivityProcess, Option<Joined>) {
+        let launches = self.launches.take();
+        let mut joined = None;
+        let mut p = self.summarize(pid, |kernels, clock, names| match launches {
+            None => None,
+            Some(Err(why)) => Some(LaunchSites {
+                unavailable: Some(why),
+                ..Default::default()
+            }),
+            Some(Ok(l)) => {
+                let mut j = l.join(kernels, clock);
+                for s in j.sites.iter_mut() {
+                    s.top = site_kernels(std::mem::take(&mut s.by_name), names);
+                }
+                let counts = j.counts.clone();
+                joined = Some(j);
+                Some(counts)
+            }
+        });
+        if p.state != ActivityState::Recorded {
+            p.launch_sites = None;
+        }
+        (p, joined)
+    }
+
+    /// `join`: the launch sites' counts of the window's kernels (each with its name id),
+    /// called once the window is known to be recorded.
+    fn summarize(
+        self,
+        pid: u32,
+        join: impl FnOnce(&[(KernelSpan, u32)], ClockMap, &HashMap<u32, String>) -> Option<LaunchSites>,
+    ) -> GpuActivityProcess {
         let mut p = GpuActivityProcess {
             pid,
             state: ActivityState::NoAnswer,
@@ -207,6 +255,13 @@ impl Window {
                 .flatten()
                 .map_or(KernelClass::Other, |n| KernelClass::of(n))
         };
+        let kernels: Vec<(KernelSpan, u32)> = self
+            .timelines
+            .values()
+            .flat_map(|t| t.kernels.iter().copied().zip(t.name_ids.iter().copied()))
+            .collect();
+        p.launch_sites = join(&kernels, ClockMap::new(&open, &close), &self.names);
+        drop(kernels);
         p.devices = self
             .timelines
             .into_iter()
@@ -325,6 +380,42 @@ fn kernel_stats(
             })
     });
     (stats, other, classes)
+}
+
+/// The kernels of one launch site by name, most GPU time first (all of them: sites with the
+/// same frames are merged before the list is cut to [`KERNELS_PER_SITE`]).
+fn site_kernels(
+    by_name: HashMap<u32, (u64, u64)>,
+    names: &HashMap<u32, String>,
+) -> Vec<KernelStat> {
+    let mut top: Vec<KernelStat> = by_name
+        .into_iter()
+        .map(|(id, (count, ns))| {
+            let name = (id != CUPTI_NONE)
+                .then(|| names.get(&id).cloned())
+                .flatten();
+            KernelStat {
+                class: name.as_deref().map_or(KernelClass::Other, KernelClass::of),
+                name,
+                count,
+                gpu_ns: ns,
+                ..Default::default()
+            }
+        })
+        .collect();
+    top.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
+    top
+}
+
+/// One `LAUNCH_EVENTS` entry, to the window `window_of(tgid, window_id)` gives (none: the
+/// entry is dropped).
+pub fn apply_launch<'a>(bytes: &[u8], window_of: impl FnOnce(u32, u64) -> Option<&'a mut Window>) {
+    let Some(e) = read::<LaunchEvent>(bytes, 0) else {
+        return;
+    };
+    if let Some(w) = window_of(e.tgid, e.window_id) {
+        w.launch(&e);
+    }
 }
 
 /// One `CUPTI_EVENTS` entry, to the window `window_of(tgid, window_id)` gives; an entry of
@@ -514,7 +605,7 @@ mod tests {
         assert!(!w.done());
         w.event(ev(cupti_window_state::CLOSED, 2_000, 6));
         assert!(w.done());
-        let p = w.finish(42);
+        let (p, _) = w.finish(42);
         assert_eq!(p.state, ActivityState::Recorded);
         assert_eq!(p.records, 3);
         // 6 handed over, 3 summed, 1 over the budget: 2 lost on the way.
@@ -622,7 +713,7 @@ mod tests {
             result: 39,
             ..Default::default()
         });
-        assert_eq!(w.finish(1).state, ActivityState::Refused);
-        assert_eq!(Window::new(10).finish(1).state, ActivityState::NoAnswer);
+        assert_eq!(w.finish(1).0.state, ActivityState::Refused);
+        assert_eq!(Window::new(10).finish(1).0.state, ActivityState::NoAnswer);
     }
 }
