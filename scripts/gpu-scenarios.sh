@@ -21,6 +21,8 @@
 #                     libethand_cupti.so (gpu.cupti_dir, default /var/lib/ethand/cupti), as a
 #                     cluster's job template would: the daemon snapshots then hold what the
 #                     GPU ran (gpu_activity); the standalone ones say the daemon owns it
+#   LAUNCH_SITES=1    diagnosis.launch_sites = true (kernels joined to their launch call
+#                     sites; off at the defaults)
 # Every command runs under a timeout; a failing scenario is logged and the run goes on.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -87,6 +89,7 @@ trap 'log "interrupted"; exit 130' INT TERM
 log "gpu-scenarios: OUT=$OUT ETHAND=$E PY=$PY RUN_S=$RUN_S WARM_S=$WARM_S BUDGET_S=$BUDGET_S ONLY='${ONLY}' INJECT='${INJECT}'"
 {
     echo "inject: ${INJECT:+CUDA_INJECTION64_PATH=$INJECT_LIB}"
+    echo "launch_sites: ${LAUNCH_SITES:+true}"
     echo "date: $(date -u +%FT%TZ)"
     echo "uname: $(uname -a)"
     echo "cpus: $(nproc)"
@@ -106,6 +109,7 @@ socket = "$W/ethand.sock"
 [prometheus]
 listen = "127.0.0.1:9479"
 CFG
+[ -n "${LAUNCH_SITES:-}" ] && printf '[diagnosis]\nlaunch_sites = true\n' >> "$CFG"
 "$E" --config "$CFG" run > "$W/daemon.log" 2>&1 &
 DP=$!
 DAEMON_OK=0

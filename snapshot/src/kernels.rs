@@ -96,9 +96,13 @@ pub struct GpuActivityProcess {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syncs: Vec<SyncStat>,
     /// Where the window's kernels were launched from; absent where the launches were not
-    /// traced (not recorded, or see [`LaunchSites::unavailable`]).
+    /// traced (not recorded, `diagnosis.launch_sites` off, or see
+    /// `launch_sites_unavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_sites: Option<LaunchSites>,
+    /// Why the launches of a recorded process could not be traced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_sites_unavailable: Option<String>,
 }
 
 /// Launch call sites listed; the others are summed.
@@ -113,10 +117,6 @@ pub const KERNELS_PER_SITE: usize = 3;
 /// never guessed onto a site: where no call or more than one holds it, it is counted apart.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LaunchSites {
-    /// Why the launches could not be traced (the kernels are not joined); the counts below
-    /// are then 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable: Option<String>,
     /// Launch calls seen inside the window.
     pub launches: u64,
     /// Kernels (with a duration) of the window, and those joined to a launch call.

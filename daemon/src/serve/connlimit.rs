@@ -281,6 +281,17 @@ pub fn raise_nofile_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// The per-peer cap for a total cap fitted down from `configured` to `fitted`: shrunk in the
+/// same proportion (at least 1). Left as configured, two local users would hold a small
+/// fitted total between them (8 each of 16 under a 400-descriptor limit) and Prometheus'
+/// scrape would find no slot.
+pub fn per_peer_in_proportion(per_peer: u64, configured: u64, fitted: u64) -> u64 {
+    if fitted >= configured {
+        return per_peer;
+    }
+    (per_peer * fitted / configured.max(1)).max(1)
+}
+
 /// Descriptors kept free of connections, for what the daemon opens later (uprobe links and
 /// library files of runtimes loaded later, /proc files, the device collectors).
 pub const FD_RESERVE: u64 = 256;
@@ -432,5 +443,10 @@ mod tests {
         assert_eq!(fit_to_fd_limit(512, 512, 1024, 300), (234, 234));
         // Nothing left: one each, never zero.
         assert_eq!(fit_to_fd_limit(64, 64, 256, 200), (1, 1));
+        // The per-peer cap follows: 8 of 64 become 2 of 16 (the e2e test's 400-descriptor
+        // limit), so that two users cannot take the whole of it.
+        assert_eq!(per_peer_in_proportion(8, 64, 16), 2);
+        assert_eq!(per_peer_in_proportion(8, 64, 64), 8);
+        assert_eq!(per_peer_in_proportion(8, 64, 1), 1);
     }
 }

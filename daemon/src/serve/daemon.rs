@@ -564,7 +564,11 @@ impl ConnectionCaps {
             metrics: crate::serve::connlimit::ConnLimiter::new(
                 "metrics",
                 max_metrics as usize,
-                cfg.prometheus.max_connections_per_peer as usize,
+                crate::serve::connlimit::per_peer_in_proportion(
+                    cfg.prometheus.max_connections_per_peer,
+                    wanted_metrics,
+                    max_metrics,
+                ) as usize,
             ),
             max_metrics,
         }

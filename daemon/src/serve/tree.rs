@@ -120,28 +120,7 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
     let pid = crate::pipeline::procinfo::tgid_of(pid).unwrap_or(pid);
     crate::pipeline::gpu_activity::check_against_launches(&mut gpu_activity, &launch_sample);
     let model = shared.model.lock().expect("lock");
-    let mut keys = model.tree_keys(pid);
-    // A root that did nothing the probes saw (a launcher asleep in wait() through a whole
-    // standalone measurement) is not in the model: its tree is its live descendants that
-    // are, under a root built from /proc with the zero activity it had.
-    let mut unseen_root = None;
-    if keys.is_empty() {
-        let live = crate::pipeline::procinfo::descendants(pid);
-        if live.len() > 1 {
-            let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
-            for c in &live[1..] {
-                for k in model.tree_keys(*c) {
-                    if !seen.contains(&k) {
-                        seen.push(k);
-                    }
-                }
-            }
-            if !seen.is_empty() {
-                keys = seen;
-                unseen_root = crate::pipeline::procinfo::read(pid);
-            }
-        }
-    }
+    let (keys, unseen_root) = tree_keys(&model, pid);
     if keys.is_empty() {
         return None;
     }
@@ -158,16 +137,7 @@ pub fn build_tree(shared: &Shared, req: TreeRequest) -> Option<TreeSnapshot> {
         .filter_map(|p| model.site_inputs(p))
         .collect();
     let site_cache = model.site_cache.clone();
-    // The launch sites' processes as the call sites key them (start time, /proc's ticks).
-    let launch_keys: HashMap<u32, (ethand_common::ProcKey, Option<u64>)> = keys
-        .iter()
-        .filter_map(|k| model.procs.get(k))
-        .filter(|p| launch_sites.iter().any(|l| l.pid == p.key.tgid))
-        .map(|p| {
-            let ticks = p.meta.as_ref().map(|m| m.start_ticks).filter(|t| *t > 0);
-            (p.key.tgid, (p.key, ticks))
-        })
-        .collect();
+    let launch_keys = launch_keys(&model, &keys, &launch_sites);
     let py_frames = model.py_frames.clone();
     let timeline = model.timeline(&keys, window_ms);
     let (mut neighbours, neighbours_cores) = model.neighbours(&keys, window_ms);
@@ -409,6 +379,51 @@ fn gpu_derived(
         device_utilization_ratio: means.utilization_ratio,
         device_idle_ratio: means.utilization_ratio.map(|u| (1.0 - u).max(0.0)),
     })
+}
+
+/// The processes with launch sites as the call sites key them (start time, /proc's ticks).
+fn launch_keys(
+    model: &crate::pipeline::model::Model,
+    keys: &[ethand_common::ProcKey],
+    sites: &[crate::pipeline::gpu_activity::RawLaunchSites],
+) -> HashMap<u32, (ethand_common::ProcKey, Option<u64>)> {
+    keys.iter()
+        .filter_map(|k| model.procs.get(k))
+        .filter(|p| sites.iter().any(|l| l.pid == p.key.tgid))
+        .map(|p| {
+            let ticks = p.meta.as_ref().map(|m| m.start_ticks).filter(|t| *t > 0);
+            (p.key.tgid, (p.key, ticks))
+        })
+        .collect()
+}
+
+/// The model's keys of `pid`'s tree. A root that did nothing the probes saw (a launcher
+/// asleep in wait() through a whole standalone measurement) is not in the model: its tree is
+/// then its live descendants that are, under a root read from /proc (returned with them).
+fn tree_keys(
+    model: &crate::pipeline::model::Model,
+    pid: u32,
+) -> (
+    Vec<ethand_common::ProcKey>,
+    Option<crate::pipeline::procinfo::ProcMeta>,
+) {
+    let keys = model.tree_keys(pid);
+    if !keys.is_empty() {
+        return (keys, None);
+    }
+    let live = crate::pipeline::procinfo::descendants(pid);
+    let mut seen: Vec<ethand_common::ProcKey> = Vec::new();
+    for c in live.iter().skip(1) {
+        for k in model.tree_keys(*c) {
+            if !seen.contains(&k) {
+                seen.push(k);
+            }
+        }
+    }
+    if seen.is_empty() {
+        return (seen, None);
+    }
+    (seen, crate::pipeline::procinfo::read(pid))
 }
 
 /// Each process's GPU call sites (symbolized, with the Python frames the kernel walked) and

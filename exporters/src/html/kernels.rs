@@ -94,17 +94,16 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
 }
 
 fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
-    let Some(ls) = &p.launch_sites else {
-        return;
-    };
-    if let Some(why) = &ls.unavailable {
+    if let Some(why) = &p.launch_sites_unavailable {
         w!(
             o,
             "<p class=\"dim\">Launch call sites not traced: {}</p>",
             escape(why)
         );
-        return;
     }
+    let Some(ls) = &p.launch_sites else {
+        return;
+    };
     w!(
         o,
         "<p class=\"sub\">Launched from: {}.</p>",

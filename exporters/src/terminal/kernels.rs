@@ -180,13 +180,12 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
 
 /// Where the kernels were launched from.
 fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
+    if let Some(why) = &p.launch_sites_unavailable {
+        let _ = writeln!(o, "    launch call sites: not traced: {}", clean(why));
+    }
     let Some(ls) = &p.launch_sites else {
         return;
     };
-    if let Some(why) = &ls.unavailable {
-        let _ = writeln!(o, "    launch call sites: not traced: {}", clean(why));
-        return;
-    }
     let _ = writeln!(
         o,
         "    launched from ({}):",

@@ -145,7 +145,7 @@ fn kernels_sit_on_the_line_that_launched_them() {
     let (src, bin) = build(&dir);
     let d = Daemon::start(
         "launch-sites",
-        "[gpu]\nrescan_interval_ms = 300\n[diagnosis]\ngpu_activity_ms = 2000\n",
+        "[gpu]\nrescan_interval_ms = 300\n[diagnosis]\ngpu_activity_ms = 2000\nlaunch_sites = true\n",
     );
     let lib = ethand_tests::temp_path("launch-sites", "cupti").join("libethand_cupti.so");
     assert!(lib.exists(), "the daemon did not install {}", lib.display());
@@ -179,8 +179,8 @@ fn kernels_sit_on_the_line_that_launched_them() {
         .expect("the process");
     assert_eq!(rec.state, ActivityState::Recorded, "{rec:?}");
     assert_eq!(rec.records_lost_by_ethand, 0);
+    assert_eq!(rec.launch_sites_unavailable, None);
     let ls = rec.launch_sites.as_ref().expect("launch sites");
-    assert_eq!(ls.unavailable, None);
     let count = |name: &str| {
         rec.kernels
             .iter()

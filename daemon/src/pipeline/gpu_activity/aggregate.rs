@@ -56,7 +56,7 @@ pub struct Window {
     closed: Option<CuptiWindowEvent>,
     /// REFUSED or FAILED.
     ended: Option<CuptiWindowEvent>,
-    /// The launch calls, where they are traced (Err: why not).
+    /// The launch calls, where they are traced (Err: why not; None: not asked).
     launches: Option<Result<Launches, String>>,
 }
 
@@ -179,12 +179,13 @@ impl Window {
     pub fn finish(mut self, pid: u32) -> (GpuActivityProcess, Option<Joined>) {
         let launches = self.launches.take();
         let mut joined = None;
+        let mut unavailable = None;
         let mut p = self.summarize(pid, |kernels, clock, names| match launches {
             None => None,
-            Some(Err(why)) => Some(LaunchSites {
-                unavailable: Some(why),
-                ..Default::default()
-            }),
+            Some(Err(why)) => {
+                unavailable = Some(why);
+                None
+            }
             Some(Ok(l)) => {
                 let mut j = l.join(kernels, clock);
                 for s in j.sites.iter_mut() {
@@ -195,7 +196,9 @@ impl Window {
                 Some(counts)
             }
         });
-        if p.state != ActivityState::Recorded {
+        if p.state == ActivityState::Recorded {
+            p.launch_sites_unavailable = unavailable;
+        } else {
             p.launch_sites = None;
         }
         (p, joined)

@@ -23,7 +23,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
     programs::uprobe::{UProbeLinkId, UProbeScope},
 };
 use ethand_common::cupti_kinds;
@@ -40,14 +40,18 @@ use crate::pipeline::{
     bpf_error::take_map,
     gpu::{GpuProbes, sites::Stack},
     procinfo::{monotonic_ns, unix_ms},
-    uprobes::{self, LibraryLinks, Progs},
+    uprobes,
 };
 
 mod aggregate;
 mod idle;
+mod launch_sites;
 mod launches;
+mod tracer;
 
+pub use launch_sites::resolve_launch_sites;
 pub use launches::JoinedSite;
+use tracer::{LaunchTracer, LinkKey};
 
 /// The library, built from cupti/ by build.rs.
 pub const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libethand_cupti.so"));
@@ -70,10 +74,6 @@ pub const MAX_PIDS: usize = 64;
 pub const RECORD_BUDGET: u64 = 1_000_000;
 /// How long after its deadline a window's end is waited for.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
-
-/// Launch call sites whose frames are read per process (most GPU time first); the others are
-/// summed in `other`.
-const MAX_RESOLVED_SITES: usize = 256;
 
 /// A snapshot's request, answered by the collection loop (which owns the probes).
 pub struct Request {
@@ -125,121 +125,6 @@ struct Active {
     reply: std::sync::mpsc::SyncSender<Recorded>,
 }
 
-/// A launch probe pair on one library file for one process: (library, pid).
-/// (The library as `GpuProbes::launch_points` names it.)
-type LinkKey = ((String, u64), u32);
-
-/// The launch programs, their maps, and the links open windows hold.
-struct LaunchTracer {
-    progs: Progs,
-    /// `LAUNCH_EVENTS`, mapped only while windows are open (as `CUPTI_EVENTS`).
-    events: aya::maps::Map,
-    stacks: StackTraceMap<MapData>,
-    /// Links and how many windows use each.
-    links: HashMap<LinkKey, (LibraryLinks, usize)>,
-}
-
-impl LaunchTracer {
-    fn new(ebpf: &mut Ebpf, multi: bool) -> anyhow::Result<Self> {
-        let progs = Progs::launch_trace(multi);
-        uprobes::load(ebpf, progs.entry)?;
-        uprobes::load(ebpf, progs.ret)?;
-        let events = take_map(ebpf, "LAUNCH_EVENTS")?;
-        drop(RingBuf::try_from(&events)?);
-        let stacks = StackTraceMap::try_from(take_map(ebpf, "LAUNCH_STACKS")?)?;
-        Ok(Self {
-            progs,
-            events,
-            stacks,
-            links: HashMap::new(),
-        })
-    }
-
-    /// Attaches the launch probes to the launch symbols of every runtime library `pid` maps
-    /// (scoped to it); the links it holds are added to `held`.
-    fn attach(
-        &mut self,
-        ebpf: &mut Ebpf,
-        gpu: &GpuProbes,
-        pid: u32,
-        held: &mut Vec<LinkKey>,
-    ) -> Result<(), String> {
-        let nz = std::num::NonZeroU32::new(pid).ok_or("pid 0")?;
-        let points = gpu.launch_points(pid).map_err(|e| e.to_string())?;
-        if points.is_empty() {
-            return Err("no launch symbol found in the runtime libraries it maps".into());
-        }
-        for (lib, path, offsets) in points {
-            let key = (lib, pid);
-            if let Some((_, users)) = self.links.get_mut(&key) {
-                *users += 1;
-                held.push(key);
-                continue;
-            }
-            let at: Vec<_> = offsets
-                .iter()
-                .map(|off| uprobes::at_offset(*off, None))
-                .collect();
-            let mut links = LibraryLinks::default();
-            match links.attach(
-                ebpf,
-                self.progs,
-                &path,
-                at.clone(),
-                at,
-                UProbeScope::OneProcess(nz),
-            ) {
-                Ok(()) => {
-                    self.links.insert(key.clone(), (links, 1));
-                    held.push(key);
-                }
-                Err((_, e)) => {
-                    links.detach(ebpf, self.progs);
-                    return Err(format!("attaching to {}: {}", path.display(), e.detail()));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn release(&mut self, ebpf: &mut Ebpf, held: Vec<LinkKey>) {
-        for key in held {
-            let gone = match self.links.get_mut(&key) {
-                Some((_, users)) => {
-                    *users -= 1;
-                    *users == 0
-                }
-                None => false,
-            };
-            if gone && let Some((mut links, _)) = self.links.remove(&key) {
-                links.detach(ebpf, self.progs);
-            }
-        }
-    }
-
-    /// The user stacks `sites` name.
-    fn stacks_of(&self, sites: &[JoinedSite]) -> HashMap<u32, Stack> {
-        sites
-            .iter()
-            .map(|s| s.key.0)
-            .filter(|id| *id != ethand_common::GPU_STACK_UNATTRIBUTED)
-            .filter_map(|id| {
-                let st = self.stacks.get(&id, 0).ok()?;
-                let ips: Vec<u64> = st.frames().iter().map(|f| f.ip).collect();
-                Some((id, Stack::from(ips)))
-            })
-            .collect()
-    }
-
-    /// Empties `LAUNCH_STACKS` (no window open: its ids name nothing any more).
-    fn clear_stacks(&mut self) {
-        let ids: Vec<u32> = self.stacks.stack_ids().filter_map(Result::ok).collect();
-        for id in ids {
-            let _ = self.stacks.remove(&id);
-        }
-    }
-}
-
 pub struct ActivitySampler {
     installed: Option<Installed>,
     ctl: Option<ControlFile>,
@@ -255,8 +140,9 @@ pub struct ActivitySampler {
     next_window: u64,
     /// The probes on the installed library, for as long as the daemon runs.
     _links: Vec<(&'static str, UProbeLinkId)>,
-    /// The launch probes (Err: why kernels cannot be joined to their launches here).
-    launches: Result<LaunchTracer, String>,
+    /// The launch probes (Err: why kernels cannot be joined to their launches here; None:
+    /// `diagnosis.launch_sites` off).
+    launches: Option<Result<LaunchTracer, String>>,
 }
 
 impl ActivitySampler {
@@ -275,7 +161,7 @@ impl ActivitySampler {
             // Unique across restarts: the library opens a window id once.
             next_window: unix_ms().saturating_mul(1000),
             _links: Vec::new(),
-            launches: Err("not set up".into()),
+            launches: None,
         };
         let Some(dir) = dir else {
             me.error = Some("off (gpu.cupti_dir is empty)".into());
@@ -325,13 +211,11 @@ impl ActivitySampler {
             me.installed = Some(installed);
             Ok(())
         })();
-        if !launch_sites {
-            me.launches = Err("off (diagnosis.launch_sites = false)".into());
-        } else if r.is_ok() {
-            me.launches = LaunchTracer::new(ebpf, multi).map_err(|e| {
+        if launch_sites && r.is_ok() {
+            me.launches = Some(LaunchTracer::new(ebpf, multi).map_err(|e| {
                 warn!(error = %format!("{e:#}"), "kernels will not be joined to their launch call sites");
                 format!("the launch probes could not be set up: {e:#}")
-            });
+            }));
         }
         if let Err(e) = r {
             warn!(error = %format!("{e:#}"), "GPU activity recording unavailable");
@@ -368,7 +252,7 @@ impl ActivitySampler {
             self.finish(ebpf, a);
         }
         if self.active.is_empty()
-            && let Ok(t) = self.launches.as_mut()
+            && let Some(Ok(t)) = self.launches.as_mut()
             && t.links.is_empty()
         {
             t.clear_stacks();
@@ -450,11 +334,14 @@ impl ActivitySampler {
                 }
             }
             // Before the window opens, so that its first kernels find their launches.
-            let traced = match self.launches.as_mut() {
-                Ok(t) => t.attach(ebpf, gpu, pid, &mut p.traced),
-                Err(e) => Err(e.clone()),
-            };
-            p.window.trace_launches(traced);
+            match self.launches.as_mut() {
+                None => {}
+                Some(Ok(t)) => {
+                    let traced = t.attach(ebpf, gpu, pid, &mut p.traced);
+                    p.window.trace_launches(traced);
+                }
+                Some(Err(e)) => p.window.trace_launches(Err(e.clone())),
+            }
             self.next_window += 1;
             p.window_id = self.next_window;
             if let Err(detail) = self.open_window(&mut p, deadline, budget) {
@@ -532,7 +419,7 @@ impl ActivitySampler {
         let Some(Ok(mut launches)) = self
             .launches
             .as_ref()
-            .ok()
+            .and_then(|l| l.as_ref().ok())
             .map(|t| RingBuf::try_from(&t.events))
         else {
             return;
@@ -552,14 +439,14 @@ impl ActivitySampler {
         let mut launch_sites = Vec::new();
         for mut p in std::mem::take(&mut a.processes) {
             self.close_window(&mut p);
-            if let Ok(t) = self.launches.as_mut() {
+            if let Some(Ok(t)) = self.launches.as_mut() {
                 t.release(ebpf, std::mem::take(&mut p.traced));
             }
             processes.push(match p.settled {
                 Some(s) => s,
                 None => {
                     let (done, joined) = p.window.finish(p.pid);
-                    if let (Some(j), Ok(t)) = (joined, self.launches.as_ref()) {
+                    if let (Some(j), Some(Ok(t))) = (joined, self.launches.as_ref()) {
                         launch_sites.push(RawLaunchSites {
                             pid: p.pid,
                             stacks: t.stacks_of(&j.sites),
@@ -594,100 +481,6 @@ const MIN_LAUNCHES: u64 = 100;
 /// different stretches of its work.
 const MAX_LENGTH_RATIO: f64 = 1.5;
 
-/// Each process's launch call sites with their frames (symbolized by the reader as the
-/// process's owner, its Python frames as the kernel walked them), sites with equal frames
-/// merged, most GPU time first; after the model lock is released.
-pub fn resolve_launch_sites(
-    activity: &mut Option<GpuActivity>,
-    raw: Vec<RawLaunchSites>,
-    keys: &HashMap<u32, (ethand_common::ProcKey, Option<u64>)>,
-    py: &std::sync::Mutex<crate::pipeline::gpu::python::PyFrames>,
-    reader: &crate::pipeline::reader::ReaderHandle,
-) {
-    use crate::pipeline::gpu::sites;
-    use ethand_snapshot::kernels::{KERNELS_PER_SITE, LaunchSite, TOP_LAUNCH_SITES, TimedCount};
-    let Some(a) = activity else { return };
-    for r in raw {
-        let Some(ls) = a
-            .processes
-            .iter_mut()
-            .find(|p| p.pid == r.pid)
-            .and_then(|p| p.launch_sites.as_mut())
-        else {
-            continue;
-        };
-        let (key, ticks) = keys.get(&r.pid).copied().unwrap_or((
-            ethand_common::ProcKey {
-                tgid: r.pid,
-                _pad0: 0,
-                proc_start_ns: 0,
-            },
-            None,
-        ));
-        // The busiest sites are read (each a stack to symbolize); the rest are summed.
-        let mut raw = r.sites;
-        raw.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then(b.kernels.cmp(&a.kernels)));
-        let unread = raw.split_off(raw.len().min(MAX_RESOLVED_SITES));
-        let wanted: Vec<launches::SiteKey> = raw.iter().map(|s| s.key).collect();
-        // Launch stack ids are reused from one window to the next: nothing to cache.
-        let cache = std::sync::Mutex::new(sites::SiteCache::default());
-        let frames = sites::resolve(&cache, py, reader, key, ticks, &wanted, &r.stacks);
-        let mut merged: Vec<LaunchSite> = Vec::new();
-        for (s, f) in raw.into_iter().zip(frames) {
-            let (frames, source) = f.unwrap_or_default();
-            match merged.iter_mut().find(|m| m.frames == frames) {
-                Some(m) => {
-                    m.kernels += s.kernels;
-                    m.gpu_ns = m.gpu_ns.saturating_add(s.gpu_ns);
-                    for k in s.top {
-                        match m.top.iter_mut().find(|t| t.name == k.name) {
-                            Some(t) => {
-                                t.count += k.count;
-                                t.gpu_ns = t.gpu_ns.saturating_add(k.gpu_ns);
-                            }
-                            None => m.top.push(k),
-                        }
-                    }
-                }
-                None => merged.push(LaunchSite {
-                    frames,
-                    source,
-                    kernels: s.kernels,
-                    gpu_ns: s.gpu_ns,
-                    top: s.top,
-                }),
-            }
-        }
-        merged.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then(b.kernels.cmp(&a.kernels)));
-        for m in merged.iter_mut() {
-            m.top
-                .sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
-            m.top.truncate(KERNELS_PER_SITE);
-        }
-        let beyond = merged.split_off(merged.len().min(TOP_LAUNCH_SITES));
-        let other = beyond
-            .iter()
-            .map(|s| (s.kernels, s.gpu_ns))
-            .chain(unread.iter().map(|s| (s.kernels, s.gpu_ns)))
-            .fold(None, |o: Option<TimedCount>, (k, ns)| {
-                let mut o = o.unwrap_or_default();
-                o.count += k;
-                o.gpu_ns = o.gpu_ns.saturating_add(ns);
-                Some(o)
-            });
-        ls.other = other;
-        sites::python_sources(
-            reader,
-            r.pid,
-            ticks,
-            merged
-                .iter_mut()
-                .map(|s| (s.frames.as_slice(), &mut s.source)),
-        );
-        ls.sites = merged;
-    }
-}
-
 /// Demangles the recorded kernels' C++ names, in the reader as each process's owner (the
 /// names are the process's to choose); after the model lock is released.
 pub fn demangle_kernels(
@@ -696,7 +489,7 @@ pub fn demangle_kernels(
 ) {
     let Some(a) = activity else { return };
     for p in a.processes.iter_mut() {
-        demangle_sites(p, reader);
+        launch_sites::demangle_sites(p, reader);
         let mangled: Vec<usize> = (0..p.kernels.len())
             .filter(|i| {
                 p.kernels[*i]
@@ -715,26 +508,6 @@ pub fn demangle_kernels(
         for (i, d) in mangled.iter().zip(reader.demangle(p.pid, &names)) {
             p.kernels[*i].demangled = d;
         }
-    }
-}
-
-/// Demangles the kernel names of a process's launch sites (one request).
-fn demangle_sites(p: &mut GpuActivityProcess, reader: &crate::pipeline::reader::ReaderHandle) {
-    let Some(ls) = p.launch_sites.as_mut() else {
-        return;
-    };
-    let mut kernels: Vec<&mut ethand_snapshot::kernels::KernelStat> = ls
-        .sites
-        .iter_mut()
-        .flat_map(|s| s.top.iter_mut())
-        .filter(|k| k.name.as_deref().is_some_and(|n| n.starts_with("_Z")))
-        .collect();
-    if kernels.is_empty() {
-        return;
-    }
-    let names: Vec<String> = kernels.iter().filter_map(|k| k.name.clone()).collect();
-    for (k, d) in kernels.iter_mut().zip(reader.demangle(p.pid, &names)) {
-        k.demangled = d;
     }
 }
 
@@ -917,89 +690,6 @@ mod tests {
             }],
             ..Default::default()
         }
-    }
-
-    fn site(id: u32, kernels: u64, ns: u64, names: &[(&str, u64, u64)]) -> JoinedSite {
-        JoinedSite {
-            key: (id, 0, 0),
-            kernels,
-            gpu_ns: ns,
-            top: names
-                .iter()
-                .map(|(n, c, t)| ethand_snapshot::kernels::KernelStat {
-                    name: Some((*n).into()),
-                    count: *c,
-                    gpu_ns: *t,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    /// Two stacks that differ only inside the runtime are one site: their kernels summed by
-    /// name; a third, busier site first; a site without a stack is one without frames.
-    #[test]
-    fn launch_sites_with_equal_frames_are_one() {
-        let here = launch_sites_with_equal_frames_are_one as fn() as usize as u64;
-        // Innermost frame in "the runtime" (no mapping), then the same caller.
-        let stacks: HashMap<u32, Stack> = [
-            (1, Stack::from(vec![1, here + 16])),
-            (2, Stack::from(vec![2, here + 16])),
-            (3, Stack::from(vec![3, here + 4096])),
-        ]
-        .into_iter()
-        .collect();
-        let raw = vec![RawLaunchSites {
-            pid: std::process::id(),
-            sites: vec![
-                site(1, 3, 30, &[("a", 2, 20), ("b", 1, 10)]),
-                site(2, 2, 25, &[("a", 2, 25)]),
-                site(3, 1, 100, &[("c", 1, 100)]),
-                site(ethand_common::GPU_STACK_UNATTRIBUTED, 4, 4, &[("d", 4, 4)]),
-            ],
-            stacks,
-        }];
-        let mut a = Some(GpuActivity {
-            processes: vec![GpuActivityProcess {
-                pid: std::process::id(),
-                state: ActivityState::Recorded,
-                launch_sites: Some(Default::default()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        });
-        let reader = crate::pipeline::reader::ReaderHandle::unavailable(
-            &crate::config::Plan::defaults().reader,
-            "test".into(),
-        );
-        let py = std::sync::Mutex::new(crate::pipeline::gpu::python::PyFrames::default());
-        resolve_launch_sites(&mut a, raw, &HashMap::new(), &py, &reader);
-        let ls = a.unwrap().processes[0].launch_sites.clone().unwrap();
-        let got: Vec<(u64, u64, Vec<(String, u64, u64)>)> = ls
-            .sites
-            .iter()
-            .map(|s| {
-                (
-                    s.kernels,
-                    s.gpu_ns,
-                    s.top
-                        .iter()
-                        .map(|k| (k.name.clone().unwrap(), k.count, k.gpu_ns))
-                        .collect(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (1, 100, vec![("c".into(), 1, 100)]),
-                (5, 55, vec![("a".into(), 4, 45), ("b".into(), 1, 10)]),
-                (4, 4, vec![("d".into(), 4, 4)]),
-            ]
-        );
-        assert!(ls.sites[2].frames.is_empty());
-        assert_eq!(ls.other, None);
     }
 
     /// Rates as on the H200 (2026-12-07): a 4.98 s window of a loop launching ~1,850 kernels
