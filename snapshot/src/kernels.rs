@@ -220,6 +220,16 @@ pub struct KernelStat {
     pub max_ns: u64,
 }
 
+impl KernelStat {
+    /// The name the outputs show: demangled where it was, else CUPTI's.
+    pub fn shown_name(&self) -> &str {
+        self.demangled
+            .as_deref()
+            .or(self.name.as_deref())
+            .unwrap_or("(name lost)")
+    }
+}
+
 /// What a kernel does, told from its name (HTA's and Nsight's kernel breakdown).
 #[derive(
     Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,

@@ -117,14 +117,7 @@ fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
         let kernels: Vec<String> = s
             .top
             .iter()
-            .map(|k| {
-                let name = k
-                    .demangled
-                    .as_deref()
-                    .or(k.name.as_deref())
-                    .unwrap_or("(name lost)");
-                format!("{} ×{}", escape(name), count(k.count))
-            })
+            .map(|k| format!("{} ×{}", escape(k.shown_name()), count(k.count)))
             .collect();
         w!(
             o,

@@ -114,11 +114,7 @@ fn process(o: &mut String, p: &GpuActivityProcess) {
         let _ = writeln!(o, "    kernel time by type: {}", by.join(", "));
     }
     for k in p.kernels.iter().take(SHOWN) {
-        let name = k
-            .demangled
-            .as_deref()
-            .or(k.name.as_deref())
-            .unwrap_or("(name lost)");
+        let name = k.shown_name();
         let _ = writeln!(
             o,
             "    {:>10} {:>7}x  [{}] {}",
@@ -195,14 +191,7 @@ fn launch_sites(o: &mut String, p: &GpuActivityProcess) {
         let kernels: Vec<String> = s
             .top
             .iter()
-            .map(|k| {
-                let name = k
-                    .demangled
-                    .as_deref()
-                    .or(k.name.as_deref())
-                    .unwrap_or("(name lost)");
-                format!("{} x{}", shorten(name, 60), k.count)
-            })
+            .map(|k| format!("{} x{}", shorten(k.shown_name(), 60), k.count))
             .collect();
         let _ = writeln!(
             o,

@@ -337,6 +337,18 @@ fn device_activity(
     }
 }
 
+/// A kernel of name id `id`: its name (None: lost) and its class; no counts.
+fn named(id: u32, names: &HashMap<u32, String>) -> KernelStat {
+    let name = (id != CUPTI_NONE)
+        .then(|| names.get(&id).cloned())
+        .flatten();
+    KernelStat {
+        class: name.as_deref().map_or(KernelClass::Other, KernelClass::of),
+        name,
+        ..Default::default()
+    }
+}
+
 /// Kernels by name, most GPU time first (the top [`TOP_KERNELS`], the rest summed), and by
 /// class (all of them).
 fn kernel_stats(
@@ -345,18 +357,11 @@ fn kernel_stats(
 ) -> (Vec<KernelStat>, Option<KernelStat>, Vec<KernelClassStat>) {
     let mut stats: Vec<KernelStat> = kernels
         .into_iter()
-        .map(|(id, k)| {
-            let name = (id != CUPTI_NONE)
-                .then(|| names.get(&id).cloned())
-                .flatten();
-            KernelStat {
-                class: name.as_deref().map_or(KernelClass::Other, KernelClass::of),
-                name,
-                demangled: None,
-                count: k.count,
-                gpu_ns: k.ns,
-                max_ns: k.max_ns,
-            }
+        .map(|(id, k)| KernelStat {
+            count: k.count,
+            gpu_ns: k.ns,
+            max_ns: k.max_ns,
+            ..named(id, names)
         })
         .collect();
     let mut classes: HashMap<KernelClass, KernelClassStat> = HashMap::new();
@@ -393,17 +398,10 @@ fn site_kernels(
 ) -> Vec<KernelStat> {
     let mut top: Vec<KernelStat> = by_name
         .into_iter()
-        .map(|(id, (count, ns))| {
-            let name = (id != CUPTI_NONE)
-                .then(|| names.get(&id).cloned())
-                .flatten();
-            KernelStat {
-                class: name.as_deref().map_or(KernelClass::Other, KernelClass::of),
-                name,
-                count,
-                gpu_ns: ns,
-                ..Default::default()
-            }
+        .map(|(id, (count, ns))| KernelStat {
+            count,
+            gpu_ns: ns,
+            ..named(id, names)
         })
         .collect();
     top.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.name.cmp(&b.name)));
