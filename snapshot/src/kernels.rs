@@ -452,6 +452,20 @@ impl MemoryKind {
             _ => Self::Unknown,
         }
     }
+
+    /// As serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Pageable => "pageable",
+            Self::Pinned => "pinned",
+            Self::Device => "device",
+            Self::Array => "array",
+            Self::Managed => "managed",
+            Self::DeviceStatic => "device_static",
+            Self::ManagedStatic => "managed_static",
+        }
+    }
 }
 
 /// CUPTI's copy directions, as named here.
@@ -489,6 +503,23 @@ impl CopyKind {
             9 => Self::HostToHost,
             10 => Self::PeerToPeer,
             _ => Self::Unknown,
+        }
+    }
+
+    /// As serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::HostToDevice => "host_to_device",
+            Self::DeviceToHost => "device_to_host",
+            Self::HostToArray => "host_to_array",
+            Self::ArrayToHost => "array_to_host",
+            Self::ArrayToArray => "array_to_array",
+            Self::ArrayToDevice => "array_to_device",
+            Self::DeviceToArray => "device_to_array",
+            Self::DeviceToDevice => "device_to_device",
+            Self::HostToHost => "host_to_host",
+            Self::PeerToPeer => "peer_to_peer",
         }
     }
 }
@@ -543,6 +574,17 @@ pub struct SyncStat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names a recording writes are the ones the snapshot's JSON holds.
+    #[test]
+    fn copy_and_memory_kinds_read_as_serialized() {
+        for v in 0..=12u8 {
+            let k = CopyKind::from_cupti(v);
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str(), "{k:?}");
+            let m = MemoryKind::from_cupti(v);
+            assert_eq!(serde_json::to_value(m).unwrap(), m.as_str(), "{m:?}");
+        }
+    }
 
     /// A fraction the daemon computed is the same number after the CLI reads it
     /// back (CI once saw 0.0013334712876053923 read as ...925 without

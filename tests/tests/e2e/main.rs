@@ -38,6 +38,7 @@ mod privilege;
 mod probes;
 mod pyframes;
 mod record;
+mod record_gpu;
 mod sched;
 mod series;
 mod service;

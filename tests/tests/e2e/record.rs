@@ -27,7 +27,7 @@ use crate::workload;
 
 /// `ethand record` running in the background; its stderr is watched for the line that says
 /// the programs are attached.
-struct Recorder {
+pub(crate) struct Recorder {
     child: Child,
     stderr: mpsc::Receiver<String>,
     log: Vec<String>,
@@ -40,7 +40,7 @@ impl Recorder {
         Self::start_with(pid, duration, out, threshold_us, &[])
     }
 
-    fn start_with(
+    pub(crate) fn start_with(
         pid: u32,
         duration: &str,
         out: &std::path::Path,
@@ -129,7 +129,7 @@ impl Recorder {
     /// until it exits, not wait4's ru_maxrss: a child spawned with vfork semantics (Rust's
     /// posix_spawn) starts from this test process's memory, so its ru_maxrss is at least
     /// this process's own peak, whatever the recorder used.
-    fn interrupt(self) -> (i32, String, String, u64) {
+    pub(crate) fn interrupt(self) -> (i32, String, String, u64) {
         self.signal(libc::SIGINT)
     }
 
@@ -176,7 +176,7 @@ impl Recorder {
     }
 
     /// Waits for the end; returns stdout. Panics on failure.
-    fn finish(mut self) -> String {
+    pub(crate) fn finish(mut self) -> String {
         let t0 = Instant::now();
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
@@ -214,22 +214,22 @@ impl Drop for Recorder {
     }
 }
 
-fn load(path: &std::path::Path) -> Value {
+pub(crate) fn load(path: &std::path::Path) -> Value {
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let _ = fs::remove_file(path);
     serde_json::from_str(&text).expect("the trace is JSON")
 }
 
-fn events(trace: &Value) -> &Vec<Value> {
+pub(crate) fn events(trace: &Value) -> &Vec<Value> {
     trace["traceEvents"].as_array().expect("traceEvents array")
 }
 
-fn f(v: &Value, k: &str) -> f64 {
+pub(crate) fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64()
         .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }
 
-fn u(v: &Value, k: &str) -> u64 {
+pub(crate) fn u(v: &Value, k: &str) -> u64 {
     v[k].as_u64()
         .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }

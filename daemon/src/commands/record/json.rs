@@ -14,6 +14,9 @@
 //! - block requests: async slices (`ph: "b"`/`"e"`, `cat: "block"`) of the submitting process;
 //! - CPU and Python samples: thread-scoped instants (`ph: "i"`) named by the innermost frame,
 //!   `args.stack` innermost first;
+//! - GPU work (kernels, copies, memsets: `gpu_tracks.rs`): complete events (`cat:
+//!   "gpu_kernel"`, `"gpu_memcpy"`, `"gpu_memset"`) on a track per device and stream of the
+//!   process, `tid = GPU_TID_BASE + n`, named "GPU d stream s";
 //! - drops: in `metadata.dropped` and, when non-zero, a global instant event.
 use std::{
     collections::HashSet,
@@ -23,8 +26,10 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::SCHED_TID_BASE;
-use super::trace::{Counting, Encoder, Ending, SchedState, TraceEvent};
+use ethand_perfetto::Arg;
+
+use super::trace::{Counting, Encoder, Ending, SchedState, TraceEvent, gpu_work_args};
+use super::{GPU_TID_BASE, SCHED_TID_BASE};
 
 /// Decimal digits of `v` (the hot path formats integers without `fmt`).
 pub(super) fn push_u64(l: &mut Vec<u8>, mut v: u64) {
@@ -243,9 +248,43 @@ impl Encoder for JsonEncoder {
         Ok(())
     }
 
+    fn gpu_track(&mut self, pid: u32, track: u32, label: &str) -> io::Result<()> {
+        let tid = GPU_TID_BASE + u64::from(track);
+        self.value(&json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}}))?;
+        self.value(&json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}))
+    }
+
     fn event(&mut self, e: &TraceEvent<'_>) -> io::Result<()> {
         match *e {
             TraceEvent::Sched { .. } | TraceEvent::Syscall { .. } => self.line_event(e),
+            TraceEvent::GpuActivity {
+                pid,
+                track,
+                name,
+                demangled,
+                start,
+                dur,
+                ..
+            } => {
+                let mut dims = Default::default();
+                let (cat, args) = gpu_work_args(e, &mut dims);
+                let args: serde_json::Map<String, Value> = args
+                    .iter()
+                    .map(|a| match *a {
+                        Arg::Int(k, v) => (k.to_owned(), json!(v)),
+                        Arg::Uint(k, v) => (k.to_owned(), json!(v)),
+                        Arg::Bool(k, v) => (k.to_owned(), json!(v)),
+                        Arg::Double(k, v) => (k.to_owned(), json!(v)),
+                        Arg::Str(k, v) => (k.to_owned(), json!(v)),
+                    })
+                    .collect();
+                let ts = self.rel(start);
+                self.value(&json!({
+                    "name": demangled.unwrap_or(name), "cat": cat, "ph": "X", "ts": ts,
+                    "dur": dur as f64 / 1000.0,
+                    "pid": pid, "tid": GPU_TID_BASE + u64::from(track), "args": args,
+                }))
+            }
             TraceEvent::Gpu {
                 pid,
                 tid,

@@ -50,6 +50,7 @@ use crate::{
 
 mod attach;
 mod gpu_python;
+mod gpu_tracks;
 mod json;
 mod perfetto;
 mod samples;
@@ -57,6 +58,7 @@ mod trace;
 
 use attach::*;
 use gpu_python::GpuPython;
+use gpu_tracks::GpuTracks;
 #[cfg(test)]
 use json::{push_i64, push_ts, push_u64, push_us};
 use samples::*;
@@ -64,6 +66,9 @@ use trace::*;
 
 /// Scheduler tracks: `tid = SCHED_TID_BASE + tid` (pid_max is at most 2^22).
 pub const SCHED_TID_BASE: u64 = 1 << 30;
+/// GPU tracks in the JSON output: `tid = GPU_TID_BASE + n`, n numbering the recording's
+/// GPU tracks (a device's stream of a process) from 0.
+pub const GPU_TID_BASE: u64 = 1 << 31;
 const POLL: Duration = Duration::from_millis(20);
 /// How often the recording checks whether any process of its tree is still alive.
 const TREE_CHECK: Duration = Duration::from_millis(500);
@@ -397,7 +402,7 @@ async fn record_until_done(
     maps: &mut RecordMaps,
     tw: &mut TraceWriter,
     samples: &mut Samples,
-    gpu_python: &mut GpuPython,
+    (gpu_python, gpu_tracks): (&mut GpuPython, &mut GpuTracks),
     python: Option<&PythonSampler>,
     python_written: &mut u64,
 ) -> anyhow::Result<Ended> {
@@ -413,6 +418,7 @@ async fn record_until_done(
     loop {
         tw.drain(&mut maps.ring).map_err(|e| tw.error(e))?;
         gpu_python.write(tw).map_err(|e| tw.error(e))?;
+        gpu_tracks.write(tw).map_err(|e| tw.error(e))?;
         // Symbolized at each drain (20 ms), while their processes still live: a short-lived
         // child's /proc/PID/maps is gone soon after, and its samples would stay addresses.
         // New stacks only (cached per process and stack id): one reader call per process
@@ -490,6 +496,15 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
             }
         },
     };
+    // The libraries' windows open last: the GPU work they record is the recording's.
+    let mut gpu_tracks = GpuTracks::start(
+        &mut loaded.ebpf,
+        plan.gpu.cupti_dir.as_deref(),
+        &tree,
+        o.duration,
+        reader.clone(),
+        &mut warnings,
+    );
     let mut tw = trace_writer(sinks, t0)?;
     let mut samples = Samples::new(reader.clone());
     let mut python_written = 0u64;
@@ -501,12 +516,14 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         &mut maps,
         &mut tw,
         &mut samples,
-        &mut gpu_python,
+        (&mut gpu_python, &mut gpu_tracks),
         python.as_ref(),
         &mut python_written,
     )
     .await?;
     let t_end = monotonic_ns();
+    // Before the programs go: the libraries' last records come through them.
+    let gpu_activity = gpu_tracks.finish(&mut tw).map_err(|e| tw.error(e))?;
     let python_stats = match python.take() {
         Some(p) => {
             let (rest, stats) = p.stop();
@@ -532,7 +549,7 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
     let events = tw.events;
     // What the ring kept, fixed from here on (the summary says it).
     let ring = tw.stop_rotating(t_end)?;
-    let meta = json!({
+    let mut meta = json!({
         "tool": "ethand record",
         "ethand_version": env!("CARGO_PKG_VERSION"),
         "root_pid": o.pid,
@@ -569,13 +586,9 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         "python_read_errors": python_stats.as_ref().map(|s| s.read_errors),
         "python_processes": python_stats.as_ref().map(|s| s.processes.clone()),
         "python_notes": python_stats.as_ref().map(|s| s.notes.clone()),
-        "gpu_libraries": gpu_libs.iter().map(|l| json!({"path": l.path, "symbols": l.symbols})).collect::<Vec<_>>(),
-        // Python frames walked at the GPU probes: per process, whether (and why not).
-        "python_walks": gpu_python.walks(),
-        "gpu_calls_with_python_frames": gpu_python.with_frames,
-        "gpu_calls_with_python_frames_partly_read": gpu_python.partly_read,
         "warnings": warnings,
     });
+    gpu_metadata(&mut meta, &gpu_libs, &gpu_python, gpu_activity);
     tw.finish(&Ending {
         root: o.pid,
         t_end,
@@ -590,6 +603,34 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         );
     }
     Ok(0)
+}
+
+/// The summary's GPU part: the runtime library files attached, the Python walks at their
+/// probes, and what the GPU tracks hold per injected process (gpu_tracks.rs) or why none.
+fn gpu_metadata(
+    meta: &mut serde_json::Value,
+    libs: &[GpuLib],
+    python: &GpuPython,
+    activity: serde_json::Value,
+) {
+    let m = meta.as_object_mut().expect("an object");
+    m.insert(
+        "gpu_libraries".into(),
+        libs.iter()
+            .map(|l| json!({"path": l.path, "symbols": l.symbols}))
+            .collect(),
+    );
+    // Python frames walked at the GPU probes: per process, whether (and why not).
+    m.insert("python_walks".into(), json!(python.walks()));
+    m.insert(
+        "gpu_calls_with_python_frames".into(),
+        json!(python.with_frames),
+    );
+    m.insert(
+        "gpu_calls_with_python_frames_partly_read".into(),
+        json!(python.partly_read),
+    );
+    m.insert("gpu_activity".into(), activity);
 }
 
 /// An encoder per output, streaming to its file.

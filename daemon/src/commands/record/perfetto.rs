@@ -12,6 +12,8 @@
 //!   the slice it was in when recording stopped (`cut_at_end`);
 //! - "block I/O n" under the submitting process: block requests, overlapping ones on
 //!   further lanes;
+//! - "GPU d stream s" under the process: the kernels, copies and memsets the GPU ran for it
+//!   (`gpu_tracks.rs`), after its threads;
 //! - "ethand": dropped events, and the recording's summary (the JSON output's `metadata`)
 //!   as an instant at the end.
 //!
@@ -22,7 +24,7 @@ use std::{collections::HashMap, fs, io};
 use ethand_perfetto::{Arg, Options, RingOptions, TraceWriter, TrackId};
 use serde_json::Value;
 
-use super::trace::{Counting, Encoder, Ending, SchedState, TraceEvent};
+use super::trace::{Counting, Encoder, Ending, SchedState, TraceEvent, gpu_work_args};
 
 /// A fast hash: these maps are looked up for every event.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -70,6 +72,8 @@ pub(super) struct PerfettoEncoder {
     sched: Map<(u32, u32), TrackId>,
     cpus: Map<u32, TrackId>,
     blocks: Map<u32, Lanes>,
+    /// GPU tracks by their number (`Encoder::gpu_track`).
+    gpu: Map<u32, TrackId>,
     ethand: Option<TrackId>,
     /// Stacks joined into one string (interned: a repeated stack costs its iid).
     stack: String,
@@ -93,6 +97,7 @@ impl PerfettoEncoder {
             sched: Map::default(),
             cpus: Map::default(),
             blocks: Map::default(),
+            gpu: Map::default(),
             ethand: None,
             stack: String::new(),
         })
@@ -233,6 +238,15 @@ impl Encoder for PerfettoEncoder {
         Ok(())
     }
 
+    fn gpu_track(&mut self, pid: u32, track: u32, label: &str) -> io::Result<()> {
+        let parent = self.process_track(pid)?;
+        // After the block I/O lanes (1000 + n).
+        let rank = 100_000 + i32::try_from(track).unwrap_or(i32::MAX - 100_000);
+        let t = self.w.track(Some(parent), label, Some(rank))?;
+        self.gpu.insert(track, t);
+        Ok(())
+    }
+
     fn event(&mut self, e: &TraceEvent<'_>) -> io::Result<()> {
         match *e {
             TraceEvent::Sched {
@@ -288,6 +302,22 @@ impl Encoder for PerfettoEncoder {
                 self.w.slice(track, name, "syscall", start, dur, args.get())
             }
             TraceEvent::Gpu { .. } => self.gpu(e),
+            TraceEvent::GpuActivity {
+                track,
+                name,
+                demangled,
+                start,
+                dur,
+                ..
+            } => {
+                let Some(&t) = self.gpu.get(&track) else {
+                    return Ok(());
+                };
+                let mut dims = Default::default();
+                let (cat, args) = gpu_work_args(e, &mut dims);
+                self.w
+                    .slice(t, demangled.unwrap_or(name), cat, start, dur, &args)
+            }
             TraceEvent::Block {
                 pid,
                 tid,

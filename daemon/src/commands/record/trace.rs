@@ -9,6 +9,7 @@ use ethand_common::{
     GpuOpDesc, RecordEvent, RecordThread, gpu_dtype, gpu_kind, record_gpu_op_ret, record_kind,
     record_off,
 };
+use ethand_snapshot::kernels::{CopyKind, KernelClass, MemoryKind};
 use ethand_userspace_probes::catalog::CATALOG;
 use serde_json::Value;
 
@@ -70,6 +71,25 @@ pub(super) struct GpuOpInfo {
     pub category: &'static str,
 }
 
+/// What a GPU track's slice is.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum GpuWork {
+    Kernel {
+        name_id: u32,
+        grid: [u32; 3],
+        block: [u32; 3],
+    },
+    Copy {
+        kind: CopyKind,
+        src: MemoryKind,
+        dst: MemoryKind,
+        bytes: u64,
+    },
+    Memset {
+        bytes: u64,
+    },
+}
+
 /// One recorded event as every output sees it (times: CLOCK_MONOTONIC ns).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum TraceEvent<'a> {
@@ -127,6 +147,22 @@ pub(super) enum TraceEvent<'a> {
         ts: u64,
         stack: &'a [&'a str],
     },
+    /// Work the GPU ran (`gpu_tracks.rs`), on the process's GPU track `track` (announced
+    /// by [`Encoder::gpu_track`]). `name`: the kernel's name as CUPTI gave it, or the copy's
+    /// direction, or "memset"; `demangled` where it is a mangled C++ name.
+    GpuActivity {
+        pid: u32,
+        track: u32,
+        what: GpuWork,
+        name: &'a str,
+        demangled: Option<&'a str>,
+        class: Option<KernelClass>,
+        device: u32,
+        stream: u32,
+        correlation: u32,
+        start: u64,
+        dur: u64,
+    },
     /// Python frames innermost first.
     PythonSample {
         pid: u32,
@@ -152,6 +188,9 @@ pub(super) trait Encoder {
     fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
     /// After the thread's process.
     fn thread(&mut self, pid: u32, tid: u32, name: &str) -> io::Result<()>;
+    /// A GPU track of the process (a device's stream), numbered from 0 across the
+    /// recording, before its first event; after the process.
+    fn gpu_track(&mut self, pid: u32, track: u32, label: &str) -> io::Result<()>;
     fn event(&mut self, e: &TraceEvent<'_>) -> io::Result<()>;
     /// The closing part, flushed and synced to disk.
     fn finish(self: Box<Self>, end: &Ending<'_>) -> io::Result<()>;
@@ -291,6 +330,18 @@ impl TraceWriter {
             o.thread(pid, tid, &n)?;
         }
         self.threads.insert((pid, tid), n);
+        Ok(())
+    }
+
+    /// A GPU track of `pid` (`gpu_tracks.rs` numbers them), announced to every output.
+    pub(super) fn gpu_track(&mut self, pid: u32, track: u32, label: &str) -> io::Result<()> {
+        if !self.procs.contains_key(&pid) {
+            let n = comm(&format!("/proc/{pid}/comm")).unwrap_or_else(|| format!("pid {pid}"));
+            self.new_process(pid, n)?;
+        }
+        for o in &mut self.outputs {
+            o.gpu_track(pid, track, label)?;
+        }
         Ok(())
     }
 
@@ -499,4 +550,60 @@ impl TraceWriter {
         }
         Ok(())
     }
+}
+
+/// A GPU slice's category and arguments, the same in every output; `dims` holds the
+/// kernel's grid and block as written ("x,y,z").
+pub(super) fn gpu_work_args<'a>(
+    e: &TraceEvent<'a>,
+    dims: &'a mut [String; 2],
+) -> (&'static str, Vec<ethand_perfetto::Arg<'a>>) {
+    use ethand_perfetto::Arg;
+    let &TraceEvent::GpuActivity {
+        what,
+        name,
+        demangled,
+        class,
+        device,
+        stream,
+        correlation,
+        ..
+    } = e
+    else {
+        return ("gpu_kernel", Vec::new());
+    };
+    let mut args = vec![
+        Arg::Uint("device", device.into()),
+        Arg::Uint("stream", stream.into()),
+        Arg::Uint("correlation", correlation.into()),
+    ];
+    let category = match what {
+        GpuWork::Kernel { grid, block, .. } => {
+            let [g, b] = dims;
+            *g = format!("{},{},{}", grid[0], grid[1], grid[2]);
+            *b = format!("{},{},{}", block[0], block[1], block[2]);
+            if demangled.is_some() {
+                args.push(Arg::Str("mangled", name));
+            }
+            if let Some(c) = class {
+                args.push(Arg::Str("class", c.as_str()));
+            }
+            args.push(Arg::Str("grid", g));
+            args.push(Arg::Str("block", b));
+            "gpu_kernel"
+        }
+        GpuWork::Copy {
+            src, dst, bytes, ..
+        } => {
+            args.push(Arg::Str("src", src.as_str()));
+            args.push(Arg::Str("dst", dst.as_str()));
+            args.push(Arg::Uint("bytes", bytes));
+            "gpu_memcpy"
+        }
+        GpuWork::Memset { bytes } => {
+            args.push(Arg::Uint("bytes", bytes));
+            "gpu_memset"
+        }
+    };
+    (category, args)
 }

@@ -419,16 +419,47 @@ pub fn apply_launch<'a>(bytes: &[u8], window_of: impl FnOnce(u32, u64) -> Option
     }
 }
 
-/// One `CUPTI_EVENTS` entry, to the window `window_of(tgid, window_id)` gives; an entry of
-/// no open window, too short for what it says it holds, or of an unknown kind is dropped.
-pub fn apply<'a>(bytes: &[u8], window_of: impl FnOnce(u32, u64) -> Option<&'a mut Window>) {
+/// What a `CUPTI_EVENTS` entry of one window is handed to: the snapshot's aggregate
+/// ([`Window`]) or `ethand record`'s GPU tracks.
+pub trait CuptiSink {
+    /// The probe could not read all it was given (the entry holds what it read).
+    fn partial(&mut self);
+    fn records(&mut self, recs: &[CuptiRec]);
+    /// A kernel name's bytes (NUL-terminated within), for its id.
+    fn name(&mut self, id: u32, bytes: &[u8]);
+    fn event(&mut self, e: CuptiWindowEvent);
+}
+
+impl CuptiSink for Window {
+    fn partial(&mut self) {
+        self.partial += 1;
+    }
+    fn records(&mut self, recs: &[CuptiRec]) {
+        Window::records(self, recs);
+    }
+    fn name(&mut self, id: u32, bytes: &[u8]) {
+        Window::name(self, id, bytes);
+    }
+    fn event(&mut self, e: CuptiWindowEvent) {
+        Window::event(self, e);
+    }
+}
+
+/// One `CUPTI_EVENTS` entry, to the sink `sink_of(tgid, window_id)` gives; an entry of no
+/// open window, too short for what it says it holds, or of an unknown kind is dropped.
+pub fn apply<'a, S: CuptiSink + 'a>(
+    bytes: &[u8],
+    sink_of: impl FnOnce(u32, u64) -> Option<&'a mut S>,
+) {
     let Some(h) = read::<CuptiEventHeader>(bytes, 0) else {
         return;
     };
-    let Some(w) = window_of(h.tgid, h.window_id) else {
+    let Some(w) = sink_of(h.tgid, h.window_id) else {
         return;
     };
-    w.partial += u64::from(h.partial != 0);
+    if h.partial != 0 {
+        w.partial();
+    }
     let body = size_of::<CuptiEventHeader>();
     match h.what {
         cupti_event::BATCH => {
@@ -461,7 +492,7 @@ fn read<T: Copy>(bytes: &[u8], off: usize) -> Option<T> {
 }
 
 /// Why the library could not record (`ethand_cupti_window_event::reason` of FAILED).
-fn failure(e: &CuptiWindowEvent) -> String {
+pub fn failure(e: &CuptiWindowEvent) -> String {
     match e.reason {
         1 => "no libcupti found in the process (set ETHAND_CUPTI_LIB, or install the CUDA toolkit's or the nvidia-cuda-cupti wheel's)".into(),
         2 => "the libcupti found lacks a function the library needs (too old a CUDA)".into(),

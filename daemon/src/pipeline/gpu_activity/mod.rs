@@ -16,39 +16,32 @@
 //! offsets of the embedded bytes: no file a process maps is parsed.
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
-use aya::{
-    Ebpf,
-    maps::{HashMap as BpfHashMap, MapData, RingBuf},
-    programs::uprobe::{UProbeLinkId, UProbeScope},
-};
-use ethand_common::cupti_kinds;
+use aya::{Ebpf, maps::RingBuf};
 use ethand_snapshot::{
     gpu::LaunchSample,
     kernels::{ActivityState, GpuActivity, GpuActivityProcess},
 };
-use ethand_userspace_probes::cupti::{
-    ControlError, ControlFile, ControlLock, ProcessKey, WindowRequest,
-};
+use ethand_userspace_probes::cupti::ProcessKey;
 use tracing::{debug, info, warn};
 
 use crate::pipeline::{
-    bpf_error::take_map,
     gpu::{GpuProbes, sites::Stack},
     procinfo::{monotonic_ns, unix_ms},
-    uprobes,
 };
 
 mod aggregate;
+mod channel;
 mod idle;
 mod launch_sites;
 mod launches;
 mod tracer;
 
+pub use aggregate::{CuptiSink, apply as apply_cupti_event, failure as cupti_failure};
+pub use channel::{Channel, ChannelError, control_thread, maps_a_library};
 pub use launch_sites::resolve_launch_sites;
 pub use launches::JoinedSite;
 use tracer::{LaunchTracer, LinkKey};
@@ -97,14 +90,6 @@ pub struct RawLaunchSites {
     pub stacks: HashMap<u32, Stack>,
 }
 
-/// The library as installed: its file, its identity and the probe functions' file offsets.
-struct Installed {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-    offsets: [u64; 3],
-}
-
 struct Process {
     pid: u32,
     key: Option<ProcessKey>,
@@ -126,20 +111,9 @@ struct Active {
 }
 
 pub struct ActivitySampler {
-    installed: Option<Installed>,
-    ctl: Option<ControlFile>,
-    /// The directory's one-writer lock, held while this sampler lives.
-    _lock: Option<ControlLock>,
-    /// Why recording cannot work here.
-    error: Option<String>,
-    /// `CUPTI_EVENTS`, mapped only while windows are open: the mapping of its 8 MiB counts
-    /// in the daemon's RSS in full (the kernel maps every page at once).
-    events: Option<aya::maps::Map>,
-    open: Option<BpfHashMap<MapData, u32, u64>>,
+    /// Err: why recording cannot work here.
+    channel: Result<Channel, String>,
     active: Vec<Active>,
-    next_window: u64,
-    /// The probes on the installed library, for as long as the daemon runs.
-    _links: Vec<(&'static str, UProbeLinkId)>,
     /// The launch probes (Err: why kernels cannot be joined to their launches here; None:
     /// `diagnosis.launch_sites` off).
     launches: Option<Result<LaunchTracer, String>>,
@@ -150,83 +124,35 @@ impl ActivitySampler {
     /// off, `gpu.cupti_dir` empty); `launch_sites`: whether windows trace the launches
     /// (`multi`: with uprobe_multi links).
     pub fn new(ebpf: &mut Ebpf, dir: Option<&Path>, launch_sites: bool, multi: bool) -> Self {
-        let mut me = Self {
-            installed: None,
-            ctl: None,
-            _lock: None,
-            error: None,
-            events: None,
-            open: None,
-            active: Vec::new(),
-            // Unique across restarts: the library opens a window id once.
-            next_window: unix_ms().saturating_mul(1000),
-            _links: Vec::new(),
-            launches: None,
-        };
-        let Some(dir) = dir else {
-            me.error = Some("off (gpu.cupti_dir is empty)".into());
-            return me;
-        };
-        // Before anything is written there: another ethand (the daemon, beside a standalone
-        // snapshot) may own the directory, and its jobs follow its files.
-        match prepare_dir(dir).and_then(|()| Ok(ControlLock::acquire(dir)?)) {
-            Ok(lock) => me._lock = Some(lock),
-            Err(e) => {
-                let owned = matches!(e.downcast_ref(), Some(ControlError::Owned { .. }));
-                let e = format!("{e:#}");
-                if owned {
+        let channel = match dir {
+            None => Err("off (gpu.cupti_dir is empty)".into()),
+            Some(dir) => Channel::new(ebpf, dir).map_err(|e| match e {
+                ChannelError::Owned(e) => {
                     info!(error = %e, "GPU activity recording left to the other ethand");
-                    me.error = Some(format!(
-                        "{e}; `ethand snapshot` without --standalone records through it"
-                    ));
-                } else {
-                    warn!(error = %e, "GPU activity recording unavailable");
-                    me.error = Some(e);
+                    format!("{e}; `ethand snapshot` without --standalone records through it")
                 }
-                return me;
-            }
-        }
-        let r = (|| -> anyhow::Result<()> {
-            for (prog, _) in PROGS {
-                uprobes::load(ebpf, prog)?;
-            }
-            let events = take_map(ebpf, "CUPTI_EVENTS")?;
-            // The right type now, rather than at the first window.
-            drop(RingBuf::try_from(&events)?);
-            me.events = Some(events);
-            me.open = Some(BpfHashMap::try_from(take_map(ebpf, "CUPTI_OPEN")?)?);
-            let installed = install(dir)?;
-            for ((prog, _), off) in PROGS.iter().zip(installed.offsets) {
-                let link = uprobes::attach(
-                    ebpf,
-                    prog,
-                    &installed.path,
-                    vec![uprobes::at_offset(off, None)],
-                    UProbeScope::AllProcesses,
-                )?;
-                me._links.push((prog, link));
-            }
-            me.ctl = Some(ControlFile::create(&dir.join(CONTROL_NAME))?);
-            info!(library = %installed.path.display(), "GPU activity recording ready: start CUDA jobs with CUDA_INJECTION64_PATH set to the library");
-            me.installed = Some(installed);
-            Ok(())
-        })();
-        if launch_sites && r.is_ok() {
-            me.launches = Some(LaunchTracer::new(ebpf, multi).map_err(|e| {
+                ChannelError::Failed(e) => {
+                    warn!(error = %e, "GPU activity recording unavailable");
+                    e
+                }
+            }),
+        };
+        let launches = (launch_sites && channel.is_ok()).then(|| {
+            LaunchTracer::new(ebpf, multi).map_err(|e| {
                 warn!(error = %format!("{e:#}"), "kernels will not be joined to their launch call sites");
                 format!("the launch probes could not be set up: {e:#}")
-            }));
+            })
+        });
+        Self {
+            channel,
+            active: Vec::new(),
+            launches,
         }
-        if let Err(e) = r {
-            warn!(error = %format!("{e:#}"), "GPU activity recording unavailable");
-            me.error = Some(format!("{e:#}"));
-        }
-        me
     }
 
     /// Where the library is, for `CUDA_INJECTION64_PATH`.
     pub fn library_path(&self) -> Option<&Path> {
-        self.installed.as_ref().map(|i| i.path.as_path())
+        self.channel.as_ref().ok().map(Channel::library_path)
     }
 
     /// Starts new requests, takes the events that arrived, and answers the windows that are
@@ -268,19 +194,17 @@ impl ActivitySampler {
             notes: Vec::new(),
             reply: r.reply,
         };
-        let Some((lib_path, lib_dev, lib_ino)) = self
-            .installed
-            .as_ref()
-            .map(|i| (i.path.clone(), i.dev, i.ino))
-        else {
-            a.notes.push(format!(
-                "GPU activity recording unavailable: {}",
-                self.error.as_deref().unwrap_or("not set up")
-            ));
-            a.duration = Duration::ZERO;
-            self.active.push(a);
-            return;
+        let channel = match self.channel.as_mut() {
+            Ok(c) => c,
+            Err(e) => {
+                a.notes
+                    .push(format!("GPU activity recording unavailable: {e}"));
+                a.duration = Duration::ZERO;
+                self.active.push(a);
+                return;
+            }
         };
+        let lib_path = channel.library_path().to_path_buf();
         let mut pids = r.pids;
         pids.sort_unstable();
         pids.dedup();
@@ -302,7 +226,7 @@ impl ActivitySampler {
                 window: aggregate::Window::new(budget),
                 settled: None,
             };
-            match injected(pid, &lib_path, lib_dev, lib_ino) {
+            match channel.injected(pid) {
                 // Forked after cuInit: the mapping came along, the library's thread did not.
                 // Waiting for its answer would hold the snapshot to the window's grace.
                 Ok(true) if control_thread(pid) == Some(false) => {
@@ -342,11 +266,13 @@ impl ActivitySampler {
                 }
                 Some(Err(e)) => p.window.trace_launches(Err(e.clone())),
             }
-            self.next_window += 1;
-            p.window_id = self.next_window;
-            if let Err(detail) = self.open_window(&mut p, deadline, budget) {
-                p.settled = Some(settled(pid, ActivityState::Failed, detail));
-                self.close_window(&mut p);
+            p.window_id = channel.next_window_id();
+            match channel.open(pid, p.window_id, deadline, budget) {
+                Ok(key) => p.key = Some(key),
+                Err(detail) => {
+                    p.settled = Some(settled(pid, ActivityState::Failed, detail));
+                    channel.close(pid, None, p.window_id);
+                }
             }
             a.processes.push(p);
         }
@@ -354,41 +280,9 @@ impl ActivitySampler {
         self.active.push(a);
     }
 
-    fn open_window(&mut self, p: &mut Process, deadline: u64, budget: u64) -> Result<(), String> {
-        let key = ProcessKey::of(p.pid).map_err(|e| format!("its pid namespace: {e}"))?;
-        p.key = Some(key);
-        self.open
-            .as_mut()
-            .expect("loaded")
-            .insert(&p.pid, &p.window_id, 0)
-            .map_err(|e| format!("CUPTI_OPEN: {e}"))?;
-        // The library wakes on this: its events pass the filter by then.
-        self.ctl
-            .as_mut()
-            .expect("created")
-            .open(
-                key,
-                WindowRequest {
-                    window_id: p.window_id,
-                    deadline_mono_ns: deadline,
-                    kinds: cupti_kinds::ALL,
-                    max_records: u32::try_from(budget).unwrap_or(u32::MAX),
-                },
-                monotonic_ns(),
-            )
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
-    fn close_window(&mut self, p: &mut Process) {
-        if let (Some(ctl), Some(key)) = (self.ctl.as_mut(), p.key) {
-            ctl.close(key, p.window_id);
-        }
-        // Another window of the same process (a second snapshot) keeps its entry.
-        if let Some(open) = self.open.as_mut()
-            && open.get(&p.pid, 0).ok() == Some(p.window_id)
-        {
-            let _ = open.remove(&p.pid);
+    fn close_window(&mut self, p: &Process) {
+        if let Ok(c) = self.channel.as_mut() {
+            c.close(p.pid, p.key, p.window_id);
         }
     }
 
@@ -397,7 +291,7 @@ impl ActivitySampler {
         if self.active.is_empty() {
             return;
         }
-        let Some(Ok(mut events)) = self.events.as_ref().map(RingBuf::try_from) else {
+        let Ok(channel) = self.channel.as_ref() else {
             return;
         };
         let mut by_window: HashMap<(u32, u64), (usize, usize)> = HashMap::new();
@@ -408,14 +302,13 @@ impl ActivitySampler {
                 }
             }
         }
-        while let Some(item) = events.next() {
-            let active = &mut self.active;
-            aggregate::apply(&item, |tgid, window_id| {
+        let active = &mut self.active;
+        channel.drain(|item| {
+            aggregate::apply(item, |tgid, window_id| {
                 let &(ai, pi) = by_window.get(&(tgid, window_id))?;
                 Some(&mut active[ai].processes[pi].window)
             });
-        }
-        drop(events);
+        });
         let Some(Ok(mut launches)) = self
             .launches
             .as_ref()
@@ -438,7 +331,7 @@ impl ActivitySampler {
         let mut processes = Vec::new();
         let mut launch_sites = Vec::new();
         for mut p in std::mem::take(&mut a.processes) {
-            self.close_window(&mut p);
+            self.close_window(&p);
             if let Some(Ok(t)) = self.launches.as_mut() {
                 t.release(ebpf, std::mem::take(&mut p.traced));
             }
@@ -555,123 +448,6 @@ fn settled(pid: u32, state: ActivityState, detail: String) -> GpuActivityProcess
         detail: Some(detail),
         ..Default::default()
     }
-}
-
-/// Whether `pid` maps the daemon's library (Ok(false): no libethand_cupti.so at all);
-/// another file of that name is named in the error.
-fn injected(pid: u32, lib_path: &Path, lib_dev: u64, lib_ino: u64) -> Result<bool, String> {
-    let mut maps = ethand_userspace_probes::procmaps::ProcMaps::open(pid)
-        .map_err(|e| format!("its mappings: {e}"))?;
-    let vmas = maps
-        .files(|name| name.ends_with(LIBRARY_NAME.as_bytes()) || name.ends_with(b".so (deleted)"))
-        .map_err(|e| format!("its mappings: {e}"))?;
-    let mut other = None;
-    for v in vmas {
-        if !String::from_utf8_lossy(&v.name).contains(LIBRARY_NAME) {
-            continue;
-        }
-        if libc::makedev(v.dev_major, v.dev_minor) == lib_dev && v.inode == lib_ino {
-            return Ok(true);
-        }
-        other = Some(format!(
-            "maps another libethand_cupti.so ({}, device {}:{} inode {}): only the daemon's own, {}, is recorded",
-            String::from_utf8_lossy(&v.name),
-            v.dev_major,
-            v.dev_minor,
-            v.inode,
-            lib_path.display()
-        ));
-    }
-    other.map_or(Ok(false), Err)
-}
-
-/// Whether `pid` runs the library's control thread (named `ethand-cupti`); None when its
-/// threads cannot be read. A thread name is the process's to set: a process naming one so
-/// only makes the daemon wait for an answer that does not come (`no_answer`).
-fn control_thread(pid: u32) -> Option<bool> {
-    /// Threads looked at, at most (a thread per task entry read: 16 bytes each).
-    const MAX_THREADS: usize = 16_384;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    for t in tasks.take(MAX_THREADS) {
-        let Ok(t) = t else { continue };
-        let mut comm = [0u8; 32];
-        let n = std::fs::File::open(t.path().join("comm"))
-            .and_then(|mut f| std::io::Read::read(&mut f, &mut comm))
-            .unwrap_or(0);
-        if comm[..n].trim_ascii_end() == b"ethand-cupti" {
-            return Some(true);
-        }
-    }
-    Some(false)
-}
-
-/// Creates `dir`, readable by every user's jobs.
-fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
-    // Jobs of every user read it; the daemon's umask (0077 in the unit) took those bits.
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .map_err(|e| anyhow::anyhow!("making {} readable: {e}", dir.display()))
-}
-
-/// Writes the embedded library into `dir` (unless the same bytes are there) and finds its
-/// probe functions' offsets in those bytes.
-fn install(dir: &Path) -> anyhow::Result<Installed> {
-    use std::{io::Read, os::unix::fs::OpenOptionsExt};
-    let path = dir.join(LIBRARY_NAME);
-    let same = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .ok()
-        .and_then(|f| {
-            let mut have = Vec::with_capacity(LIBRARY.len() + 1);
-            f.take(LIBRARY.len() as u64 + 1)
-                .read_to_end(&mut have)
-                .ok()?;
-            Some(have == LIBRARY)
-        })
-        .unwrap_or(false);
-    if !same {
-        // A new inode, renamed over the old: processes mapping the old one keep it whole.
-        let tmp = dir.join(format!(".{LIBRARY_NAME}.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))?;
-        use std::io::Write;
-        f.write_all(LIBRARY)
-            .and_then(|()| f.sync_all())
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))?;
-        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|e| anyhow::anyhow!("installing {}: {e}", path.display()))?;
-    }
-    let meta = std::fs::metadata(&path)?;
-    let table = ethand_userspace_probes::elf::SymbolTable::parse(LIBRARY)
-        .map_err(|e| anyhow::anyhow!("the embedded library: {e}"))?;
-    let mut offsets = [0u64; 3];
-    for (i, (name, r)) in table
-        .resolve(PROGS.iter().map(|(_, f)| *f))
-        .into_iter()
-        .enumerate()
-    {
-        offsets[i] = r.map_err(|e| anyhow::anyhow!("the embedded library's {name}: {e}"))?;
-    }
-    Ok(Installed {
-        path,
-        dev: meta.dev(),
-        ino: meta.ino(),
-        offsets,
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,442 @@
+//! What the GPU ran, on tracks of its own beside the host's (issue 42): the kernels, copies
+//! and memsets that libethand_cupti.so records inside the tree's injected processes, for the
+//! recording's length. The recording opens each process's window itself, through the CUPTI
+//! directory's channel (`gpu_activity::Channel`), so it needs that directory free: with the
+//! daemon running, the daemon owns it, and the recording says so and writes the host
+//! tracks only (docs/record.md).
+//!
+//! Times: CUPTI's clock, mapped to CLOCK_MONOTONIC by the clock pair the library read when
+//! its window opened (records are written as they come, before the closing pair exists; the
+//! two clocks drift apart by microseconds over minutes). Tracks: one per process, device and
+//! stream ("GPU d stream s"), and a further lane where work overlapped the lane's last (a
+//! CUDA graph's parallel branches report their graph's stream).
+use std::{
+    collections::{BTreeSet, HashMap},
+    io,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::Ebpf;
+use ethand_common::{CuptiRec, CuptiWindowEvent, cupti_rec_kind, cupti_window_state};
+use ethand_snapshot::kernels::{ActivityState, CopyKind, KernelClass, MemoryKind};
+use ethand_userspace_probes::cupti::ProcessKey;
+use serde_json::{Value, json};
+
+use super::trace::{GpuWork, TraceEvent, TraceWriter};
+use crate::pipeline::{
+    gpu_activity::{
+        Channel, ChannelError, CuptiSink, apply_cupti_event, control_thread, cupti_failure,
+        maps_a_library,
+    },
+    procinfo::monotonic_ns,
+    reader::ReaderHandle,
+};
+
+/// Processes of the tree recorded at most (as a snapshot's).
+const MAX_PIDS: usize = crate::pipeline::gpu_activity::MAX_PIDS;
+/// Kernel names kept per process (the rest are written by their id).
+const MAX_NAMES: usize = 4096;
+/// Records held while a process's clock pair has not come yet (it comes first: these are
+/// only for a library that sends out of order).
+const MAX_UNMAPPED: usize = 100_000;
+/// How long the end of the recording waits for the libraries' last records.
+const CLOSE_GRACE: Duration = Duration::from_secs(3);
+
+/// One recorded process's window.
+struct Proc {
+    pid: u32,
+    key: Option<ProcessKey>,
+    window_id: u64,
+    /// Kernel names by id: the name CUPTI gave and, where it is a mangled C++ name, its
+    /// demangling (by the reader, as the process's owner).
+    names: HashMap<u32, (String, Option<String>)>,
+    /// Names come in since the last demangling.
+    fresh: Vec<u32>,
+    /// CUPTI's clock minus CLOCK_MONOTONIC, from the opening pair.
+    offset: Option<i128>,
+    recs: Vec<CuptiRec>,
+    opened: Option<CuptiWindowEvent>,
+    /// CLOSED, REFUSED or FAILED.
+    ended: Option<CuptiWindowEvent>,
+    partial: u64,
+    kernels: u64,
+    copies: u64,
+    memsets: u64,
+    /// Syncs: the host's waits, drawn by its runtime calls on the thread's track.
+    syncs: u64,
+    /// Records with no GPU time (CUPTI had no timestamp), or of a kind not known.
+    not_drawn: u64,
+    /// Records that came before the clock pair, past what is held.
+    unmapped: u64,
+}
+
+impl CuptiSink for Proc {
+    fn partial(&mut self) {
+        self.partial += 1;
+    }
+    fn records(&mut self, recs: &[CuptiRec]) {
+        for r in recs {
+            if self.offset.is_none() && self.recs.len() >= MAX_UNMAPPED {
+                self.unmapped += 1;
+            } else {
+                self.recs.push(*r);
+            }
+        }
+    }
+    fn name(&mut self, id: u32, bytes: &[u8]) {
+        if self.names.len() >= MAX_NAMES && !self.names.contains_key(&id) {
+            return;
+        }
+        let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+        let name = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        self.names.insert(id, (name, None));
+        self.fresh.push(id);
+    }
+    fn event(&mut self, e: CuptiWindowEvent) {
+        match e.state {
+            cupti_window_state::OPENED => {
+                self.offset = Some(i128::from(e.clock_cupti) - i128::from(e.clock_mono));
+                self.opened = Some(e);
+            }
+            cupti_window_state::CLOSED
+            | cupti_window_state::REFUSED
+            | cupti_window_state::FAILED => self.ended = Some(e),
+            _ => {}
+        }
+    }
+}
+
+/// Where GPU work goes: a lane of a process's device and stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct LaneKey {
+    pid: u32,
+    device: u32,
+    stream: u32,
+}
+
+pub(super) struct GpuTracks {
+    channel: Option<Channel>,
+    procs: Vec<Proc>,
+    /// Per (process, device, stream): each lane's track index and the end of its last work.
+    lanes: HashMap<LaneKey, Vec<(u32, u64)>>,
+    next_track: u32,
+    /// What the summary says of processes not recorded, and why none were.
+    notes: Vec<Value>,
+    reader: ReaderHandle,
+}
+
+impl GpuTracks {
+    /// Opens a window, until `deadline` after now, in every process of `tree` that maps the
+    /// library; `dir`: `gpu.cupti_dir` (None: off). Why nothing is recorded goes to
+    /// `warnings`.
+    pub(super) fn start(
+        ebpf: &mut Ebpf,
+        dir: Option<&Path>,
+        tree: &BTreeSet<u32>,
+        duration: Duration,
+        reader: ReaderHandle,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        let mut me = Self {
+            channel: None,
+            procs: Vec::new(),
+            lanes: HashMap::new(),
+            next_track: 0,
+            notes: Vec::new(),
+            reader,
+        };
+        // Nothing installed or probed for a tree that never loaded the library.
+        if !tree.iter().take(MAX_PIDS).any(|&p| maps_a_library(p)) {
+            me.notes
+                .push(json!({"unavailable": "no process of the tree maps libethand_cupti.so"}));
+            return me;
+        }
+        let Some(dir) = dir else {
+            me.unavailable(warnings, "gpu.cupti_dir is empty".into());
+            return me;
+        };
+        let mut channel = match Channel::new(ebpf, dir) {
+            Ok(c) => c,
+            Err(ChannelError::Owned(e)) => {
+                me.unavailable(
+                    warnings,
+                    format!("{e}: the running daemon records the GPU for snapshots; stop it to record GPU tracks"),
+                );
+                return me;
+            }
+            Err(ChannelError::Failed(e)) => {
+                me.unavailable(warnings, e);
+                return me;
+            }
+        };
+        let deadline = monotonic_ns() + duration.as_nanos() as u64;
+        for &pid in tree.iter().take(MAX_PIDS) {
+            let not = |state: ActivityState, detail: String| json!({"pid": pid, "state": state, "detail": detail});
+            match channel.injected(pid) {
+                Ok(true) if control_thread(pid) == Some(false) => {
+                    me.notes.push(not(
+                        ActivityState::Forked,
+                        "maps the library without its thread (forked after cuInit)".into(),
+                    ));
+                    continue;
+                }
+                Ok(true) => {}
+                // Not a CUDA process, or one started without the library: not listed.
+                Ok(false) => continue,
+                Err(e) => {
+                    me.notes.push(not(ActivityState::Failed, e));
+                    continue;
+                }
+            }
+            let window_id = channel.next_window_id();
+            match channel.open(pid, window_id, deadline, u64::from(u32::MAX)) {
+                Ok(key) => me.procs.push(Proc {
+                    pid,
+                    key: Some(key),
+                    window_id,
+                    names: HashMap::new(),
+                    fresh: Vec::new(),
+                    offset: None,
+                    recs: Vec::new(),
+                    opened: None,
+                    ended: None,
+                    partial: 0,
+                    kernels: 0,
+                    copies: 0,
+                    memsets: 0,
+                    syncs: 0,
+                    not_drawn: 0,
+                    unmapped: 0,
+                }),
+                Err(e) => {
+                    channel.close(pid, None, window_id);
+                    me.notes.push(not(ActivityState::Failed, e));
+                }
+            }
+        }
+        if me.procs.is_empty() {
+            warnings.push(format!(
+                "GPU tracks not recorded: no process of the tree was started with CUDA_INJECTION64_PATH={}",
+                channel.library_path().display()
+            ));
+        }
+        me.channel = Some(channel);
+        me
+    }
+
+    fn unavailable(&mut self, warnings: &mut Vec<String>, why: String) {
+        eprintln!("ethand: warning: GPU tracks not recorded: {why}");
+        warnings.push(format!("GPU tracks not recorded: {why}"));
+        self.notes.push(json!({"unavailable": why}));
+    }
+
+    /// Takes what the libraries handed over and writes it.
+    pub(super) fn write(&mut self, tw: &mut TraceWriter) -> io::Result<()> {
+        let Some(channel) = self.channel.as_ref() else {
+            return Ok(());
+        };
+        let procs = &mut self.procs;
+        channel.drain(|item| {
+            apply_cupti_event(item, |tgid, window_id| {
+                procs
+                    .iter_mut()
+                    .find(|p| p.pid == tgid && p.window_id == window_id)
+            });
+        });
+        for i in 0..self.procs.len() {
+            self.demangle(i);
+            if self.procs[i].offset.is_some() {
+                let recs = std::mem::take(&mut self.procs[i].recs);
+                for r in &recs {
+                    self.emit(tw, i, r)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The names come in since the last round, demangled by the reader as their owner.
+    fn demangle(&mut self, i: usize) {
+        let p = &mut self.procs[i];
+        if p.fresh.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut p.fresh);
+        let raw: Vec<String> = ids.iter().map(|id| p.names[id].0.clone()).collect();
+        let demangled = self.reader.demangle(p.pid, &raw);
+        for (id, d) in ids.into_iter().zip(demangled) {
+            if let Some(n) = p.names.get_mut(&id) {
+                n.1 = d;
+            }
+        }
+    }
+
+    /// A lane of `key` free at `start`: its track index (a new track, announced to the
+    /// outputs, where none is).
+    fn lane(
+        &mut self,
+        tw: &mut TraceWriter,
+        key: LaneKey,
+        start: u64,
+        end: u64,
+    ) -> io::Result<u32> {
+        let lanes = self.lanes.entry(key).or_default();
+        if let Some(l) = lanes.iter_mut().find(|(_, e)| *e <= start) {
+            l.1 = l.1.max(end);
+            return Ok(l.0);
+        }
+        let n = lanes.len();
+        let track = self.next_track;
+        self.next_track += 1;
+        lanes.push((track, end));
+        let mut label = format!("GPU {} stream {}", key.device, key.stream);
+        if n > 0 {
+            label.push_str(&format!(" ({})", n + 1));
+        }
+        tw.gpu_track(key.pid, track, &label)?;
+        Ok(track)
+    }
+
+    fn emit(&mut self, tw: &mut TraceWriter, i: usize, r: &CuptiRec) -> io::Result<()> {
+        let p = &mut self.procs[i];
+        let offset = p.offset.expect("mapped");
+        if r.kind == cupti_rec_kind::SYNC {
+            p.syncs += 1;
+            return Ok(());
+        }
+        if r.start == 0 || r.end < r.start {
+            p.not_drawn += 1;
+            return Ok(());
+        }
+        let start = u64::try_from(i128::from(r.start) - offset).unwrap_or(0);
+        let dur = r.end - r.start;
+        let what = match r.kind {
+            cupti_rec_kind::KERNEL => {
+                p.kernels += 1;
+                GpuWork::Kernel {
+                    name_id: r.name_id,
+                    grid: r.grid,
+                    block: r.block,
+                }
+            }
+            cupti_rec_kind::MEMCPY => {
+                p.copies += 1;
+                GpuWork::Copy {
+                    kind: CopyKind::from_cupti(r.copy_kind),
+                    src: MemoryKind::from_cupti(r.src_kind),
+                    dst: MemoryKind::from_cupti(r.dst_kind),
+                    bytes: r.bytes,
+                }
+            }
+            cupti_rec_kind::MEMSET => {
+                p.memsets += 1;
+                GpuWork::Memset { bytes: r.bytes }
+            }
+            _ => {
+                p.not_drawn += 1;
+                return Ok(());
+            }
+        };
+        let pid = p.pid;
+        let key = LaneKey {
+            pid,
+            device: r.device,
+            stream: r.stream,
+        };
+        let track = self.lane(tw, key, start, start + dur)?;
+        let p = &self.procs[i];
+        let fallback;
+        let (name, demangled) = match what {
+            GpuWork::Kernel { name_id, .. } => match p.names.get(&name_id) {
+                Some((n, d)) => (n.as_str(), d.as_deref()),
+                None => {
+                    fallback = format!("kernel #{name_id}");
+                    (fallback.as_str(), None)
+                }
+            },
+            GpuWork::Copy { kind, .. } => (kind.as_str(), None),
+            GpuWork::Memset { .. } => ("memset", None),
+        };
+        let class = match what {
+            GpuWork::Kernel { .. } => Some(KernelClass::of(name)),
+            _ => None,
+        };
+        tw.emit(&TraceEvent::GpuActivity {
+            pid,
+            track,
+            what,
+            name,
+            demangled,
+            class,
+            device: r.device,
+            stream: r.stream,
+            correlation: r.correlation,
+            start,
+            dur,
+        })
+    }
+
+    /// Ends every window (the libraries flush what they hold), waits up to the grace for
+    /// their last records, writes them; what the summary says.
+    pub(super) fn finish(&mut self, tw: &mut TraceWriter) -> io::Result<Value> {
+        if let Some(c) = self.channel.as_mut() {
+            for p in &self.procs {
+                if let Some(key) = p.key {
+                    c.end_early(key, p.window_id);
+                }
+            }
+        }
+        let until = Instant::now() + CLOSE_GRACE;
+        loop {
+            self.write(tw)?;
+            let waiting = self
+                .procs
+                .iter()
+                .any(|p| p.opened.is_some() && p.ended.is_none());
+            if !waiting || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(c) = self.channel.as_mut() {
+            for p in &self.procs {
+                c.close(p.pid, p.key, p.window_id);
+            }
+        }
+        let mut processes: Vec<Value> = self.procs.iter().map(summary).collect();
+        processes.append(&mut self.notes);
+        Ok(json!(processes))
+    }
+}
+
+/// A recorded process's line in the summary.
+fn summary(p: &Proc) -> Value {
+    let (state, detail) = match (&p.opened, &p.ended) {
+        (_, Some(e)) if e.state == cupti_window_state::REFUSED => (
+            ActivityState::Refused,
+            Some("another tool holds CUPTI (a profiler): ethand stepped aside".to_string()),
+        ),
+        (_, Some(e)) if e.state == cupti_window_state::FAILED => {
+            (ActivityState::Failed, Some(cupti_failure(e)))
+        }
+        (Some(_), _) => (ActivityState::Recorded, None),
+        (None, _) => (ActivityState::NoAnswer, None),
+    };
+    let closed = p.ended.filter(|e| e.state == cupti_window_state::CLOSED);
+    json!({
+        "pid": p.pid,
+        "state": state,
+        "detail": detail,
+        "cupti_version": p.opened.map(|e| e.cupti_version),
+        "kernels": p.kernels,
+        "copies": p.copies,
+        "memsets": p.memsets,
+        "syncs": p.syncs,
+        "records_not_drawn": p.not_drawn,
+        "records_before_the_clock": p.unmapped,
+        "entries_partly_read": p.partial,
+        // Known once the window closed: absent before, never 0 for unknown.
+        "records_dropped_by_cupti": closed.map(|e| e.dropped),
+    })
+}
