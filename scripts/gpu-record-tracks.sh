@@ -4,7 +4,7 @@
 # libethand_cupti.so (installed by a daemon that is then stopped: the recording owns the
 # CUPTI directory), recorded for RECORD_S while it runs one phase of PHASE_S; the trace must
 # hold exactly 2 copies a step (one pageable, one pinned, 16 MiB each) and a whole number of
-# kernels a step. Root, repository root, .device-bin/ethand; writes ${OUT:-/tmp/gpu-record-tracks}.
+# kernels a step, each kernel with a flow from its launch call. Root, repository root, .device-bin/ethand; writes ${OUT:-/tmp/gpu-record-tracks}.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/gpu-record-tracks}
@@ -44,12 +44,13 @@ steps = int(open(out + "/job.out").read().split("steps")[1].split()[0])
 t = json.load(open(out + "/rec.json"))
 print("gpu_activity:", json.dumps(t["metadata"].get("gpu_activity")))
 print("warnings:", t["metadata"].get("warnings"))
-ev = [e for e in t["traceEvents"] if str(e.get("cat", "")).startswith("gpu_")]
+flows = sum(1 for e in t["traceEvents"] if e.get("cat") == "gpu_flow" and e.get("ph") == "s")
+ev = [e for e in t["traceEvents"] if e.get("cat") in ("gpu_kernel", "gpu_memcpy", "gpu_memset")]
 cats = collections.Counter(e["cat"] for e in ev)
 copies = collections.Counter((e["args"].get("src"), e["args"].get("dst"), e["args"].get("bytes")) for e in ev if e["cat"] == "gpu_memcpy")
 kernels = collections.Counter(e["name"][:90] for e in ev if e["cat"] == "gpu_kernel")
 tracks = {e["tid"] for e in ev}
-print(f"steps {steps}; slices {dict(cats)}; tracks {len(tracks)}")
+print(f"steps {steps}; slices {dict(cats)}; tracks {len(tracks)}; flows from launches {flows}")
 print("copies:", dict(copies))
 print(f"kernels per step {cats['gpu_kernel'] / max(steps, 1):.3f}; top:")
 for k, n in kernels.most_common(8):

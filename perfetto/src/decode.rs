@@ -52,6 +52,9 @@ pub struct Event {
     pub start_ns: u64,
     pub end_ns: Option<u64>,
     pub args: Vec<(String, Value)>,
+    /// `flow_ids` and `terminating_flow_ids`.
+    pub flows_out: Vec<u64>,
+    pub flows_in: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -441,6 +444,8 @@ fn track_event(
             start_ns: ts,
             end_ns: None,
             args,
+            flows_out: e.flow_ids.clone(),
+            flows_in: e.terminating_flow_ids.clone(),
         },
     ))
 }

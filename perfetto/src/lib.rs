@@ -142,6 +142,30 @@ struct Event {
     name: u64,
     category: u64,
     args: Box<[(u64, Val)]>,
+    flow: Flow,
+}
+
+/// A slice's part in a flow (an arrow between two slices, as from a launch call to the
+/// kernel it made): it starts the flow `id` or ends it. The two ends are matched by `id`
+/// alone, whichever comes first; an id nobody ends draws nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Flow {
+    #[default]
+    None,
+    /// `TrackEvent.flow_ids`.
+    Out(u64),
+    /// `TrackEvent.terminating_flow_ids`.
+    In(u64),
+}
+
+impl Flow {
+    fn write(self, ev: &mut Vec<u8>) {
+        match self {
+            Self::None => {}
+            Self::Out(id) => proto::fixed64(ev, 47, id),
+            Self::In(id) => proto::fixed64(ev, 48, id),
+        }
+    }
 }
 
 /// Ends, then instants, then begins at one timestamp.
@@ -484,6 +508,7 @@ impl<W: Write> TraceWriter<W> {
             name: self.names.intern(name),
             category: self.categories.intern(category),
             args,
+            flow: Flow::None,
         }
     }
 
@@ -497,8 +522,24 @@ impl<W: Write> TraceWriter<W> {
         dur_ns: u64,
         args: &[Arg<'_>],
     ) -> io::Result<()> {
+        self.slice_in_flow(track, name, category, start_ns, dur_ns, args, Flow::None)
+    }
+
+    /// A slice with its part in a flow.
+    #[allow(clippy::too_many_arguments)]
+    pub fn slice_in_flow(
+        &mut self,
+        track: TrackId,
+        name: &str,
+        category: &str,
+        start_ns: u64,
+        dur_ns: u64,
+        args: &[Arg<'_>],
+        flow: Flow,
+    ) -> io::Result<()> {
         let end = start_ns.saturating_add(dur_ns);
-        let event = self.event(name, category, args);
+        let mut event = self.event(name, category, args);
+        event.flow = flow;
         self.stats.events += 1;
         let p = Pending {
             ts: start_ns,
@@ -654,6 +695,7 @@ impl<W: Write> TraceWriter<W> {
                 }
                 proto::bytes(&mut ev, 4, &arg);
             }
+            e.flow.write(&mut ev);
         }
         pk.clear();
         proto::uint(&mut pk, 8, delta);
@@ -762,6 +804,7 @@ impl<W: Write> TraceWriter<W> {
                         }
                     });
                 }
+                ev.flow.write(e);
             }
         });
         pk

@@ -34,6 +34,11 @@ pub(crate) fn boolean(out: &mut Vec<u8>, field: u32, v: bool) {
     uint(out, field, u64::from(v));
 }
 
+pub(crate) fn fixed64(out: &mut Vec<u8>, field: u32, v: u64) {
+    tag(out, field, FIXED64);
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
 pub(crate) fn double(out: &mut Vec<u8>, field: u32, v: f64) {
     tag(out, field, FIXED64);
     out.extend_from_slice(&v.to_bits().to_le_bytes());

@@ -442,3 +442,69 @@ fn a_ring_stays_within_its_bytes() {
         assert!(got.contains(g), "lost from the kept range: {g:?}");
     }
 }
+
+/// A flow's two ends come back on their slices, whether the end is written on the main
+/// sequence or, arriving seconds late (a GPU record), on a late one.
+#[test]
+fn flows_come_back_on_both_ends_on_time_and_late() {
+    let mut w = TraceWriter::new(Vec::new(), Options::default()).unwrap();
+    let p = w.process_track(7, "job").unwrap();
+    let thread = w.thread_track(p, 7, 7, "main").unwrap();
+    let gpu = w.track(Some(p), "GPU 0 stream 0", Some(100_000)).unwrap();
+    let s = 1_000_000_000;
+    for i in 0..10u64 {
+        let at = s + i * 10_000_000;
+        w.slice_in_flow(
+            thread,
+            "cuLaunchKernel",
+            "gpu",
+            at,
+            5_000,
+            &[],
+            Flow::Out(100 + i),
+        )
+        .unwrap();
+    }
+    // Kernels: the first five in time, the rest a second after their launch was written.
+    for i in 0..5u64 {
+        let at = s + i * 10_000_000 + 20_000;
+        w.slice_in_flow(gpu, "k", "gpu_kernel", at, 10_000, &[], Flow::In(100 + i))
+            .unwrap();
+    }
+    w.slice(thread, "later", "gpu", s + 2_000_000_000, 1, &[])
+        .unwrap();
+    for i in 5..10u64 {
+        let at = s + i * 10_000_000 + 20_000;
+        w.slice_in_flow(gpu, "k", "gpu_kernel", at, 10_000, &[], Flow::In(100 + i))
+            .unwrap();
+    }
+    let (bytes, stats) = w.finish().unwrap();
+    // Kernels 5-8 began before launch 9 had left: late (kernel 9 did not).
+    assert_eq!(stats.late_slices, 4, "{stats:?}");
+    let d = decode(&bytes).unwrap();
+    let outs: Vec<(u64, Vec<u64>)> = d
+        .events
+        .iter()
+        .filter(|e| e.name == "cuLaunchKernel")
+        .map(|e| (e.start_ns, e.flows_out.clone()))
+        .collect();
+    let ins: Vec<(u64, Vec<u64>)> = d
+        .events
+        .iter()
+        .filter(|e| e.name == "k")
+        .map(|e| (e.start_ns - 20_000, e.flows_in.clone()))
+        .collect();
+    let want: Vec<(u64, Vec<u64>)> = (0..10u64)
+        .map(|i| (s + i * 10_000_000, vec![100 + i]))
+        .collect();
+    assert_eq!(outs, want);
+    let mut ins = ins;
+    ins.sort();
+    assert_eq!(ins, want);
+    assert!(
+        d.events
+            .iter()
+            .filter(|e| e.name == "later")
+            .all(|e| e.flows_out.is_empty() && e.flows_in.is_empty())
+    );
+}

@@ -108,14 +108,19 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     let dur = f(meta, "duration_s");
     let gpu: Vec<&Value> = events(&trace)
         .iter()
-        .filter(|e| e["cat"].as_str().is_some_and(|c| c.starts_with("gpu_")))
+        .filter(|e| {
+            matches!(
+                e["cat"].as_str(),
+                Some("gpu_kernel" | "gpu_memcpy" | "gpu_memset")
+            )
+        })
         .collect();
     let named = |n: &str| gpu.iter().filter(|e| e["name"] == n).count();
     let demangled = "at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3> >";
     assert_eq!(named("gemm_fp32"), 300);
     assert_eq!(named(demangled), 50);
     assert_eq!(named("host_to_device"), 4);
-    assert_eq!(gpu.len(), 354, "nothing else: {gpu:?}");
+    assert_eq!(gpu.len(), 354, "nothing else");
     for e in &gpu {
         assert_eq!(e["ph"], "X");
         assert_eq!(u(e, "pid"), pid);
@@ -156,6 +161,38 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && u(e, "tid") == tid)
         .map(|e| e["args"]["name"].clone());
     assert_eq!(label, Some(Value::from("GPU 0 stream 0")), "track {tid}");
+    // Flows: from inside a cuLaunchKernel slice of the launching thread to its kernel.
+    let launches: Vec<(f64, f64)> = events(&trace)
+        .iter()
+        .filter(|e| e["name"] == "cuLaunchKernel" && u(e, "pid") == pid)
+        .map(|e| (f(e, "ts"), f(e, "ts") + f(e, "dur")))
+        .collect();
+    let flow = |ph: &str| -> Vec<&Value> {
+        events(&trace)
+            .iter()
+            .filter(|e| e["cat"] == "gpu_flow" && e["ph"] == ph)
+            .collect()
+    };
+    let (starts, ends) = (flow("s"), flow("f"));
+    assert_eq!((starts.len(), ends.len()), (350, 350));
+    let kernel_at: std::collections::BTreeSet<(u64, String)> = gpu
+        .iter()
+        .filter(|e| e["cat"] == "gpu_kernel")
+        .map(|e| (u(e, "tid"), e["ts"].to_string()))
+        .collect();
+    for (s, e) in starts.iter().zip(&ends) {
+        assert_eq!(s["id"], e["id"]);
+        assert_eq!(u(s, "tid"), u64::from(truth.pid), "{s}");
+        let ts = f(s, "ts");
+        assert!(
+            launches.iter().any(|(a, b)| *a <= ts && ts <= *b),
+            "flow start {s} inside no cuLaunchKernel slice"
+        );
+        assert!(
+            kernel_at.contains(&(u(e, "tid"), e["ts"].to_string())),
+            "flow end {e} at no kernel"
+        );
+    }
     let mut spans: Vec<(f64, f64)> = gpu.iter().map(|e| (f(e, "ts"), f(e, "dur"))).collect();
     spans.sort_by(|a, b| a.0.total_cmp(&b.0));
     for w in spans.windows(2) {
@@ -174,6 +211,7 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         .iter()
         .filter(|e| e.category.starts_with("gpu_"))
         .collect();
+    // (Flows are no slices in Perfetto's format: on the slices themselves.)
     assert_eq!(slices.len(), 354);
     let tracks: std::collections::BTreeSet<u64> = slices.iter().map(|e| e.track).collect();
     assert_eq!(tracks.len(), 1, "{tracks:?}");
@@ -183,6 +221,18 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         (t.name.as_str(), parent),
         ("GPU 0 stream 0", Some(Some(truth.pid as i32)))
     );
+    // Each kernel ends the flow its launch call's slice began.
+    let outs: std::collections::HashSet<u64> = d
+        .events
+        .iter()
+        .filter(|e| e.name == "cuLaunchKernel")
+        .flat_map(|e| e.flows_out.iter().copied())
+        .collect();
+    let joined = slices
+        .iter()
+        .filter(|e| e.flows_in.len() == 1 && outs.contains(&e.flows_in[0]))
+        .count();
+    assert_eq!(joined, 350);
     for e in &slices {
         let want = if e.category == "gpu_memcpy" {
             102_400

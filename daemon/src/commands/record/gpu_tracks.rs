@@ -23,7 +23,7 @@ use ethand_snapshot::kernels::{ActivityState, CopyKind, KernelClass, MemoryKind}
 use ethand_userspace_probes::cupti::ProcessKey;
 use serde_json::{Value, json};
 
-use super::trace::{GpuWork, TraceEvent, TraceWriter};
+use super::trace::{GpuWork, LaunchLink, TraceEvent, TraceWriter, launch_flow};
 use crate::pipeline::{
     gpu_activity::{
         Channel, ChannelError, CuptiSink, apply_cupti_event, control_thread, cupti_failure,
@@ -69,6 +69,12 @@ struct Proc {
     not_drawn: u64,
     /// Records that came before the clock pair, past what is held.
     unmapped: u64,
+    /// Kernels joined to their launch call; held by calls of two threads at once; held by
+    /// none (launched before the recording, or a graph's); with no queued time.
+    joined: u64,
+    ambiguous: u64,
+    without_launch: u64,
+    without_queued: u64,
 }
 
 impl CuptiSink for Proc {
@@ -104,6 +110,67 @@ impl CuptiSink for Proc {
             | cupti_window_state::FAILED => self.ended = Some(e),
             _ => {}
         }
+    }
+}
+
+/// Launch calls kept per process for the join (the oldest leave first): CUPTI hands over
+/// its records when a buffer fills, seconds after the launches at most; 2^20 launches are
+/// ten seconds of a loop launching 100,000 kernels a second.
+const MAX_LAUNCHES: usize = 1 << 20;
+/// Launch calls looked at before a kernel's queued time, at most (one thread's calls never
+/// overlap: only calls of other threads, begun earlier, lie between).
+const MAX_SCAN: usize = 4096;
+
+/// The tree's kernel launch calls (from the recording's own GPU probes), by process, in
+/// the order they began: a kernel's launch is the one call whose [start, end] holds the
+/// time the host queued it, as in the snapshot's launch call sites (docs/gpu-activity.md).
+#[derive(Default)]
+pub(super) struct LaunchIndex {
+    by_pid: HashMap<u32, std::collections::VecDeque<(u64, u64, u32)>>,
+}
+
+/// Which launch call holds a kernel's queued time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    One {
+        tid: u32,
+        start: u64,
+    },
+    /// Calls of two threads held it: not guessed.
+    Ambiguous,
+    None,
+}
+
+impl LaunchIndex {
+    pub(super) fn add(&mut self, pid: u32, tid: u32, start: u64, end: u64) {
+        let calls = self.by_pid.entry(pid).or_default();
+        if calls.len() >= MAX_LAUNCHES {
+            calls.pop_front();
+        }
+        // Calls arrive as they end, nearly in order: the place is near the back.
+        let mut i = calls.len();
+        while i > 0 && calls[i - 1].0 > start {
+            i -= 1;
+        }
+        calls.insert(i, (start, end, tid));
+    }
+
+    fn find(&self, pid: u32, queued: u64) -> Found {
+        let Some(calls) = self.by_pid.get(&pid) else {
+            return Found::None;
+        };
+        let after = calls.partition_point(|c| c.0 <= queued);
+        let mut found = Found::None;
+        for &(start, end, tid) in calls.range(after.saturating_sub(MAX_SCAN)..after).rev() {
+            if end < queued {
+                continue;
+            }
+            found = match found {
+                Found::None => Found::One { tid, start },
+                _ => return Found::Ambiguous,
+            };
+        }
+        found
     }
 }
 
@@ -208,6 +275,10 @@ impl GpuTracks {
                     syncs: 0,
                     not_drawn: 0,
                     unmapped: 0,
+                    joined: 0,
+                    ambiguous: 0,
+                    without_launch: 0,
+                    without_queued: 0,
                 }),
                 Err(e) => {
                     channel.close(pid, None, window_id);
@@ -223,6 +294,11 @@ impl GpuTracks {
         }
         me.channel = Some(channel);
         me
+    }
+
+    /// Whether any window is open (the recording then keeps its launch calls).
+    pub(super) fn recording(&self) -> bool {
+        !self.procs.is_empty()
     }
 
     fn unavailable(&mut self, warnings: &mut Vec<String>, why: String) {
@@ -339,6 +415,10 @@ impl GpuTracks {
             }
         };
         let pid = p.pid;
+        let launch = match what {
+            GpuWork::Kernel { .. } => link(p, tw.launches.as_ref(), r.queued, offset),
+            _ => None,
+        };
         let key = LaneKey {
             pid,
             device: r.device,
@@ -374,6 +454,7 @@ impl GpuTracks {
             correlation: r.correlation,
             start,
             dur,
+            launch,
         })
     }
 
@@ -410,6 +491,38 @@ impl GpuTracks {
     }
 }
 
+/// The launch call of a kernel queued at `queued` (CUPTI's clock; 0: unknown), counted.
+fn link(
+    p: &mut Proc,
+    index: Option<&LaunchIndex>,
+    queued: u64,
+    offset: i128,
+) -> Option<LaunchLink> {
+    if queued == 0 {
+        p.without_queued += 1;
+        return None;
+    }
+    let q = u64::try_from(i128::from(queued) - offset).ok()?;
+    match index?.find(p.pid, q) {
+        Found::One { tid, start } => {
+            p.joined += 1;
+            Some(LaunchLink {
+                tid,
+                queued: q,
+                flow: launch_flow(tid, start),
+            })
+        }
+        Found::Ambiguous => {
+            p.ambiguous += 1;
+            None
+        }
+        Found::None => {
+            p.without_launch += 1;
+            None
+        }
+    }
+}
+
 /// A recorded process's line in the summary.
 fn summary(p: &Proc) -> Value {
     let (state, detail) = match (&p.opened, &p.ended) {
@@ -436,7 +549,58 @@ fn summary(p: &Proc) -> Value {
         "records_not_drawn": p.not_drawn,
         "records_before_the_clock": p.unmapped,
         "entries_partly_read": p.partial,
+        // Kernels joined to the launch call that made them (a flow from the call's slice
+        // to the kernel's), and why the others are not.
+        "kernels_joined_to_their_launch": p.joined,
+        "kernels_ambiguous": p.ambiguous,
+        "kernels_without_launch": p.without_launch,
+        "kernels_without_queued_time": p.without_queued,
         // Known once the window closed: absent before, never 0 for unknown.
         "records_dropped_by_cupti": closed.map(|e| e.dropped),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One call holds the queued time: that one; two threads' calls: neither; none: none.
+    /// Calls arrive as they end, not as they began.
+    #[test]
+    fn a_kernel_joins_the_one_call_that_held_its_queued_time() {
+        let mut l = LaunchIndex::default();
+        // Thread 1: [100, 110], [200, 210]; thread 2: [205, 260] (arrives last, began
+        // before thread 1's second call ended); another process: [100, 300].
+        l.add(1, 1, 100, 110);
+        l.add(1, 1, 200, 210);
+        l.add(9, 9, 100, 300);
+        l.add(1, 2, 205, 260);
+        assert_eq!(l.find(1, 105), Found::One { tid: 1, start: 100 });
+        assert_eq!(l.find(1, 110), Found::One { tid: 1, start: 100 });
+        assert_eq!(l.find(1, 150), Found::None);
+        assert_eq!(l.find(1, 202), Found::One { tid: 1, start: 200 });
+        assert_eq!(l.find(1, 207), Found::Ambiguous);
+        assert_eq!(l.find(1, 250), Found::One { tid: 2, start: 205 });
+        assert_eq!(l.find(1, 99), Found::None);
+        assert_eq!(l.find(2, 105), Found::None);
+    }
+
+    /// The index keeps the latest calls only.
+    #[test]
+    fn the_oldest_calls_leave_first() {
+        let mut l = LaunchIndex::default();
+        for i in 0..(MAX_LAUNCHES as u64 + 10) {
+            l.add(1, 1, i * 10, i * 10 + 5);
+        }
+        assert_eq!(l.by_pid[&1].len(), MAX_LAUNCHES);
+        assert_eq!(l.find(1, 52), Found::None);
+        let last = (MAX_LAUNCHES as u64 + 9) * 10;
+        assert_eq!(
+            l.find(1, last + 1),
+            Found::One {
+                tid: 1,
+                start: last
+            }
+        );
+    }
 }

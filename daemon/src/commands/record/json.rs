@@ -264,8 +264,22 @@ impl Encoder for JsonEncoder {
                 demangled,
                 start,
                 dur,
+                launch,
                 ..
             } => {
+                // The flow from the launch call (bound to the slice around the kernel's
+                // queued time on the launching thread) to the kernel.
+                if let Some(l) = launch {
+                    let (ts, te) = (self.rel(l.queued), self.rel(start));
+                    self.value(&json!({
+                        "name": "launch", "cat": "gpu_flow", "ph": "s", "id": l.flow, "ts": ts,
+                        "pid": pid, "tid": l.tid,
+                    }))?;
+                    self.value(&json!({
+                        "name": "launch", "cat": "gpu_flow", "ph": "f", "bp": "e", "id": l.flow,
+                        "ts": te, "pid": pid, "tid": GPU_TID_BASE + u64::from(track),
+                    }))?;
+                }
                 let mut dims = Default::default();
                 let (cat, args) = gpu_work_args(e, &mut dims);
                 let args: serde_json::Map<String, Value> = args
@@ -297,6 +311,7 @@ impl Encoder for JsonEncoder {
                 dur,
                 cpu,
                 python,
+                ..
             } => {
                 let mut args = match info {
                     Some(i) => json!({

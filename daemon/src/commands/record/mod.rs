@@ -506,6 +506,9 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         &mut warnings,
     );
     let mut tw = trace_writer(sinks, t0)?;
+    if gpu_tracks.recording() {
+        tw.launches = Some(gpu_tracks::LaunchIndex::default());
+    }
     let mut samples = Samples::new(reader.clone());
     let mut python_written = 0u64;
     for p in &tree {
@@ -522,7 +525,9 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
     )
     .await?;
     let t_end = monotonic_ns();
-    // Before the programs go: the libraries' last records come through them.
+    // Before the programs go: the libraries' last records come through them (and the launch
+    // calls of their kernels are all in).
+    tw.drain(&mut maps.ring).map_err(|e| tw.error(e))?;
     let gpu_activity = gpu_tracks.finish(&mut tw).map_err(|e| tw.error(e))?;
     let python_stats = match python.take() {
         Some(p) => {

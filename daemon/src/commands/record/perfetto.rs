@@ -21,7 +21,7 @@
 //! CLOCK_MONOTONIC ns, exact.
 use std::{collections::HashMap, fs, io};
 
-use ethand_perfetto::{Arg, Options, RingOptions, TraceWriter, TrackId};
+use ethand_perfetto::{Arg, Flow, Options, RingOptions, TraceWriter, TrackId};
 use serde_json::Value;
 
 use super::trace::{Counting, Encoder, Ending, SchedState, TraceEvent, gpu_work_args};
@@ -185,6 +185,7 @@ impl PerfettoEncoder {
             dur,
             cpu,
             python,
+            flow,
         } = e
         else {
             return Ok(());
@@ -208,7 +209,9 @@ impl PerfettoEncoder {
         if let Some(j) = &joined {
             args.push(Arg::Str("python", j));
         }
-        self.w.slice(track, name, "gpu", start, dur, args.get())
+        let flow = flow.map_or(Flow::None, Flow::Out);
+        self.w
+            .slice_in_flow(track, name, "gpu", start, dur, args.get(), flow)
     }
 
     fn join_stack<'a>(&mut self, frames: impl Iterator<Item = &'a str>) -> &str {
@@ -308,6 +311,7 @@ impl Encoder for PerfettoEncoder {
                 demangled,
                 start,
                 dur,
+                launch,
                 ..
             } => {
                 let Some(&t) = self.gpu.get(&track) else {
@@ -315,8 +319,9 @@ impl Encoder for PerfettoEncoder {
                 };
                 let mut dims = Default::default();
                 let (cat, args) = gpu_work_args(e, &mut dims);
+                let flow = launch.map_or(Flow::None, |l| Flow::In(l.flow));
                 self.w
-                    .slice(t, demangled.unwrap_or(name), cat, start, dur, &args)
+                    .slice_in_flow(t, demangled.unwrap_or(name), cat, start, dur, &args, flow)
             }
             TraceEvent::Block {
                 pid,

@@ -10,7 +10,7 @@ use ethand_common::{
     record_off,
 };
 use ethand_snapshot::kernels::{CopyKind, KernelClass, MemoryKind};
-use ethand_userspace_probes::catalog::CATALOG;
+use ethand_userspace_probes::catalog::{CATALOG, Category};
 use serde_json::Value;
 
 use crate::pipeline::syscalls_table;
@@ -90,6 +90,23 @@ pub(super) enum GpuWork {
     },
 }
 
+/// A kernel's launch call, as the kernel's slice refers to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LaunchLink {
+    pub tid: u32,
+    /// When the host queued the kernel (CLOCK_MONOTONIC), inside the call.
+    pub queued: u64,
+    pub flow: u64,
+}
+
+/// The flow id of a launch call: the same for the call's slice and its kernel's. Non-zero
+/// (two calls of one thread never start at the same ns) and under 2^53, so that a JSON
+/// reader's doubles hold it exactly.
+pub(super) fn launch_flow(tid: u32, start_ns: u64) -> u64 {
+    let h = start_ns.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(tid).rotate_left(40);
+    (h >> 11) | 1
+}
+
 /// One recorded event as every output sees it (times: CLOCK_MONOTONIC ns).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum TraceEvent<'a> {
@@ -126,6 +143,8 @@ pub(super) enum TraceEvent<'a> {
         cpu: u32,
         /// The calling thread's Python frames, innermost first (empty: none walked).
         python: &'a [String],
+        /// A kernel launch while GPU tracks are recorded: the flow to its kernel.
+        flow: Option<u64>,
     },
     /// `id`: the request's number in this recording (from 1).
     Block {
@@ -162,6 +181,9 @@ pub(super) enum TraceEvent<'a> {
         correlation: u32,
         start: u64,
         dur: u64,
+        /// The launch call that made this kernel: its thread, the kernel's queued time
+        /// (inside the call) and their flow.
+        launch: Option<LaunchLink>,
     },
     /// Python frames innermost first.
     PythonSample {
@@ -245,6 +267,8 @@ pub(super) struct TraceWriter {
     pub(super) pending_gpu: Vec<RecordEvent>,
     /// Syscall names by number, looked up once (the table is a list).
     syscall_names: Vec<Option<String>>,
+    /// Kernel launch calls, kept while GPU tracks are recorded (their kernels' flows).
+    pub(super) launches: Option<super::gpu_tracks::LaunchIndex>,
 }
 
 impl TraceWriter {
@@ -260,6 +284,7 @@ impl TraceWriter {
             pending_dropped: 0,
             pending_gpu: Vec::new(),
             syscall_names: Vec::new(),
+            launches: None,
         }
     }
 
@@ -418,6 +443,15 @@ impl TraceWriter {
                 r
             }
             record_kind::GPU => {
+                // Indexed as it arrives, for the kernels that come before the call is
+                // written (its Python frames are read first).
+                if let Some(l) = self.launches.as_mut()
+                    && CATALOG
+                        .get(record_gpu_op_ret(e.arg0).0 as usize)
+                        .is_some_and(|s| s.category == Category::Launch)
+                {
+                    l.add(pid, tid, start, start.saturating_add(dur));
+                }
                 // Written once its Python frames are read, by `GpuPython::write`.
                 if e.arg3 != 0 && self.pending_gpu.len() < MAX_PENDING_GPU {
                     self.pending_gpu.push(*e);
@@ -461,6 +495,9 @@ impl TraceWriter {
         let (op, ret) = record_gpu_op_ret(e.arg0);
         let spec = CATALOG.get(op as usize);
         let fallback = format!("op {op}");
+        let flow = (self.launches.is_some()
+            && spec.is_some_and(|s| s.category == Category::Launch))
+        .then(|| launch_flow(e.tid, e.start_ns));
         self.emit(&TraceEvent::Gpu {
             pid: e.tgid,
             tid: e.tid,
@@ -476,6 +513,7 @@ impl TraceWriter {
             dur: e.dur_ns,
             cpu: e.cpu,
             python,
+            flow,
         })
     }
 
