@@ -25,6 +25,7 @@ pub use ethand_snapshot::{
     TreeSnapshot,
 };
 
+pub mod cprog;
 pub mod prometheus_server;
 pub mod standins;
 /// The daemon's collection interval in every test.

@@ -6,10 +6,9 @@
 //! offset.
 use std::{
     fs,
-    io::{BufRead, BufReader, Write},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -18,7 +17,11 @@ use ethand_snapshot::{
     ProbeState,
     stacks::{CallSites, Frame},
 };
-use ethand_tests::{Daemon, INTERVAL_MS, SETTLE, find_proc, serial, standins};
+use ethand_tests::{
+    Daemon, INTERVAL_MS, SETTLE,
+    cprog::{self, Prog},
+    find_proc, serial, standins,
+};
 
 const TOML: &str = "[gpu]\nlevel = \"calls\"\nrescan_interval_ms = 300\n";
 const CALLS_A: u64 = 37;
@@ -55,37 +58,14 @@ int main(void) {
 }
 "#;
 
-/// The line of `marker` in [`SOURCE`] (1-based).
 fn line_of(marker: &str) -> u32 {
-    SOURCE
-        .lines()
-        .position(|l| l.contains(marker))
-        .expect("marker in the source") as u32
-        + 1
+    cprog::line_of(SOURCE, marker)
 }
 
-/// Compiles the program against the stand-in libcuda into `dir`: (binary, stripped copy).
+/// Compiles the program against the stand-in libcuda into `dir`: (source, binary, stripped
+/// copy).
 fn build(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let s = standins::shared();
-    fs::create_dir_all(dir).expect("mkdir");
-    let src = dir.join("callsites.c");
-    fs::write(&src, SOURCE).expect("write the source");
-    let bin = dir.join("callsites");
-    let libdir = s.cuda.parent().expect("lib dir");
-    let out = Command::new("gcc")
-        .args(["-g", "-O1", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .arg(format!("-L{}", libdir.display()))
-        .arg(format!("-Wl,-rpath,{}", libdir.display()))
-        .arg("-l:libcuda.so.1")
-        .output()
-        .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (src, bin) = cprog::compile(dir, "callsites", SOURCE, &[]);
     let stripped = dir.join("callsites-stripped");
     fs::copy(&bin, &stripped).expect("copy");
     let out = Command::new("strip")
@@ -97,51 +77,15 @@ fn build(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (src, bin, stripped)
 }
 
-struct Prog {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+/// The program, started and ready.
+fn start(bin: &Path) -> Prog {
+    Prog::start(Command::new(bin).env(standins::SYNC_ENV, "50"))
 }
 
-impl Prog {
-    fn start(bin: &Path) -> Self {
-        let mut child = Command::new(bin)
-            .env(standins::SYNC_ENV, "50")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the program");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut p = Self {
-            child,
-            stdin,
-            stdout,
-        };
-        p.expect("ready");
-        p
-    }
-
-    fn expect(&mut self, what: &str) {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read stdout");
-        assert_eq!(line.trim(), what, "the program said {line:?}");
-    }
-
-    fn go(&mut self) {
-        let i = self.stdin.as_mut().expect("stdin");
-        i.write_all(b"go\n").expect("write");
-        i.flush().expect("flush");
-        self.expect("done");
-    }
-}
-
-impl Drop for Prog {
-    fn drop(&mut self) {
-        self.stdin.take();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Lets it make its calls.
+fn go(p: &mut Prog) {
+    p.say(b"go\n");
+    p.expect("done");
 }
 
 /// Waits until the stand-in libcuda is attached.
@@ -170,11 +114,11 @@ fn wait_attached(d: &Daemon, lib: &Path) {
 /// Runs the program and returns its cuStreamSynchronize call sites once the daemon has
 /// collected them (two snapshots an interval apart agree).
 fn sites_of(d: &Daemon, bin: &Path) -> CallSites {
-    let mut p = Prog::start(bin);
+    let mut p = start(bin);
     wait_attached(d, &standins::shared().cuda);
-    p.go();
+    go(&mut p);
     thread::sleep(SETTLE);
-    let pid = p.child.id();
+    let pid = p.pid();
     let get = || {
         let snap = d.snapshot(pid);
         let g = find_proc(&snap, pid)
@@ -274,11 +218,11 @@ fn no_call_sites_when_call_stacks_off() {
         "gpu-sites-off",
         "[gpu]\nlevel = \"calls\"\nrescan_interval_ms = 300\ncall_stacks = false\n",
     );
-    let mut p = Prog::start(&bin);
+    let mut p = start(&bin);
     wait_attached(&d, &standins::shared().cuda);
-    p.go();
+    go(&mut p);
     thread::sleep(SETTLE);
-    let pid = p.child.id();
+    let pid = p.pid();
     let t0 = Instant::now();
     let g = loop {
         let snap = d.snapshot(pid);

@@ -5,16 +5,14 @@
 //! threads' launch calls apart in time, so that no kernel can be ambiguous: every kernel the
 //! window recorded must sit on the site of its own launch line, with exactly its GPU time
 //! (the stand-in GPU runs each kernel 10 us).
-use std::{
-    fs,
-    io::{BufRead, BufReader, Write},
-    path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
-    thread,
-};
+use std::{fs, process::Command, thread};
 
 use ethand_snapshot::kernels::ActivityState;
-use ethand_tests::{Daemon, SETTLE, serial, standins};
+use ethand_tests::{
+    Daemon, SETTLE,
+    cprog::{self, Prog},
+    serial, standins,
+};
 
 const KERNEL_NS: u64 = 10_000;
 
@@ -79,92 +77,26 @@ int main(void) {
 "#;
 
 fn line_of(marker: &str) -> u32 {
-    SOURCE
-        .lines()
-        .position(|l| l.contains(marker))
-        .expect("marker in the source") as u32
-        + 1
-}
-
-fn build(dir: &Path) -> (PathBuf, PathBuf) {
-    let s = standins::shared();
-    fs::create_dir_all(dir).expect("mkdir");
-    let src = dir.join("launchsites.c");
-    fs::write(&src, SOURCE).expect("write the source");
-    let bin = dir.join("launchsites");
-    let libdir = s.cuda.parent().expect("lib dir");
-    let out = Command::new("gcc")
-        .args(["-g", "-O1", "-fno-omit-frame-pointer", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .arg(format!("-L{}", libdir.display()))
-        .arg(format!("-Wl,-rpath,{}", libdir.display()))
-        .arg("-l:libcuda.so.1")
-        .output()
-        .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (src, bin)
-}
-
-struct Prog {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Prog {
-    fn say(&mut self, what: &[u8]) {
-        let i = self.stdin.as_mut().expect("stdin");
-        i.write_all(what).expect("write");
-        i.flush().expect("flush");
-    }
-
-    fn expect(&mut self, what: &str) {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read stdout");
-        assert_eq!(line.trim(), what, "the program said {line:?}");
-    }
-}
-
-impl Drop for Prog {
-    fn drop(&mut self) {
-        self.stdin.take();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    cprog::line_of(SOURCE, marker)
 }
 
 #[test]
 fn kernels_sit_on_the_line_that_launched_them() {
     let _serial = serial();
     let dir = std::env::temp_dir().join(format!("ethand-launchsites-{}", std::process::id()));
-    let (src, bin) = build(&dir);
+    let (src, bin) = cprog::compile(&dir, "launchsites", SOURCE, &["-pthread"]);
     let d = Daemon::start(
         "launch-sites",
         "[gpu]\nrescan_interval_ms = 300\n[diagnosis]\ngpu_activity_ms = 2000\nlaunch_sites = true\n",
     );
     let lib = ethand_tests::temp_path("launch-sites", "cupti").join("libethand_cupti.so");
     assert!(lib.exists(), "the daemon did not install {}", lib.display());
-    let mut child = Command::new(&bin)
-        .env("CUDA_INJECTION64_PATH", &lib)
-        .env("ETHAND_CUPTI_LIB", &standins::shared().cupti13)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the program");
-    let stdin = child.stdin.take();
-    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut p = Prog {
-        child,
-        stdin,
-        stdout,
-    };
-    p.expect("ready");
-    let pid = p.child.id();
+    let mut p = Prog::start(
+        Command::new(&bin)
+            .env("CUDA_INJECTION64_PATH", &lib)
+            .env("ETHAND_CUPTI_LIB", &standins::shared().cupti13),
+    );
+    let pid = p.pid();
     thread::sleep(SETTLE);
     p.say(b"go\n");
     let t = d.snapshot(pid);
