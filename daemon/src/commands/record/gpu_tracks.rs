@@ -40,6 +40,8 @@ const MAX_NAMES: usize = 4096;
 /// Records held while a process's clock pair has not come yet (it comes first: these are
 /// only for a library that sends out of order).
 const MAX_UNMAPPED: usize = 100_000;
+/// GPU tracks (lanes of a device's stream) in one recording, at most.
+const MAX_TRACKS: u32 = 4096;
 /// How long the end of the recording waits for the libraries' last records.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
@@ -65,7 +67,8 @@ struct Proc {
     memsets: u64,
     /// Syncs: the host's waits, drawn by its runtime calls on the thread's track.
     syncs: u64,
-    /// Records with no GPU time (CUPTI had no timestamp), or of a kind not known.
+    /// Records with no GPU time (CUPTI had no timestamp), of a kind not known, or past the
+    /// bound on tracks.
     not_drawn: u64,
     /// Records that came before the clock pair, past what is held.
     unmapped: u64,
@@ -356,11 +359,15 @@ impl GpuTracks {
         key: LaneKey,
         start: u64,
         end: u64,
-    ) -> io::Result<u32> {
+    ) -> io::Result<Option<u32>> {
         let lanes = self.lanes.entry(key).or_default();
         if let Some(l) = lanes.iter_mut().find(|(_, e)| *e <= start) {
             l.1 = l.1.max(end);
-            return Ok(l.0);
+            return Ok(Some(l.0));
+        }
+        // The streams are the process's to make: past the bound, work goes undrawn.
+        if self.next_track >= MAX_TRACKS {
+            return Ok(None);
         }
         let n = lanes.len();
         let track = self.next_track;
@@ -371,7 +378,7 @@ impl GpuTracks {
             label.push_str(&format!(" ({})", n + 1));
         }
         tw.gpu_track(key.pid, track, &label)?;
-        Ok(track)
+        Ok(Some(track))
     }
 
     fn emit(&mut self, tw: &mut TraceWriter, i: usize, r: &CuptiRec) -> io::Result<()> {
@@ -424,7 +431,10 @@ impl GpuTracks {
             device: r.device,
             stream: r.stream,
         };
-        let track = self.lane(tw, key, start, start + dur)?;
+        let Some(track) = self.lane(tw, key, start, start + dur)? else {
+            self.procs[i].not_drawn += 1;
+            return Ok(());
+        };
         let p = &self.procs[i];
         let fallback;
         let (name, demangled) = match what {
