@@ -52,6 +52,7 @@ mod attach;
 mod gpu_python;
 mod gpu_tracks;
 mod json;
+mod launch_index;
 mod perfetto;
 mod samples;
 mod trace;
@@ -505,10 +506,7 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         reader.clone(),
         &mut warnings,
     );
-    let mut tw = trace_writer(sinks, t0)?;
-    if gpu_tracks.recording() {
-        tw.launches = Some(gpu_tracks::LaunchIndex::default());
-    }
+    let mut tw = trace_writer(sinks, t0, gpu_tracks.recording())?;
     let mut samples = Samples::new(reader.clone());
     let mut python_written = 0u64;
     for p in &tree {
@@ -638,8 +636,9 @@ fn gpu_metadata(
     m.insert("gpu_activity".into(), activity);
 }
 
-/// An encoder per output, streaming to its file.
-fn trace_writer(sinks: Vec<Sink>, t0: u64) -> anyhow::Result<TraceWriter> {
+/// An encoder per output, streaming to its file; `launches`: whether the launch calls are
+/// kept (GPU tracks are recorded: their kernels' flows).
+fn trace_writer(sinks: Vec<Sink>, t0: u64, launches: bool) -> anyhow::Result<TraceWriter> {
     let mut outputs: Vec<Box<dyn Encoder>> = Vec::new();
     let mut tmps = Vec::new();
     for Sink {
@@ -658,7 +657,11 @@ fn trace_writer(sinks: Vec<Sink>, t0: u64) -> anyhow::Result<TraceWriter> {
         });
         tmps.push(tmp);
     }
-    Ok(TraceWriter::new(outputs, tmps))
+    let mut tw = TraceWriter::new(outputs, tmps);
+    if launches {
+        tw.launches = Some(launch_index::LaunchIndex::default());
+    }
+    Ok(tw)
 }
 
 /// "recorded N events (D dropped) to FILE", and what a ring left out.

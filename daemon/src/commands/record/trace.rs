@@ -268,7 +268,7 @@ pub(super) struct TraceWriter {
     /// Syscall names by number, looked up once (the table is a list).
     syscall_names: Vec<Option<String>>,
     /// Kernel launch calls, kept while GPU tracks are recorded (their kernels' flows).
-    pub(super) launches: Option<super::gpu_tracks::LaunchIndex>,
+    pub(super) launches: Option<super::launch_index::LaunchIndex>,
 }
 
 impl TraceWriter {
