@@ -45,6 +45,8 @@ pub struct Window {
     pub ignored: u64,
     /// Entries the probes could not read whole.
     pub partial: u64,
+    /// Kernels whose start CUPTI put before the window's open (their time counted from it).
+    began_before_open: u64,
     names: HashMap<u32, String>,
     kernels: HashMap<u32, Kernel>,
     /// Per device: what ran when, for the union and the idle split.
@@ -108,6 +110,16 @@ impl Window {
         let ns = span(r);
         match r.kind {
             cupti_rec_kind::KERNEL => {
+                // A kernel's time counts from the window's open, as busy time does: on the
+                // H100 a second window of a CUDA-graph process (CUPTI kept attached) got a
+                // graph replay's kernels with a start 465 ms before the window.
+                let from = self.opened.map_or(0, |o| o.clock_cupti);
+                let ns = if ns > 0 && r.start < from {
+                    self.began_before_open += 1;
+                    r.end.saturating_sub(from)
+                } else {
+                    ns
+                };
                 let k = self.kernels.entry(r.name_id).or_default();
                 k.count += 1;
                 k.ns += ns;
@@ -244,11 +256,21 @@ impl Window {
         p.records_dropped_by_cupti = close.dropped;
         p.records_lost_by_ethand =
             close.records.saturating_sub(self.received + self.ignored) + self.partial;
+        let mut notes = Vec::new();
         if self.ignored > 0 {
-            p.detail = Some(format!(
+            notes.push(format!(
                 "{} records over the window's budget of {} were counted, not summed",
                 self.ignored, self.max_records
             ));
+        }
+        if self.began_before_open > 0 {
+            notes.push(format!(
+                "{} kernels began before the window opened, as CUPTI timed them: their time counts from its open",
+                self.began_before_open
+            ));
+        }
+        if !notes.is_empty() {
+            p.detail = Some(notes.join("; "));
         }
         // The window on CUPTI's clock: busy and idle are counted within it.
         let window_c = (open.clock_cupti, close.clock_cupti.max(open.clock_cupti));
@@ -314,7 +336,15 @@ fn device_activity(
 ) -> DeviceActivity {
     let clamp = |k: &KernelSpan| (k.start.clamp(open, close), k.end.clamp(open, close));
     let busy = union_ns(t.kernels.iter().map(clamp).collect());
-    let kernel_ns = t.kernels.iter().map(|k| k.end - k.start).sum();
+    // Within the window, as the busy time.
+    let kernel_ns = t
+        .kernels
+        .iter()
+        .map(|k| {
+            let (s, e) = clamp(k);
+            e - s
+        })
+        .sum();
     let (mut comm, mut compute) = (Vec::new(), Vec::new());
     for (k, id) in t.kernels.iter().zip(&t.name_ids) {
         match class_of(*id) {
@@ -649,6 +679,33 @@ mod tests {
         assert_eq!(p.kernels[0].count, 2);
         assert_eq!(p.kernels[1].name, None);
         assert!(p.detail.unwrap().contains("budget of 3"));
+    }
+
+    /// A kernel CUPTI timed from before the window's open counts from the open, as busy
+    /// time does; one wholly before it counts none; the detail says how many.
+    #[test]
+    fn kernel_time_counts_from_the_windows_open() {
+        let mut w = Window::new(100);
+        // CUPTI's clock at the open: 1_000.
+        w.event(ev(cupti_window_state::OPENED, 2_000, 0));
+        w.name(7, b"add\0");
+        w.records(&[
+            kernel(7, 500, 1_300),
+            kernel(7, 100, 900),
+            kernel(7, 1_400, 1_500),
+        ]);
+        w.event(ev(cupti_window_state::CLOSED, 3_000, 3));
+        let (p, _) = w.finish(42);
+        assert_eq!(p.kernels[0].count, 3);
+        assert_eq!(p.kernels[0].gpu_ns, 300 + 100);
+        assert_eq!(p.kernels[0].max_ns, 300);
+        assert_eq!(p.devices[0].busy_ns, 300 + 100);
+        assert_eq!(p.devices[0].kernel_ns, 400);
+        assert!(
+            p.detail
+                .unwrap()
+                .contains("2 kernels began before the window opened")
+        );
     }
 
     fn entry(h: CuptiEventHeader, body: &[u8]) -> Vec<u8> {
