@@ -3,9 +3,10 @@
 //! (`trace.rs`), looked up by the kernel's queued time.
 use std::collections::{HashMap, VecDeque};
 
-/// Launch calls kept per process for the join (the oldest leave first): CUPTI hands over
-/// its records when a buffer fills, seconds after the launches at most; 2^20 launches are
-/// ten seconds of a loop launching 100,000 kernels a second.
+/// Launch calls kept for the join, all processes together (24 bytes each; the oldest of the
+/// process that has most leave first): CUPTI hands over its records when a buffer fills,
+/// seconds after the launches at most; 2^20 launches are ten seconds of a loop launching
+/// 100,000 kernels a second.
 const MAX_LAUNCHES: usize = 1 << 20;
 /// Launch calls looked at before a kernel's queued time, at most (one thread's calls never
 /// overlap: only calls of other threads, begun earlier, lie between).
@@ -17,6 +18,7 @@ const MAX_SCAN: usize = 4096;
 #[derive(Default)]
 pub(super) struct LaunchIndex {
     by_pid: HashMap<u32, VecDeque<(u64, u64, u32)>>,
+    total: usize,
 }
 
 /// Which launch call holds a kernel's queued time.
@@ -33,10 +35,14 @@ pub(super) enum Found {
 
 impl LaunchIndex {
     pub(super) fn add(&mut self, pid: u32, tid: u32, start: u64, end: u64) {
-        let calls = self.by_pid.entry(pid).or_default();
-        if calls.len() >= MAX_LAUNCHES {
-            calls.pop_front();
+        if self.total >= MAX_LAUNCHES
+            && let Some(most) = self.by_pid.values_mut().max_by_key(|c| c.len())
+            && most.pop_front().is_some()
+        {
+            self.total -= 1;
         }
+        self.total += 1;
+        let calls = self.by_pid.entry(pid).or_default();
         // Calls arrive as they end, nearly in order: the place is near the back.
         let mut i = calls.len();
         while i > 0 && calls[i - 1].0 > start {
