@@ -27,8 +27,8 @@ use super::launch_index::{Found, LaunchIndex};
 use super::trace::{GpuWork, LaunchLink, TraceEvent, TraceWriter, launch_flow};
 use crate::pipeline::{
     gpu_activity::{
-        Channel, ChannelError, CuptiSink, apply_cupti_event, control_thread, cupti_failure,
-        maps_a_library,
+        Channel, ChannelError, CuptiSink, MAX_NAMES, apply_cupti_event, control_thread,
+        maps_a_library, name_text, window_ended,
     },
     procinfo::monotonic_ns,
     reader::ReaderHandle,
@@ -36,8 +36,6 @@ use crate::pipeline::{
 
 /// Processes of the tree recorded at most (as a snapshot's).
 const MAX_PIDS: usize = crate::pipeline::gpu_activity::MAX_PIDS;
-/// Kernel names kept per process (the rest are written by their id).
-const MAX_NAMES: usize = 4096;
 /// Records held while a process's clock pair has not come yet (it comes first: these are
 /// only for a library that sends out of order).
 const MAX_UNMAPPED: usize = 100_000;
@@ -98,9 +96,7 @@ impl CuptiSink for Proc {
         if self.names.len() >= MAX_NAMES && !self.names.contains_key(&id) {
             return;
         }
-        let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-        let name = String::from_utf8_lossy(&bytes[..end]).into_owned();
-        self.names.insert(id, (name, None));
+        self.names.insert(id, (name_text(bytes), None));
         self.fresh.push(id);
     }
     fn event(&mut self, e: CuptiWindowEvent) {
@@ -476,12 +472,9 @@ fn link(
 /// A recorded process's line in the summary.
 fn summary(p: &Proc) -> Value {
     let (state, detail) = match (&p.opened, &p.ended) {
-        (_, Some(e)) if e.state == cupti_window_state::REFUSED => (
-            ActivityState::Refused,
-            Some("another tool holds CUPTI (a profiler): ethand stepped aside".to_string()),
-        ),
-        (_, Some(e)) if e.state == cupti_window_state::FAILED => {
-            (ActivityState::Failed, Some(cupti_failure(e)))
+        (_, Some(e)) if e.state != cupti_window_state::CLOSED => {
+            let (state, detail) = window_ended(e);
+            (state, Some(detail))
         }
         (Some(_), _) => (ActivityState::Recorded, None),
         (None, _) => (ActivityState::NoAnswer, None),

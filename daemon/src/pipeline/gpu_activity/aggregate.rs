@@ -19,7 +19,26 @@ use ethand_snapshot::kernels::{
 };
 
 /// Kernel names kept per window (the library gives at most 4,096 ids).
-const MAX_NAMES: usize = 4096;
+pub const MAX_NAMES: usize = 4096;
+
+/// A kernel name as a probe handed it over: its bytes up to the first NUL, invalid UTF-8
+/// replaced.
+pub fn name_text(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// What a window that ended REFUSED or FAILED means for its process.
+pub fn ended(e: &CuptiWindowEvent) -> (ActivityState, String) {
+    match e.state {
+        cupti_window_state::REFUSED => (
+            ActivityState::Refused,
+            "another tool holds CUPTI (torch.profiler, Nsight, a debugger): ethand stepped aside"
+                .into(),
+        ),
+        _ => (ActivityState::Failed, failure(e)),
+    }
+}
 
 #[derive(Default)]
 struct Kernel {
@@ -172,9 +191,7 @@ impl Window {
         {
             return;
         }
-        let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-        self.names
-            .insert(id, String::from_utf8_lossy(&bytes[..end]).into_owned());
+        self.names.insert(id, name_text(bytes));
     }
 
     pub fn event(&mut self, e: CuptiWindowEvent) {
@@ -235,13 +252,8 @@ impl Window {
             ..Default::default()
         };
         if let Some(e) = self.ended {
-            (p.state, p.detail) = match e.state {
-                cupti_window_state::REFUSED => (
-                    ActivityState::Refused,
-                    Some("another tool holds CUPTI (torch.profiler, Nsight, a debugger): ethand stepped aside".into()),
-                ),
-                _ => (ActivityState::Failed, Some(failure(&e))),
-            };
+            let (state, detail) = ended(&e);
+            (p.state, p.detail) = (state, Some(detail));
             return p;
         }
         let (Some(open), Some(close)) = (self.opened, self.closed) else {
@@ -522,7 +534,7 @@ fn read<T: Copy>(bytes: &[u8], off: usize) -> Option<T> {
 }
 
 /// Why the library could not record (`ethand_cupti_window_event::reason` of FAILED).
-pub fn failure(e: &CuptiWindowEvent) -> String {
+fn failure(e: &CuptiWindowEvent) -> String {
     match e.reason {
         1 => "no libcupti found in the process (set ETHAND_CUPTI_LIB, or install the CUDA toolkit's or the nvidia-cuda-cupti wheel's)".into(),
         2 => "the libcupti found lacks a function the library needs (too old a CUDA)".into(),

@@ -40,7 +40,9 @@ mod launch_sites;
 mod launches;
 mod tracer;
 
-pub use aggregate::{CuptiSink, apply as apply_cupti_event, failure as cupti_failure};
+pub use aggregate::{
+    CuptiSink, MAX_NAMES, apply as apply_cupti_event, ended as window_ended, name_text,
+};
 pub use channel::{Channel, ChannelError, control_thread, maps_a_library};
 pub use launch_sites::resolve_launch_sites;
 pub use launches::JoinedSite;
