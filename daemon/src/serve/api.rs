@@ -37,6 +37,13 @@ pub enum Request {
         cpu_profile: Option<bool>,
     },
     Node,
+    /// Open CUPTI windows in `pids` (processes started with libethand_cupti.so) for
+    /// `duration_ms` and stream their entries (`ethand record` while the daemon runs; the
+    /// protocol: serve/gpu_trace.rs).
+    GpuTrace {
+        pids: Vec<u32>,
+        duration_ms: u64,
+    },
     /// Switch the GPU/NPU probing level live: "system", "calls", "process" or "op"; another
     /// name is refused as "unknown level ...".
     SetLevel {
@@ -216,6 +223,22 @@ async fn handle(
             match parse_request(&line) {
                 Ok(Request::SetLevel { level }) => Arc::new(set_level(&shared, level, uid).await),
                 Ok(Request::Status) => Arc::new(status_line(&shared)),
+                Ok(Request::GpuTrace { pids, duration_ms }) => {
+                    match crate::serve::gpu_trace::check(&pids, duration_ms) {
+                        Ok(d) => {
+                            let from = r.into_inner();
+                            return crate::serve::gpu_trace::serve(
+                                from,
+                                w,
+                                &shared,
+                                (pids, d),
+                                TIMEOUT,
+                            )
+                            .await;
+                        }
+                        Err(why) => Arc::new(error_line(&why)),
+                    }
+                }
                 Ok(req) => match tokio::time::timeout(TIMEOUT, heavy.acquire_owned()).await {
                     Ok(Ok(permit)) => {
                         _permit = Some(permit);
@@ -343,7 +366,9 @@ fn answer(shared: &Shared, req: Request) -> Arc<Vec<u8>> {
             )
         }
         Request::Status => Arc::new(status_line(shared)),
-        Request::SetLevel { .. } => Arc::new(error_line("set_level is answered by the API task")),
+        Request::SetLevel { .. } | Request::GpuTrace { .. } => {
+            Arc::new(error_line("answered by the API task"))
+        }
     }
 }
 

@@ -187,8 +187,9 @@ impl Engine {
         let new = std::mem::take(&mut *self.shared.profile_requests.lock().expect("lock"));
         self.profiler.tick(&mut self.loaded.ebpf, new, force);
         let new = std::mem::take(&mut *self.shared.activity_requests.lock().expect("lock"));
+        let streams = std::mem::take(&mut *self.shared.gpu_trace_requests.lock().expect("lock"));
         self.activity
-            .tick(&mut self.loaded.ebpf, &self.gpu, new, force);
+            .tick(&mut self.loaded.ebpf, &self.gpu, (new, streams), force);
     }
 
     /// One collection round: lifecycle events, map read, model update, reclaim, snapshot.

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod connlimit;
 pub mod daemon;
+pub mod gpu_trace;
 pub mod http;
 pub mod peer;
 pub mod shared;

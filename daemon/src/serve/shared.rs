@@ -67,6 +67,8 @@ pub struct Shared {
     pub sample_requests: Mutex<Vec<crate::pipeline::launch_sample::Request>>,
     /// GPU activity windows asked for by snapshots, opened by the collection loop.
     pub activity_requests: Mutex<Vec<crate::pipeline::gpu_activity::Request>>,
+    /// GPU traces streamed to `ethand record` (API `gpu_trace`), opened by the collection loop.
+    pub gpu_trace_requests: Mutex<Vec<crate::pipeline::gpu_activity::StreamRequest>>,
     /// What snapshots sample on demand (launches, stacks, the CPU profile).
     pub plan: crate::config::Plan,
     /// The collection round (`daemon.interval_ms`): a process started a moment ago is known
@@ -118,6 +120,7 @@ impl Shared {
             drops: Mutex::default(),
             sample_requests: Mutex::default(),
             activity_requests: Mutex::default(),
+            gpu_trace_requests: Mutex::default(),
             device_history: Mutex::new(crate::pipeline::devices::DeviceHistory::new(
                 serve.device_history_rounds,
             )),

@@ -1,11 +1,12 @@
 //! `ethand record`'s GPU tracks against the stand-ins: a driver started with
-//! libethand_cupti.so (installed by a daemon that then stops, as on a node where the
-//! daemon ran) makes a known set of kernels and copies on the stand-in CUPTI's emulated
-//! serial GPU (10 us per kernel, 100 ns per KiB copied); the recording must hold exactly
-//! those, on the GPU track of their device and stream, each as long as the GPU ran it,
-//! inside the recording and never overlapping on its track. While the daemon owns the
-//! CUPTI directory, the recording must say so and still write the host tracks.
-use std::fs;
+//! libethand_cupti.so makes a known set of kernels and copies on the stand-in CUPTI's
+//! emulated serial GPU (10 us per kernel, 100 ns per KiB copied), twice; the recording must
+//! hold exactly those, on the GPU track of their device and stream, each as long as the GPU
+//! ran it, inside the recording and never overlapping on its track, with a flow from each
+//! kernel's launch call. First while the daemon owns the CUPTI directory (the daemon opens
+//! the window and streams its entries over the local API), then with the daemon stopped
+//! (the recording opens the window itself): the same tracks either way.
+use std::{fs, path::Path};
 
 use ethand_tests::{
     Daemon, RemoveOnDrop, SETTLE, serial,
@@ -28,23 +29,31 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     let lib = dir.join("libethand_cupti.so");
     assert!(lib.exists(), "the daemon did not install {}", lib.display());
     let cfg = temp_path("record-gpu-rec", "toml");
-    fs::write(&cfg, format!("[gpu]\ncupti_dir = {dir:?}\n")).expect("write config");
+    fs::write(
+        &cfg,
+        format!(
+            "[gpu]\ncupti_dir = {dir:?}\n[daemon]\nsocket = {:?}\n",
+            d.socket
+        ),
+    )
+    .expect("write config");
     let _rm = RemoveOnDrop(cfg.clone());
     let s = standins::shared();
     let add = format!("kernel {TORCH_ADD} x 50");
-    let mut cmd = s.command(
-        &[Lib::Cuda],
-        &[
-            "cuinit",
-            "wait_stdin",
-            "wait_cupti_enabled",
-            "kernel gemm_fp32 x 300",
-            "htod 1M x 4",
-            &add,
-            "sync ctx",
-            "wait_stdin",
-        ],
-    );
+    let work = [
+        "wait_stdin",
+        "wait_cupti_enabled",
+        "kernel gemm_fp32 x 300",
+        "htod 1M x 4",
+        &add,
+        "sync ctx",
+    ];
+    let script: Vec<&str> = std::iter::once("cuinit")
+        .chain(work)
+        .chain(work)
+        .chain(["wait_stdin"])
+        .collect();
+    let mut cmd = s.command(&[Lib::Cuda], &script);
     cmd.env("CUDA_INJECTION64_PATH", &lib)
         .env("ETHAND_CUPTI_LIB", &s.cupti13);
     let mut drv = Driver::spawn(&mut cmd);
@@ -52,42 +61,62 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     std::thread::sleep(SETTLE);
     let args = ["--config", cfg.to_str().expect("utf-8")];
 
-    // The daemon owns the directory: host tracks only, and the recording says why.
-    let owned = temp_path("record-gpu-owned", "json");
-    let rec = Recorder::start_with(drv.pid, "1s", &owned, 1000, &args);
-    rec.finish();
-    let trace = load(&owned);
-    let warnings = trace["metadata"]["warnings"].to_string();
-    eprintln!("observed: with the daemon running: {warnings}");
-    assert!(
-        warnings.contains("GPU tracks not recorded") && warnings.contains("stop it"),
-        "{warnings}"
+    // The daemon owns the directory: it opens the window and streams the entries.
+    let (trace, pf) = record(&mut drv, &args, "daemon");
+    let through = trace["metadata"]["gpu_activity"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p.get("through_daemon").is_some()))
+        .cloned();
+    eprintln!("observed: through the daemon: {through:?}");
+    let through = through.expect("the recording says it went through the daemon");
+    assert_eq!(
+        (
+            through["through_daemon"].as_str(),
+            u(&through, "entries_dropped_by_daemon"),
+            &through["stream_broken"]
+        ),
+        (d.socket.to_str(), 0, &Value::Null),
+        "{through}"
     );
-    assert!(
-        !events(&trace)
-            .iter()
-            .any(|e| e["cat"].as_str().is_some_and(|c| c.starts_with("gpu_"))),
-        "GPU work recorded through a directory the daemon owns"
-    );
+    check_tracks(&trace, &pf, drv.pid);
 
     // The daemon stopped: the recording opens the window itself.
     drop(d);
-    let out = temp_path("record-gpu", "json");
-    let pf = temp_path("record-gpu", "pftrace");
-    let _rm_out = (RemoveOnDrop(out.clone()), RemoveOnDrop(pf.clone()));
-    let both = [&args[..], &["-o", pf.to_str().expect("utf-8")]].concat();
+    let (trace, pf) = record(&mut drv, &args, "own");
+    assert!(
+        !trace["metadata"]["gpu_activity"]
+            .to_string()
+            .contains("through_daemon"),
+        "{}",
+        trace["metadata"]["gpu_activity"]
+    );
+    check_tracks(&trace, &pf, drv.pid);
+    let truth = drv.finish();
+    assert_eq!(truth.kernels.get("gemm_fp32"), Some(&600));
+}
+
+/// Records the driver's next round of work, to JSON and Perfetto.
+fn record(drv: &mut Driver, args: &[&str], tag: &str) -> (Value, std::path::PathBuf) {
+    let out = temp_path(&format!("record-gpu-{tag}"), "json");
+    let pf = temp_path(&format!("record-gpu-{tag}"), "pftrace");
+    let both = [args, &["-o", pf.to_str().expect("utf-8")]].concat();
     let rec = Recorder::start_with(drv.pid, "60s", &out, 1000, &both);
     drv.resume();
-    // Its library maps the recording's control file within 5 s of its creation.
+    // Its library maps the control file within 5 s of its creation (the recording's own),
+    // and the daemon opens the window at its next round.
     drv.wait_for("waiting");
     let (code, stdout, stderr, _) = rec.interrupt();
     assert_eq!(code, 0, "ethand record failed:\n{stderr}");
-    eprintln!("observed: ethand record: {}", stdout.trim());
-    let truth = drv.finish();
-    assert_eq!(truth.kernels.get("gemm_fp32"), Some(&300));
-    let trace = load(&out);
+    eprintln!("observed: ethand record ({tag}): {}", stdout.trim());
+    (load(&out), pf)
+}
+
+/// Exactly the 300 gemm and 50 add kernels and 4 copies of one round of work, each on the
+/// one track, as long as the GPU ran it, with a flow from its launch call.
+fn check_tracks(trace: &Value, pf: &Path, pid: u32) {
+    let _rm = ethand_tests::RemoveOnDrop(pf.to_path_buf());
     let meta = &trace["metadata"];
-    let pid = u64::from(truth.pid);
+    let (pid32, pid) = (pid, u64::from(pid));
     eprintln!("observed: gpu_activity {}", meta["gpu_activity"]);
     let p = &meta["gpu_activity"][0];
     assert_eq!((u(p, "pid"), p["state"].as_str()), (pid, Some("recorded")));
@@ -106,7 +135,7 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         "{p}"
     );
     let dur = f(meta, "duration_s");
-    let gpu: Vec<&Value> = events(&trace)
+    let gpu: Vec<&Value> = events(trace)
         .iter()
         .filter(|e| {
             matches!(
@@ -156,19 +185,19 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     let tids: std::collections::BTreeSet<u64> = gpu.iter().map(|e| u(e, "tid")).collect();
     assert_eq!(tids.len(), 1, "{tids:?}");
     let tid = *tids.first().expect("one");
-    let label = events(&trace)
+    let label = events(trace)
         .iter()
         .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && u(e, "tid") == tid)
         .map(|e| e["args"]["name"].clone());
     assert_eq!(label, Some(Value::from("GPU 0 stream 0")), "track {tid}");
     // Flows: from inside a cuLaunchKernel slice of the launching thread to its kernel.
-    let launches: Vec<(f64, f64)> = events(&trace)
+    let launches: Vec<(f64, f64)> = events(trace)
         .iter()
         .filter(|e| e["name"] == "cuLaunchKernel" && u(e, "pid") == pid)
         .map(|e| (f(e, "ts"), f(e, "ts") + f(e, "dur")))
         .collect();
     let flow = |ph: &str| -> Vec<&Value> {
-        events(&trace)
+        events(trace)
             .iter()
             .filter(|e| e["cat"] == "gpu_flow" && e["ph"] == ph)
             .collect()
@@ -182,7 +211,7 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         .collect();
     for (s, e) in starts.iter().zip(&ends) {
         assert_eq!(s["id"], e["id"]);
-        assert_eq!(u(s, "tid"), u64::from(truth.pid), "{s}");
+        assert_eq!(u(s, "tid"), pid, "{s}");
         let ts = f(s, "ts");
         assert!(
             launches.iter().any(|(a, b)| *a <= ts && ts <= *b),
@@ -219,7 +248,7 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     let parent = t.parent.map(|p| d.tracks[&p].pid);
     assert_eq!(
         (t.name.as_str(), parent),
-        ("GPU 0 stream 0", Some(Some(truth.pid as i32)))
+        ("GPU 0 stream 0", Some(Some(pid32 as i32)))
     );
     // Each kernel ends the flow its launch call's slice began.
     let outs: std::collections::HashSet<u64> = d
@@ -240,5 +269,115 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
             10_000
         };
         assert_eq!(e.end_ns.map(|end| end - e.start_ns), Some(want), "{e:?}");
+    }
+}
+
+/// One `gpu_trace` request on a fresh connection; the connection, for more.
+fn ask_trace(d: &Daemon, pids: &[u32], duration_ms: u64) -> std::os::unix::net::UnixStream {
+    use std::io::Write;
+    let s = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("timeout");
+    let req = serde_json::json!({"cmd": "gpu_trace", "pids": pids, "duration_ms": duration_ms});
+    (&s).write_all(format!("{req}\n").as_bytes()).expect("send");
+    s
+}
+
+fn line(s: &std::os::unix::net::UnixStream) -> Value {
+    use std::io::BufRead;
+    let mut l = String::new();
+    // One byte at a time: the next line stays in the socket for the next call.
+    let mut r = std::io::BufReader::with_capacity(1, s);
+    r.read_line(&mut l).expect("read a line");
+    serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"))
+}
+
+/// The API's `gpu_trace` (the daemon's side of a recording): what it refuses, a process not
+/// started with the library named as such, at most four streams at once, and a stream that
+/// ends with its client, freeing its place and its window.
+#[test]
+fn gpu_trace_streams_are_bounded_and_end_with_their_client() {
+    let _serial = serial();
+    let d = Daemon::start("gpu-trace", "");
+    let dir = temp_path("gpu-trace", "cupti");
+    let lib = dir.join("libethand_cupti.so");
+    let too_many: Vec<u32> = (1..=65).collect();
+    for (pids, ms, want) in [
+        (&[][..], 1000, "1 to 64 pids, not 0"),
+        (&too_many[..], 1000, "1 to 64 pids, not 65"),
+        (&[1][..], 0, "duration_ms must be 1 to 3600000"),
+        (&[1][..], 3_600_001, "duration_ms must be 1 to 3600000"),
+    ] {
+        let answer = line(&ask_trace(&d, pids, ms));
+        assert!(
+            answer["error"].as_str().is_some_and(|e| e.contains(want)),
+            "{answer}"
+        );
+    }
+    // A process without the library: named, no window, and the stream ends at once.
+    let me = std::process::id();
+    let s = ask_trace(&d, &[me], 60_000);
+    let opened = line(&s);
+    assert_eq!(
+        opened["opened"][0]["state"].as_str(),
+        Some("not_injected"),
+        "{opened}"
+    );
+    assert_eq!(opened["opened"][0]["pid"], me);
+    let done = line(&s);
+    assert_eq!(
+        done["done"],
+        serde_json::json!({"entries": 0, "entries_dropped": 0, "closed": true})
+    );
+
+    // Four injected stand-in jobs, each one's window held open by a stream of 60 s (a
+    // second window in one process would end its first).
+    let s_ = standins::shared();
+    let mut jobs: Vec<Driver> = (0..5)
+        .map(|_| {
+            let mut cmd = s_.command(&[Lib::Cuda], &["cuinit", "wait_stdin"]);
+            cmd.env("CUDA_INJECTION64_PATH", &lib)
+                .env("ETHAND_CUPTI_LIB", &s_.cupti13);
+            let mut drv = Driver::spawn(&mut cmd);
+            drv.wait_for("waiting");
+            drv
+        })
+        .collect();
+    std::thread::sleep(SETTLE);
+    let streams: Vec<_> = jobs[..4]
+        .iter()
+        .map(|drv| {
+            let s = ask_trace(&d, &[drv.pid], 60_000);
+            let opened = line(&s);
+            assert!(opened["opened"][0]["window_id"].is_u64(), "{opened}");
+            s
+        })
+        .collect();
+    let drv = &jobs[4];
+    let fifth = line(&ask_trace(&d, &[drv.pid], 60_000));
+    eprintln!("observed: a fifth stream: {fifth}");
+    assert!(
+        fifth["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("busy: 4 GPU traces")),
+        "{fifth}"
+    );
+    // Clients gone: their streams end at the next rounds and a new one is served.
+    drop(streams);
+    let t0 = std::time::Instant::now();
+    loop {
+        let answer = line(&ask_trace(&d, &[drv.pid], 1000));
+        if answer.get("opened").is_some() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "still busy 10 s after its clients went: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for mut j in jobs.drain(..) {
+        j.resume();
+        j.finish();
     }
 }

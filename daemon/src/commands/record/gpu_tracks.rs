@@ -1,9 +1,10 @@
 //! What the GPU ran, on tracks of its own beside the host's (issue 42): the kernels, copies
 //! and memsets that libethand_cupti.so records inside the tree's injected processes, for the
 //! recording's length. The recording opens each process's window itself, through the CUPTI
-//! directory's channel (`gpu_activity::Channel`), so it needs that directory free: with the
-//! daemon running, the daemon owns it, and the recording says so and writes the host
-//! tracks only (docs/record.md).
+//! directory's channel (`gpu_activity::Channel`); with the daemon running, the daemon owns
+//! that directory, and the recording asks it to open the windows and stream their entries
+//! over the local API instead (`serve/gpu_trace.rs`): one decoder and one writer either way
+//! (docs/record.md).
 //!
 //! Times: CUPTI's clock, mapped to CLOCK_MONOTONIC by the clock pair the library read when
 //! its window opened (records are written as they come, before the closing pair exists; the
@@ -23,11 +24,12 @@ use ethand_snapshot::kernels::{ActivityState, CopyKind, KernelClass, MemoryKind}
 use ethand_userspace_probes::cupti::ProcessKey;
 use serde_json::{Value, json};
 
+use super::daemon_stream::{Incoming, TraceStream};
 use super::launch_index::{Found, LaunchIndex};
 use super::trace::{GpuWork, LaunchLink, TraceEvent, TraceWriter, launch_flow};
 use crate::pipeline::{
     gpu_activity::{
-        Channel, ChannelError, CuptiSink, MAX_NAMES, apply_cupti_event, control_thread,
+        Channel, ChannelError, CuptiSink, MAX_NAMES, StreamEnd, apply_cupti_event, control_thread,
         maps_a_library, name_text, window_ended,
     },
     procinfo::monotonic_ns,
@@ -43,6 +45,53 @@ const MAX_UNMAPPED: usize = 100_000;
 const MAX_TRACKS: u32 = 4096;
 /// How long the end of the recording waits for the libraries' last records.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
+/// Through the daemon: its collection rounds (a second at the defaults) come between the
+/// end asked for, the libraries' last records and its `done`.
+const DAEMON_CLOSE_GRACE: Duration = Duration::from_secs(8);
+
+/// Where the windows' entries come from.
+enum Source {
+    /// The recording's own channel (no daemon owns the CUPTI directory).
+    Own(Box<Channel>),
+    /// The running daemon's stream, and how it ended (`done`, or why it broke off).
+    Daemon {
+        stream: TraceStream,
+        socket: std::path::PathBuf,
+        end: Option<StreamEnd>,
+        broken: Option<String>,
+    },
+}
+
+impl Source {
+    /// Every entry that arrived, to `each`.
+    fn drain(&mut self, mut each: impl FnMut(&[u8])) {
+        match self {
+            Self::Own(c) => c.drain(each),
+            Self::Daemon {
+                stream,
+                end,
+                broken,
+                ..
+            } => {
+                while let Ok(item) = stream.incoming.try_recv() {
+                    match item {
+                        Incoming::Entry(b) => each(&b),
+                        Incoming::Done(e) => *end = Some(e),
+                        Incoming::Broken(why) => *broken = Some(why),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether nothing more will come (the daemon's stream ended).
+    fn finished(&self) -> bool {
+        match self {
+            Self::Own(_) => false,
+            Self::Daemon { end, broken, .. } => end.is_some() || broken.is_some(),
+        }
+    }
+}
 
 /// One recorded process's window.
 struct Proc {
@@ -77,6 +126,33 @@ struct Proc {
     ambiguous: u64,
     without_launch: u64,
     without_queued: u64,
+}
+
+impl Proc {
+    fn new(pid: u32, key: Option<ProcessKey>, window_id: u64) -> Self {
+        Self {
+            pid,
+            key,
+            window_id,
+            names: HashMap::new(),
+            fresh: Vec::new(),
+            offset: None,
+            recs: Vec::new(),
+            opened: None,
+            ended: None,
+            partial: 0,
+            kernels: 0,
+            copies: 0,
+            memsets: 0,
+            syncs: 0,
+            not_drawn: 0,
+            unmapped: 0,
+            joined: 0,
+            ambiguous: 0,
+            without_launch: 0,
+            without_queued: 0,
+        }
+    }
 }
 
 impl CuptiSink for Proc {
@@ -122,7 +198,7 @@ struct LaneKey {
 }
 
 pub(super) struct GpuTracks {
-    channel: Option<Channel>,
+    source: Option<Source>,
     procs: Vec<Proc>,
     /// Per (process, device, stream): each lane's track index and the end of its last work.
     lanes: HashMap<LaneKey, Vec<(u32, u64)>>,
@@ -134,18 +210,18 @@ pub(super) struct GpuTracks {
 
 impl GpuTracks {
     /// Opens a window, until `deadline` after now, in every process of `tree` that maps the
-    /// library; `dir`: `gpu.cupti_dir` (None: off). Why nothing is recorded goes to
-    /// `warnings`.
+    /// library; `dir`: `gpu.cupti_dir` (None: off); `socket`: the daemon's, asked when it
+    /// owns `dir`. Why nothing is recorded goes to `warnings`.
     pub(super) fn start(
         ebpf: &mut Ebpf,
-        dir: Option<&Path>,
+        (dir, socket): (Option<&Path>, &Path),
         tree: &BTreeSet<u32>,
         duration: Duration,
         reader: ReaderHandle,
         warnings: &mut Vec<String>,
     ) -> Self {
         let mut me = Self {
-            channel: None,
+            source: None,
             procs: Vec::new(),
             lanes: HashMap::new(),
             next_track: 0,
@@ -165,10 +241,7 @@ impl GpuTracks {
         let mut channel = match Channel::new(ebpf, dir) {
             Ok(c) => c,
             Err(ChannelError::Owned(e)) => {
-                me.unavailable(
-                    warnings,
-                    format!("{e}: the running daemon records the GPU for snapshots; stop it to record GPU tracks"),
-                );
+                me.through_daemon(socket, tree, duration, warnings, &e);
                 return me;
             }
             Err(ChannelError::Failed(e)) => {
@@ -197,28 +270,7 @@ impl GpuTracks {
             }
             let window_id = channel.next_window_id();
             match channel.open(pid, window_id, deadline, u64::from(u32::MAX)) {
-                Ok(key) => me.procs.push(Proc {
-                    pid,
-                    key: Some(key),
-                    window_id,
-                    names: HashMap::new(),
-                    fresh: Vec::new(),
-                    offset: None,
-                    recs: Vec::new(),
-                    opened: None,
-                    ended: None,
-                    partial: 0,
-                    kernels: 0,
-                    copies: 0,
-                    memsets: 0,
-                    syncs: 0,
-                    not_drawn: 0,
-                    unmapped: 0,
-                    joined: 0,
-                    ambiguous: 0,
-                    without_launch: 0,
-                    without_queued: 0,
-                }),
+                Ok(key) => me.procs.push(Proc::new(pid, Some(key), window_id)),
                 Err(e) => {
                     channel.close(pid, None, window_id);
                     me.notes.push(not(ActivityState::Failed, e));
@@ -231,8 +283,60 @@ impl GpuTracks {
                 channel.library_path().display()
             ));
         }
-        me.channel = Some(channel);
+        me.source = Some(Source::Own(Box::new(channel)));
         me
+    }
+
+    /// The daemon owns the CUPTI directory (`owned` says so): it opens the windows and
+    /// streams their entries.
+    fn through_daemon(
+        &mut self,
+        socket: &Path,
+        tree: &BTreeSet<u32>,
+        duration: Duration,
+        warnings: &mut Vec<String>,
+        owned: &str,
+    ) {
+        let pids: Vec<u32> = tree
+            .iter()
+            .copied()
+            .filter(|&p| maps_a_library(p))
+            .take(MAX_PIDS)
+            .collect();
+        let (traced, stream) = match TraceStream::open(socket, &pids, duration) {
+            Ok(t) => t,
+            Err(e) => {
+                self.unavailable(warnings, format!("{owned}; asking that daemon: {e}"));
+                return;
+            }
+        };
+        for t in traced {
+            match (t.window_id, t.state) {
+                (Some(w), _) => self.procs.push(Proc::new(t.pid, None, w)),
+                // Not a CUDA process, or one started without the library: not listed.
+                (None, Some(ActivityState::NotInjected)) => {}
+                (None, state) => self
+                    .notes
+                    .push(json!({"pid": t.pid, "state": state, "detail": t.detail})),
+            }
+        }
+        if self.procs.is_empty() {
+            warnings.push(
+                "GPU tracks not recorded: the daemon opened no window (no process of the tree was started with its libethand_cupti.so)".into(),
+            );
+        } else {
+            eprintln!(
+                "ethand: GPU tracks through the running daemon ({}): {} process(es)",
+                socket.display(),
+                self.procs.len()
+            );
+        }
+        self.source = Some(Source::Daemon {
+            stream,
+            socket: socket.to_path_buf(),
+            end: None,
+            broken: None,
+        });
     }
 
     /// Whether any window is open (the recording then keeps its launch calls).
@@ -248,11 +352,11 @@ impl GpuTracks {
 
     /// Takes what the libraries handed over and writes it.
     pub(super) fn write(&mut self, tw: &mut TraceWriter) -> io::Result<()> {
-        let Some(channel) = self.channel.as_ref() else {
+        let Some(source) = self.source.as_mut() else {
             return Ok(());
         };
         let procs = &mut self.procs;
-        channel.drain(|item| {
+        source.drain(|item| {
             apply_cupti_event(item, |tgid, window_id| {
                 procs
                     .iter_mut()
@@ -407,29 +511,55 @@ impl GpuTracks {
     /// Ends every window (the libraries flush what they hold), waits up to the grace for
     /// their last records, writes them; what the summary says.
     pub(super) fn finish(&mut self, tw: &mut TraceWriter) -> io::Result<Value> {
-        if let Some(c) = self.channel.as_mut() {
-            for p in &self.procs {
-                if let Some(key) = p.key {
-                    c.end_early(key, p.window_id);
+        let grace = match self.source.as_mut() {
+            Some(Source::Own(c)) => {
+                for p in &self.procs {
+                    if let Some(key) = p.key {
+                        c.end_early(key, p.window_id);
+                    }
                 }
+                CLOSE_GRACE
             }
-        }
-        let until = Instant::now() + CLOSE_GRACE;
+            Some(Source::Daemon { stream, .. }) => {
+                stream.end();
+                DAEMON_CLOSE_GRACE
+            }
+            None => Duration::ZERO,
+        };
+        let until = Instant::now() + grace;
         loop {
             self.write(tw)?;
-            let waiting = self
-                .procs
-                .iter()
-                .any(|p| p.opened.is_some() && p.ended.is_none());
+            let waiting = match &self.source {
+                // The daemon's `done` comes after the libraries' last records.
+                Some(s @ Source::Daemon { .. }) => !s.finished(),
+                _ => self
+                    .procs
+                    .iter()
+                    .any(|p| p.opened.is_some() && p.ended.is_none()),
+            };
             if !waiting || Instant::now() >= until {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        if let Some(c) = self.channel.as_mut() {
-            for p in &self.procs {
-                c.close(p.pid, p.key, p.window_id);
+        match self.source.take() {
+            Some(Source::Own(mut c)) => {
+                for p in &self.procs {
+                    c.close(p.pid, p.key, p.window_id);
+                }
             }
+            Some(Source::Daemon {
+                socket,
+                end,
+                broken,
+                ..
+            }) => self.notes.push(json!({
+                "through_daemon": socket,
+                // Entries the daemon's queue refused (the recording read too slowly).
+                "entries_dropped_by_daemon": end.map(|e| e.entries_dropped),
+                "stream_broken": broken,
+            })),
+            None => {}
         }
         let mut processes: Vec<Value> = self.procs.iter().map(summary).collect();
         processes.append(&mut self.notes);

@@ -49,6 +49,7 @@ use crate::{
 };
 
 mod attach;
+mod daemon_stream;
 mod gpu_python;
 mod gpu_tracks;
 mod json;
@@ -404,17 +405,10 @@ async fn record_until_done(
     tw: &mut TraceWriter,
     samples: &mut Samples,
     (gpu_python, gpu_tracks): (&mut GpuPython, &mut GpuTracks),
-    python: Option<&PythonSampler>,
-    python_written: &mut u64,
+    (python, python_written): (Option<&PythonSampler>, &mut u64),
+    signals: &mut Signals,
 ) -> anyhow::Result<Ended> {
     let deadline = Instant::now() + o.duration;
-    // SIGINT, SIGTERM (systemd, kill, a job scheduler) and SIGHUP (a closed terminal) all
-    // end the recording early and keep the trace.
-    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
-    use tokio::signal::unix::SignalKind;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let mut next_tree_check = Instant::now() + TREE_CHECK;
     loop {
         tw.drain(&mut maps.ring).map_err(|e| tw.error(e))?;
@@ -452,14 +446,35 @@ async fn record_until_done(
         }
         tokio::select! {
             _ = tokio::time::sleep(POLL.min(deadline - now)) => {}
-            _ = sigint.recv() => return Ok(Ended::Interrupted),
-            _ = sigterm.recv() => return Ok(Ended::Interrupted),
-            _ = sighup.recv() => return Ok(Ended::Interrupted),
+            _ = signals.0.recv() => return Ok(Ended::Interrupted),
+            _ = signals.1.recv() => return Ok(Ended::Interrupted),
+            _ = signals.2.recv() => return Ok(Ended::Interrupted),
         }
     }
 }
 
+/// SIGINT, SIGTERM and SIGHUP, caught from the recording's start.
+type Signals = (
+    tokio::signal::unix::Signal,
+    tokio::signal::unix::Signal,
+    tokio::signal::unix::Signal,
+);
+
+/// SIGINT, SIGTERM (systemd, kill, a job scheduler) and SIGHUP (a closed terminal) all end
+/// the recording early and keep the trace; caught before anything is attached, so that one
+/// arriving while the recording sets up ends it at its first round, not the process.
+fn catch_signals() -> anyhow::Result<Signals> {
+    let signal = |kind| tokio::signal::unix::signal(kind).context("installing the signal handlers");
+    use tokio::signal::unix::SignalKind;
+    Ok((
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::hangup())?,
+    ))
+}
+
 async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Result<u8> {
+    let mut signals = catch_signals()?;
     // Symbols, Python frames and library files of the tree are read by the reader, as each
     // process's owner.
     let mut c = cfg.clone();
@@ -500,7 +515,7 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
     // The libraries' windows open last: the GPU work they record is the recording's.
     let mut gpu_tracks = GpuTracks::start(
         &mut loaded.ebpf,
-        plan.gpu.cupti_dir.as_deref(),
+        (plan.gpu.cupti_dir.as_deref(), &cfg.daemon.socket),
         &tree,
         o.duration,
         reader.clone(),
@@ -518,8 +533,8 @@ async fn record(cfg: &Config, o: &Options<'_>, sinks: Vec<Sink>) -> anyhow::Resu
         &mut tw,
         &mut samples,
         (&mut gpu_python, &mut gpu_tracks),
-        python.as_ref(),
-        &mut python_written,
+        (python.as_ref(), &mut python_written),
+        &mut signals,
     )
     .await?;
     let t_end = monotonic_ns();

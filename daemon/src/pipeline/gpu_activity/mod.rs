@@ -38,6 +38,7 @@ mod channel;
 mod idle;
 mod launch_sites;
 mod launches;
+mod stream;
 mod tracer;
 
 pub use aggregate::{
@@ -46,6 +47,10 @@ pub use aggregate::{
 pub use channel::{Channel, ChannelError, control_thread, maps_a_library};
 pub use launch_sites::resolve_launch_sites;
 pub use launches::JoinedSite;
+pub use stream::{
+    MAX_DURATION as MAX_STREAM_DURATION, QUEUE_ENTRIES, StreamEnd, StreamRequest, Streamed,
+    TracedProcess,
+};
 use tracer::{LaunchTracer, LinkKey};
 
 /// The library, built from cupti/ by build.rs.
@@ -119,6 +124,8 @@ pub struct ActivitySampler {
     /// The launch probes (Err: why kernels cannot be joined to their launches here; None:
     /// `diagnosis.launch_sites` off).
     launches: Option<Result<LaunchTracer, String>>,
+    /// Windows whose entries go out raw, to `ethand record` (stream.rs).
+    streams: stream::Streams,
 }
 
 impl ActivitySampler {
@@ -149,6 +156,7 @@ impl ActivitySampler {
             channel,
             active: Vec::new(),
             launches,
+            streams: stream::Streams::default(),
         }
     }
 
@@ -157,13 +165,23 @@ impl ActivitySampler {
         self.channel.as_ref().ok().map(Channel::library_path)
     }
 
-    /// Starts new requests, takes the events that arrived, and answers the windows that are
-    /// over (every one with `force`).
-    pub fn tick(&mut self, ebpf: &mut Ebpf, gpu: &GpuProbes, new: Vec<Request>, force: bool) {
+    /// Starts new requests (a snapshot's, a recording's stream), takes the events that
+    /// arrived, and answers the windows that are over (every one with `force`).
+    pub fn tick(
+        &mut self,
+        ebpf: &mut Ebpf,
+        gpu: &GpuProbes,
+        (new, new_streams): (Vec<Request>, Vec<StreamRequest>),
+        force: bool,
+    ) {
         for r in new {
             self.start(ebpf, gpu, r);
         }
+        for r in new_streams {
+            self.streams.start(self.channel.as_mut(), r);
+        }
         self.drain();
+        self.streams.tick(self.channel.as_mut().ok(), force);
         let now = Instant::now();
         let (due, keep): (Vec<Active>, Vec<Active>) =
             std::mem::take(&mut self.active).into_iter().partition(|a| {
@@ -206,7 +224,6 @@ impl ActivitySampler {
                 return;
             }
         };
-        let lib_path = channel.library_path().to_path_buf();
         let mut pids = r.pids;
         pids.sort_unstable();
         pids.dedup();
@@ -228,36 +245,10 @@ impl ActivitySampler {
                 window: aggregate::Window::new(budget),
                 settled: None,
             };
-            match channel.injected(pid) {
-                // Forked after cuInit: the mapping came along, the library's thread did not.
-                // Waiting for its answer would hold the snapshot to the window's grace.
-                Ok(true) if control_thread(pid) == Some(false) => {
-                    p.settled = Some(settled(
-                        pid,
-                        ActivityState::Forked,
-                        "maps the library without its thread (a child forked after cuInit, such as a DataLoader worker): nothing to record".into(),
-                    ));
-                    a.processes.push(p);
-                    continue;
-                }
-                Ok(true) => {}
-                Ok(false) => {
-                    p.settled = Some(settled(
-                        pid,
-                        ActivityState::NotInjected,
-                        format!(
-                            "started without CUDA_INJECTION64_PATH={}: nothing recorded",
-                            lib_path.display()
-                        ),
-                    ));
-                    a.processes.push(p);
-                    continue;
-                }
-                Err(detail) => {
-                    p.settled = Some(settled(pid, ActivityState::Failed, detail));
-                    a.processes.push(p);
-                    continue;
-                }
+            if let Err((state, detail)) = may_record(channel, pid) {
+                p.settled = Some(settled(pid, state, detail));
+                a.processes.push(p);
+                continue;
             }
             // Before the window opens, so that its first kernels find their launches.
             match self.launches.as_mut() {
@@ -290,7 +281,7 @@ impl ActivitySampler {
 
     /// Everything the probes wrote, to the windows it belongs to; the rest is dropped.
     fn drain(&mut self) {
-        if self.active.is_empty() {
+        if self.active.is_empty() && self.streams.is_empty() {
             return;
         }
         let Ok(channel) = self.channel.as_ref() else {
@@ -305,7 +296,11 @@ impl ActivitySampler {
             }
         }
         let active = &mut self.active;
+        let streams = &mut self.streams;
         channel.drain(|item| {
+            if streams.offer(item) {
+                return;
+            }
             aggregate::apply(item, |tgid, window_id| {
                 let &(ai, pi) = by_window.get(&(tgid, window_id))?;
                 Some(&mut active[ai].processes[pi].window)
@@ -440,6 +435,28 @@ pub fn check_against_launches(activity: &mut Option<GpuActivity>, launches: &Opt
                 "{recorded_per_s:.0} kernels/s recorded against {counted_per_s:.0} launches/s counted by the uprobes: records stopped short (another tool may have taken CUPTI's activity buffers during the window); the figures cover part of the window"
             ));
         }
+    }
+}
+
+/// Whether a window may be opened in `pid`: it maps the channel's library and runs its
+/// thread; otherwise its state and why.
+fn may_record(channel: &Channel, pid: u32) -> Result<(), (ActivityState, String)> {
+    match channel.injected(pid) {
+        // Forked after cuInit: the mapping came along, the library's thread did not.
+        // Waiting for its answer would hold the window to its grace.
+        Ok(true) if control_thread(pid) == Some(false) => Err((
+            ActivityState::Forked,
+            "maps the library without its thread (a child forked after cuInit, such as a DataLoader worker): nothing to record".into(),
+        )),
+        Ok(true) => Ok(()),
+        Ok(false) => Err((
+            ActivityState::NotInjected,
+            format!(
+                "started without CUDA_INJECTION64_PATH={}: nothing recorded",
+                channel.library_path().display()
+            ),
+        )),
+        Err(detail) => Err((ActivityState::Failed, detail)),
     }
 }
 
