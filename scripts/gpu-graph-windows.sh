@@ -15,12 +15,10 @@ PY=${PY:-/opt/torch/.venv/bin/python}
 RUN_S=${RUN_S:-45}
 VARIANTS=${VARIANTS:-plain keep noqueued}
 ROUNDS=${ROUNDS:-2}
+. scripts/gpu-common.sh
 mkdir -p "$OUT"
 D=$(mktemp -d)
-printf '[daemon]\nsocket = "%s/s"\n[prometheus]\nlisten = "127.0.0.1:19844"\n[gpu]\ncupti_dir = "%s/cupti"\n' "$D" "$D" > "$D/c.toml"
-"$E" run --config "$D/c.toml" > "$OUT/daemon.log" 2>&1 &
-EP=$!
-for i in $(seq 1 300); do [ -S "$D/s" ] && break; sleep 0.1; done
+start_daemon "$D" 19844 "$OUT/daemon.log"
 sleep 1
 LIB=$D/cupti/libethand_cupti.so
 dmesg | grep -ci xid > "$D/xid0" 2>/dev/null

@@ -21,6 +21,7 @@ JAXPY=${JAXPY:-$PY}
 PHASE_S=${PHASE_S:-3}
 RECORD_S=${RECORD_S:-20}
 CASES=${CASES:-torch-own torch-daemon jax-daemon}
+. scripts/gpu-common.sh
 mkdir -p "$OUT"
 log() { echo "[record-tracks] $(date +%T) $*" | tee -a "$OUT/log.txt"; }
 
@@ -28,10 +29,7 @@ one() { # case
     local c=$1 o="$OUT/$1" D EP="" WP RP fd job
     mkdir -p "$o"
     D=$(mktemp -d)
-    printf '[daemon]\nsocket = "%s/s"\n[prometheus]\nlisten = "127.0.0.1:19847"\n[gpu]\ncupti_dir = "%s/cupti"\n' "$D" "$D" > "$D/c.toml"
-    "$E" run --config "$D/c.toml" > "$o/daemon.log" 2>&1 &
-    EP=$!
-    for i in $(seq 1 300); do [ -S "$D/s" ] && break; sleep 0.1; done
+    start_daemon "$D" 19847 "$o/daemon.log"
     case $c in *-own) kill "$EP"; wait "$EP"; EP="" ;; esac
     case $c in jax-*) job=(tests/gpu/jax_workload.py); py=$JAXPY ;; *) job=(tests/gpu/cupti_workload.py); py=$PY ;; esac
     mkfifo "$D/in"
