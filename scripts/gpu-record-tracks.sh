@@ -7,6 +7,9 @@
 #                 streams its entries to the recording (API gpu_trace)
 #   jax-daemon    tests/gpu/jax_workload.py (a pageable 16 MiB batch put on the GPU and a
 #                 jitted bf16 MLP step) with the daemon running
+#   graph-daemon  tests/gpu/graph_loop.py (a CUDA graph of 300 kernels replayed), recorded for
+#                 5 s through the daemon: whether its kernels carry a queued time and join
+#                 their cuGraphLaunch (not in CASES by default)
 # Each job, started with libethand_cupti.so, runs one phase of PHASE_S inside a recording of
 # up to RECORD_S; the log gives, per case, the summary's gpu_activity, the slices per step
 # (a whole number of kernels, the copies the job makes), the copies by kind and size, and
@@ -31,13 +34,30 @@ one() { # case
     D=$(mktemp -d)
     start_daemon "$D" 19847 "$o/daemon.log"
     case $c in *-own) kill "$EP"; wait "$EP"; EP="" ;; esac
-    case $c in jax-*) job=(tests/gpu/jax_workload.py); py=$JAXPY ;; *) job=(tests/gpu/cupti_workload.py); py=$PY ;; esac
+    case $c in
+        jax-*) job=(tests/gpu/jax_workload.py); py=$JAXPY ;;
+        graph-*) job=(tests/gpu/graph_loop.py 15); py=$PY ;;
+        *) job=(tests/gpu/cupti_workload.py); py=$PY ;;
+    esac
     mkfifo "$D/in"
     CUDA_INJECTION64_PATH="$D/cupti/libethand_cupti.so" "$py" "${job[@]}" < "$D/in" > "$o/job.out" 2> "$o/job.err" &
     WP=$!
     exec {fd}> "$D/in"
     for i in $(seq 1 900); do grep -q '^ready' "$o/job.out" && break; sleep 0.2; done
     log "$c: job $WP ready"
+    case $c in graph-*)
+        "$E" record --config "$D/c.toml" --pid "$WP" --duration 5s -o "$o/rec.json" > "$o/record.out" 2> "$o/record.err"
+        log "$c: record rc $?: $(cat "$o/record.out")"
+        exec {fd}>&-; wait "$WP"; kill "$EP"; wait "$EP"
+        python3 - "$o" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
+import collections, json, sys
+t = json.load(open(sys.argv[1] + "/rec.json"))
+print("[graph] gpu_activity:", json.dumps(t["metadata"].get("gpu_activity")))
+ev = [e for e in t["traceEvents"] if e.get("cat") == "gpu_kernel"]
+print("[graph] kernels", len(ev), "graph launches", sum(1 for e in t["traceEvents"] if str(e.get("name", "")).startswith(("cuGraphLaunch", "cudaGraphLaunch"))))
+PY
+        rm -rf "$D"; return ;;
+    esac
     "$E" record --config "$D/c.toml" --pid "$WP" --duration "${RECORD_S}s" -o "$o/rec.json" -o "$o/rec.pftrace" > "$o/record.out" 2> "$o/record.err" &
     RP=$!
     # Its own directory: the library maps the recording's control file within 5 s. Through
