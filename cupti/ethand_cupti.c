@@ -744,8 +744,10 @@ static void *control_thread(void *arg) {
         int wanted = w.id && w.deadline > now;
         if (open_id) {
             uint32_t reason = 0;
-            if (!wanted || w.id != open_id)
-                reason = w.id == open_id ? ETHAND_CUPTI_CLOSE_DEADLINE : ETHAND_CUPTI_CLOSE_DAEMON;
+            if (w.id != open_id)
+                reason = wanted ? ETHAND_CUPTI_CLOSE_ANOTHER_WINDOW : ETHAND_CUPTI_CLOSE_DAEMON;
+            else if (!wanted)
+                reason = ETHAND_CUPTI_CLOSE_DEADLINE;
             else if (now >= open_deadline)
                 reason = ETHAND_CUPTI_CLOSE_DEADLINE;
             else if (window_max_records && atomic_load(&window_records) >= window_max_records)

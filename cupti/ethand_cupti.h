@@ -116,6 +116,9 @@ enum ethand_cupti_close_reason {
     ETHAND_CUPTI_CLOSE_DEADLINE = 1,
     ETHAND_CUPTI_CLOSE_DAEMON = 2,
     ETHAND_CUPTI_CLOSE_MAX_RECORDS = 3,
+    /* Another window was asked for (a second snapshot, or a snapshot during a recording):
+     * the library keeps one at a time. */
+    ETHAND_CUPTI_CLOSE_ANOTHER_WINDOW = 4,
 };
 
 struct ethand_cupti_window_event {

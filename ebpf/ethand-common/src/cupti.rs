@@ -119,6 +119,18 @@ pub struct CuptiWindowEvent {
     pub unnamed: u64,
 }
 
+/// [`CuptiWindowEvent::reason`] of a CLOSED window (`ethand_cupti_close_reason`).
+pub mod cupti_close_reason {
+    /// Its deadline passed.
+    pub const DEADLINE: u32 = 1;
+    /// The window's owner ended it (a recording that ended early, the daemon going).
+    pub const ASKED: u32 = 2;
+    /// It held the records it was allowed.
+    pub const MAX_RECORDS: u32 = 3;
+    /// Another window was asked for in the process (one at a time).
+    pub const ANOTHER_WINDOW: u32 = 4;
+}
+
 /// [`CuptiEventHeader::what`]: which probe made a `CUPTI_EVENTS` entry.
 pub mod cupti_event {
     /// Followed by `n` [`super::CuptiRec`]s (room for [`super::CUPTI_BATCH`]).

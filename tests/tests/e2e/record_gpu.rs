@@ -283,6 +283,24 @@ fn ask_trace(d: &Daemon, pids: &[u32], duration_ms: u64) -> std::os::unix::net::
     s
 }
 
+/// An `{"entry":...}` line's (what, window state, close reason); state and reason 0 for an
+/// entry that is no window event (ethand_common's CuptiEventHeader and CuptiWindowEvent).
+fn window_event(l: &Value) -> Option<(u32, u32, u32)> {
+    use base64::Engine;
+    let b = base64::engine::general_purpose::STANDARD
+        .decode(l["entry"].as_str()?)
+        .ok()?;
+    let u32_at = |o: usize| {
+        b.get(o..o + 4)
+            .map(|x| u32::from_ne_bytes(x.try_into().unwrap()))
+    };
+    let what = u32_at(0)?;
+    if what != 3 {
+        return Some((what, 0, 0));
+    }
+    Some((what, u32_at(32)?, u32_at(44)?))
+}
+
 fn line(s: &std::os::unix::net::UnixStream) -> Value {
     use std::io::BufRead;
     let mut l = String::new();
@@ -376,6 +394,29 @@ fn gpu_trace_streams_are_bounded_and_end_with_their_client() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+
+    // A second window asked of a process ends its first: the first stream's library says
+    // why (reason 4, another_window) and the stream ends, closed.
+    let first = ask_trace(&d, &[jobs[0].pid], 60_000);
+    assert!(line(&first)["opened"][0]["window_id"].is_u64());
+    // Once its library has opened it (the OPENED entry).
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &(u32, u32, u32)| e.1 == 1) {
+        seen.push(window_event(&line(&first)).expect("an entry"));
+    }
+    let second = ask_trace(&d, &[jobs[0].pid], 60_000);
+    assert!(line(&second)["opened"][0]["window_id"].is_u64());
+    loop {
+        let l = line(&first);
+        if l.get("done").is_some() {
+            assert_eq!(l["done"]["closed"], true, "{l}");
+            break;
+        }
+        seen.push(window_event(&l).expect("an entry"));
+    }
+    eprintln!("observed: the first stream's window events (what, state, reason): {seen:?}");
+    assert!(seen.contains(&(3, 2, 4)), "{seen:?}");
+    drop(second);
     for mut j in jobs.drain(..) {
         j.resume();
         j.finish();

@@ -19,7 +19,9 @@ use std::{
 };
 
 use aya::Ebpf;
-use ethand_common::{CuptiRec, CuptiWindowEvent, cupti_rec_kind, cupti_window_state};
+use ethand_common::{
+    CuptiRec, CuptiWindowEvent, cupti_close_reason, cupti_rec_kind, cupti_window_state,
+};
 use ethand_snapshot::kernels::{ActivityState, CopyKind, KernelClass, MemoryKind};
 use ethand_userspace_probes::cupti::ProcessKey;
 use serde_json::{Value, json};
@@ -29,8 +31,8 @@ use super::launch_index::{Found, LaunchIndex};
 use super::trace::{GpuWork, LaunchLink, TraceEvent, TraceWriter, launch_flow};
 use crate::pipeline::{
     gpu_activity::{
-        Channel, ChannelError, CuptiSink, MAX_NAMES, StreamEnd, apply_cupti_event, control_thread,
-        maps_a_library, name_text, window_ended,
+        Channel, ChannelError, CuptiSink, MAX_NAMES, StreamEnd, apply_cupti_event, closed_by,
+        control_thread, cut_short, maps_a_library, name_text, window_ended,
     },
     procinfo::monotonic_ns,
     reader::ReaderHandle,
@@ -606,6 +608,10 @@ fn summary(p: &Proc) -> Value {
             let (state, detail) = window_ended(e);
             (state, Some(detail))
         }
+        (Some(o), Some(e)) if e.reason == cupti_close_reason::ANOTHER_WINDOW => (
+            ActivityState::Recorded,
+            Some(cut_short(e.clock_mono.saturating_sub(o.clock_mono))),
+        ),
         (Some(_), _) => (ActivityState::Recorded, None),
         (None, _) => (ActivityState::NoAnswer, None),
     };
@@ -630,5 +636,7 @@ fn summary(p: &Proc) -> Value {
         "kernels_without_queued_time": p.without_queued,
         // Known once the window closed: absent before, never 0 for unknown.
         "records_dropped_by_cupti": closed.map(|e| e.dropped),
+        // deadline, asked (the recording ended), max_records or another_window.
+        "window_closed_by": closed.map(|e| closed_by(&e)),
     })
 }

@@ -10,7 +10,7 @@ use super::{
 };
 use ethand_common::{
     CUPTI_BATCH, CUPTI_NAME_MAX, CUPTI_NONE, CuptiEventHeader, CuptiRec, CuptiWindowEvent,
-    LaunchEvent, cupti_event, cupti_rec_kind, cupti_window_state,
+    LaunchEvent, cupti_close_reason, cupti_event, cupti_rec_kind, cupti_window_state,
 };
 use ethand_snapshot::kernels::{
     ActivityState, CommOverlap, CopyKind, CopyStat, DeviceActivity, GpuActivityProcess,
@@ -38,6 +38,25 @@ pub fn ended(e: &CuptiWindowEvent) -> (ActivityState, String) {
         ),
         _ => (ActivityState::Failed, failure(e)),
     }
+}
+
+/// Why a CLOSED window closed, as the outputs name it.
+pub fn closed_by(e: &CuptiWindowEvent) -> &'static str {
+    match e.reason {
+        cupti_close_reason::DEADLINE => "deadline",
+        cupti_close_reason::ASKED => "asked",
+        cupti_close_reason::MAX_RECORDS => "max_records",
+        cupti_close_reason::ANOTHER_WINDOW => "another_window",
+        _ => "unknown",
+    }
+}
+
+/// What a window ended by another one asked of its process leaves out.
+pub fn cut_short(window_ns: u64) -> String {
+    format!(
+        "another window was asked of the process (a second snapshot, or a snapshot during a recording; the library keeps one at a time) and ended this one after {:.1} s: the figures cover those seconds",
+        window_ns as f64 / 1e9
+    )
 }
 
 #[derive(Default)]
@@ -274,6 +293,9 @@ impl Window {
                 "{} records over the window's budget of {} were counted, not summed",
                 self.ignored, self.max_records
             ));
+        }
+        if close.reason == cupti_close_reason::ANOTHER_WINDOW {
+            notes.push(cut_short(window_ns));
         }
         if self.began_before_open > 0 {
             notes.push(format!(
@@ -718,6 +740,27 @@ mod tests {
                 .unwrap()
                 .contains("2 kernels began before the window opened")
         );
+    }
+
+    /// A window ended by another asked of its process says so, with the span it covers;
+    /// one ended at its deadline says nothing of it.
+    #[test]
+    fn a_window_cut_short_by_another_says_so() {
+        for (reason, cut) in [
+            (cupti_close_reason::ANOTHER_WINDOW, true),
+            (cupti_close_reason::DEADLINE, false),
+        ] {
+            let mut w = Window::new(100);
+            w.event(ev(cupti_window_state::OPENED, 2_000, 0));
+            w.event(CuptiWindowEvent {
+                reason,
+                ..ev(cupti_window_state::CLOSED, 1_500_002_000, 0)
+            });
+            let (p, _) = w.finish(42);
+            assert_eq!(p.window_ns, Some(1_500_000_000));
+            let says = p.detail.unwrap_or_default();
+            assert_eq!(says.contains("ended this one after 1.5 s"), cut, "{says}");
+        }
     }
 
     fn entry(h: CuptiEventHeader, body: &[u8]) -> Vec<u8> {

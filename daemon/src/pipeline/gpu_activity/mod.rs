@@ -42,7 +42,8 @@ mod stream;
 mod tracer;
 
 pub use aggregate::{
-    CuptiSink, MAX_NAMES, apply as apply_cupti_event, ended as window_ended, name_text,
+    CuptiSink, MAX_NAMES, apply as apply_cupti_event, closed_by, cut_short, ended as window_ended,
+    name_text,
 };
 pub use channel::{Channel, ChannelError, control_thread, maps_a_library};
 pub use launch_sites::resolve_launch_sites;
