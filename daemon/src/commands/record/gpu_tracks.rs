@@ -108,6 +108,9 @@ struct Proc {
     /// CUPTI's clock minus CLOCK_MONOTONIC, from the opening pair.
     offset: Option<i128>,
     recs: Vec<CuptiRec>,
+    /// Records that reached the recording, of every kind (against what the library says
+    /// it handed over: the ring buffers' losses).
+    received: u64,
     opened: Option<CuptiWindowEvent>,
     /// CLOSED, REFUSED or FAILED.
     ended: Option<CuptiWindowEvent>,
@@ -140,6 +143,7 @@ impl Proc {
             fresh: Vec::new(),
             offset: None,
             recs: Vec::new(),
+            received: 0,
             opened: None,
             ended: None,
             partial: 0,
@@ -162,6 +166,7 @@ impl CuptiSink for Proc {
         self.partial += 1;
     }
     fn records(&mut self, recs: &[CuptiRec]) {
+        self.received += recs.len() as u64;
         for r in recs {
             if self.offset.is_none() && self.recs.len() >= MAX_UNMAPPED {
                 self.unmapped += 1;
@@ -636,6 +641,9 @@ fn summary(p: &Proc) -> Value {
         "kernels_without_queued_time": p.without_queued,
         // Known once the window closed: absent before, never 0 for unknown.
         "records_dropped_by_cupti": closed.map(|e| e.dropped),
+        // Handed over by the library but never read here: a ring buffer that filled
+        // between drains (the daemon's, drained once a round, through its stream).
+        "records_lost_by_ethand": closed.map(|e| e.records.saturating_sub(p.received)),
         // deadline, asked (the recording ended), max_records or another_window.
         "window_closed_by": closed.map(|e| closed_by(&e)),
     })
