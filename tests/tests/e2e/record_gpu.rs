@@ -423,3 +423,65 @@ fn gpu_trace_streams_are_bounded_and_end_with_their_client() {
         j.finish();
     }
 }
+
+/// 200,000 kernels recorded through the daemon (its ring drained once a round, its queue to
+/// the recording bounded): the count is exact, and every record the library handed over
+/// reached the recording.
+#[test]
+fn a_burst_recorded_through_the_daemon_loses_nothing() {
+    const N: u64 = 200_000;
+    let _serial = serial();
+    let d = Daemon::start("record-burst", "");
+    let dir = temp_path("record-burst", "cupti");
+    let cfg = temp_path("record-burst-rec", "toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[gpu]\ncupti_dir = {dir:?}\n[daemon]\nsocket = {:?}\n",
+            d.socket
+        ),
+    )
+    .expect("write config");
+    let _rm = RemoveOnDrop(cfg.clone());
+    let s = standins::shared();
+    let burst = format!("kernel gemm_fp32 x {N}");
+    let mut cmd = s.command(
+        &[Lib::Cuda],
+        &[
+            "cuinit",
+            "wait_stdin",
+            "wait_cupti_enabled",
+            &burst,
+            "sync ctx",
+            "wait_stdin",
+        ],
+    );
+    cmd.env("CUDA_INJECTION64_PATH", dir.join("libethand_cupti.so"))
+        .env("ETHAND_CUPTI_LIB", &s.cupti13);
+    let mut drv = Driver::spawn(&mut cmd);
+    drv.wait_for("waiting");
+    std::thread::sleep(SETTLE);
+    let out = temp_path("record-burst", "json");
+    let args = ["--config", cfg.to_str().expect("utf-8")];
+    let rec = Recorder::start_with(drv.pid, "60s", &out, 1000, &args);
+    drv.resume();
+    drv.wait_for("waiting");
+    let (code, _, stderr, _) = rec.interrupt();
+    assert_eq!(code, 0, "ethand record failed:\n{stderr}");
+    let truth = drv.finish();
+    assert_eq!(truth.kernels.get("gemm_fp32"), Some(&N));
+    let trace = load(&out);
+    let a = &trace["metadata"]["gpu_activity"];
+    eprintln!("observed: burst of {N}: {a}");
+    let p = &a[0];
+    assert_eq!(
+        (
+            u(p, "kernels"),
+            u(p, "records_lost_by_ethand"),
+            u(p, "records_dropped_by_cupti")
+        ),
+        (N, 0, 0),
+        "{a}"
+    );
+    assert_eq!(u(&a[1], "entries_dropped_by_daemon"), 0, "{a}");
+}
