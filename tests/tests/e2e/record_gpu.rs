@@ -25,20 +25,7 @@ const TORCH_ADD: &str = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15
 fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     let _serial = serial();
     let d = Daemon::start("record-gpu", "");
-    let dir = temp_path("record-gpu", "cupti");
-    let lib = dir.join("libethand_cupti.so");
-    assert!(lib.exists(), "the daemon did not install {}", lib.display());
-    let cfg = temp_path("record-gpu-rec", "toml");
-    fs::write(
-        &cfg,
-        format!(
-            "[gpu]\ncupti_dir = {dir:?}\n[daemon]\nsocket = {:?}\n",
-            d.socket
-        ),
-    )
-    .expect("write config");
-    let _rm = RemoveOnDrop(cfg.clone());
-    let s = standins::shared();
+    let (lib, cfg) = recording_config(&d, "record-gpu");
     let add = format!("kernel {TORCH_ADD} x 50");
     let work = [
         "wait_stdin",
@@ -53,13 +40,9 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
         .chain(work)
         .chain(["wait_stdin"])
         .collect();
-    let mut cmd = s.command(&[Lib::Cuda], &script);
-    cmd.env("CUDA_INJECTION64_PATH", &lib)
-        .env("ETHAND_CUPTI_LIB", &s.cupti13);
-    let mut drv = Driver::spawn(&mut cmd);
-    drv.wait_for("waiting");
+    let mut drv = injected_job(&lib, &script);
     std::thread::sleep(SETTLE);
-    let args = ["--config", cfg.to_str().expect("utf-8")];
+    let args = ["--config", cfg.0.to_str().expect("utf-8")];
 
     // The daemon owns the directory: it opens the window and streams the entries.
     let (trace, pf) = record(&mut drv, &args, "daemon");
@@ -93,6 +76,36 @@ fn record_gpu_tracks_hold_exactly_what_the_gpu_ran() {
     check_tracks(&trace, &pf, drv.pid);
     let truth = drv.finish();
     assert_eq!(truth.kernels.get("gemm_fp32"), Some(&600));
+}
+
+/// The daemon's installed library, and a recording's config naming the daemon's CUPTI
+/// directory (`tag`: the daemon's name) and socket, removed on drop.
+fn recording_config(d: &Daemon, tag: &str) -> (std::path::PathBuf, RemoveOnDrop) {
+    let dir = temp_path(tag, "cupti");
+    let lib = dir.join("libethand_cupti.so");
+    assert!(lib.exists(), "the daemon did not install {}", lib.display());
+    let cfg = temp_path(&format!("{tag}-rec"), "toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[gpu]\ncupti_dir = {dir:?}\n[daemon]\nsocket = {:?}\n",
+            d.socket
+        ),
+    )
+    .expect("write config");
+    (lib, RemoveOnDrop(cfg))
+}
+
+/// A stand-in driver running `script`, started with `lib` (and the stand-in CUPTI), at its
+/// first wait.
+fn injected_job(lib: &Path, script: &[&str]) -> Driver {
+    let s = standins::shared();
+    let mut cmd = s.command(&[Lib::Cuda], script);
+    cmd.env("CUDA_INJECTION64_PATH", lib)
+        .env("ETHAND_CUPTI_LIB", &s.cupti13);
+    let mut drv = Driver::spawn(&mut cmd);
+    drv.wait_for("waiting");
+    drv
 }
 
 /// Records the driver's next round of work, to JSON and Perfetto.
@@ -351,16 +364,8 @@ fn gpu_trace_streams_are_bounded_and_end_with_their_client() {
 
     // Four injected stand-in jobs, each one's window held open by a stream of 60 s (a
     // second window in one process would end its first).
-    let s_ = standins::shared();
     let mut jobs: Vec<Driver> = (0..5)
-        .map(|_| {
-            let mut cmd = s_.command(&[Lib::Cuda], &["cuinit", "wait_stdin"]);
-            cmd.env("CUDA_INJECTION64_PATH", &lib)
-                .env("ETHAND_CUPTI_LIB", &s_.cupti13);
-            let mut drv = Driver::spawn(&mut cmd);
-            drv.wait_for("waiting");
-            drv
-        })
+        .map(|_| injected_job(&lib, &["cuinit", "wait_stdin"]))
         .collect();
     std::thread::sleep(SETTLE);
     let streams: Vec<_> = jobs[..4]
@@ -432,37 +437,20 @@ fn a_burst_recorded_through_the_daemon_loses_nothing() {
     const N: u64 = 200_000;
     let _serial = serial();
     let d = Daemon::start("record-burst", "");
-    let dir = temp_path("record-burst", "cupti");
-    let cfg = temp_path("record-burst-rec", "toml");
-    fs::write(
-        &cfg,
-        format!(
-            "[gpu]\ncupti_dir = {dir:?}\n[daemon]\nsocket = {:?}\n",
-            d.socket
-        ),
-    )
-    .expect("write config");
-    let _rm = RemoveOnDrop(cfg.clone());
-    let s = standins::shared();
+    let (lib, cfg) = recording_config(&d, "record-burst");
     let burst = format!("kernel gemm_fp32 x {N}");
-    let mut cmd = s.command(
-        &[Lib::Cuda],
-        &[
-            "cuinit",
-            "wait_stdin",
-            "wait_cupti_enabled",
-            &burst,
-            "sync ctx",
-            "wait_stdin",
-        ],
-    );
-    cmd.env("CUDA_INJECTION64_PATH", dir.join("libethand_cupti.so"))
-        .env("ETHAND_CUPTI_LIB", &s.cupti13);
-    let mut drv = Driver::spawn(&mut cmd);
-    drv.wait_for("waiting");
+    let script = [
+        "cuinit",
+        "wait_stdin",
+        "wait_cupti_enabled",
+        &burst,
+        "sync ctx",
+        "wait_stdin",
+    ];
+    let mut drv = injected_job(&lib, &script);
     std::thread::sleep(SETTLE);
     let out = temp_path("record-burst", "json");
-    let args = ["--config", cfg.to_str().expect("utf-8")];
+    let args = ["--config", cfg.0.to_str().expect("utf-8")];
     let rec = Recorder::start_with(drv.pid, "60s", &out, 1000, &args);
     drv.resume();
     drv.wait_for("waiting");
