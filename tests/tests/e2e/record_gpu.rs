@@ -247,7 +247,7 @@ fn check_tracks(trace: &Value, pf: &Path, pid: u32) {
 
     // The Perfetto output: the same slices on one "GPU 0 stream 0" track under the process,
     // as trace_processor's import rules want them.
-    let d = ethand_perfetto::decode::decode(&fs::read(&pf).expect("the Perfetto trace"))
+    let d = ethand_perfetto::decode::decode(&fs::read(pf).expect("the Perfetto trace"))
         .unwrap_or_else(|e| panic!("import rules: {e}"));
     let slices: Vec<_> = d
         .events

@@ -32,7 +32,7 @@ use super::trace::{GpuWork, LaunchLink, TraceEvent, TraceWriter, launch_flow};
 use crate::pipeline::{
     gpu_activity::{
         Channel, ChannelError, CuptiSink, MAX_NAMES, StreamEnd, apply_cupti_event, closed_by,
-        control_thread, cut_short, maps_a_library, name_text, window_ended,
+        cut_short, maps_a_library, name_text, open_window, window_ended,
     },
     procinfo::monotonic_ns,
     reader::ReaderHandle,
@@ -259,29 +259,11 @@ impl GpuTracks {
         let deadline = monotonic_ns() + duration.as_nanos() as u64;
         for &pid in tree.iter().take(MAX_PIDS) {
             let not = |state: ActivityState, detail: String| json!({"pid": pid, "state": state, "detail": detail});
-            match channel.injected(pid) {
-                Ok(true) if control_thread(pid) == Some(false) => {
-                    me.notes.push(not(
-                        ActivityState::Forked,
-                        "maps the library without its thread (forked after cuInit)".into(),
-                    ));
-                    continue;
-                }
-                Ok(true) => {}
+            match open_window(&mut channel, pid, deadline, u64::from(u32::MAX)) {
+                Ok((key, window_id)) => me.procs.push(Proc::new(pid, Some(key), window_id)),
                 // Not a CUDA process, or one started without the library: not listed.
-                Ok(false) => continue,
-                Err(e) => {
-                    me.notes.push(not(ActivityState::Failed, e));
-                    continue;
-                }
-            }
-            let window_id = channel.next_window_id();
-            match channel.open(pid, window_id, deadline, u64::from(u32::MAX)) {
-                Ok(key) => me.procs.push(Proc::new(pid, Some(key), window_id)),
-                Err(e) => {
-                    channel.close(pid, None, window_id);
-                    me.notes.push(not(ActivityState::Failed, e));
-                }
+                Err((ActivityState::NotInjected, _)) => {}
+                Err((state, detail)) => me.notes.push(not(state, detail)),
             }
         }
         if me.procs.is_empty() {

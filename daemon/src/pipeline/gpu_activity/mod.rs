@@ -461,6 +461,25 @@ fn may_record(channel: &Channel, pid: u32) -> Result<(), (ActivityState, String)
     }
 }
 
+/// Opens a window in `pid` (it maps the channel's library and runs its thread) until
+/// `deadline_mono_ns`: its key and window id; otherwise its state and why.
+pub fn open_window(
+    channel: &mut Channel,
+    pid: u32,
+    deadline_mono_ns: u64,
+    max_records: u64,
+) -> Result<(ProcessKey, u64), (ActivityState, String)> {
+    may_record(channel, pid)?;
+    let window_id = channel.next_window_id();
+    channel
+        .open(pid, window_id, deadline_mono_ns, max_records)
+        .map(|key| (key, window_id))
+        .map_err(|detail| {
+            channel.close(pid, None, window_id);
+            (ActivityState::Failed, detail)
+        })
+}
+
 fn settled(pid: u32, state: ActivityState, detail: String) -> GpuActivityProcess {
     GpuActivityProcess {
         pid,

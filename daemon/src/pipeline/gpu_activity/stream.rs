@@ -21,7 +21,7 @@ use ethand_userspace_probes::cupti::ProcessKey;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Sender;
 
-use super::{CLOSE_GRACE, Channel, MAX_PIDS, aggregate, may_record};
+use super::{CLOSE_GRACE, Channel, MAX_PIDS, aggregate, open_window};
 use crate::pipeline::procinfo::monotonic_ns;
 
 /// Streams open at once, at most: each holds windows open in its processes.
@@ -140,15 +140,7 @@ fn open_one(
             ));
         }
     };
-    may_record(c, pid)?;
-    let window_id = c.next_window_id();
-    match c.open(pid, window_id, deadline, u64::from(u32::MAX)) {
-        Ok(key) => Ok((key, window_id)),
-        Err(detail) => {
-            c.close(pid, None, window_id);
-            Err((ActivityState::Failed, detail))
-        }
-    }
+    open_window(c, pid, deadline, u64::from(u32::MAX))
 }
 
 /// The open streams, kept by the activity sampler (which owns the channel).
